@@ -1,0 +1,190 @@
+"""Scaled dot-product attention written out, multi-head attention with a fused and an explicit path,
+and the mask builders.
+
+Masks are boolean with True = "may attend" (the convention of ``F.scaled_dot_product_attention``),
+broadcastable to (B, H, T, S).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """softmax(QKᵀ/√d_k + bias, masked) · V (Vaswani et al. 2017, eq. 1).
+
+    q: (..., T, d), k: (..., S, d), v: (..., S, d_v); mask: bool broadcastable to (..., T, S), True keeps;
+    bias: additive, broadcastable to (..., T, S) (relative position bias, Swin's −100 shift mask).
+    Returns (out (..., T, d_v), weights (..., T, S)). A row whose keys are all masked gets zeros
+    instead of NaN.
+    """
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = torch.nan_to_num(weights, nan=0.0)
+    return weights @ v, weights
+
+
+# ----------------------------------------------------------------------------------------------------
+# Mask builders: bool, True = may attend, broadcastable to (B, H, T, S)
+
+
+def padding_mask(lengths_or_pad: Tensor, max_len: int | None = None) -> Tensor:
+    """Key-padding mask (B, 1, 1, S), True on real tokens.
+
+    Accepts either lengths (B,) of integer dtype, or a bool (B, S) tensor that is True on PADDING
+    (the ``key_padding_mask`` convention of ``nn.MultiheadAttention``).
+    """
+    if lengths_or_pad.dtype == torch.bool:
+        if lengths_or_pad.dim() != 2:
+            raise ValueError(f"pad mask must be (B, S), got {tuple(lengths_or_pad.shape)}")
+        keep = ~lengths_or_pad
+    else:
+        lengths = lengths_or_pad.long()
+        s = int(lengths.max()) if max_len is None else max_len
+        keep = torch.arange(s, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
+    return keep[:, None, None, :]
+
+
+def causal_mask(t: int, s: int | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Causal mask (T, S), True where key j ≤ query i (Vaswani et al. 2017, §3.2.3).
+
+    With S > T the T queries are the LAST T positions of S (decoding with a cache): query i sits at
+    absolute position S − T + i.
+    """
+    s = t if s is None else s
+    i = torch.arange(t, device=device)[:, None] + (s - t)
+    j = torch.arange(s, device=device)[None, :]
+    return j <= i
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of the given masks (None entries ignored); None when none is given."""
+    out: Tensor | None = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-head attention (Vaswani et al. 2017, §3.2.2) with a fused and an explicit path
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one attention module for incremental decoding, (B, H, S, d_head) each.
+
+    Self-attention: the step's new k, v are appended (``static=False``). Cross-attention: k, v are
+    projected once from the encoder memory and reused at every step (``static=True``).
+    """
+
+    k: Tensor | None = None  # (B, H, S, d_head)
+    v: Tensor | None = None  # (B, H, S, d_head)
+    static: bool = False  # True for cross-attention: never appended to
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else int(self.k.size(2))
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (B',) of the batch: beam search follows each survivor's parent."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Separate q/k/v/out projections (easy to read and to map from other implementations).
+    ``need_weights=False`` runs ``F.scaled_dot_product_attention`` (fused; training and plain inference);
+    ``need_weights=True`` runs ``scaled_dot_product`` written out and also returns the weights.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, d_head)
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def project_kv(self, kv: Tensor) -> KVCache:
+        """Project encoder memory (B, S, D) once into a static cross-attention cache."""
+        return KVCache(self._split(self.k_proj(kv)), self._split(self.v_proj(kv)), static=True)
+
+    def forward(
+        self,
+        x: Tensor,
+        kv: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        bias: Tensor | None = None,
+        rope: nn.Module | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: queries (B, T, D); kv: keys/values source (B, S, D), None for self-attention.
+
+        mask: bool, True = may attend, broadcastable to (B, H, T, S); bias: additive float, same
+        broadcasting (relative position bias); rope: a ``RotaryEmbedding`` applied to q and k at their
+        absolute positions; cache: a ``KVCache`` (self-attention: appended; static: reused, ``kv`` may
+        then be None). Returns (out (B, T, D), weights (B, H, T, S) or None).
+        """
+        b, t, _ = x.shape
+        q = self._split(self.q_proj(x))  # (B, H, T, d_head)
+        offset = cache.length if cache is not None and not cache.static else 0
+        if cache is not None and cache.static:
+            if cache.k is None:
+                if kv is None:
+                    raise ValueError("an empty cross-attention cache needs the memory `kv`")
+                projected = self.project_kv(kv)
+                cache.k, cache.v = projected.k, projected.v
+            k, v = cache.k, cache.v
+        else:
+            src = x if kv is None else kv
+            k, v = self._split(self.k_proj(src)), self._split(self.v_proj(src))  # (B, H, S, d_head)
+            if rope is not None:
+                k = rope(k, offset)
+            if cache is not None:
+                if cache.k is not None and cache.v is not None:
+                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        if rope is not None:
+            q = rope(q, offset)
+        assert k is not None and v is not None
+        p = self.dropout if self.training else 0.0
+
+        if need_weights:
+            out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias)
+            if p > 0:  # dropout on the attention probabilities (§5.4); returned weights stay undropped
+                out = F.dropout(weights, p, training=True) @ v
+        else:
+            attn_mask: Tensor | None = mask
+            if bias is not None:  # one additive mask: bias where allowed, −inf where masked
+                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+            if mask is not None:  # rows with every key masked: zeros, as the explicit path gives
+                out = torch.nan_to_num(out, nan=0.0)
+            weights = None
+        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
+        return self.out_proj(out), weights

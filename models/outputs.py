@@ -1,0 +1,94 @@
+"""Typed result containers shared by every model, the analysis helpers, viz/ and app.py.
+
+Conventions (GUIDE §3): attention arrays are float32 numpy on the CPU, shaped
+``(layers, heads, queries, keys)``, every row sums to 1; token labels are exactly what the model
+saw, special tokens included (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``, ``CLS``, ``r2c5``...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """One kind of attention for every layer and head."""
+
+    weights: np.ndarray  # (L, H, Q, K) float32, rows sum to 1
+    queries: list[str]  # len Q
+    keys: list[str]  # len K
+
+    def __post_init__(self) -> None:
+        w = self.weights
+        if w.ndim != 4:
+            raise ValueError(f"attention weights must be (layers, heads, queries, keys), got {w.shape}")
+        if w.shape[2] != len(self.queries) or w.shape[3] != len(self.keys):
+            raise ValueError(
+                f"attention {w.shape} does not match {len(self.queries)} query and {len(self.keys)} key labels"
+            )
+
+    @property
+    def layers(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def heads(self) -> int:
+        return int(self.weights.shape[1])
+
+
+@dataclass(frozen=True)
+class BeamStep:
+    """One decoding step of beam search: the surviving candidates after the step."""
+
+    tokens: list[str]  # candidate token string per surviving hypothesis
+    parents: list[int]  # index of each candidate's parent in the previous step's list (-1 at step 0)
+    scores: list[float]  # cumulative log-probability of each candidate
+    finished: list[bool]  # True where the candidate emitted </s>
+
+
+@dataclass(frozen=True)
+class TranslationResult:
+    text: str  # detokenised translation
+    source_tokens: list[str]  # what the encoder saw, specials included
+    target_tokens: list[str]  # decoder inputs of the chosen hypothesis: <s> y1 ... (queries of decoder/cross)
+    attention: dict[str, AttentionMap]  # "encoder" (L,H,S,S), "decoder" (L,H,T,T), "cross" (L,H,T,S)
+    beam: list[BeamStep] = field(default_factory=list)
+    chosen: list[int] = field(default_factory=list)  # index into beam[t] of the chosen hypothesis per step
+    score: float = 0.0  # final (length-normalised) score of the chosen hypothesis
+    notice: str = ""  # e.g. "input truncated to 128 tokens"
+
+
+@dataclass(frozen=True)
+class ClassificationResult:
+    tokens: list[str]
+    labels: list[str]
+    probs: np.ndarray  # (C,) softmax, sums to 1
+    attention: dict[str, AttentionMap]  # "encoder" (L,H,N,N)
+    notice: str = ""
+
+
+@dataclass(frozen=True)
+class WindowAttention:
+    """Window attention of one Swin block, with the geometry to map each window back onto the image."""
+
+    stage: int
+    block: int
+    weights: np.ndarray  # (windows, heads, N, N) float32, N = window**2
+    window: int  # window side in tokens
+    shift: int  # cyclic shift in tokens (0 for regular blocks)
+    grid: tuple[int, int]  # token grid (H, W) of this stage
+    patch: int  # pixels per token side at this stage (on the image the model saw)
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    image: np.ndarray  # uint8 (H, W) or (H, W, 3): exactly what the model saw, after conversion
+    labels: list[str]
+    probs: np.ndarray  # (C,) sums to 1
+    grid: tuple[int, int]  # patch rows, cols of the first stage
+    patch: int  # pixels per patch side on `image`
+    attention: dict[str, AttentionMap] = field(default_factory=dict)  # ViT: "encoder" over 1 + rows*cols
+    windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
+    notice: str = ""

@@ -1,0 +1,69 @@
+"""Shared fixtures: a launched app server on a free loopback port (for browser and API tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app exited with code {proc.returncode} before serving")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback only)
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.25)
+    raise TimeoutError(f"app did not answer at {url} within {timeout:.0f} s")
+
+
+def app_env(port: int, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "GRADIO_SERVER_PORT": str(port),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start `python app.py` as a user would, on a free loopback port; stop it afterwards."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("app") / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=app_env(port), stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until_serving(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

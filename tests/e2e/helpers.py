@@ -1,0 +1,56 @@
+"""Small helpers for driving the Gradio page as a person would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SHOTS = Path(__file__).resolve().parents[2] / "shots"
+
+# Visible Plotly figures that were actually drawn (an SVG with a subplot or a trace), in page order.
+_DRAWN = """[...document.querySelectorAll('.js-plotly-plot')].filter(e => e.offsetParent !== null
+  && e._fullData && e.querySelector('.main-svg .subplot, .main-svg .trace'))"""
+
+# Plotly keeps what it drew in _fullData, with binary arrays decoded to typed arrays; make them plain.
+_PLAIN = """(v) => v == null ? null : (typeof v === 'object' && v.length !== undefined && typeof v !== 'string')
+  ? Array.from(v, r => (r && typeof r === 'object' && r.length !== undefined) ? Array.from(r) : r) : v"""
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()
+
+
+def visible_plots(page) -> int:
+    return page.evaluate(f"() => {_DRAWN}.length")
+
+
+def wait_for_plots(page, n: int, timeout: float = 60_000) -> None:
+    page.wait_for_function(f"(n) => {_DRAWN}.length >= n", arg=n, timeout=timeout)
+
+
+def figures(page) -> list[list[dict]]:
+    """The traces of every drawn, visible figure: type, name, x, y, z, text as plain JSON."""
+    return page.evaluate(
+        f"""() => {{ const plain = {_PLAIN};
+        return {_DRAWN}.map(e => e._fullData.map(t => ({{type: t.type, name: t.name, x: plain(t.x),
+          y: plain(t.y), z: plain(t.z), text: plain(t.text)}}))); }}"""
+    )
+
+
+def plot_signature(page) -> str:
+    return json.dumps(figures(page))
+
+
+def wait_for_change(page, before: str, timeout: float = 60_000) -> None:
+    """Wait until the drawn figures differ from `before` (a plot_signature)."""
+    page.wait_for_function(
+        f"""(old) => {{ const plain = {_PLAIN};
+        const now = {_DRAWN}.map(e => e._fullData.map(t => ({{type: t.type, name: t.name, x: plain(t.x),
+          y: plain(t.y), z: plain(t.z), text: plain(t.text)}})));
+        return JSON.stringify(now) !== old; }}""",
+        arg=before, timeout=timeout)
+
+
+def screenshot(page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
