@@ -50,12 +50,20 @@ def app_env(port: int, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Start `python app.py` as a user would, on a free loopback port; stop it afterwards."""
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every shipped model, tiny and randomly initialised, in the real checkpoint format."""
+    from tests.tiny import make_checkpoints
+
+    return make_checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoints: Path) -> Iterator[str]:
+    """Start `python app.py` as a user would, on a free loopback port, over the tiny checkpoints."""
     port = free_port()
     log = (tmp_path_factory.mktemp("app") / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=app_env(port), stdout=log,
-                            stderr=subprocess.STDOUT)
+    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), TORCH_HOME=str(tmp_path_factory.mktemp("torch")))
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_serving(url, proc)

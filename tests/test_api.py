@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
@@ -46,3 +47,50 @@ def test_playground_api_causal_unscaled(client) -> None:
     weights = np.array(_figure_data(fig)[7]["z"], dtype=float)
     assert np.allclose(np.triu(np.nan_to_num(weights), 1), 0)
     assert "Scale factor: **1**" in summary
+
+
+def test_translate_api(client) -> None:
+    out = client.predict("A man is riding a bicycle.", api_name="/translate")
+    text, notice, attn, stats, tree, align = out[:6]
+    assert isinstance(text, str) and "Beam size 5" in notice
+    assert [t["type"] for t in _figure_data(attn)] == ["heatmap"]
+    cross = np.array(_figure_data(align)[0]["z"], dtype=float)
+    np.testing.assert_allclose(cross.sum(axis=1), 1.0, atol=2e-3)  # each target row over the source
+    assert len(_figure_data(tree)) >= 2  # edges and nodes
+
+
+def test_classify_api(client) -> None:
+    verdict, probs, html = client.predict("a warm , funny film .", api_name="/classify")[:3]
+    assert "negative" in verdict or "positive" in verdict
+    bars = _figure_data(probs)[0]
+    assert sorted(bars["y"]) == ["negative", "positive"]
+    assert "warm,funnyfilm." in re.sub(r"<[^>]+>|\s|▁", "", html)  # every token shown, in order
+    verdict = client.predict("The bank raised rates.", "AG News topic", api_name="/classify")[0]
+    assert any(label in verdict for label in ("World", "Sports", "Business", "Sci/Tech"))
+
+
+def test_classify_image_api(client, tmp_path) -> None:
+    from gradio_client import handle_file
+    from PIL import Image
+
+    path = tmp_path / "photo.jpg"
+    Image.new("RGB", (640, 480), (240, 240, 235)).save(path)
+    out = client.predict(handle_file(str(path)), api_name="/classify_image")
+    bars = _figure_data(out[0])[0]
+    assert len(bars["y"]) == 5
+    assert out[6] == "" or isinstance(out[6], str)
+
+
+def test_swin_windows_api(client) -> None:
+    parts, rolled, regions, mask, masks, note = client.predict(8, api_name="/swin_windows")
+    assert "4 windows of 4×4" in note
+    z = np.array(_figure_data(mask)[0]["z"], dtype=float)
+    assert z.shape == (16, 16) and set(np.unique(z)) <= {0.0, -100.0}
+
+
+def test_positional_encoding_api(client) -> None:
+    heat = client.predict(32, api_name="/positional_encoding")[0]
+    z = np.array(_figure_data(heat)[0]["z"], dtype=float)
+    assert z.shape == (32, 128)
+    np.testing.assert_allclose(z[5, 0], np.sin(5.0), atol=1e-3)  # PE(pos, 0) = sin(pos)
+    np.testing.assert_allclose(z[5, 1], np.cos(5.0), atol=1e-3)

@@ -1,0 +1,77 @@
+"""The Attention Atlas model package: pure PyTorch, no gradio, no plotly.
+
+``models.load(name_or_path)`` returns the ready model behind a checkpoint folder (GUIDE §4): in eval
+mode, float32, with ``.labels``, ``.text`` settings and, for text models, ``.tokenizer`` attached.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from torch import nn
+
+from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+
+# config["model"] -> (module, model class, config class); imported lazily so a missing or broken
+# vision file never stops the text models from loading (and the reverse).
+REGISTRY: dict[str, tuple[str, str, str]] = {
+    "Translator": ("models.transformer", "Translator", "TranslatorConfig"),
+    "TextClassifier": ("models.classifier", "TextClassifier", "ClassifierConfig"),
+    "ViT": ("models.vit", "ViT", "ViTConfig"),
+    "Swin": ("models.swin", "Swin", "SwinConfig"),
+}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """Where a checkpoint lives.
+
+    A string is a bare name, meaning ``checkpoints/<name>`` (letters, digits, '.', '_', '-'), or a path
+    with separators; a string with a '..' component is refused, so text that reaches here from a user
+    can never climb out of a folder. A ``Path`` (from code or a CLI) is taken as given, except a
+    single-component one that does not exist here, which is read as a name (``--checkpoint sst2``).
+    """
+    if isinstance(name_or_path, Path):
+        p = name_or_path
+        if len(p.parts) == 1 and not p.exists() and _NAME.match(p.name) and ".." not in p.name:
+            return CHECKPOINTS / p.name
+        return p
+    s = str(name_or_path)
+    if "/" in s or "\\" in s:
+        if ".." in Path(s.replace("\\", "/")).parts:
+            raise ValueError(f"checkpoint path {s!r} may not contain '..'")
+        return Path(s)
+    if not _NAME.match(s) or ".." in s:
+        raise ValueError(f"invalid checkpoint name {s!r}: use letters, digits, '.', '_' or '-'")
+    return CHECKPOINTS / s
+
+
+def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
+    """Load the model of a checkpoint folder name (under checkpoints/) or path."""
+    folder = resolve(name_or_path)
+    meta, state = load_checkpoint(folder, verify_hashes=verify)
+    kind = meta["model"]
+    if kind not in REGISTRY:
+        raise CheckpointError(folder / "config.json", f"unknown model {kind!r}; known: {sorted(REGISTRY)}")
+    module_name, class_name, config_name = REGISTRY[kind]
+    module = importlib.import_module(module_name)
+    config = config_from_dict(getattr(module, config_name), meta["config"], folder / "config.json")
+    model = getattr(module, class_name)(config)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(folder / "model.safetensors", f"weights do not fit {kind}: {e}") from e
+    model.labels = list(meta["labels"])
+    model.text = dict(meta["text"])
+    if kind in ("Translator", "TextClassifier"):
+        from models.tokenizer import load_tokenizer
+
+        model.tokenizer = load_tokenizer(folder, meta["text"])
+    return model.float().eval().to(device)
+
+
+__all__ = ["CheckpointError", "CHECKPOINTS", "REGISTRY", "load", "resolve"]

@@ -1,0 +1,120 @@
+"""Attention statistics: numpy arrays in, numpy arrays out (no torch, usable from viz/ and notebooks).
+
+Shapes follow the result containers: weights (L, H, Q, K), rows summing to 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def rollout(weights: np.ndarray, head_fusion: str = "mean", discard_ratio: float = 0.0,
+            residual: bool = True) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020, §3): cumulative token-to-token attention per layer.
+
+    weights: (L, H, N, N) self-attention. Per layer the heads are fused (mean, or max/min as in
+    vit-explain), optionally the smallest ``discard_ratio`` share of each row is zeroed (keeping the
+    diagonal), the residual connection is modelled as Ã = 0.5·A + 0.5·I, rows are renormalised, and
+    the layers are multiplied: R_l = Ã_l · R_{l−1}, R_0 = Ã_0.
+    Returns (L, N, N): R_l for every layer l (the last one is the usual rollout); rows sum to 1.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 4 or w.shape[-1] != w.shape[-2]:
+        raise ValueError(f"rollout needs self-attention (L, H, N, N), got {w.shape}")
+    if head_fusion not in HEAD_FUSIONS:
+        raise ValueError(f"head_fusion must be one of {HEAD_FUSIONS}, got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    n = w.shape[-1]
+    fused = getattr(w, head_fusion)(axis=1)  # (L, N, N)
+    eye = np.eye(n)
+    if discard_ratio > 0:
+        drop = int(n * discard_ratio)
+        if drop:
+            order = np.argsort(fused, axis=-1)[..., :drop]  # smallest entries of each row
+            cut = np.zeros_like(fused, dtype=bool)
+            np.put_along_axis(cut, order, True, axis=-1)
+            fused = np.where(cut & (eye == 0), 0.0, fused)
+    a = 0.5 * fused + 0.5 * eye if residual else fused
+    a = a / np.maximum(a.sum(-1, keepdims=True), 1e-12)
+    out = np.empty_like(a)
+    acc = eye
+    for layer in range(a.shape[0]):
+        acc = a[layer] @ acc
+        out[layer] = acc
+    return out.astype(np.float32)
+
+
+def head_entropy(weights: np.ndarray, normalize: bool = False) -> np.ndarray:
+    """Mean over queries of the attention entropy −Σ_k p log p (nats) per layer and head: (L, H).
+
+    With ``normalize`` each row is divided by log(number of keys it can see), so 1 = uniform.
+    Low entropy: a focused head; high: a head that averages (Clark et al. 2019, §3).
+    """
+    p = np.asarray(weights, dtype=np.float64)
+    ent = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)  # (L, H, Q)
+    if normalize:
+        support = np.maximum((p > 0).sum(-1), 2)
+        ent = ent / np.log(support)
+    return ent.mean(-1).astype(np.float32)
+
+
+def token_distances(n_queries: int, n_keys: int | None = None) -> np.ndarray:
+    """|i − j| in tokens: (Q, K)."""
+    n_keys = n_queries if n_keys is None else n_keys
+    return np.abs(np.arange(n_queries)[:, None] - np.arange(n_keys)[None, :]).astype(np.float64)
+
+
+def patch_distances(grid: tuple[int, int], patch: float) -> np.ndarray:
+    """Euclidean distance in pixels between patch centres on a (rows, cols) grid: (P, P), P = rows·cols."""
+    rows, cols = grid
+    r, c = np.divmod(np.arange(rows * cols), cols)
+    dr, dc = r[:, None] - r[None, :], c[:, None] - c[None, :]
+    return np.hypot(dr, dc) * float(patch)
+
+
+def mean_attention_distance(weights: np.ndarray, grid: tuple[int, int] | None = None,
+                            patch: float = 1.0, skip: int = 0) -> np.ndarray:
+    """Attention-weighted mean distance per layer and head: (L, H).
+
+    Text (grid None): distance |i − j| in tokens. Images: pixel distance between patch centres, as in
+    the ViT paper (Dosovitskiy et al. 2021, Fig. 7 and App. D.7). ``skip`` leading tokens (CLS) are
+    dropped as queries and keys and each row is renormalised over the remaining keys.
+    """
+    w = np.asarray(weights, dtype=np.float64)[..., skip:, skip:]  # (L, H, Q', K')
+    w = w / np.maximum(w.sum(-1, keepdims=True), 1e-12)
+    q, k = w.shape[-2:]
+    if grid is None:
+        d = token_distances(q, k)
+    else:
+        d = patch_distances(grid, patch)
+        if d.shape != (q, k):
+            raise ValueError(f"grid {grid} gives {d.shape[0]} patches, attention has {q}×{k} after skip={skip}")
+    return (w * d).sum(-1).mean(-1).astype(np.float32)
+
+
+def offset_keys(n: int, offset: int) -> np.ndarray:
+    """(N, N) bool: key j = i + offset for each query i (−1: previous token, +1: next token)."""
+    i = np.arange(n)
+    return (i[None, :] - i[:, None]) == offset
+
+
+def attention_share(weights: np.ndarray, keys: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Mean over queries of the attention going to the given keys, per layer and head: (L, H).
+
+    keys: key positions (e.g. [0] for [CLS], the [SEP] positions), or a (Q, K) bool array choosing keys
+    per query (``offset_keys(n, -1)`` for the previous token). Clark et al. (2019), §3.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    sel = np.asarray(keys)
+    if sel.dtype == bool:
+        if sel.shape != w.shape[-2:]:
+            raise ValueError(f"key mask {sel.shape} does not match attention {w.shape[-2:]}")
+        share = (w * sel).sum(-1)
+    else:
+        share = w[..., sel.astype(int)].sum(-1)
+    return share.mean(-1).astype(np.float32)

@@ -1,0 +1,107 @@
+"""Transformer-encoder text classifier trained from scratch (SST-2 sentiment, AG News topic).
+
+Input is ``<s> pieces </s>`` from models.tokenizer; with CLS pooling the hidden state at position 0
+(``<s>``, playing BERT's [CLS]) feeds the classifier head, with mean pooling the average over real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from models.outputs import AttentionMap, ClassificationResult
+from models.positional import LearnedPositions, SinusoidalPositions
+from models.transformer import EncoderLayer
+
+
+@dataclass
+class ClassifierConfig:
+    vocab_size: int = 8000  # SentencePiece vocabulary of the training texts
+    n_classes: int = 2  # SST-2: 2 (negative, positive); AG News: 4
+    d_model: int = 128  # model width; small data sets need no more
+    n_heads: int = 4  # attention heads (d_head = 32)
+    n_layers: int = 2  # encoder layers
+    d_ff: int = 512  # feed-forward inner width, 4 × d_model
+    dropout: float = 0.1  # residual, embedding, attention and head dropout
+    max_len: int = 128  # positions; inputs are capped here (GUIDE §4)
+    pooling: str = "cls"  # "cls": hidden state of position 0 (as BERT); "mean": average over real tokens
+    positions: str = "learned"  # "learned" (BERT) or "sinusoidal" (Vaswani et al.)
+    norm_first: bool = True  # pre-norm (True) or post-norm (False)
+    pad_id: int = 0  # SentencePiece id of <pad>
+
+
+class TextClassifier(nn.Module):
+    def __init__(self, config: ClassifierConfig, tokenizer: Any | None = None) -> None:
+        super().__init__()
+        self.config = c = config
+        if c.pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {c.pooling!r}")
+        if c.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {c.positions!r}")
+        self.tokenizer = tokenizer  # models.tokenizer.Tokenizer; set by models.load
+        self.labels: list[str] = [str(i) for i in range(c.n_classes)]
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        pos_cls = LearnedPositions if c.positions == "learned" else SinusoidalPositions
+        self.positions = pos_cls(c.max_len, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first) for _ in range(c.n_layers))
+        self.norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
+        self.head = nn.Linear(c.d_model, c.n_classes)
+
+    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
+        mask = None if not bool(pad.any()) else (~pad)[:, None, None, :]  # (B, 1, 1, N)
+        x = self.drop(self.positions(self.embed(ids)))
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        x = self.norm(x)  # (B, N, D)
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]
+        else:
+            keep = (~pad).unsqueeze(-1).to(x.dtype)
+            pooled = (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        return self.head(self.drop(pooled)), weights
+
+    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
+        return self._run(ids, pad_mask, need_weights=False)[0]
+
+    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
+        logits, weights = self._run(ids, pad_mask, need_weights=True)
+        return logits, torch.stack(weights, 1)
+
+    @torch.no_grad()
+    def classify(self, text: str | Sequence[int]) -> ClassificationResult:
+        """Class probabilities and attention for one text (or ids with specials included)."""
+        c, dev = self.config, next(self.parameters()).device
+        notice = ""
+        if isinstance(text, str):
+            if self.tokenizer is None:
+                raise ValueError("this TextClassifier has no tokenizer: pass token ids or set .tokenizer")
+            enc = self.tokenizer.encode(text, max_tokens=c.max_len)
+            ids, tokens, notice = enc.ids, enc.pieces, enc.notice
+        else:
+            ids = [int(i) for i in text]
+            if len(ids) > c.max_len:
+                notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
+                ids = ids[: c.max_len]
+            tokens = [str(i) for i in ids]
+        was_training = self.training
+        self.eval()
+        logits, weights = self.forward_with_attention(torch.tensor([ids], device=dev))
+        self.train(was_training)
+        probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
+        labels = list(self.labels) if len(self.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
+        attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
+        return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)

@@ -1,0 +1,274 @@
+"""Turn any image a person uploads into exactly what a vision model expects.
+
+Two kinds of input (GUIDE §4):
+
+- ``"fashion"``: the Fashion-MNIST models see 28×28 grey images of an object on a *dark* background.
+  A photo is converted to grey, inverted when its background is light (judged from the border pixels),
+  fitted into 28×28 keeping its aspect ratio and padded with black.
+- ``"imagenet"``: the ImageNet models (torchvision's ViT-B/16 and Swin-T weights) see RGB resized so the
+  shorter side is ``resize`` pixels, centre-cropped to 224×224 and normalised with the ImageNet mean and
+  standard deviation, as torchvision's ``ImageClassification`` weight transforms do.
+
+Both return the float tensor for the model and the uint8 array shown to the user, which is exactly what
+the model saw. Any PIL mode is accepted (RGBA and LA are composited on white, palette images with or
+without transparency, 16-bit and 32-bit integer greys, float, CMYK, YCbCr), animated images use their first
+frame, and the EXIF orientation is applied. Anything that cannot be used raises ``ValueError`` with a
+message meant for the user.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# The single pixel limit for images (GUIDE §4). Over it, a JPEG file is decoded at a reduced scale (cheap:
+# libjpeg's DCT scaling) and an image already in memory is reduced, each with a notice; any other file is
+# refused before decoding. 40 megapixels covers phone cameras while keeping the decoded RGB under ~120 MB.
+MAX_IMAGE_PIXELS = 40_000_000
+
+FASHION_SIZE = 28  # Fashion-MNIST side (Xiao et al. 2017)
+# Normalisation of Fashion-MNIST pixels in [0, 1]: the training set's mean and standard deviation.
+FASHION_MEAN = 0.2860
+FASHION_STD = 0.3530
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's ImageNet normalisation
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+ImageInput = Image.Image | np.ndarray | bytes | str | os.PathLike
+
+_ALPHA_MODES = {"RGBA", "RGBa", "LA", "La", "PA"}
+_FLOAT_OR_WIDE_MODES = {"I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image converted for one model."""
+
+    tensor: torch.Tensor  # (1, C, H, W) float32, normalised as the model was trained
+    shown: np.ndarray  # uint8 (H, W) grey or (H, W, 3) RGB: exactly the pixels the model saw
+    notice: str = ""  # something the user should know (image reduced, inverted, ...)
+
+
+# --------------------------------------------------------------------------------------------- loading
+def open_image(image: ImageInput) -> tuple[Image.Image, str]:
+    """Any supported input -> (PIL image with every pixel decoded, notice).
+
+    Accepts a PIL image, a numpy array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), encoded bytes or a path.
+    The first frame of an animated image is used and the EXIF orientation applied.
+    """
+    notice = ""
+    if isinstance(image, np.ndarray):
+        img = _from_array(image)
+    elif isinstance(image, Image.Image):
+        img = image
+    elif isinstance(image, (bytes, bytearray, memoryview)):
+        if len(image) == 0:
+            raise ValueError("The image file is empty (0 bytes).")
+        img = _open_encoded(io.BytesIO(bytes(image)))
+    elif isinstance(image, (str, os.PathLike)):
+        try:
+            with open(image, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ValueError(f"Could not read the image file: {e.strerror or e}.") from e
+        if not data:
+            raise ValueError("The image file is empty (0 bytes).")
+        img = _open_encoded(io.BytesIO(data))
+    else:
+        raise ValueError(f"Expected an image (PIL image, numpy array, bytes or path), got {type(image).__name__}.")
+
+    if getattr(img, "n_frames", 1) > 1:
+        img.seek(0)  # animated GIF/PNG/WebP: the first frame
+    w, h = img.size
+    if w < 1 or h < 1:
+        raise ValueError("The image has no pixels.")
+    if w * h > MAX_IMAGE_PIXELS:
+        img, notice = _reduce_large(img, encoded=not isinstance(image, (np.ndarray, Image.Image)))
+    try:
+        img.load()  # decode now, so truncated files fail here with a clear message
+        img = ImageOps.exif_transpose(img) or img
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"The image could not be decoded (truncated or corrupt file?): {e}") from e
+    return img, notice
+
+
+def _open_encoded(buffer: io.BytesIO) -> Image.Image:
+    try:
+        return Image.open(buffer)  # reads the header only; pixels are decoded by load()
+    except UnidentifiedImageError as e:
+        raise ValueError("The file is not an image this app can read (try PNG, JPEG, GIF, WebP or BMP).") from e
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"The image is too large: the limit is {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels.") from e
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"The image could not be read (truncated or corrupt file?): {e}") from e
+
+
+def _reduce_large(img: Image.Image, encoded: bool) -> tuple[Image.Image, str]:
+    """Bring an image over the pixel limit under it, or refuse it.
+
+    An image already in memory (PIL image or array) is reduced by an integer factor (box filter); an
+    encoded JPEG is decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, cheap); any other encoded
+    file over the limit is refused before its pixels are decoded.
+    """
+    w, h = img.size
+    limit_mp = MAX_IMAGE_PIXELS / 1e6
+    factor = next((f for f in range(2, 1 + max(w, h)) if (-(-w // f)) * (-(-h // f)) <= MAX_IMAGE_PIXELS), 0)
+    if factor and encoded and img.format == "JPEG" and factor <= 8:
+        factor = 2 if factor <= 2 else 4 if factor <= 4 else 8
+        img.draft(img.mode, (-(-w // factor), -(-h // factor)))
+    elif factor and not encoded:
+        try:
+            img = img.reduce(factor)
+        except ValueError:  # modes reduce() does not handle (palette, 1-bit, CMYK...)
+            img = to_rgb(img).reduce(factor)
+    else:
+        raise ValueError(
+            f"The image is too large: {w}×{h} = {w * h / 1e6:.1f} megapixels; the limit is {limit_mp:.0f} megapixels."
+        )
+    return img, f"Image of {w}×{h} pixels reduced to {img.size[0]}×{img.size[1]} (limit {limit_mp:.0f} MP)."
+
+
+def _from_array(a: np.ndarray) -> Image.Image:
+    """numpy (H, W[, C]) -> PIL. uint8 as is; other integer types scaled from their range; floats are
+    taken as [0, 1] when their maximum is at most 1, else as [0, 255]."""
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (3, 4)):
+        raise ValueError(f"Expected an image array of shape (H, W), (H, W, 3) or (H, W, 4), got {a.shape}.")
+    if a.size == 0:
+        raise ValueError("The image has no pixels.")
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8) * 255
+    elif np.issubdtype(a.dtype, np.integer) and a.dtype != np.uint8:
+        top = float(np.iinfo(a.dtype).max) if a.max() > 255 else 255.0
+        a = np.clip(a.astype(np.float64) / top * 255.0, 0, 255).round().astype(np.uint8)
+    elif np.issubdtype(a.dtype, np.floating):
+        a = np.nan_to_num(a.astype(np.float64))
+        scale = 255.0 if a.max() <= 1.0 else 1.0
+        a = np.clip(a * scale, 0, 255).round().astype(np.uint8)
+    elif a.dtype != np.uint8:
+        raise ValueError(f"Unsupported image array type {a.dtype}.")
+    return Image.fromarray(np.ascontiguousarray(a))  # uint8: (H, W) -> L, (H, W, 3) -> RGB, (H, W, 4) -> RGBA
+
+
+# ------------------------------------------------------------------------------------------ colour
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> 8-bit RGB. Transparency is composited on white (what a viewer shows);
+    16-bit, 32-bit and float greys are scaled to 8 bits; CMYK and YCbCr use PIL's conversion."""
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in _ALPHA_MODES:
+        if img.mode == "La":  # premultiplied grey+alpha: PIL converts it to RGBA only via LA
+            img = img.convert("LA")
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if img.mode in _FLOAT_OR_WIDE_MODES:
+        return _wide_to_grey(img).convert("RGB")
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as e:
+        raise ValueError(f"Images in colour mode {img.mode!r} are not supported.") from e
+
+
+def to_grey(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> 8-bit grey ("L": ITU-R 601 luma)."""
+    if img.mode in _FLOAT_OR_WIDE_MODES:
+        return _wide_to_grey(img)
+    if img.mode == "L":
+        return img
+    return to_rgb(img).convert("L")
+
+
+def _wide_to_grey(img: Image.Image) -> Image.Image:
+    a = np.asarray(img).astype(np.float64)
+    if img.mode == "F":
+        scale = 255.0 if a.max() <= 1.0 else 1.0  # float images are [0, 1] or [0, 255]
+    elif a.max() > 255:
+        scale = 255.0 / 65535.0  # 16-bit range (PNG "I;16" and 16-bit greys opened as "I")
+    else:
+        scale = 1.0
+    return Image.fromarray(np.clip(a * scale, 0, 255).round().astype(np.uint8))  # -> "L"
+
+
+# ---------------------------------------------------------------------------------------- fashion
+def light_background(grey: np.ndarray) -> bool:
+    """True when the border pixels of a uint8 grey image are mostly light (median above mid-grey)."""
+    border = np.concatenate([grey[0, :], grey[-1, :], grey[:, 0], grey[:, -1]])
+    return bool(np.median(border) > 127)
+
+
+def fashion_array(image: ImageInput, size: int = FASHION_SIZE) -> tuple[np.ndarray, str]:
+    """Any image -> (uint8 (size, size) grey, object light on a dark background, notice).
+
+    Grey, inverted when the background is light, fitted into size×size keeping the aspect ratio (the
+    longer side becomes ``size``) and padded with black. A 28×28 dark-background image (a Fashion-MNIST
+    sample) passes through unchanged.
+    """
+    img, notice = open_image(image)
+    grey = to_grey(img)
+    notes = [notice] if notice else []
+    if light_background(np.asarray(grey)):
+        grey = ImageOps.invert(grey)
+        notes.append("Light background: image inverted to match Fashion-MNIST (light object on black).")
+    w, h = grey.size
+    if (w, h) != (size, size):
+        scale = size / max(w, h)
+        new = (max(1, round(w * scale)), max(1, round(h * scale)))
+        # LANCZOS with reducing_gap: a box pre-reduction for large photos, then a sharp filter.
+        grey = grey.resize(new, Image.Resampling.LANCZOS, reducing_gap=3.0)
+        canvas = Image.new("L", (size, size), 0)
+        canvas.paste(grey, ((size - new[0]) // 2, (size - new[1]) // 2))
+        grey = canvas
+    return np.asarray(grey, dtype=np.uint8).copy(), " ".join(notes)
+
+
+def fashion_tensor(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 (..., 28, 28) -> float32 (..., 1, 28, 28) normalised with the Fashion-MNIST statistics.
+
+    The training code uses this function too, so a model sees the same numbers in the app as in training.
+    """
+    t = torch.as_tensor(np.asarray(pixels) if not isinstance(pixels, torch.Tensor) else pixels)
+    t = t.to(torch.float32).div(255.0).unsqueeze(-3)  # (..., 1, H, W)
+    return (t - FASHION_MEAN) / FASHION_STD
+
+
+def prepare_fashion(image: ImageInput) -> PreparedImage:
+    """Any image -> what a Fashion-MNIST model expects: tensor (1, 1, 28, 28) and the uint8 (28, 28) shown."""
+    pixels, notice = fashion_array(image)
+    return PreparedImage(tensor=fashion_tensor(pixels[None]), shown=pixels, notice=notice)
+
+
+# --------------------------------------------------------------------------------------- imagenet
+def prepare_imagenet(
+    image: ImageInput, resize: int = 256, crop: int = 224, interpolation: str = "bilinear"
+) -> PreparedImage:
+    """Any image -> what an ImageNet model expects, as torchvision's ``ImageClassification`` transform:
+    RGB, shorter side resized to ``resize`` (antialiased), centre crop ``crop``×``crop``, scaled to [0, 1]
+    and normalised with the ImageNet mean/std. Returns tensor (1, 3, crop, crop) and the uint8 crop."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    img, notice = open_image(image)
+    rgb = to_rgb(img)
+    mode = InterpolationMode(interpolation)
+    rgb = TF.center_crop(TF.resize(rgb, [resize], interpolation=mode, antialias=True), [crop, crop])
+    shown = np.asarray(rgb, dtype=np.uint8).copy()  # (crop, crop, 3)
+    t = torch.from_numpy(shown).permute(2, 0, 1).to(torch.float32).div(255.0)  # (3, crop, crop)
+    t = TF.normalize(t, IMAGENET_MEAN, IMAGENET_STD)
+    return PreparedImage(tensor=t.unsqueeze(0), shown=shown, notice=notice)
+
+
+def prepare(image: ImageInput, kind: str, resize: int = 256, crop: int = 224,
+            interpolation: str = "bilinear") -> PreparedImage:
+    """Dispatch on the model's input kind: ``"fashion"`` or ``"imagenet"``."""
+    if kind == "fashion":
+        return prepare_fashion(image)
+    if kind == "imagenet":
+        return prepare_imagenet(image, resize=resize, crop=crop, interpolation=interpolation)
+    raise ValueError(f"unknown image input kind {kind!r} (expected 'fashion' or 'imagenet')")

@@ -1,0 +1,114 @@
+"""Position information for Transformers: sinusoidal, learned and rotary (RoPE).
+
+- Sinusoidal (Vaswani et al. 2017, §3.5): PE(pos, 2i) = sin(pos / 10000^(2i/d)),
+  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), added to the token embeddings.
+- Learned (BERT, ViT): one trainable vector per position, added to the embeddings.
+- Rotary (Su et al. 2021, RoFormer eq. 34): rotate each pair (x_{2i}, x_{2i+1}) of q and k by the angle
+  pos · θ_i with θ_i = base^(-2i/d), so that q_m · k_n depends only on m − n.
+
+The Swin relative position bias (table and index) lives in ``models.swin``; ``relative_position_index``
+is re-exported from here lazily so this module imports without the vision code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
+    """The (n_positions, d_model) sinusoidal table of Vaswani et al. (2017), §3.5."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
+    i2 = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i
+    angle = pos / base ** (i2 / d_model)  # (N, ceil(d/2))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Adds the fixed sinusoidal table; ``offset`` shifts positions (incremental decoding)."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        # derived, not learned: a non-persistent buffer stays out of the checkpoint
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # x: (B, T, D)
+        t = x.size(1)
+        if offset + t > self.table.size(0):
+            raise ValueError(f"sequence of {offset + t} positions exceeds the {self.table.size(0)} supported")
+        return x + self.table[offset : offset + t].to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """One trainable vector per position (BERT, ViT), added to the embeddings."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)  # as in BERT / ViT
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # x: (B, T, D)
+        t = x.size(1)
+        if offset + t > self.embedding.num_embeddings:
+            raise ValueError(
+                f"sequence of {offset + t} positions exceeds the {self.embedding.num_embeddings} supported"
+            )
+        pos = torch.arange(offset, offset + t, device=x.device)
+        return x + self.embedding(pos)
+
+
+def rope_angles(n_positions: int, d_head: int, base: float = 10000.0, offset: int = 0) -> Tensor:
+    """Rotation angles pos · θ_i, θ_i = base^(-2i/d) (RoFormer eq. 15): (n_positions, d_head // 2).
+
+    Useful on its own for plots of how each pair of dimensions turns with position.
+    """
+    if d_head % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got {d_head}")
+    theta = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
+    pos = torch.arange(offset, offset + n_positions, dtype=torch.float64)
+    return (pos[:, None] * theta[None, :]).float()
+
+
+def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate consecutive pairs (x_{2i}, x_{2i+1}) of the last axis by ``angles`` (RoFormer eq. 34).
+
+    x: (..., T, d); angles: (T, d/2). Returns the rotated x, same shape and dtype.
+    """
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, d/2)
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2)
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, d/2, 2)
+    return out.flatten(-2)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE as an option of ``MultiHeadAttention``: ``rope(x, offset)`` rotates q or k of shape (B, H, T, d).
+
+    ``offset`` is the absolute position of the first of the T rows (the cache length when decoding).
+    """
+
+    def __init__(self, d_head: int, max_len: int = 2048, base: float = 10000.0) -> None:
+        super().__init__()
+        self.d_head, self.base = d_head, base
+        self.register_buffer("angles", rope_angles(max_len, d_head, base), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.size(-2)
+        if offset + t > self.angles.size(0):
+            n = self.angles.size(0)
+            raise ValueError(f"sequence of {offset + t} positions exceeds the {n} supported")
+        return apply_rope(x, self.angles[offset : offset + t])
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy re-export: the Swin relative position index is implemented in models.swin (vision helper).
+    if name == "relative_position_index":
+        from models.swin import relative_position_index
+
+        return relative_position_index
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

@@ -1,0 +1,195 @@
+"""One small tokenizer interface over SentencePiece (.model, our models) and Hugging Face ``tokenizers``
+(tokenizer.json, MiniLM), with the checkpoint's text normalisation and the input caps in one place.
+
+    tok = load_tokenizer(folder, text_settings)
+    enc = tok.encode("A man is running.")   # Encoded(ids, pieces, notice)
+    tok.decode(enc.ids)                     # text, special tokens dropped
+
+Conventions: SentencePiece encodings are ``<s> pieces </s>`` (the translator's source, the scratch
+classifiers' input: position 0 is their CLS); tokenizer.json encodings are what its post-processor
+adds (``[CLS] ... [SEP]`` for MiniLM). Training code must encode through this class too, so the model
+sees at inference exactly what it saw in training.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAX_TOKENS_SCRATCH = 128  # models trained from scratch: their positions stop at 128 (GUIDE §4)
+MAX_TOKENS_MINILM = 256  # the pretrained MiniLM encoder
+
+# Settings allowed in config.json "text" (a typo should fail loudly, not silently change the input).
+TEXT_DEFAULTS: dict[str, Any] = {
+    "lowercase": False,  # SST-2 is lower-cased; AG News and Multi30k keep case
+    "nfkc": True,  # Unicode NFKC: fold compatibility characters (full-width forms, ligatures)
+    "split_punct": False,  # PTB-style: "it's good." -> "it 's good ." as in the SST-2 text
+    "strip_accents": False,  # drop combining marks (uncased BERT vocabularies)
+}
+
+_CLITIC = re.compile(r"(?i)(\w)(n't|'s|'re|'ve|'m|'ll|'d)\b")
+_PUNCT = re.compile(r"([.,!?;:()\"\[\]{}]|--)")
+
+
+def normalize_text(text: str, settings: dict[str, Any] | None = None) -> str:
+    """Apply the checkpoint's text settings (see TEXT_DEFAULTS) and collapse whitespace."""
+    s = {**TEXT_DEFAULTS, **(settings or {})}
+    unknown = sorted(set(s) - set(TEXT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown text settings {unknown}; known: {sorted(TEXT_DEFAULTS)}")
+    if s["nfkc"]:
+        text = unicodedata.normalize("NFKC", text)
+    if s["strip_accents"]:
+        text = "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+    if s["lowercase"]:
+        text = text.lower()
+    if s["split_punct"]:
+        text = _PUNCT.sub(r" \1 ", _CLITIC.sub(r"\1 \2", text))
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Encoded:
+    ids: list[int]  # token ids, special tokens included
+    pieces: list[str]  # the matching token strings, exactly as the model sees them
+    notice: str = ""  # non-empty when the input was truncated
+
+
+class Tokenizer:
+    """Common interface; see SentencePieceTokenizer and JsonTokenizer."""
+
+    pad_id: int = -1
+    unk_id: int = -1
+    bos_id: int = -1  # <s>, or [CLS]
+    eos_id: int = -1  # </s>, or [SEP]
+
+    def __init__(self, text: dict[str, Any] | None, max_tokens: int) -> None:
+        self.text = dict(text or {})
+        normalize_text("", self.text)  # validate the settings now
+        self.max_tokens = max_tokens
+
+    # -- to implement
+    def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        raise NotImplementedError
+
+    def id_to_piece(self, i: int) -> str:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    # -- shared
+    @property
+    def cls_id(self) -> int:
+        return self.bos_id
+
+    @property
+    def sep_id(self) -> int:
+        return self.eos_id
+
+    def normalize(self, text: str) -> str:
+        return normalize_text(text, self.text)
+
+    def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> Encoded:
+        """Normalise, tokenise, add the specials and cap at ``max_tokens`` (default: the model's cap).
+
+        Over the cap the content is cut and the closing special kept; ``notice`` says so.
+        """
+        cap = self.max_tokens if max_tokens is None else max_tokens
+        ids, pieces = self._encode_pieces(self.normalize(text))
+        n_special = 2 if add_special else 0
+        notice = ""
+        if len(ids) + n_special > cap:
+            notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
+            ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
+        if add_special:
+            ids = [self.bos_id, *ids, self.eos_id]
+            pieces = [self.id_to_piece(self.bos_id), *pieces, self.id_to_piece(self.eos_id)]
+        return Encoded(ids, pieces, notice)
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model (Kudo & Richardson 2018); our models trained from scratch use these."""
+
+    def __init__(self, path: str | Path, text: dict[str, Any] | None = None,
+                 max_tokens: int = MAX_TOKENS_SCRATCH) -> None:
+        import sentencepiece as spm
+
+        super().__init__(text, max_tokens)
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        if min(self.bos_id, self.eos_id) < 0:
+            raise ValueError(f"{Path(path).name}: the SentencePiece model needs <s> and </s> pieces")
+
+    def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        ids = self.sp.encode(text)
+        return ids, [self.sp.id_to_piece(i) for i in ids]
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(i)
+
+    def decode(self, ids: list[int]) -> str:
+        special = {self.pad_id, self.bos_id, self.eos_id}
+        return self.sp.decode([i for i in ids if i not in special])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+
+class JsonTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers`` tokenizer.json (WordPiece for MiniLM, [CLS]/[SEP] added by it)."""
+
+    def __init__(self, path: str | Path, text: dict[str, Any] | None = None,
+                 max_tokens: int = MAX_TOKENS_MINILM) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        super().__init__(text, max_tokens)
+        self.tk = HFTokenizer.from_file(str(path))
+        self.tk.no_truncation()
+        self.tk.no_padding()
+
+        def find(*names: str) -> int:
+            for n in names:
+                i = self.tk.token_to_id(n)
+                if i is not None:
+                    return i
+            return -1
+
+        self.pad_id, self.unk_id = find("[PAD]", "<pad>"), find("[UNK]", "<unk>")
+        self.bos_id, self.eos_id = find("[CLS]", "<s>"), find("[SEP]", "</s>")
+
+    def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        enc = self.tk.encode(text, add_special_tokens=False)
+        return list(enc.ids), list(enc.tokens)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.tk.id_to_token(i) or f"<{i}>"
+
+    def decode(self, ids: list[int]) -> str:
+        special = {self.pad_id, self.bos_id, self.eos_id}
+        return self.tk.decode([i for i in ids if i not in special], skip_special_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+
+def load_tokenizer(folder: str | Path, text: dict[str, Any] | None = None) -> Tokenizer:
+    """The tokenizer stored in a checkpoint folder: tokenizer.model (SentencePiece) or tokenizer.json."""
+    folder = Path(folder)
+    if (folder / "tokenizer.model").is_file():
+        return SentencePieceTokenizer(folder / "tokenizer.model", text, MAX_TOKENS_SCRATCH)
+    if (folder / "tokenizer.json").is_file():
+        return JsonTokenizer(folder / "tokenizer.json", text, MAX_TOKENS_MINILM)
+    from models.checkpoint import CheckpointError
+
+    raise CheckpointError(folder / "tokenizer.model", f"no tokenizer.model or tokenizer.json in {folder}")

@@ -1,0 +1,133 @@
+"""Vision Transformer (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", arXiv:2010.11929) that
+returns its attention.
+
+The image is cut into non-overlapping P×P patches, each linearly embedded (a strided convolution is the
+same linear map, §3.1), a learned [class] token is prepended and learned 1-D position embeddings added
+(eq. 1). Pre-norm Transformer encoder blocks follow (eq. 2–3: x + MSA(LN(x)), x + MLP(LN(x))), then a
+final LayerNorm and a linear head on the class token (eq. 4).
+
+The layout follows torchvision's ``VisionTransformer`` so its ViT-B/16 ImageNet weights load with only
+the fused q/k/v projection split (``models/pretrained.py``). The default configuration is the small
+Fashion-MNIST model: 28×28 grey, patch 4 -> 7×7 = 49 patches plus the class token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from models.attention import MultiHeadAttention
+from models.images import ImageInput, prepare
+from models.outputs import AttentionMap, ImageResult
+
+
+@dataclass
+class ViTConfig:
+    image_size: int = 28  # input side in pixels (square); Fashion-MNIST is 28×28
+    in_channels: int = 1  # 1 = grey (Fashion-MNIST), 3 = RGB (ImageNet)
+    patch: int = 4  # patch side in pixels: 28 / 4 = 7×7 = 49 patches
+    dim: int = 64  # token width D
+    depth: int = 4  # encoder blocks L
+    heads: int = 4  # attention heads per block (head size D / heads = 16)
+    mlp_dim: int = 128  # hidden width of each block's MLP
+    num_classes: int = 10  # Fashion-MNIST classes
+    dropout: float = 0.1  # dropout after the embeddings, attention output and in the MLP
+    attention_dropout: float = 0.0  # dropout on attention weights (training only)
+    norm_eps: float = 1e-6  # LayerNorm epsilon (torchvision's ViT uses 1e-6)
+    input: str = "fashion"  # "fashion" (grey 28×28, dark background) or "imagenet" (RGB crop)
+    resize: int = 256  # imagenet only: shorter side before the centre crop (torchvision's ViT-B/16: 256)
+    interpolation: str = "bilinear"  # imagenet only: resize interpolation (torchvision's ViT-B/16: bilinear)
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm Transformer encoder block (Dosovitskiy et al. 2021, eq. 2–3)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = MultiHeadAttention(cfg.dim, cfg.heads, dropout=cfg.attention_dropout)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.ln_2 = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        # indices 0 and 3 hold the Linear layers, as in torchvision's MLPBlock; GELU as in the paper
+        self.mlp = nn.Sequential(nn.Linear(cfg.dim, cfg.mlp_dim), nn.GELU(), nn.Dropout(cfg.dropout),
+                                 nn.Linear(cfg.mlp_dim, cfg.dim), nn.Dropout(cfg.dropout))
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        a, weights = self.attn(self.ln_1(x), need_weights=need_weights)  # x: (B, T, D); weights (B, H, T, T)
+        x = x + self.drop(a)
+        return x + self.mlp(self.ln_2(x)), weights
+
+
+class ViT(nn.Module):
+    """Patch embedding + class token + position embedding -> encoder blocks -> LayerNorm -> head."""
+
+    def __init__(self, config: ViTConfig, labels: list[str] | None = None) -> None:
+        super().__init__()
+        self.config = cfg = config
+        if cfg.image_size % cfg.patch:
+            raise ValueError(f"image_size {cfg.image_size} is not a multiple of patch {cfg.patch}")
+        self.labels = list(labels) if labels is not None else [str(i) for i in range(cfg.num_classes)]
+        n_patches = cfg.grid * cfg.grid
+        self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch, stride=cfg.patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
+        self.pos_embed = nn.Parameter(torch.empty(1, 1 + n_patches, cfg.dim).normal_(std=0.02))  # E_pos
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Patch grid (rows, cols)."""
+        return self.config.grid, self.config.grid
+
+    def token_labels(self) -> list[str]:
+        """"CLS" then one label per patch in row-major order: "r0c0", "r0c1", ..."""
+        rows, cols = self.grid
+        return ["CLS"] + [f"r{r}c{c}" for r in range(rows) for c in range(cols)]
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the attention
+        of every block, (B, L, heads, 1+P, 1+P) from the explicit softmax; otherwise fused attention."""
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, P, D), patches row-major
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+P, D)
+        x = self.drop(x + self.pos_embed)
+        attention = []
+        for block in self.blocks:
+            x, weights = block(x, need_weights)
+            if need_weights:
+                attention.append(weights)
+        logits = self.head(self.norm(x)[:, 0])  # class token (eq. 4)
+        return (logits, torch.stack(attention, dim=1)) if need_weights else logits
+
+    @torch.no_grad()
+    def classify(self, image: ImageInput) -> ImageResult:
+        """Any image -> ImageResult with class probabilities and the encoder attention (L, H, 1+P, 1+P)."""
+        cfg = self.config
+        prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation)
+        device = next(self.parameters()).device
+        was_training = self.training
+        self.eval()
+        logits, attention = self(prepared.tensor.to(device), need_weights=True)
+        self.train(was_training)
+        probs = torch.softmax(logits[0].float(), dim=-1).cpu().numpy().astype(np.float32)
+        tokens = self.token_labels()
+        encoder = AttentionMap(weights=attention[0].float().cpu().numpy(), queries=tokens, keys=list(tokens))
+        return ImageResult(image=prepared.shown, labels=list(self.labels), probs=probs, grid=self.grid,
+                           patch=cfg.patch, attention={"encoder": encoder}, notice=prepared.notice)

@@ -1,0 +1,129 @@
+"""Every model tab in a real browser, as a new user would use it: type or upload, run, change views."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from PIL import Image, ImageDraw
+from playwright.sync_api import expect
+
+from .helpers import figures, open_tab, plot_signature, screenshot, visible_plots, wait_for_change, wait_for_plots
+
+pytestmark = pytest.mark.e2e
+
+
+def _panel(page):
+    return page.locator("div[role=tabpanel]:visible")
+
+
+def _set_number(page, label: str, value: int) -> None:
+    box = _panel(page).get_by_label(f"number input for {label}")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _pick(page, label: str, option: str) -> None:
+    _panel(page).get_by_label(label).click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def test_translate_tab(page) -> None:
+    open_tab(page, "Translate")
+    box = _panel(page).get_by_label("English sentence")
+    box.fill("Two dogs are running on the beach.")
+    _panel(page).get_by_role("button", name="Translate", exact=True).click()
+    wait_for_plots(page, 4)
+    out = _panel(page).get_by_label("German translation")
+    page.wait_for_function("(el) => el.value.length > 0", arg=out.element_handle(), timeout=30_000)
+    expect(_panel(page)).to_contain_text("Beam size 5", timeout=30_000)
+    before = plot_signature(page)
+    _panel(page).get_by_label("encoder", exact=True).check()
+    wait_for_change(page, before)
+    before = plot_signature(page)
+    _panel(page).get_by_label("model view").check()
+    wait_for_change(page, before)
+    titles = page.evaluate("() => [...document.querySelectorAll('.gtitle')].map(e => e.textContent)")
+    assert any("Encoder" in t for t in titles)
+    screenshot(page, "translate")
+    assert page.js_errors == []
+
+
+def test_classify_tab_renders_html_as_text(page) -> None:
+    open_tab(page, "Classify")
+    box = _panel(page).get_by_label("text", exact=True)
+    box.fill("<img src=x onerror=alert(1)> a warm , funny film .")
+    _panel(page).get_by_role("button", name="Classify", exact=True).click()
+    wait_for_plots(page, 3)
+    panel_text = _panel(page).inner_text()
+    assert "positive" in panel_text or "negative" in panel_text
+    # The HTML-like input is shown as text in the highlight, never turned into an element.
+    assert page.locator("img[src=x]").count() == 0
+    shown = re.sub(r"\s|▁", "", page.locator(".atlas-highlight").inner_text())
+    assert "onerror" in shown and "<unk>" in shown  # tokens, angle brackets included, shown as text
+    before = plot_signature(page)
+    _pick(page, "head (or fusion of heads)", "1")
+    wait_for_change(page, before)
+    screenshot(page, "classify")
+    assert page.js_errors == []
+
+
+def test_vision_tab_with_a_photo(page, tmp_path) -> None:
+    # An ordinary photo-sized RGB image: a dark shoe-like shape on a light background.
+    photo = tmp_path / "photo.jpg"
+    img = Image.new("RGB", (1600, 1200), (235, 230, 220))
+    draw = ImageDraw.Draw(img)
+    draw.polygon([(300, 800), (1300, 800), (1300, 650), (900, 600), (700, 350), (350, 400)], fill=(60, 40, 30))
+    img.save(photo, quality=90)
+    open_tab(page, "Vision")
+    _panel(page).locator("input[type=file]").set_input_files(str(photo))
+    page.wait_for_timeout(1000)
+    _panel(page).get_by_role("button", name="Classify image", exact=True).click()
+    wait_for_plots(page, 5)
+    seen = page.locator("#seen-image img")
+    seen.wait_for(timeout=30_000)
+    page.wait_for_timeout(500)
+    box = seen.bounding_box()
+    seen.click(position={"x": box["width"] * 0.2, "y": box["height"] * 0.8})
+    # 28×28 input, 4-pixel patches: the click lands on patch row 5, column 1.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.gtitle')].some(e => e.textContent.startsWith('Patch r5c1'))",
+        timeout=30_000)
+    before = plot_signature(page)
+    _panel(page).get_by_label("rollout").check()
+    wait_for_change(page, before)
+    screenshot(page, "vision-vit")
+    _panel(page).get_by_label("swin-fashion").check()
+    before = plot_signature(page)
+    _panel(page).get_by_role("button", name="Classify image", exact=True).click()
+    wait_for_change(page, before)
+    screenshot(page, "vision-swin")
+    assert page.js_errors == []
+
+
+def test_swin_windows_tab(page) -> None:
+    open_tab(page, "Swin windows")
+    wait_for_plots(page, 5)
+    before = plot_signature(page)
+    _set_number(page, "window size", 2)
+    wait_for_change(page, before)
+    expect(_panel(page)).to_contain_text("16 windows of 2×2", timeout=30_000)
+    _panel(page).get_by_role("button", name="Show the trained Swin").click()
+    wait_for_plots(page, 7)
+    screenshot(page, "swin-windows")
+    assert page.js_errors == []
+
+
+def test_positional_tab(page) -> None:
+    open_tab(page, "Positional encoding")
+    wait_for_plots(page, 5)
+    heat = next(f for f in figures(page) if f[0]["type"] == "heatmap")
+    assert len(heat[0]["z"]) == 64
+    before = plot_signature(page)
+    _set_number(page, "positions", 32)
+    wait_for_change(page, before)
+    _panel(page).get_by_role("button", name="Show the ViT's position embeddings").click()
+    wait_for_plots(page, 6)
+    assert visible_plots(page) >= 6
+    screenshot(page, "positional")
+    assert page.js_errors == []

@@ -1,0 +1,82 @@
+"""models.analysis against hand-computed tiny cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models.analysis import (
+    attention_share,
+    head_entropy,
+    mean_attention_distance,
+    offset_keys,
+    patch_distances,
+    rollout,
+)
+
+
+def test_rollout_hand_computed() -> None:
+    a1 = np.array([[1.0, 0.0], [0.5, 0.5]])
+    a2 = np.array([[0.0, 1.0], [0.0, 1.0]])
+    w = np.stack([np.stack([a1, a1]), np.stack([a2, a2])])  # (L=2, H=2, 2, 2)
+    # Ã = 0.5 A + 0.5 I (rows already sum to 1): Ã1 = [[1, 0], [.25, .75]], Ã2 = [[.5, .5], [0, 1]]
+    r = rollout(w)
+    np.testing.assert_allclose(r[0], [[1.0, 0.0], [0.25, 0.75]], atol=1e-6)
+    np.testing.assert_allclose(r[1], [[0.625, 0.375], [0.25, 0.75]], atol=1e-6)  # Ã2 · Ã1
+    np.testing.assert_allclose(r.sum(-1), 1.0, atol=1e-6)
+
+
+def test_rollout_head_fusion_and_discard() -> None:
+    h1 = np.array([[0.9, 0.1, 0.0], [0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+    h2 = np.array([[0.1, 0.2, 0.7], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])
+    w = np.stack([h1, h2])[None]  # (1, 2, 3, 3)
+    mx = np.maximum(h1, h2)
+    expected = 0.5 * mx + 0.5 * np.eye(3)
+    np.testing.assert_allclose(rollout(w, "max")[0], expected / expected.sum(-1, keepdims=True), atol=1e-6)
+    # discard the smallest third of each row (keeping the diagonal), then residual and renormalise
+    mean = (h1 + h2) / 2
+    kept = mean.copy()
+    for i, row in enumerate(mean):
+        j = int(np.argmin(row))
+        if j != i:
+            kept[i, j] = 0.0
+    expected = 0.5 * kept + 0.5 * np.eye(3)
+    np.testing.assert_allclose(rollout(w, discard_ratio=0.34)[0], expected / expected.sum(-1, keepdims=True),
+                               atol=1e-6)
+    with pytest.raises(ValueError):
+        rollout(w, "median")
+
+
+def test_entropy() -> None:
+    w = np.zeros((1, 2, 2, 4))
+    w[0, 0] = 0.25  # uniform over 4 keys
+    w[0, 1, :, 0] = 1.0  # one-hot
+    ent = head_entropy(w)
+    np.testing.assert_allclose(ent, [[np.log(4), 0.0]], atol=1e-6)
+    np.testing.assert_allclose(head_entropy(w, normalize=True)[0, 0], 1.0, atol=1e-6)
+
+
+def test_mean_attention_distance_tokens_and_pixels() -> None:
+    w = np.zeros((1, 1, 3, 3))
+    w[0, 0, 0, 2] = 1.0  # distance 2
+    w[0, 0, 1, 1] = 1.0  # 0
+    w[0, 0, 2, [0, 2]] = 0.5  # 1
+    np.testing.assert_allclose(mean_attention_distance(w), [[1.0]], atol=1e-6)
+    # 2×2 grid of 16-pixel patches after a CLS token
+    w = np.zeros((1, 1, 5, 5))
+    w[0, 0, :, 0] = 0.5  # half of every row to CLS: dropped and renormalised
+    w[0, 0, 1:, 4] = 0.5  # patches attend to the bottom-right patch (r1c1)
+    d = mean_attention_distance(w, grid=(2, 2), patch=16, skip=1)
+    np.testing.assert_allclose(d, [[(16 * np.sqrt(2) + 16 + 16 + 0) / 4]], atol=1e-5)
+    assert patch_distances((1, 3), 2.0)[0, 2] == 4.0
+
+
+def test_attention_share() -> None:
+    w = np.zeros((1, 1, 3, 3))
+    w[0, 0, :, 0] = [1.0, 0.5, 0.2]
+    w[0, 0, 1, 1] = 0.5
+    w[0, 0, 2, 1] = 0.8
+    np.testing.assert_allclose(attention_share(w, [0]), [[(1.0 + 0.5 + 0.2) / 3]], atol=1e-6)
+    prev = offset_keys(3, -1)
+    assert prev[1, 0] and prev[2, 1] and not prev[0].any()
+    np.testing.assert_allclose(attention_share(w, prev), [[(0 + 0.5 + 0.8) / 3]], atol=1e-6)

@@ -1,0 +1,91 @@
+"""models/vit.py: fused = explicit attention, rows sum to 1, and the ImageResult of the small model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.outputs import ImageResult
+from models.vit import ViT, ViTConfig
+
+torch.set_num_threads(2)
+
+CONFIGS = {
+    "fashion": ViTConfig(),  # 28×28 grey, patch 4 -> 7×7 patches
+    "rgb": ViTConfig(image_size=32, in_channels=3, patch=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=5,
+                     input="imagenet"),
+}
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, ViT]:
+    torch.manual_seed(0)
+    return {name: ViT(cfg).eval() for name, cfg in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_equals_explicit(models: dict[str, ViT], name: str) -> None:
+    model = models[name]
+    cfg = model.config
+    torch.manual_seed(1)
+    x = torch.randn(3, cfg.in_channels, cfg.image_size, cfg.image_size)
+    with torch.no_grad():
+        fused = model(x)
+        explicit, attention = model(x, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    tokens = 1 + cfg.grid * cfg.grid
+    assert attention.shape == (3, cfg.depth, cfg.heads, tokens, tokens)
+    torch.testing.assert_close(attention.sum(-1), torch.ones(attention.shape[:-1]), atol=1e-5, rtol=0)
+    assert (attention >= 0).all()
+
+
+def test_classify(models: dict[str, ViT]) -> None:
+    model = models["fashion"]
+    model.labels = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                    "Ankle boot"]
+    img = np.full((50, 80, 3), 250, np.uint8)  # a dark object on a light background
+    img[10:40, 20:60] = 30
+    result = model.classify(img)
+    assert isinstance(result, ImageResult)
+    assert result.image.shape == (28, 28) and result.image.dtype == np.uint8
+    assert "inverted" in result.notice
+    assert result.labels == model.labels and result.probs.shape == (10,)
+    assert abs(float(result.probs.sum()) - 1) < 1e-5
+    assert result.grid == (7, 7) and result.patch == 4 and result.windows == []
+    enc = result.attention["encoder"]
+    assert enc.weights.shape == (4, 4, 50, 50) and enc.weights.dtype == np.float32
+    assert enc.queries[:3] == ["CLS", "r0c0", "r0c1"] and enc.queries[-1] == "r6c6" and enc.keys == enc.queries
+    np.testing.assert_allclose(enc.weights.sum(-1), 1.0, atol=1e-5)
+    assert model.training is False
+
+
+def test_classify_rgb(models: dict[str, ViT]) -> None:
+    result = models["rgb"].classify(np.zeros((40, 60, 3), np.uint8))
+    assert result.image.shape == (32, 32, 3)
+    assert result.attention["encoder"].weights.shape == (2, 2, 17, 17)
+    assert result.labels == ["0", "1", "2", "3", "4"]
+
+
+def test_patch_order_matches_labels() -> None:
+    """Patch r{i}c{j} is the token that sees pixel block (i, j): a change there moves only its embedding."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(depth=1)).eval()
+    x = torch.zeros(1, 1, 28, 28)
+    base = model.patch_embed(x).flatten(2).transpose(1, 2)
+    x[0, 0, 8:12, 20:24] = 1.0  # patch row 2, column 5
+    changed = (model.patch_embed(x).flatten(2).transpose(1, 2) - base).abs().sum(-1)[0]
+    assert model.token_labels()[1 + int(changed.argmax())] == "r2c5"
+
+
+def test_training_step_runs() -> None:
+    torch.manual_seed(0)
+    model = ViT(CONFIGS["fashion"]).train()
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(2, 1, 28, 28)), torch.tensor([0, 9]))
+    loss.backward()
+    assert model.pos_embed.grad is not None and model.cls_token.grad is not None
+
+
+def test_bad_config() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        ViT(ViTConfig(image_size=30, patch=4))

@@ -1,0 +1,305 @@
+"""viz/: figures carry the shapes and labels of their input, pooling keeps block maxima, labels and HTML
+are escaped, viz stays pure (no torch / gradio / models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import viz
+from viz.common import max_pool, tile, unique_labels
+
+
+def softmax_attention(shape, seed=0, temp=3.0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32) * temp
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+TOKENS = ["<s>", "▁the", "▁cat", "▁sat", "▁the", "▁supercalifragilistic", "<script>alert(1)</script>", "</s>"]
+
+
+def test_heatmap_shapes_labels_and_look():
+    w = softmax_attention((2, 3, 8, 8))
+    fig = viz.attention_heatmap(w, TOKENS, layer=1, head=2, kind="Encoder self-attention")
+    hm = fig.data[0]
+    assert np.asarray(hm.z).shape == (8, 8)
+    np.testing.assert_allclose(np.asarray(hm.z), w[1, 2], rtol=1e-6)
+    assert list(hm.x) == unique_labels(TOKENS) and list(hm.y) == unique_labels(TOKENS)
+    assert len(set(hm.x)) == 8  # the repeated "▁the" stays two categories
+    assert (hm.zmin, hm.zmax) == (0.0, 1.0)
+    assert hm.colorbar.title.text == "attention weight"
+    assert "→" in hm.hovertemplate
+    assert fig.layout.yaxis.autorange == "reversed"
+    assert fig.layout.title.text == "Encoder self-attention · layer 1 · head 2"
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert "▁supercalif…" in ticks  # shortened on the axis, full in the hover category
+    assert any("▁supercalifragilistic" in c for c in hm.x)
+
+
+def test_heatmap_fusion_autoscale_and_cross_shapes():
+    w = softmax_attention((4, 5, 7))
+    fig = viz.attention_heatmap(w, TOKENS[:5], TOKENS[:7], head="max", autoscale=True)
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), w.max(0), rtol=1e-6)
+    assert fig.data[0].zmax == pytest.approx(float(w.max(0).max()))
+    fig = viz.cross_alignment(w[None], TOKENS[:5], TOKENS[:7], layer=0, head="mean")
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), w.mean(0), rtol=1e-6)
+    assert len(fig.data[1].x) == 5  # one argmax marker per target token
+    with pytest.raises(ValueError):
+        viz.attention_heatmap(w, TOKENS[:4], TOKENS[:7], head=0)
+
+
+def test_max_pool_keeps_block_maximum():
+    rng = np.random.default_rng(1)
+    a = rng.random((2, 3, 130, 197)).astype(np.float32)
+    pooled, re, ce = max_pool(a, 64)
+    assert pooled.shape[-2:] == (len(re) - 1, len(ce) - 1)
+    assert pooled.shape[-1] <= 64 and pooled.shape[-2] <= 64
+    for i in range(len(re) - 1):
+        for j in range(0, len(ce) - 1, 7):
+            block = a[..., re[i]:re[i + 1], ce[j]:ce[j + 1]]
+            np.testing.assert_array_equal(pooled[..., i, j], block.max(axis=(-2, -1)))
+    assert pooled.max() == a.max()
+    same, _, _ = max_pool(a[..., :40, :40], 64)
+    assert same.shape == (2, 3, 40, 40)
+
+
+def test_tile_layout():
+    blocks = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    t = tile(blocks, ncols=2, gap=1)
+    assert t.shape == (3, 9)
+    np.testing.assert_array_equal(t[:, :4], blocks[0])
+    np.testing.assert_array_equal(t[:, 5:], blocks[1])
+    assert np.isnan(t[:, 4]).all()
+
+
+@pytest.mark.parametrize("n,pooled", [(40, False), (128, True)])
+def test_model_view_thumbnails(n, pooled):
+    L, H = 3, 4
+    w = softmax_attention((L, H, n, n), seed=2)
+    toks = [f"t{i}" for i in range(n)]
+    fig = viz.model_view(w, toks, kind="Encoder self-attention")
+    hm = fig.data[0]
+    z = np.asarray(hm.z)
+    assert z.dtype == np.uint8
+    p, _, _ = max_pool(w, 64)
+    q = p.shape[-1]
+    gap = max(1, q // 8)
+    assert z.shape == (L * (q + gap) - gap, H * (q + gap) - gap)
+    assert len(hm.x) == z.shape[1] and len(hm.y) == z.shape[0] and len(set(hm.x)) == len(hm.x)
+    for layer in range(L):
+        for h in range(H):
+            thumb = z[layer * (q + gap): layer * (q + gap) + q, h * (q + gap): h * (q + gap) + q]
+            np.testing.assert_array_equal(thumb, np.rint(p[layer, h] * 100).astype(np.uint8))
+    assert ("max-pooled" in fig.layout.title.text) == pooled
+    assert list(fig.layout.xaxis.ticktext) == [f"H{h}" for h in range(H)]
+    assert list(fig.layout.yaxis.ticktext) == [f"L{i}" for i in range(L)]
+    assert "attention weight" in hm.colorbar.title.text
+
+
+def test_model_view_cross_attention_pools_each_axis():
+    w = softmax_attention((2, 2, 130, 20), seed=8)
+    fig = viz.model_view(w, [f"q{i}" for i in range(130)], [f"k{i}" for i in range(20)], kind="Cross-attention")
+    z = np.asarray(fig.data[0].z)
+    p, _, _ = max_pool(w, 64)
+    assert p.shape[-2:] == (44, 20)
+    gap = max(1, 44 // 8)
+    assert z.shape == (2 * (44 + gap) - gap, 2 * (20 + gap) - gap)
+    np.testing.assert_array_equal(z[:44, :20], np.rint(p[0, 0] * 100).astype(np.uint8))
+    assert "max-pooled 3×1" in fig.layout.title.text
+
+
+def test_head_view_lines_and_threshold():
+    w = softmax_attention((2, 3, 8, 8), seed=3)
+    fig = viz.head_view(w, TOKENS, layer=1, threshold=0.1)
+    for h in range(3):
+        segs = sum(int(np.isnan(np.asarray(t.y, dtype=float)).sum()) for t in fig.data
+                   if t.legendgroup == f"h{h}" and t.x is not None and len(t.x) > 1)
+        assert segs == int((w[1, h] >= 0.1).sum())
+    assert len(fig.data) <= 3 * (8 + 1) + 2  # grouped traces, not one per line
+    capped = viz.head_view(w, TOKENS, layer=1, threshold=0.0, max_segments=20)
+    n = sum(int(np.isnan(np.asarray(t.y, dtype=float)).sum()) for t in capped.data
+            if t.x is not None and len(t.x) > 1)
+    assert n == 20 and "strongest 20 of" in capped.layout.title.text
+
+
+def test_head_view_cross_attention_columns():
+    w = softmax_attention((4, 5, 7), seed=9)
+    fig = viz.head_view(w, TOKENS[:5], TOKENS[:7], threshold=0.0, kind="Cross-attention")
+    cols = [t for t in fig.data if t.mode == "markers+text"]
+    assert [len(c.y) for c in cols] == [5, 7]
+    assert list(cols[0].customdata) == unique_labels(TOKENS[:5])
+
+
+def test_beam_tree_nodes_and_chosen():
+    steps = [
+        dict(tokens=["▁ein", "▁der"], parents=[-1, -1], scores=[-0.5, -0.9], finished=[False, False]),
+        dict(tokens=["▁Hund", "</s>"], parents=[0, 1], scores=[-1.2, -1.0], finished=[False, True]),
+        dict(tokens=["."], parents=[0], scores=[-1.3], finished=[False]),
+    ]
+    fig = viz.beam_tree(steps, chosen=[0, 0, 0])
+    nodes = [t for t in fig.data if t.mode == "markers+text"][0]
+    assert len(nodes.x) == 5
+    assert list(nodes.marker.symbol).count("square") == 1
+    assert sum("chosen" in h for h in nodes.hovertext) == 3
+    assert "&lt;/s&gt;" in "".join(nodes.text)
+    edges = fig.data[0]
+    assert sum(v is None for v in edges.x) == 3  # three parent links
+
+
+def test_beam_tree_takes_beamstep_objects():
+    from models.outputs import BeamStep  # plain dataclasses + numpy, no torch
+
+    steps = [BeamStep(["▁a", "▁b"], [-1, -1], [-0.1, -0.2], [False, False]),
+             BeamStep(["</s>", "▁c"], [0, 1], [-0.3, -0.5], [True, False])]
+    fig = viz.beam_tree(steps, [0, 0])
+    assert len([t for t in fig.data if t.mode == "markers+text"][0].x) == 4
+
+
+def test_token_highlight_escapes_html():
+    html = viz.token_highlight(TOKENS + ["<img src=x onerror=alert(1)>"], np.linspace(0, 1, 9))
+    assert "<script" not in html and "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert html.count("<span title=") == 9
+
+
+def test_plotly_labels_are_escaped():
+    w = softmax_attention((1, 2, 8, 8))
+    for fig in (viz.attention_heatmap(w, TOKENS, layer=0), viz.model_view(w, TOKENS),
+                viz.head_view(w, TOKENS, layer=0)):
+        text = fig.to_json()
+        assert "<script>" not in text and "&lt;script&gt;" in text
+
+
+def test_image_figures():
+    rng = np.random.default_rng(4)
+    img = (rng.random((224, 224, 3)) * 255).astype(np.uint8)
+    cls = softmax_attention((197,), seed=5)
+    fig = viz.image_attention(img, cls, (14, 14))
+    assert fig.data[0].type == "image" and fig.data[0].source.startswith("data:image/png;base64,")
+    np.testing.assert_allclose(np.asarray(fig.data[1].z), cls[1:].reshape(14, 14), rtol=1e-6)
+    assert fig.data[1].dx == 16
+    fig = viz.query_patch_attention(img, cls, (14, 14), (2, 5))
+    assert len(fig.layout.shapes) == 1 and "r2c5" in fig.layout.title.text
+    grey = (rng.random((28, 28)) * 255).astype(np.uint8)
+    maps = softmax_attention((5, 16))
+    fig = viz.image_attention_grid(grey, maps, (4, 4), ncols=2)
+    z = np.asarray(fig.data[1].z)
+    assert z.shape == (3 * (4 + 3) - 3, 2 * (4 + 1) - 1)  # 3 rows of panels, title gap of 3 cells
+    np.testing.assert_allclose(z[7:11, 5:9], maps[3].reshape(4, 4), rtol=1e-6)
+    assert [a.text for a in fig.layout.annotations] == [f"head {i}" for i in range(5)]
+    fig = viz.topk_bars([f"class {i}" for i in range(10)], softmax_attention((10,)), k=3)
+    assert len(fig.data[0].y) == 3 and fig.layout.yaxis.autorange == "reversed"
+
+
+def test_stats_figures():
+    w = softmax_attention((3, 4, 8, 8))
+    shares, names = viz.token_shares(w, ["[CLS]", "a", "b", "c", "d", "e", "f", "[SEP]"])
+    assert shares.shape == (3, 4, 4)
+    np.testing.assert_allclose(shares[..., 0], w[..., 0].mean(-1), rtol=1e-6)
+    np.testing.assert_allclose(shares[..., 2], np.mean([w[..., i, i - 1] for i in range(1, 8)], axis=0), rtol=1e-6)
+    fig = viz.head_share_heatmap(shares, names)
+    assert len(fig.data) == 4 and np.asarray(fig.data[0].z).shape == (3, 4)
+    fig = viz.head_metric_scatter(np.random.default_rng(0).random((3, 4)) * 100)
+    assert len(fig.data) == 4 and all(len(t.x) == 3 for t in fig.data)
+    fig = viz.entropy_heatmap(np.ones((3, 4)))
+    assert np.asarray(fig.data[0].z).shape == (3, 4)
+
+
+def _sinusoid(P=32, D=16):
+    pos, i = np.arange(P)[:, None], np.arange(0, D, 2)
+    pe = np.zeros((P, D))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(pos / 10000 ** (i / D)), np.cos(pos / 10000 ** (i / D))
+    return pe
+
+
+def test_positional_figures():
+    pe = _sinusoid()
+    assert np.asarray(viz.sinusoidal_heatmap(pe).data[0].z).shape == (32, 16)
+    assert len(viz.sinusoidal_curves(pe, [0, 3, 7]).data) == 3
+    fig = viz.position_similarity(pe, "cosine")
+    np.testing.assert_allclose(np.diag(np.asarray(fig.data[0].z)), 1.0, rtol=1e-5)
+    ang = np.arange(10) * 0.4
+    fig = viz.rope_rotation(np.stack([np.cos(ang), np.sin(ang)], 1))
+    np.testing.assert_allclose(np.asarray(fig.data[1].customdata)[:5], np.degrees(ang[:5]), atol=1e-3)
+    fig = viz.rope_offset_scores(np.random.default_rng(0).random((20, 20)), [0, 5])
+    assert list(np.asarray(fig.data[1].x)[:3]) == [-5, -4, -3]
+    fig = viz.learned_pe_grid(np.random.default_rng(0).standard_normal((1 + 16, 8)), (4, 4))
+    assert np.asarray(fig.data[0].z).shape == (4 * 5 - 1, 4 * 5 - 1)
+    fig = viz.relative_bias_tables(np.random.default_rng(0).standard_normal((3, 13, 13)))
+    assert len(fig.layout.annotations) == 3
+
+
+def _swin_region_mask(H, W, win, s):
+    img = np.zeros((H, W), int)
+    cnt = 0
+    for hs in (slice(0, -win), slice(-win, -s), slice(-s, None)):
+        for ws in (slice(0, -win), slice(-win, -s), slice(-s, None)):
+            img[hs, ws] = cnt
+            cnt += 1
+    return img
+
+
+def test_swin_window_attention_maps_back_with_shift():
+    H = W = 8
+    win, s = 4, 2
+    w = softmax_attention((4, 2, 16, 16), seed=6)
+    ids = np.arange(H * W).reshape(H, W)
+    rolled = np.roll(ids, (-s, -s), (0, 1))
+    windows = rolled.reshape(2, win, 2, win).transpose(0, 2, 1, 3).reshape(4, 16)  # token ids per window
+    for q in [(7, 1), (0, 0), (3, 6)]:
+        qid = q[0] * W + q[1]
+        win_idx, n = map(int, np.argwhere(windows == qid)[0])
+        fig = viz.window_attention_grid(w, (H, W), win, s, q, head=1)
+        z = np.asarray(fig.data[0].z)
+        expect = np.full(H * W, np.nan, np.float32)
+        expect[windows[win_idx]] = w[win_idx, 1, n]
+        np.testing.assert_array_equal(z.ravel(), expect)
+
+
+def test_swin_window_map_with_padding():
+    # a 4×4 grid in 7×7 windows: the model pads to 7×7, one window, attention to padding is left out
+    w = softmax_attention((1, 2, 49, 49), seed=7)
+    amap, info = viz.window_attention_map(w, (4, 4), 7, 0, (1, 2), head=1)
+    n = 1 * 7 + 2
+    np.testing.assert_allclose(amap, w[0, 1, n].reshape(7, 7)[:4, :4], rtol=1e-6)
+    assert info["padding_share"] == pytest.approx(1 - w[0, 1, n].reshape(7, 7)[:4, :4].sum(), abs=1e-5)
+    assert len(info["cells"]) == 16
+    with pytest.raises(ValueError):
+        viz.window_attention_map(w, (8, 8), 7, 0, (0, 0))
+
+
+def test_swin_geometry_figures():
+    H = W = 8
+    win, s = 4, 2
+    regions = _swin_region_mask(H, W, win, s)
+    ids = np.arange(H * W).reshape(H, W)
+    fig = viz.cyclic_shift(ids, np.roll(ids, (-s, -s), (0, 1)), regions, win)
+    np.testing.assert_array_equal(np.asarray(fig.data[1].z), regions)
+    fig = viz.window_partitions((H, W), win, s)
+    assert np.asarray(fig.data[1].z).shape == (H, W)
+    np.testing.assert_array_equal(viz.shifted_window_ids((H, W), win, 0), np.asarray(fig.data[0].z))
+    mw = regions.reshape(2, win, 2, win).transpose(0, 2, 1, 3).reshape(4, 16)
+    masks = np.where(mw[:, None, :] != mw[:, :, None], -100.0, 0.0)
+    assert np.asarray(viz.window_mask(masks[3], win, 3).data[0].z).shape == (16, 16)
+    fig = viz.all_window_masks(masks, 2)
+    assert np.asarray(fig.data[0].z).shape == (2 * 18 - 2, 2 * 18 - 2)
+    assert np.asarray(viz.region_map(regions, win).data[0].z).shape == (H, W)
+
+
+def test_figures_round_trip_to_json():
+    fig = viz.model_view(softmax_attention((1, 2, 5, 5)), TOKENS[:5])
+    json.loads(fig.to_json())
+
+
+def test_viz_imports_neither_torch_nor_gradio_nor_models():
+    code = ("import sys, viz, viz.attention, viz.text, viz.images, viz.stats, viz.positional, viz.swin\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'gradio', 'models', 'torchvision')]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))

@@ -1,0 +1,308 @@
+"""Attention figures over token sequences: one head as a heatmap, every layer × head at once (model
+view), and the bertviz-style head view (two token columns joined by lines)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from viz.common import (
+    ATTENTION_SCALE,
+    HEAD_COLORS,
+    WEIGHT_LABEL,
+    axis_font_size,
+    base_layout,
+    category_ticks,
+    colorbar,
+    esc,
+    f32,
+    max_pool,
+    rect_path,
+    shorten,
+    tile,
+    unique_labels,
+    weight_range,
+)
+
+Head = int | str  # a head index, or "mean" / "max" to fuse all heads
+
+
+def select_head(weights: np.ndarray, layer: int | None = None, head: Head = 0) -> np.ndarray:
+    """(Q, K) map out of (Q, K), (H, Q, K) or (L, H, Q, K); ``head`` may be "mean" or "max" (fusion)."""
+    w = np.asarray(weights)
+    if w.ndim == 4:
+        if layer is None:
+            raise ValueError("weights are (layers, heads, queries, keys): pass layer=")
+        w = w[layer]
+    if w.ndim == 3:
+        if head == "mean":
+            w = w.mean(axis=0)
+        elif head == "max":
+            w = w.max(axis=0)
+        elif isinstance(head, (int, np.integer)):
+            w = w[int(head)]
+        else:
+            raise ValueError(f"head must be an index, 'mean' or 'max', got {head!r}")
+    if w.ndim != 2:
+        raise ValueError(f"expected attention of 2 to 4 dimensions, got shape {np.shape(weights)}")
+    return w
+
+
+def describe(kind: str, layer: int | None, head: Head | None) -> str:
+    """Title text such as "Encoder self-attention · layer 2 · head 5"."""
+    parts = [kind]
+    if layer is not None:
+        parts.append(f"layer {layer}")
+    if head is not None:
+        parts.append(f"{head} of heads" if head in ("mean", "max") else f"head {head}")
+    return " · ".join(parts)
+
+
+def _check_labels(w: np.ndarray, queries: Sequence[str], keys: Sequence[str]) -> None:
+    if w.shape[-2] != len(queries) or w.shape[-1] != len(keys):
+        raise ValueError(f"attention {w.shape} does not match {len(queries)} query and {len(keys)} key labels")
+
+
+def attention_heatmap(
+    weights: np.ndarray,
+    queries: Sequence[str],
+    keys: Sequence[str] | None = None,
+    *,
+    layer: int | None = None,
+    head: Head = 0,
+    kind: str = "Self-attention",
+    title: str | None = None,
+    autoscale: bool = False,
+    max_label: int = 12,
+) -> go.Figure:
+    """Query × key heatmap of one head (or the mean/max over heads), always at full resolution.
+
+    weights: (Q, K), (H, Q, K) or (L, H, Q, K) (then ``layer`` selects). Query 0 is at the top; tick
+    labels are shortened, hover shows "i · query → j · key: weight" with the full tokens.
+    """
+    keys = queries if keys is None else keys
+    w = select_head(weights, layer, head)
+    _check_labels(w, queries, keys)
+    zmin, zmax = weight_range(w, autoscale)
+    qcat, kcat = unique_labels(queries), unique_labels(keys)
+    fig = go.Figure(
+        go.Heatmap(
+            z=f32(w), x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
+            colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0,
+            hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
+        )
+    )
+    n = max(len(queries), len(keys))
+    cell = int(np.clip(640 / n, 4, 40))
+    height = int(np.clip(cell * len(queries) + 220, 380, 1000))
+    base_layout(fig, title or describe(kind, layer, head), height=height)
+    fs = axis_font_size(n)
+    fig.update_xaxes(**category_ticks(kcat, keys, max_label), tickangle=-60, tickfont=dict(size=fs),
+                     title=dict(text="key"), side="bottom")
+    fig.update_yaxes(**category_ticks(qcat, queries, max_label), autorange="reversed",
+                     tickfont=dict(size=fs), title=dict(text="query"), scaleanchor="x", constrain="domain")
+    return fig
+
+
+def _block_labels(tokens: Sequence[str], edges: np.ndarray, prefix: str) -> list[str]:
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        a, b = int(a), int(b)
+        if b - a == 1:
+            out.append(f"{prefix}{a} {esc(shorten(tokens[a], 16))}")
+        else:
+            out.append(f"{prefix}{a}–{b - 1} {esc(shorten(tokens[a], 10))} … {esc(shorten(tokens[b - 1], 10))}")
+    return out
+
+
+def model_view(
+    weights: np.ndarray,
+    queries: Sequence[str],
+    keys: Sequence[str] | None = None,
+    *,
+    kind: str = "Self-attention",
+    max_cells: int = 64,
+    autoscale: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Every layer × head of one attention kind in one figure (rows = layers, columns = heads).
+
+    weights: (L, H, Q, K). Each thumbnail is max-pooled to at most ``max_cells`` × ``max_cells`` when
+    larger (the title says so). All thumbnails are tiled into ONE heatmap with blank gaps between them:
+    one trace and one pair of axes instead of L·H subplots, so the JSON is small and the browser draws it
+    quickly. Weights travel as whole percent in a uint8 typed array (1 byte per cell; the colour needs no
+    more precision, and the single-head heatmap shows exact values).
+    """
+    keys = queries if keys is None else keys
+    w = np.asarray(weights, dtype=np.float32)
+    if w.ndim != 4:
+        raise ValueError(f"model view needs (layers, heads, queries, keys), got {w.shape}")
+    _check_labels(w, queries, keys)
+    L, H, Q, K = w.shape
+    pooled, qe, ke = max_pool(w, max_cells)
+    q, k = pooled.shape[-2:]
+    is_pooled = (q, k) != (Q, K)
+    pct = np.clip(np.rint(pooled * 100.0), 0, 100).astype(np.uint8)  # (L, H, q, k)
+    gap = max(1, max(q, k) // 8)
+    z = tile(pct.reshape(L * H, q, k), ncols=H, gap=gap, fill=0)
+
+    qlab, klab = _block_labels(queries, qe, "q"), _block_labels(keys, ke, "k")
+    xcat, xticks = [], []
+    for h in range(H):
+        xcat += [f"head {h} · {lab}" for lab in klab]
+        xticks.append(xcat[-1 - k // 2])
+        if h < H - 1:
+            xcat += [f"(gap {h}|{h + 1} #{g})" for g in range(gap)]  # categories must be unique
+    ycat, yticks = [], []
+    for layer in range(L):
+        ycat += [f"layer {layer} · {lab}" for lab in qlab]
+        yticks.append(ycat[-1 - q // 2])
+        if layer < L - 1:
+            ycat += [f"(gap {layer}|{layer + 1} #{g})" for g in range(gap)]
+
+    zmax = 100.0
+    if autoscale:
+        zmax = float(max(1, pct.max()))
+    what = "max attention weight (%)" if is_pooled else "attention weight (%)"
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=xcat, y=ycat, zmin=0, zmax=zmax, colorscale=_thumb_scale(), colorbar=colorbar(what),
+            hovertemplate="%{y}<br>→ %{x}<br>" + ("max weight" if is_pooled else "weight")
+            + ": %{z}%<extra></extra>",
+        )
+    )
+    sub = f"rows: {L} layers, columns: {H} heads · {Q}×{K} tokens"
+    if is_pooled:
+        fq, fk = int(qe[1] - qe[0]), int(ke[1] - ke[0])
+        sub += f" · each thumbnail max-pooled {fq}×{fk} to {q}×{k} cells (the single-head view is full size)"
+    head_title = title or f"{kind} · all layers and heads"
+    size = int(np.clip(78 * max(L, H), 420, 1100))
+    base_layout(fig, f"{head_title}<br><sup>{sub}</sup>", height=int(size * L / max(L, H)) + 160,
+                width=int(size * H / max(L, H)) + 200)
+    fig.update_xaxes(type="category", tickmode="array", tickvals=xticks, ticktext=[f"H{h}" for h in range(H)],
+                     categoryorder="array", categoryarray=xcat, side="top", ticks="", showline=False)
+    fig.update_yaxes(type="category", tickmode="array", tickvals=yticks, ticktext=[f"L{i}" for i in range(L)],
+                     categoryorder="array", categoryarray=ycat, autorange="reversed", ticks="",
+                     showline=False, scaleanchor="x", constrain="domain")
+    # Paint the gaps white (uint8 cannot hold NaN): one path shape in category-index coordinates.
+    W, Ht = len(xcat), len(ycat)
+    # Two shapes (columns, rows): crossing bands inside one path would cancel out under the even-odd rule.
+    cols = [rect_path(h * (k + gap) + k - 0.5, -0.5, (h + 1) * (k + gap) - 0.5, Ht - 0.5) for h in range(H - 1)]
+    rows = [rect_path(-0.5, i * (q + gap) + q - 0.5, W - 0.5, (i + 1) * (q + gap) - 0.5) for i in range(L - 1)]
+    for bands in (cols, rows):
+        if bands:
+            fig.add_shape(type="path", path="".join(bands), fillcolor="white", line=dict(width=0), layer="above")
+    fig.update_layout(margin=dict(t=120))
+    return fig
+
+
+def _thumb_scale() -> list:
+    # Thumbnails start at a faint blue-grey so each square stands out from the white gaps.
+    return [[0.0, "#eef2f7"]] + ATTENTION_SCALE[1:]
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i: i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, {alpha:.2f})"
+
+
+def head_view(
+    weights: np.ndarray,
+    queries: Sequence[str],
+    keys: Sequence[str] | None = None,
+    *,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    threshold: float = 0.05,
+    max_segments: int = 20000,
+    kind: str = "Self-attention",
+    buckets: int = 8,
+    title: str | None = None,
+) -> go.Figure:
+    """bertviz-style head view for one layer: queries on the left, keys on the right, one line per
+    (query, key) pair whose weight ≥ ``threshold``; line opacity = weight, one colour per head.
+
+    weights: (H, Q, K), or (L, H, Q, K) with ``layer``. Lines are grouped per head and per opacity
+    bucket into a few traces with NaN breaks (not one trace per line). If more than ``max_segments``
+    lines pass the threshold, the threshold is raised to keep the strongest ones (the title says so).
+    Click a head in the legend to hide or show it.
+    """
+    keys = queries if keys is None else keys
+    w = np.asarray(weights, dtype=np.float32)
+    if w.ndim == 4:
+        if layer is None:
+            raise ValueError("weights are (layers, heads, queries, keys): pass layer=")
+        w = w[layer]
+    if w.ndim != 3:
+        raise ValueError(f"head view needs (heads, queries, keys), got {w.shape}")
+    _check_labels(w, queries, keys)
+    H, Q, K = w.shape
+    heads = list(range(H)) if heads is None else [int(h) for h in heads]
+    sel = w[heads]  # (h, Q, K)
+    thr = float(threshold)
+    keep = sel >= thr
+    raised = 0  # how many lines passed the threshold when there were too many to draw
+    if int(keep.sum()) > max_segments:
+        # Keep exactly the strongest max_segments lines (ties broken by position) and say so.
+        flat = np.where(keep, sel, -1.0).ravel()
+        top = np.argpartition(flat, -max_segments)[-max_segments:]
+        keep = np.zeros(flat.shape, bool)
+        keep[top] = True
+        keep = keep.reshape(sel.shape)
+        thr = float(sel[keep].min())
+        raised = int((sel >= threshold).sum())
+    edges = np.linspace(thr, 1.0, buckets + 1)
+    traces = []
+    for j, h in enumerate(heads):
+        color = HEAD_COLORS[h % len(HEAD_COLORS)]
+        qi, ki = np.nonzero(keep[j])
+        vals = w[h][qi, ki]
+        bucket = np.clip(np.searchsorted(edges, vals, side="right") - 1, 0, buckets - 1)
+        # A legend-only entry in the full head colour (the line traces themselves are faint).
+        traces.append(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=color, width=3),
+                                 legendgroup=f"h{h}", name=f"head {h}", hoverinfo="skip"))
+        for b in range(buckets):
+            m = bucket == b
+            if not m.any():
+                continue
+            nseg = int(m.sum())
+            x = np.tile(np.array([0.0, 1.0, np.nan], dtype=np.float32), nseg)
+            y = np.empty(nseg * 3, dtype=np.float32)
+            y[0::3], y[1::3], y[2::3] = qi[m], ki[m], np.nan
+            alpha = float(np.clip((edges[b] + edges[b + 1]) / 2, 0.12, 1.0))
+            traces.append(go.Scatter(
+                x=x, y=y, mode="lines", line=dict(color=_rgba(color, alpha), width=2), hoverinfo="skip",
+                legendgroup=f"h{h}", name=f"head {h}", showlegend=False,
+            ))
+    n = max(Q, K)
+    px = int(np.clip(1400 / n, 6, 20))
+    fs = int(np.clip(px - 4, 7, 14))
+    step_q = max(1, int(np.ceil(10 / px)))  # label every k-th token when rows are thinner than ~10 px
+    qy = np.arange(Q, dtype=np.float32)
+    ky = np.arange(K, dtype=np.float32)
+    qtext = [esc(shorten(t, 14)) if i % step_q == 0 else "" for i, t in enumerate(queries)]
+    ktext = [esc(shorten(t, 14)) if i % step_q == 0 else "" for i, t in enumerate(keys)]
+    traces.append(go.Scatter(x=np.zeros(Q, np.float32), y=qy, mode="markers+text", text=qtext,
+                             textposition="middle left", customdata=unique_labels(queries),
+                             marker=dict(size=5, color="#444"), textfont=dict(size=fs),
+                             hovertemplate="query %{customdata}<extra></extra>", showlegend=False))
+    traces.append(go.Scatter(x=np.ones(K, np.float32), y=ky, mode="markers+text", text=ktext,
+                             textposition="middle right", customdata=unique_labels(keys),
+                             marker=dict(size=5, color="#444"), textfont=dict(size=fs),
+                             hovertemplate="key %{customdata}<extra></extra>", showlegend=False))
+    fig = go.Figure(traces)
+    sub = f"lines for weights ≥ {thr:.3g}; opacity = weight"
+    if raised:
+        sub = f"opacity = weight · only the strongest {max_segments} of {raised} lines ≥ {threshold:g} are drawn"
+    head_title = title or describe(kind, layer, None) + " · head view"
+    base_layout(fig, f"{head_title}<br><sup>{sub}</sup>", height=int(np.clip(px * n + 170, 420, 4200)),
+                width=720)
+    fig.add_annotation(x=0, y=-0.9, text="<b>query</b>", showarrow=False, yanchor="bottom", xanchor="right")
+    fig.add_annotation(x=1, y=-0.9, text="<b>key</b>", showarrow=False, yanchor="bottom", xanchor="left")
+    fig.update_xaxes(visible=False, range=[-0.9, 1.9])
+    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_layout(legend=dict(title=dict(text="heads (click to toggle)"), itemsizing="constant"),
+                      margin=dict(l=20, r=20, t=100, b=20), hovermode="closest")
+    return fig

@@ -1,0 +1,228 @@
+"""Shared look and helpers for every figure: template, colour scales, label handling, pooling, tiling.
+
+Everything here is numpy + plotly only (no torch, no models, no gradio), so figures build the same in
+the app and in a notebook.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import struct
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+# ----------------------------------------------------------------------------------------------------
+# Look
+
+FONT = "Inter, 'Helvetica Neue', Arial, sans-serif"
+BASE_FONT_SIZE = 14  # readable on a projector
+WEIGHT_LABEL = "attention weight"
+
+# White → deep blue: zero attention is the white page, strong attention is dark (readable in print
+# and on a projector; a sequential scale for a non-negative quantity).
+ATTENTION_SCALE = [
+    [0.0, "#ffffff"], [0.1, "#e3eef9"], [0.25, "#b6d4ea"], [0.45, "#6baed6"],
+    [0.65, "#3182bd"], [0.85, "#08519c"], [1.0, "#08306b"],
+]
+# For maps laid over an image: transparent at 0 (the image shows through), warm and opaque when high.
+OVERLAY_SCALE = [
+    [0.0, "rgba(255, 237, 160, 0)"], [0.2, "rgba(254, 217, 118, 0.35)"], [0.45, "rgba(253, 141, 60, 0.6)"],
+    [0.7, "rgba(227, 26, 28, 0.8)"], [1.0, "rgba(128, 0, 38, 0.92)"],
+]
+# Blue ↔ white ↔ red for signed quantities (positional encodings, similarities, biases).
+DIVERGING_SCALE = "RdBu_r"
+# One colour per head (Tableau 10 followed by a second, darker set) for head view and scatter plots.
+HEAD_COLORS = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
+    "#e6550d", "#31a354", "#756bb1", "#636363", "#9c9ede", "#cedb9c", "#e7cb94", "#e7969c",
+]
+
+# A small explicit template: plotly's default template adds ~8 KB of JSON to every figure.
+TEMPLATE = go.layout.Template(
+    layout=dict(
+        font=dict(family=FONT, size=BASE_FONT_SIZE, color="#222"),
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        title=dict(x=0.02, xanchor="left", font=dict(size=18)),
+        hoverlabel=dict(font=dict(family=FONT, size=14)),
+        xaxis=dict(showgrid=False, zeroline=False, linecolor="#888", ticks="outside", automargin=True),
+        yaxis=dict(showgrid=False, zeroline=False, linecolor="#888", ticks="outside", automargin=True),
+        margin=dict(l=70, r=30, t=70, b=60),
+        colorway=HEAD_COLORS[:10],
+    )
+)
+
+
+def base_layout(fig: go.Figure, title: str, width: int | None = None, height: int | None = None) -> go.Figure:
+    """Apply the shared template and title to ``fig`` (returns it for chaining)."""
+    fig.update_layout(template=TEMPLATE, title=dict(text=title), width=width, height=height)
+    return fig
+
+
+def colorbar(title: str = WEIGHT_LABEL, **kw) -> dict:
+    """A labelled colour bar, title on the side so it never collides with the plot title."""
+    return dict(title=dict(text=title, side="right"), thickness=16, len=0.9, outlinewidth=0, **kw)
+
+
+def weight_range(values: np.ndarray, autoscale: bool) -> tuple[float, float]:
+    """Colour range for attention weights: fixed 0–1 by default, or 0–max when ``autoscale``."""
+    if not autoscale:
+        return 0.0, 1.0
+    top = float(np.nanmax(values)) if values.size else 1.0
+    return 0.0, top if top > 0 else 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Numbers and labels
+
+
+def f32(a: np.ndarray) -> np.ndarray:
+    """float32, C-contiguous: plotly.py sends numpy arrays as base64 typed arrays (4 bytes a value)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+
+
+def esc(text: str) -> str:
+    """Escape a label for plotly: its text is pseudo-HTML (``<b>``, ``<br>``, ``<s>``...), so a token
+    like ``</s>`` or ``<img ...>`` must be sent as entities to be drawn as the literal text."""
+    return html.escape(str(text), quote=False)
+
+
+def shorten(text: str, max_len: int = 12) -> str:
+    """Shorten a label to ``max_len`` characters with an ellipsis in the middle of the cut."""
+    text = str(text)
+    if len(text) <= max_len:
+        return text
+    return text[: max_len - 1] + "…"
+
+
+def unique_labels(tokens: Sequence[str]) -> list[str]:
+    """Full, escaped, position-tagged labels ("3 · the"): unique, so that repeated tokens stay separate
+    categories on a categorical axis, and informative in hover text."""
+    return [f"{i} · {esc(t)}" for i, t in enumerate(tokens)]
+
+
+def tick_labels(tokens: Sequence[str], max_len: int = 12, max_ticks: int = 64) -> tuple[list[int], list[str]]:
+    """Tick positions and shortened, escaped texts; with more than ``max_ticks`` tokens, every k-th."""
+    n = len(tokens)
+    step = max(1, int(np.ceil(n / max_ticks)))
+    idx = list(range(0, n, step))
+    return idx, [esc(shorten(tokens[i], max_len)) for i in idx]
+
+
+def category_ticks(categories: Sequence[str], tokens: Sequence[str], max_len: int = 12,
+                   max_ticks: int = 64) -> dict:
+    """Axis settings for a categorical axis whose categories are ``unique_labels(tokens)``."""
+    idx, text = tick_labels(tokens, max_len, max_ticks)
+    return dict(
+        type="category", tickmode="array", tickvals=[categories[i] for i in idx], ticktext=text,
+        categoryorder="array", categoryarray=list(categories),
+    )
+
+
+def axis_font_size(n: int) -> int:
+    """Smaller tick font for long inputs so labels do not collide."""
+    return 13 if n <= 24 else 11 if n <= 48 else 9
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pooling and tiling
+
+
+def block_edges(n: int, max_cells: int) -> np.ndarray:
+    """Edges of equal-as-possible blocks that split ``n`` cells into ``ceil(n / ceil(n / max_cells))``."""
+    factor = max(1, int(np.ceil(n / max_cells)))
+    out = int(np.ceil(n / factor))
+    return np.minimum(np.arange(out + 1) * factor, n)
+
+
+def max_pool(a: np.ndarray, max_cells: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Max-pool the last two axes of ``a`` so that each is at most ``max_cells`` long.
+
+    Blocks are ``factor × factor`` (the last block may be smaller); every block keeps its maximum, so
+    a strong single weight never disappears in a thumbnail. Returns (pooled, row_edges, col_edges).
+    """
+    rows, cols = a.shape[-2:]
+    re, ce = block_edges(rows, max_cells), block_edges(cols, max_cells)
+    if len(re) - 1 == rows and len(ce) - 1 == cols:
+        return a, re, ce
+    fr, fc = int(re[1] - re[0]), int(ce[1] - ce[0])
+    pr, pc = (len(re) - 1) * fr - rows, (len(ce) - 1) * fc - cols
+    pad = [(0, 0)] * (a.ndim - 2) + [(0, pr), (0, pc)]
+    padded = np.pad(a, pad, constant_values=-np.inf) if (pr or pc) else a
+    shape = a.shape[:-2] + (len(re) - 1, fr, len(ce) - 1, fc)
+    return padded.reshape(shape).max(axis=(-3, -1)), re, ce
+
+
+def tile(blocks: np.ndarray, ncols: int, gap: int = 1, fill: float = np.nan, row_gap: int | None = None
+         ) -> np.ndarray:
+    """Lay ``blocks`` (N, a, b) out in a grid of ``ncols`` columns with ``gap`` cells of ``fill`` between
+    them (``row_gap`` between rows, default ``gap``): one heatmap draws a whole grid of small multiples
+    (far lighter and faster than N subplots)."""
+    n, a, b = blocks.shape[:3]
+    rg = gap if row_gap is None else row_gap
+    nrows = int(np.ceil(n / ncols))
+    out = np.full((nrows * (a + rg) - rg, ncols * (b + gap) - gap) + blocks.shape[3:], fill, dtype=blocks.dtype)
+    for i in range(n):
+        r, c = divmod(i, ncols)
+        out[r * (a + rg): r * (a + rg) + a, c * (b + gap): c * (b + gap) + b] = blocks[i]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Images
+
+
+def _png_bytes(img: np.ndarray) -> bytes:
+    """Minimal PNG encoder (8-bit grey or RGB) so viz needs no imaging library."""
+    img = np.ascontiguousarray(img, dtype=np.uint8)
+    h, w = img.shape[:2]
+    color_type = 0 if img.ndim == 2 else 2
+    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(h))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(
+        b"IEND", b"")
+
+
+def as_uint8_image(image: np.ndarray) -> np.ndarray:
+    """Validate and convert an image to uint8 (H, W) or (H, W, 3)."""
+    img = np.asarray(image)
+    if img.ndim == 3 and img.shape[2] == 1:
+        img = img[..., 0]
+    if img.ndim == 3 and img.shape[2] == 4:
+        img = img[..., :3]
+    if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] == 3)):
+        raise ValueError(f"image must be (H, W) grey or (H, W, 3) RGB, got shape {img.shape}")
+    if img.dtype != np.uint8:
+        img = np.clip(img * (255.0 if img.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+    return img
+
+
+def png_data_uri(image: np.ndarray) -> str:
+    """``data:image/png;base64,...`` for a uint8 (H, W) or (H, W, 3) image."""
+    return "data:image/png;base64," + base64.b64encode(_png_bytes(as_uint8_image(image))).decode("ascii")
+
+
+def downsample(image: np.ndarray, max_side: int) -> np.ndarray:
+    """Shrink an image by an integer factor (block mean) so its longer side is ≤ ``max_side``."""
+    img = as_uint8_image(image)
+    f = int(np.ceil(max(img.shape[:2]) / max_side))
+    if f <= 1:
+        return img
+    h, w = (img.shape[0] // f) * f, (img.shape[1] // f) * f
+    x = img[:h, :w].astype(np.float32)
+    x = x.reshape(h // f, f, w // f, f, *img.shape[2:]).mean(axis=(1, 3))
+    return x.round().astype(np.uint8)
+
+
+def rect_path(x0: float, y0: float, x1: float, y1: float) -> str:
+    """SVG path of one rectangle (several can be joined into one layout shape)."""
+    return f"M{x0:g},{y0:g}H{x1:g}V{y1:g}H{x0:g}Z"
