@@ -20,6 +20,7 @@ import gradio as gr
 import numpy as np
 
 from examples import sentences
+from models import limits
 from viz import attention as va
 from viz import images as vi
 from viz import playground as pg
@@ -34,8 +35,7 @@ ROOT = Path(__file__).resolve().parent
 CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
 EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
 DOWNLOADS = Path(tempfile.gettempdir()) / "attention-atlas"
-IMAGE_TYPES = [".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"]
-MAX_TEXT_CHARS = 20_000  # longer pastes are cut before tokenising; the token cap then applies
+MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
 
 CSS = """
 .intro {font-size: 1.02rem; line-height: 1.5;}
@@ -315,9 +315,8 @@ def draw_image(result, layer: int, head: str, view: str):
 
 def _window_map(block, head: int, query: tuple[int, int]) -> np.ndarray:
     """One query token's attention inside its window as a flat (H·W) map over the stage's grid."""
-    fig = vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=head)
-    z = np.array(fig.data[0].z, dtype=float)
-    return np.nan_to_num(z).ravel()
+    values, _ = vw.window_attention_map(block.weights, block.grid, block.window, block.shift, query, head)
+    return np.nan_to_num(values).ravel()
 
 
 def _window_figure(result, block, head: str | int, query: tuple[int, int]):
@@ -545,9 +544,8 @@ def _translate_tab() -> None:
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
     layer, head, view = _layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention")
-    with gr.Row():
-        stats = gr.Plot(label="head statistics")
-        align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
+    stats = gr.Plot(label="head statistics")
+    align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
@@ -575,9 +573,8 @@ def _classify_tab() -> None:
         probs = gr.Plot(label="class probabilities")
     highlight = gr.HTML(elem_classes=["highlight"])
     layer, head, view = _layer_head_view(VIEWS, "heatmap")
-    with gr.Row():
-        attn = gr.Plot(label="attention")
-        stats = gr.Plot(label="where each head looks")
+    attn = gr.Plot(label="attention")
+    stats = gr.Plot(label="where each head looks")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
@@ -592,7 +589,7 @@ def _vision_tab() -> None:
     _intro("Vision", "vit-fashion", "swin-fashion")
     with gr.Row():
         with gr.Column(scale=2):
-            image = gr.File(label="image (PNG, JPEG, GIF, BMP, WebP, TIFF)", file_types=IMAGE_TYPES,
+            image = gr.File(label="image (PNG, JPEG, GIF, BMP, WebP, TIFF)", file_types=list(limits.IMAGE_TYPES),
                             type="filepath")
             gr.Examples([[p] for p in EXAMPLE_IMAGES], [image], label="Fashion-MNIST test images")
         with gr.Column(scale=1):
@@ -718,6 +715,8 @@ def build_demo() -> gr.Blocks:
                 pos_io = _positional_tab()
             with gr.Tab("Attention playground"):
                 play_io = _playground_tab()
+        with gr.Accordion("Limits and safety", open=False):
+            gr.Markdown(limits.describe())
         # Figures that need no trained model are drawn as soon as the page opens.
         for fn, (inputs, outputs) in ((playground, play_io), (swin_windows, swin_io), (positional_encoding, pos_io)):
             demo.load(fn, inputs, outputs, api_name=False)
@@ -730,7 +729,8 @@ def main() -> None:
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.
     demo.queue(default_concurrency_limit=int(os.environ.get("ATLAS_CONCURRENCY", "2")),
                max_size=int(os.environ.get("ATLAS_QUEUE", "64")))
-    demo.launch(theme=gr.themes.Soft(), css=CSS, allowed_paths=[str(DOWNLOADS)], max_file_size="20mb")
+    demo.launch(theme=gr.themes.Soft(), css=CSS, allowed_paths=[str(DOWNLOADS)],
+                max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+if TYPE_CHECKING:  # torch is imported on first use, so `models.limits` stays cheap for the UI
+    from torch import nn
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -23,6 +23,7 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
     "TextClassifier": ("models.classifier", "TextClassifier", "ClassifierConfig"),
     "ViT": ("models.vit", "ViT", "ViTConfig"),
     "Swin": ("models.swin", "Swin", "SwinConfig"),
+    "BertClassifier": ("models.bert", "BertClassifier", "BertConfig"),
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -52,6 +53,8 @@ def resolve(name_or_path: str | Path) -> Path:
 
 def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
     """Load the model of a checkpoint folder name (under checkpoints/) or path."""
+    from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+
     folder = resolve(name_or_path)
     meta, state = load_checkpoint(folder, verify_hashes=verify)
     kind = meta["model"]
@@ -72,6 +75,14 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
     return model.float().eval().to(device)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CheckpointError":
+        from models.checkpoint import CheckpointError
+
+        return CheckpointError
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 
 __all__ = ["CheckpointError", "CHECKPOINTS", "REGISTRY", "load", "resolve"]

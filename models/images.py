@@ -29,7 +29,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 # The single pixel limit for images (GUIDE §4). Over it, a JPEG file is decoded at a reduced scale (cheap:
 # libjpeg's DCT scaling) and an image already in memory is reduced, each with a notice; any other file is
 # refused before decoding. 40 megapixels covers phone cameras while keeping the decoded RGB under ~120 MB.
-MAX_IMAGE_PIXELS = 40_000_000
+from models.limits import MAX_IMAGE_PIXELS  # noqa: E402 (one place for every limit)
+
+# Pillow's decompression-bomb guard, set explicitly: Image.open refuses files over twice this many pixels
+# from the header alone, before any pixel is decoded.
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 FASHION_SIZE = 28  # Fashion-MNIST side (Xiao et al. 2017)
 # Normalisation of Fashion-MNIST pixels in [0, 1]: the training set's mean and standard deviation.

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MAX_TOKENS_SCRATCH = 128  # models trained from scratch: their positions stop at 128 (GUIDE §4)
-MAX_TOKENS_MINILM = 256  # the pretrained MiniLM encoder
+from models.limits import MAX_TOKENS_MINILM, MAX_TOKENS_SCRATCH
 
 # Settings allowed in config.json "text" (a typo should fail loudly, not silently change the input).
 TEXT_DEFAULTS: dict[str, Any] = {

@@ -54,3 +54,11 @@ def wait_for_change(page, before: str, timeout: float = 60_000) -> None:
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def titles(page) -> list[str]:
+    """Title text of every drawn, visible figure (layout title, else its first annotation)."""
+    return page.evaluate(
+        f"""() => {_DRAWN}.map(e => (e._fullLayout.title && e._fullLayout.title.text)
+              || ((e._fullLayout.annotations || [])[0] || {{}}).text || '')"""
+    )

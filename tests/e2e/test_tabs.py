@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
-from .helpers import figures, open_tab, plot_signature, screenshot, visible_plots, wait_for_change, wait_for_plots
+from .helpers import (
+    figures,
+    open_tab,
+    plot_signature,
+    screenshot,
+    titles,
+    visible_plots,
+    wait_for_change,
+    wait_for_plots,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -43,8 +53,7 @@ def test_translate_tab(page) -> None:
     before = plot_signature(page)
     _panel(page).get_by_label("model view").check()
     wait_for_change(page, before)
-    titles = page.evaluate("() => [...document.querySelectorAll('.gtitle')].map(e => e.textContent)")
-    assert any("Encoder" in t for t in titles)
+    assert any(t.startswith("Encoder self-attention") for t in titles(page)), titles(page)
     screenshot(page, "translate")
     assert page.js_errors == []
 
@@ -86,9 +95,10 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     box = seen.bounding_box()
     seen.click(position={"x": box["width"] * 0.2, "y": box["height"] * 0.8})
     # 28×28 input, 4-pixel patches: the click lands on patch row 5, column 1.
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.gtitle')].some(e => e.textContent.startsWith('Patch r5c1'))",
-        timeout=30_000)
+    deadline = time.monotonic() + 30
+    while not any(t.startswith("Patch r5c1") for t in titles(page)) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert any(t.startswith("Patch r5c1") for t in titles(page)), titles(page)
     before = plot_signature(page)
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
