@@ -1,0 +1,123 @@
+"""Bad input end to end through the app's handlers: a readable message or a normal answer, never a crash."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import app
+
+
+@pytest.fixture(autouse=True)
+def tiny_app(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app, "CHECKPOINTS", tiny_checkpoints)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width × height pixels, with almost no pixel data (a decompression bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def _valid_png() -> bytes:
+    return _encode(Image.new("RGB", (64, 48), (200, 30, 30)), "PNG")
+
+
+BROKEN = {
+    "zero-byte.png": (b"", "empty"),
+    "truncated.png": (_valid_png()[:60], "truncated or corrupt"),
+    "not-an-image.png": (b"%PDF-1.4 this is not an image at all" * 10, "not an image"),
+    "bomb-20000x20000.png": (_png_header_only(20_000, 20_000), "too large"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+@pytest.mark.parametrize("model", ["vit-fashion", "swin-fashion"])
+def test_broken_images_get_a_clear_message(name: str, model: str, tmp_path: Path) -> None:
+    data, message = BROKEN[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(gr.Error, match=message):
+        app.classify_image(str(path), model)
+
+
+def _gif() -> bytes:
+    frames = [Image.new("P", (40, 40), i) for i in (10, 200)]
+    return _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+
+
+ODD = {
+    "cmyk.jpg": lambda: _encode(Image.new("CMYK", (50, 40), (0, 200, 200, 0)), "JPEG"),
+    "16bit.png": lambda: _encode(Image.fromarray((np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)), "PNG"),
+    "rgba.png": lambda: _encode(Image.new("RGBA", (30, 60), (0, 0, 0, 0)), "PNG"),
+    "palette.png": lambda: _encode(
+        Image.new("RGB", (40, 40), (10, 90, 200)).convert("P", palette=Image.ADAPTIVE), "PNG"),
+    "animated.gif": _gif,
+    "one-pixel.png": lambda: _encode(Image.new("L", (1, 1), 255), "PNG"),
+    "grey.png": lambda: _encode(Image.new("L", (300, 200), 30), "PNG"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD))
+def test_unusual_but_valid_images_are_classified(name: str, tmp_path: Path) -> None:
+    path = tmp_path / name
+    path.write_bytes(ODD[name]())
+    probs_fig, overlay, *_rest = app.classify_image(str(path), "vit-fashion")
+    seen = _rest[3]
+    assert seen.ndim == 2 and seen.shape[0] == seen.shape[1]  # the grey 28×28 input, enlarged for clicking
+    assert overlay is not None and len(probs_fig.data[0].y) == 5
+
+
+def test_no_image_is_refused_politely() -> None:
+    with pytest.raises(gr.Error, match="upload an image"):
+        app.classify_image(None)
+
+
+TRICKY = [
+    "👩‍👩‍👧‍👦 family 🏳️‍🌈 flags",  # ZWJ sequences
+    "مرحبا بالعالم هذا نص",  # right-to-left
+    "a\u200bb\u200cc\u200dd\ufeffe",  # zero-width characters
+    "bell\x07 null\x00 escape\x1b[31m red",  # control characters
+    "日本語 and English und Deutsch ελληνικά",  # mixed scripts
+    "<img src=x onerror=alert(1)> <script>alert(1)</script>",
+    "word " * 10_000,  # 10,000 words
+    "x" * 1_000_000,  # a 1 MB paste
+]
+
+
+@pytest.mark.parametrize("text", TRICKY, ids=range(len(TRICKY)))
+def test_tricky_text_through_every_text_model(text: str) -> None:
+    verdict, _probs, html, *_ = app.classify(text)
+    assert "<script>" not in html and "<img" not in html  # shown as text, never markup
+    translation = app.translate(text, 1)
+    assert isinstance(translation[0], str)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=200))
+def test_any_unicode_gives_a_result_or_the_documented_message(text: str) -> None:
+    for task in app.TASKS:
+        try:
+            _verdict, _probs, html, attn, *_ = app.classify(text, task)
+        except gr.Error as err:
+            assert "type some text" in str(err) and not text.strip()
+            continue
+        assert attn is not None and "<script" not in html.lower()
