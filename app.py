@@ -46,11 +46,10 @@ footer {display: none !important;}
 
 # How to get each checkpoint back when it is missing or damaged.
 FIX = {
-    "translator-en-de": "python -m train.translation --data-dir ../shared/data --out checkpoints/translator-en-de",
-    "sst2": "python -m train.classifier --task sst2 --data-dir ../shared/data --out checkpoints/sst2",
-    "agnews": "python -m train.classifier --task agnews --data-dir ../shared/data --out checkpoints/agnews",
-    "vit-fashion": "python -m train.vision --model vit --data-dir ../shared/data --out checkpoints/vit-fashion",
-    "swin-fashion": "python -m train.vision --model swin --data-dir ../shared/data --out checkpoints/swin-fashion",
+    name: f"python -m train.{cmd} --data-dir ../shared/data --out checkpoints/{name} --run-dir runs/{name}"
+    for name, cmd in {"translator-en-de": "translation", "sst2": "classifier --task sst2",
+                      "agnews": "classifier --task agnews", "vit-fashion": "vision --model vit",
+                      "swin-fashion": "vision --model swin"}.items()
 }
 IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}
 VISION_MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
