@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent
 # Where the checkpoint folders are (configuration, never user input; tests point it at tiny models).
 CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
 EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
+EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXAMPLE_IMAGES}  # "sneaker": path
 DOWNLOADS = Path(tempfile.gettempdir()) / "attention-atlas"
 MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
 
@@ -145,6 +146,13 @@ def _controls(layers: int, heads: int, layer: int | None = None) -> tuple[dict, 
             gr.update(choices=HEADS_DEFAULT + [str(h) for h in range(heads)]))
 
 
+def _fit(fig):
+    """Let a figure take its column's width (the viz builders size figures for a full-width page)."""
+    if fig is not None:
+        fig.update_layout(width=None, autosize=True)
+    return fig
+
+
 def _save_npz(prefix: str, **arrays: Any) -> str:
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
@@ -213,7 +221,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
         verdict += f"\n\n{result.notice}"
     npz = _save_npz(name, encoder=amap.weights, tokens=amap.queries, probs=result.probs, labels=result.labels)
     figs = draw_classification(result, amap.layers - 1, head, view)
-    return (verdict, vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities"),
+    return (verdict, _fit(vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities")),
             *figs, result, npz, layer_u, head_u)
 
 
@@ -261,7 +269,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     query = (result.grid[0] // 2, result.grid[1] // 2)
     overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
     seen = _enlarge(result.image)
-    return (vi.topk_bars(result.labels, result.probs, k=int(top_k)), overlay, grid_fig,
+    return (_fit(vi.topk_bars(result.labels, result.probs, k=int(top_k))), overlay, grid_fig,
             draw_query(result, n_layers - 1, head, query), _distance_figure(result), seen,
             result.notice or "", {"result": result, "query": query}, npz, layer_u, head_u)
 
@@ -296,14 +304,14 @@ def draw_image(result, layer: int, head: str, view: str):
         else:
             values = va.select_head(w, None, head)[0]
             title = va.describe("CLS → patch attention", layer, head)
-        overlay = vi.image_attention(result.image, values[1:], result.grid, title=title)
+        overlay = _fit(vi.image_attention(result.image, values[1:], result.grid, title=title))
         grid_fig = vi.image_attention_grid(result.image, w[:, 0, 1:], result.grid,
                                            titles=[f"head {h}" for h in range(w.shape[0])],
                                            title=f"CLS → patch attention, every head of layer {layer}")
         return overlay, grid_fig
     block = result.windows[min(int(layer), len(result.windows) - 1)]
     query = (block.grid[0] // 2, block.grid[1] // 2)
-    overlay = _window_figure(result, block, head, query)
+    overlay = _fit(_window_figure(result, block, head, query))
     heads = block.weights.shape[1]
     grid_fig = vi.image_attention_grid(
         result.image, np.stack([_window_map(block, h, query) for h in range(heads)]), block.grid,
@@ -320,8 +328,8 @@ def _window_map(block, head: int, query: tuple[int, int]) -> np.ndarray:
 
 def _window_figure(result, block, head: str | int, query: tuple[int, int]):
     h = 0 if isinstance(head, str) else min(int(head), block.weights.shape[1] - 1)
-    title = (f"Window attention of token r{query[0]}c{query[1]} · stage {block.stage} block {block.block} · "
-             f"head {h}{' · shifted windows' if block.shift else ''}")
+    title = (f"Token r{query[0]}c{query[1]} · stage {block.stage} block {block.block} · head {h}"
+             f"{' · shifted' if block.shift else ''}")
     return vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=h,
                                     image=result.image, patch=block.patch, title=title)
 
@@ -336,12 +344,12 @@ def draw_query(result, layer: int, head: str, query: tuple[int, int]):
         layer = min(int(layer), amap.layers - 1)
         index = 1 + query[0] * result.grid[1] + query[1]  # token 0 is CLS
         values = va.select_head(amap.weights[layer], None, head)[index]
-        return vi.query_patch_attention(result.image, values[1:], result.grid, query,
-                                        title=va.describe(f"Patch r{query[0]}c{query[1]} → patches", layer, head))
+        return _fit(vi.query_patch_attention(result.image, values[1:], result.grid, query,
+                                             title=va.describe(f"Patch r{query[0]}c{query[1]} → patches", layer, head)))
     block = result.windows[min(int(layer), len(result.windows) - 1)]
     scale = result.patch / block.patch  # stage-1 patch grid → this stage's grid
     q = (min(int(query[0] * scale), block.grid[0] - 1), min(int(query[1] * scale), block.grid[1] - 1))
-    return _window_figure(result, block, head, q)
+    return _fit(_window_figure(result, block, head, q))
 
 
 def _distance_figure(result):
@@ -403,15 +411,15 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
              f"Window {idx} blocks {masked} of {masks[idx].size} query–key pairs with −100.")
     return (vw.window_partitions((side, side), window, shift),
             vw.cyclic_shift(ids, rolled, regions, window),
-            vw.region_map(regions, window),
-            vw.window_mask(masks[idx], window, idx),
+            _fit(vw.region_map(regions, window)),
+            _fit(vw.window_mask(masks[idx], window, idx)),
             vw.all_window_masks(masks, side // window), note)
 
 
 def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
     """The shipped Swin's window attention on an example image and its relative-position-bias tables."""
     net = _model("swin-fashion")
-    result = net.classify(example or EXAMPLE_IMAGES[-1])
+    result = net.classify(EXAMPLE_NAMES.get(example or "", EXAMPLE_IMAGES[-1]))  # names only, never paths
     blocks = [b for stage in net.stages for b in stage]
     b = max(0, min(int(block), len(blocks) - 1))
     win = result.windows[b]
@@ -421,9 +429,8 @@ def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
     side = 2 * win.window - 1
     tables = table.T.reshape(-1, side, side)
     top = int(np.argmax(result.probs))
-    return (_window_figure(result, win, h, query),
-            vp.relative_bias_tables(tables, title=f"Learned relative position bias · stage {win.stage} block "
-                                                  f"{win.block} (offset Δrow × Δcol, one table per head)"),
+    return (_fit(_window_figure(result, win, h, query)),
+            _fit(vp.relative_bias_tables(tables, title=f"Relative position bias · block {b}")),
             f"Predicted **{result.labels[top]}** ({result.probs[top]:.1%}). Block {b}: stage {win.stage}, "
             f"{'shifted' if win.shift else 'regular'} windows of {win.window}×{win.window} tokens.")
 
@@ -449,11 +456,11 @@ def positional_encoding(length: int = 64, d_model: int = 128, dims: str = "0, 1,
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(d_model, generator=g), torch.randn(d_model, generator=g)
     scores = (apply_rope(q.expand(length, -1), angles) @ apply_rope(k.expand(length, -1), angles).T).numpy()
-    return (vp.sinusoidal_heatmap(pe, title=f"Sinusoidal encoding: {length} positions × {d_model} dimensions"),
+    return (_fit(vp.sinusoidal_heatmap(pe, title=f"Sinusoidal encoding: {length} positions × {d_model} dims")),
             vp.sinusoidal_curves(pe, chosen, title="Chosen dimensions along positions"),
-            vp.position_similarity(pe, "cosine", title="Position–position cosine similarity"),
-            vp.rope_rotation(rotated, pair=pair, title=f"RoPE: dimension pair {pair} turns with position"),
-            vp.rope_offset_scores(scores, [0, length // 4, length // 2]))
+            _fit(vp.position_similarity(pe, "cosine", title="Position–position cosine similarity")),
+            _fit(vp.rope_rotation(rotated, pair=pair, title=f"RoPE: dimension pair {pair} turns with position")),
+            _fit(vp.rope_offset_scores(scores, [0, length // 4, length // 2])))
 
 
 def vit_positions():
@@ -625,9 +632,8 @@ def _swin_tab() -> None:
         shift = gr.Slider(0, 7, value=2, step=1, label="shift (window // 2 in Swin)")
         index = gr.Slider(0, 63, value=3, step=1, label="window to inspect")
     note = gr.Markdown()
-    with gr.Row():
-        parts = gr.Plot(label="regular and shifted windows")
-        rolled = gr.Plot(label="cyclic shift")
+    parts = gr.Plot(label="regular and shifted windows")
+    rolled = gr.Plot(label="cyclic shift")
     with gr.Row():
         regions = gr.Plot(label="region ids")
         mask = gr.Plot(label="mask of one window")
@@ -638,8 +644,7 @@ def _swin_tab() -> None:
     gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows")
     gr.Markdown("### The trained Swin (`swin-fashion`)")
     with gr.Row():
-        example = gr.Dropdown(EXAMPLE_IMAGES, value=EXAMPLE_IMAGES[-1] if EXAMPLE_IMAGES else None,
-                              label="example image")
+        example = gr.Dropdown(list(EXAMPLE_NAMES), value="ankle-boot", label="example image")
         block = gr.Slider(0, 3, value=1, step=1, label="block (odd = shifted windows)")
         head = gr.Slider(0, 5, value=0, step=1, label="head")
         show = gr.Button("Show the trained Swin")
