@@ -520,6 +520,10 @@ chart shows it collapse), which is why Transformers divide by √d_k.""",
 }
 
 
+# Figure-only events (no model run) share their own small pool, so they never wait behind model calls.
+FAST = {"concurrency_limit": 4, "concurrency_id": "figures"}
+
+
 def _intro(name: str, *checkpoints: str) -> None:
     gr.Markdown(INTRO[name], elem_classes=["intro"])
     status = checkpoint_status(*checkpoints)
@@ -561,7 +565,7 @@ def _translate_tab() -> None:
                 [out, notice, attn, stats, tree, align, state, download, layer, head], api_name=False)
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
-                       show_progress="hidden")
+                       show_progress="hidden", **FAST)
 
 
 def _classify_tab() -> None:
@@ -588,7 +592,7 @@ def _classify_tab() -> None:
     text.submit(classify, [text, task, model, layer, head, view], outputs, api_name=False)
     for control in (layer, head, view):
         control.change(draw_classification, [state, layer, head, view], [highlight, attn, stats], api_name=False,
-                       show_progress="hidden")
+                       show_progress="hidden", **FAST)
 
 
 def _vision_tab() -> None:
@@ -620,8 +624,8 @@ def _vision_tab() -> None:
               api_name="classify_image")
     for control in (layer, head, view):
         control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
-                       show_progress="hidden")
-    seen.select(on_image_click, [state, layer, head], [query, state], api_name=False)
+                       show_progress="hidden", **FAST)
+    seen.select(on_image_click, [state, layer, head], [query, state], api_name=False, **FAST)
 
 
 def _swin_tab() -> None:
@@ -640,8 +644,8 @@ def _swin_tab() -> None:
     masks = gr.Plot(label="masks of all windows")
     inputs, outputs = [grid, window, shift, index], [parts, rolled, regions, mask, masks, note]
     for control in inputs:
-        control.change(swin_windows, inputs, outputs, api_name=False, show_progress="hidden")
-    gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows")
+        control.change(swin_windows, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
+    gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows", **FAST)
     gr.Markdown("### The trained Swin (`swin-fashion`)")
     with gr.Row():
         example = gr.Dropdown(list(EXAMPLE_NAMES), value="ankle-boot", label="example image")
@@ -672,10 +676,10 @@ def _positional_tab() -> None:
         offsets = gr.Plot(label="RoPE scores by offset")
     inputs, outputs = [length, d_model, dims, pair], [heat, curves, sim, rope, offsets]
     gr.Button("Draw encodings", variant="primary").click(positional_encoding, inputs, outputs,
-                                                         api_name="positional_encoding")
+                                                         api_name="positional_encoding", **FAST)
     for control in (length, d_model, pair):
-        control.change(positional_encoding, inputs, outputs, api_name=False, show_progress="hidden")
-    dims.submit(positional_encoding, inputs, outputs, api_name=False)
+        control.change(positional_encoding, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
+    dims.submit(positional_encoding, inputs, outputs, api_name=False, **FAST)
     gr.Markdown("### Learned position embeddings of the shipped ViT (`vit-fashion`)")
     learned = gr.Plot(label="learned position embeddings")
     gr.Button("Show the ViT's position embeddings").click(vit_positions, [], [learned], api_name=False)
@@ -696,9 +700,9 @@ def _playground_tab():
     steps = gr.Plot(label="every step of the formula")
     entropy = gr.Plot(label="softmax entropy against d_k")
     inputs, outputs = [seq_len, d_k, seed, mask, scale], [steps, entropy, summary]
-    run.click(playground, inputs, outputs, api_name="playground")
+    run.click(playground, inputs, outputs, api_name="playground", **FAST)
     for control in (seq_len, d_k, mask, scale):
-        control.change(playground, inputs, outputs, api_name=False, show_progress="hidden")
+        control.change(playground, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
     return inputs, outputs
 
 
@@ -723,7 +727,7 @@ def build_demo() -> gr.Blocks:
             gr.Markdown(limits.describe())
         # Figures that need no trained model are drawn as soon as the page opens.
         for fn, (inputs, outputs) in ((playground, play_io), (swin_windows, swin_io), (positional_encoding, pos_io)):
-            demo.load(fn, inputs, outputs, api_name=False)
+            demo.load(fn, inputs, outputs, api_name=False, **FAST)
     return demo
 
 

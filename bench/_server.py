@@ -1,0 +1,307 @@
+"""Shared by bench/latency.py and bench/load.py: launch `python app.py` as a user would, and watch it.
+
+`AppServer` starts the app on a free loopback port (optionally over another checkpoint folder, through
+ATLAS_CHECKPOINTS), times process start → first HTTP 200 of the page, samples the resident memory of the
+server's whole process tree, and stops it. The actions every benchmark calls through `gradio_client`
+live here too, so the latency and load figures measure the same requests.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples" / "fashion").glob("*.png"))
+# 20 words (guide §8: "translate a 20-word sentence with attention, beam 5").
+SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down the busy street near the park."
+SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
+AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."
+
+
+# ------------------------------------------------------------------------------------ the actions
+@dataclass(frozen=True)
+class Action:
+    """One API call: `name` is the benchmark's key (`<name>_p50_s`), `api` the app's api_name."""
+
+    name: str
+    api: str
+    args: Callable[[], tuple[Any, ...]]  # built per call (file inputs need a fresh handle_file)
+
+
+def _image(index: int) -> Any:
+    from gradio_client import handle_file
+
+    return handle_file(str(EXAMPLES[index % len(EXAMPLES)]))
+
+
+ACTIONS: list[Action] = [
+    Action("translate", "translate", lambda: (SENTENCE_20, 5)),
+    Action("classify_sst2", "classify", lambda: (SST2, "SST-2 sentiment")),
+    Action("classify_agnews", "classify", lambda: (AGNEWS, "AG News topic")),
+    Action("classify_image_vit_fashion", "classify_image", lambda: (_image(9), "vit-fashion")),
+    Action("classify_image_swin_fashion", "classify_image", lambda: (_image(7), "swin-fashion")),
+    Action("swin_windows", "swin_windows", lambda: (8, 4, 2, 3)),
+    Action("positional_encoding", "positional_encoding", lambda: (64, 128)),
+    Action("playground", "playground", lambda: (6, 8, 0, "causal", True)),
+]
+
+
+def select_actions(spec: str | None) -> list[Action]:
+    """`--actions a,b`: each item is an action name or an api_name (`classify` picks both tasks)."""
+    if not spec:
+        return list(ACTIONS)
+    wanted = [s.strip().lstrip("/") for s in spec.split(",") if s.strip()]
+    unknown = [w for w in wanted if not any(w in (a.name, a.api) for a in ACTIONS)]
+    if unknown:
+        names = ", ".join(sorted({a.name for a in ACTIONS} | {a.api for a in ACTIONS}))
+        raise SystemExit(f"unknown action(s) {', '.join(unknown)}; choose from {names}")
+    return [a for a in ACTIONS if a.name in wanted or a.api in wanted]
+
+
+def call(client: Any, action: Action, timeout: float | None = None) -> Any:
+    """Submit one request and wait for it; a timeout cancels the job and raises TimeoutError."""
+    job = client.submit(*action.args(), api_name="/" + action.api)
+    try:
+        return job.result(timeout=timeout)
+    except TimeoutError:
+        job.cancel()
+        raise
+
+
+def is_busy(err: BaseException) -> bool:
+    """The bounded queue's "busy, try again" answer.
+
+    Gradio answers a join on a full queue with HTTP 503 ("Queue is full. Max size is …"); gradio_client
+    turns that into `gradio_client.utils.QueueError("Queue is full! Please try again.")`, raised from
+    `job.result()` (older protocols send a `queue_full` message on the stream, which ends the same way).
+    """
+    from gradio_client.utils import QueueError
+
+    return isinstance(err, QueueError) or "queue is full" in str(err).lower()
+
+
+def outcome_of(err: BaseException) -> str:
+    """"busy" (turned away by the bounded queue), "timeout" (ours or httpx's) or "error"."""
+    import httpx
+
+    if is_busy(err):
+        return "busy"
+    if isinstance(err, (TimeoutError, httpx.TimeoutException)):
+        return "timeout"
+    return "error"
+
+
+def client_for(url: str, timeout: float = 180.0) -> Any:
+    """A gradio_client session. download_files=False: output files (the .npz downloads) stay on the server
+    as URLs, as in a browser. `timeout` replaces httpx's 5 s default for every HTTP call (config, upload,
+    join, the event stream): under load a busy server answers an upload later than that, and a browser
+    would wait; the request as a whole is bounded by `call(timeout=…)` anyway."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=False, analytics_enabled=False,
+                  httpx_kwargs={"timeout": float(timeout)})
+
+
+# -------------------------------------------------------------------------------- stats and machine
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def rounded(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def machine_info() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                            "platform": platform.platform()}
+    try:
+        info["cpu_affinity"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    try:
+        info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        info["loadavg_start"] = None
+    # Figures from a machine that is already busy are not comparable with the targets (an idle 2-core CPU).
+    cpus = info.get("cpu_affinity") or os.cpu_count() or 1
+    info["busy_at_start"] = bool(info["loadavg_start"] and info["loadavg_start"][0] > 0.5 * cpus)
+    if info["busy_at_start"]:
+        print(f"warning: load average {info['loadavg_start'][0]} on {cpus} CPUs at start: the machine is busy, "
+              "so these times are not comparable with the targets", file=sys.stderr)
+    for pkg in ("gradio", "gradio_client", "torch"):
+        try:
+            info[f"{pkg}_version"] = version(pkg)
+        except PackageNotFoundError:
+            info[f"{pkg}_version"] = None
+    return info
+
+
+# ------------------------------------------------------------------------------- memory of a tree
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return kids
+
+
+def tree_rss_kb(pid: int) -> int:
+    """VmRSS of a process and all its descendants, in KiB (0 once it is gone)."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _status_kb(p, "VmRSS")
+        todo.extend(_children(p))
+    return total
+
+
+class MemorySampler(threading.Thread):
+    """Samples the tree's VmRSS every `interval` s; the peak also takes the server's own VmHWM (the
+    kernel's high-water mark), which catches spikes between samples."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_kb = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak_kb = max(self.peak_kb, tree_rss_kb(self.pid), _status_kb(self.pid, "VmHWM"))
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self.peak_kb = max(self.peak_kb, tree_rss_kb(self.pid), _status_kb(self.pid, "VmHWM"))
+        self._stop_event.set()
+
+    def now_mb(self) -> float:
+        return round(tree_rss_kb(self.pid) / 1024, 1)
+
+    def peak_mb(self) -> float:
+        return round(max(self.peak_kb, _status_kb(self.pid, "VmHWM")) / 1024, 1)
+
+
+# ------------------------------------------------------------------------------------- the server
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def page_ok(url: str, timeout: float = 5.0) -> bool:
+    """True when the page answers HTTP 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback only)
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class AppServer:
+    """`python app.py` on a free loopback port; use as a context manager (it always stops the app)."""
+
+    def __init__(self, checkpoints: Path | str | None = None, env: dict[str, str] | None = None,
+                 ready_timeout: float = 180.0, poll: float = 0.02) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.ready_timeout, self.poll = ready_timeout, poll
+        self.env = dict(os.environ)
+        self.env.update({"GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(self.port),
+                         "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        if checkpoints is not None:
+            self.env["ATLAS_CHECKPOINTS"] = str(Path(checkpoints).resolve())
+        self.env.update(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.sampler: MemorySampler | None = None
+        self.ready_s: float | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix="atlas-bench-", suffix=".log")[1])
+
+    def start(self) -> AppServer:
+        log = self.log_path.open("w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        log.close()  # the child keeps its own handle
+        self.sampler = MemorySampler(self.proc.pid)
+        self.sampler.start()
+        deadline = t0 + self.ready_timeout
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited with code {self.proc.returncode} before serving:\n{self.log_tail()}")
+            if page_ok(self.url, timeout=2.0):
+                self.ready_s = time.perf_counter() - t0
+                return self
+            time.sleep(self.poll)
+        raise TimeoutError(f"app did not answer at {self.url} within {self.ready_timeout:.0f} s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and page_ok(self.url)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def __enter__(self) -> AppServer:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if exc[0] is None:
+            self.log_path.unlink(missing_ok=True)  # keep the log when something went wrong
+        else:
+            print(f"server log kept at {self.log_path}", file=sys.stderr)

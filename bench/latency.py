@@ -1,0 +1,99 @@
+"""API latency benchmark (issue 6, GUIDE §7–8).
+
+Launches `python app.py` on a free loopback port, measures the time from process start to the first HTTP
+200 of the page (`ready_s`), then calls each action through `gradio_client`, one request at a time:
+`--warmup` calls first (the first one loads the model, reported as `<action>_cold_s`), then `--repeats`
+timed calls, reported as p50/p95.
+
+Actions: translate (a 20-word English sentence, beam 5), classify_sst2, classify_agnews,
+classify_image_vit_fashion and classify_image_swin_fashion (a Fashion-MNIST example image),
+swin_windows, positional_encoding, playground. `--actions` takes a comma-separated subset of action
+names or api_names (`--actions classify` runs both tasks).
+
+Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`.
+The last stdout line is one JSON object with `ready_s`, `<action>_p50_s`, `<action>_p95_s`, the targets
+(guide §8, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
+ready < 5 s, all on an idle 2-core CPU) and the machine (CPU count, load average at start: figures taken
+on a busy machine are not comparable). Exit status 1 when any call failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench._server import AppServer, call, client_for, machine_info, percentile, rounded, select_actions  # noqa: E402
+
+TARGETS_S = {"ready_s": 5.0, "translate_p50_s": 0.5, "classify_sst2_p50_s": 0.2, "classify_agnews_p50_s": 0.2,
+             "classify_image_vit_fashion_p50_s": 0.2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints",
+                        help="checkpoint folder (sets ATLAS_CHECKPOINTS; default: the repository's)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per action")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per action first (≥ 1 loads the model)")
+    parser.add_argument("--actions", default=None, help="comma-separated action names or api_names (default: all)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds one call may take")
+    args = parser.parse_args(argv)
+    actions = select_actions(args.actions)
+
+    report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
+                              "checkpoints": str(args.checkpoints)}
+    errors: dict[str, str] = {}
+    with AppServer(args.checkpoints) as server:
+        report["ready_s"] = rounded(server.ready_s, 3)
+        print(f"page served after {server.ready_s:.2f} s at {server.url}", file=sys.stderr)
+        client = client_for(server.url, timeout=args.timeout)
+        try:
+            for action in actions:
+                times: list[float] = []
+                try:
+                    for i in range(args.warmup + args.repeats):
+                        t0 = time.perf_counter()
+                        call(client, action, timeout=args.timeout)
+                        dt = time.perf_counter() - t0
+                        if i == 0:
+                            report[f"{action.name}_cold_s"] = rounded(dt)
+                        if i >= args.warmup:
+                            times.append(dt)
+                except Exception as err:  # reported; the other actions still run
+                    errors[action.name] = f"{type(err).__name__}: {err}"[:300]
+                report[f"{action.name}_p50_s"] = rounded(percentile(times, 50))
+                report[f"{action.name}_p95_s"] = rounded(percentile(times, 95))
+                report[f"{action.name}_n"] = len(times)
+                print(f"{action.name:30s} p50 {_fmt(report[f'{action.name}_p50_s'])}  "
+                      f"p95 {_fmt(report[f'{action.name}_p95_s'])}  (cold {_fmt(report.get(f'{action.name}_cold_s'))})"
+                      + (f"  ERROR {errors[action.name]}" if action.name in errors else ""), file=sys.stderr)
+        finally:
+            client.close()
+        report["server_peak_rss_mb"] = server.sampler.peak_mb() if server.sampler else None
+
+    report["errors"] = errors
+    try:
+        report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    report["targets_s"] = TARGETS_S
+    report["meets_targets"] = {k: (report[k] < v if report.get(k) is not None else None)
+                               for k, v in TARGETS_S.items() if k in report}
+    print(json.dumps(report))
+    return 1 if errors else 0
+
+
+def _fmt(x: float | None) -> str:
+    return "   n/a " if x is None else f"{x:7.3f}s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""bench/latency.py and bench/load.py run end to end over the tiny checkpoints (counts, keys; never times).
+
+The three runs (latency; load; an over-capacity load against a queue of one) start together in one
+module fixture, each launching its own `python app.py`, so the file costs about one run's wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUNS = {
+    "latency": ["bench/latency.py", "--repeats", "2", "--warmup", "1", "--actions", "playground,classify_sst2"],
+    "load": ["bench/load.py", "--clients", "3", "--requests", "2", "--deadline", "150", "--request-timeout", "90"],
+    # Queue of one, one worker, six clients submitting at once: most are turned away as busy.
+    "busy": ["bench/load.py", "--clients", "6", "--requests", "2", "--queue", "1", "--concurrency", "1",
+             "--expect-busy", "--deadline", "150", "--request-timeout", "90"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    folder = tmp_path_factory.mktemp("bench")
+    env_torch = str(tmp_path_factory.mktemp("torch"))
+    procs = {}
+    for name, argv in RUNS.items():
+        out, err = (folder / f"{name}.out").open("w"), (folder / f"{name}.err").open("w")
+        env = {**os.environ, "TORCH_HOME": env_torch, "PYTHONUNBUFFERED": "1"}
+        procs[name] = (subprocess.Popen([sys.executable, *argv, "--checkpoints", str(tiny_checkpoints)], cwd=ROOT,
+                                        stdout=out, stderr=err, env=env), out, err)
+    results = {}
+    for name, (proc, out, err) in procs.items():
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+        stdout = (folder / f"{name}.out").read_text()
+        stderr = (folder / f"{name}.err").read_text()
+        lines = stdout.strip().splitlines()
+        results[name] = {"rc": proc.returncode, "stderr": stderr,
+                         "report": json.loads(lines[-1]) if lines else None}
+    return results
+
+
+def _report(runs: dict, name: str) -> dict:
+    run = runs[name]
+    assert run["report"] is not None, f"{name} printed nothing; stderr:\n{run['stderr'][-3000:]}"
+    assert run["rc"] == 0, f"{name} exited {run['rc']}; stderr:\n{run['stderr'][-3000:]}"
+    return run["report"]
+
+
+@pytest.mark.slow
+def test_latency_reports_each_action(runs) -> None:
+    report = _report(runs, "latency")
+    assert isinstance(report["ready_s"], float) and report["ready_s"] > 0
+    for action in ("playground", "classify_sst2"):
+        assert report[f"{action}_n"] == 2
+        assert 0 < report[f"{action}_p50_s"] <= report[f"{action}_p95_s"]
+    assert "translate_p50_s" not in report  # --actions picked a subset
+    assert report["errors"] == {}
+    assert report["machine"]["cpu_count"] >= 1 and len(report["machine"]["loadavg_start"]) == 3
+
+
+@pytest.mark.slow
+def test_load_counts_add_up(runs) -> None:
+    report = _report(runs, "load")
+    assert report["requests"] == 6 and report["ok"] == 6
+    assert report["errors"] == 0 and report["busy"] == 0 and report["skipped"] == 0
+    assert report["requests"] == report["ok"] + report["busy"] + report["errors"] - report["connect_errors"]
+    assert sum(report[f"{a}_n"] for a in report["actions"]) == report["ok"]
+    assert report["translate_n"] == 1 and report["swin_windows_n"] == 1  # the mix reaches every tab in turn
+    assert report["server_up"] is True
+    assert report["peak_rss_mb"] > 50 and report["peak_rss_mb"] >= report["rss_ready_mb"]
+
+
+@pytest.mark.slow
+def test_over_capacity_turns_clients_away_and_survives(runs) -> None:
+    report = _report(runs, "busy")
+    assert report["atlas_queue"] == "1" and report["atlas_concurrency"] == "1"
+    assert report["busy"] >= 1 and report["ok"] >= 1
+    assert report["errors"] == 0, report["first_errors"]
+    assert report["requests"] + report["skipped"] == 6 * 2
+    assert report["requests"] == report["ok"] + report["busy"]
+    assert sum(report["busy_by_action"].values()) == report["busy"]
+    assert report["server_up"] is True and report["peak_rss_mb"] > 0
+
+
+def test_helpers() -> None:
+    from gradio_client.utils import QueueError
+
+    from bench._server import SENTENCE_20, is_busy, percentile, select_actions
+
+    assert is_busy(QueueError("Queue is full! Please try again.")) and not is_busy(ValueError("boom"))
+    assert percentile([], 50) is None and percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert [a.name for a in select_actions("classify")] == ["classify_sst2", "classify_agnews"]
+    assert {a.api for a in select_actions(None)} == {"translate", "classify", "classify_image", "swin_windows",
+                                                     "positional_encoding", "playground"}
+    with pytest.raises(SystemExit):
+        select_actions("nope")
+    assert len(SENTENCE_20.split()) == 20
