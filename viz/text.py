@@ -44,15 +44,22 @@ def token_highlight(
         raise ValueError(f"{len(w)} weights for {len(tokens)} tokens")
     top = float(vmax) if vmax else float(w.max()) if len(w) and w.max() > 0 else 1.0
     spans = []
+    # SentencePiece marks the start of a word with ▁ (pieces without it continue the word); WordPiece marks
+    # continuations with ## instead. Join the pieces the way the tokenizer split them.
+    sentencepiece = any(str(t).startswith("▁") for t in tokens)
     for tok, val in zip(tokens, w):
         tok = str(tok)
         if tok in _SPECIALS and not show_specials:
             continue
         shown, space = tok, " "
-        if tok.startswith("▁"):
-            shown = tok[1:] or "▁"
+        if tok in _SPECIALS:
+            pass
+        elif tok.startswith("▁"):
+            shown = tok[1:] or "\u00a0"  # a lone ▁ is the space itself
         elif tok.startswith("##"):
             shown, space = tok[2:], ""
+        elif sentencepiece:
+            space = ""
         t = val / top
         r, g, b = _blue(t)
         fg = "#fff" if t > 0.55 else "#111"
