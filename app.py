@@ -50,7 +50,8 @@ FIX = {
     name: f"python -m train.{cmd} --data-dir ../shared/data --out checkpoints/{name} --run-dir runs/{name}"
     for name, cmd in {"translator-en-de": "translation", "sst2": "classifier --task sst2",
                       "agnews": "classifier --task agnews", "vit-fashion": "vision --model vit",
-                      "swin-fashion": "vision --model swin"}.items()
+                      "swin-fashion": "vision --model swin", "minilm-sst2": "minilm --task sst2",
+                      "minilm-agnews": "minilm --task agnews"}.items()
 }
 IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}
 VISION_MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
@@ -494,10 +495,11 @@ The *encoder* attends over the English sentence, the *decoder* over the German w
 (causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it
 was produced from; in the last layers it often traces a rough word alignment. A head that attends to the
 previous token draws a diagonal just below the main one.""",
-    "Classify": """**Sentiment (SST-2) or news topic (AG News) from a Transformer encoder.** The sentence is
-coloured by *attention rollout* (attention multiplied through all layers, Abnar & Zuidema 2020): roughly,
-which words reach the classifier. Per-head maps show who attends to whom; the "where each head looks" chart
-finds heads that stare at the first or last token, or at the previous or next word.""",
+    "Classify": """**Sentiment (SST-2) or news topic (AG News) from a Transformer encoder**: a small one trained
+from scratch, or MiniLM, pretrained on a billion sentence pairs and fine-tuned here. The sentence is coloured by
+*attention rollout* (attention multiplied through all layers, Abnar & Zuidema 2020): roughly, which words reach
+the classifier. The "where each head looks" chart finds the classic pretrained patterns: heads that park on
+`[CLS]` or `[SEP]`, and heads that look at the previous or the next word (Clark et al. 2019).""",
     "Vision": """**Image classification with a Vision Transformer (ViT) or a Swin Transformer.** Any image is
 converted the way the model was trained (Fashion-MNIST: grey, 28×28, dark background), and attention is
 drawn on exactly that image. For ViT the maps show where the CLS token, which makes the prediction, looks;
@@ -569,12 +571,12 @@ def _translate_tab() -> None:
 
 
 def _classify_tab() -> None:
-    _intro("Classify", "sst2", "agnews")
+    _intro("Classify", "sst2", "agnews", "minilm-sst2", "minilm-agnews")
     with gr.Row():
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             task = gr.Radio(list(TASKS), value="SST-2 sentiment", label="task")
-            model = gr.Radio(list(TEXT_MODELS)[:1], value="trained from scratch", label="model")
+            model = gr.Radio(list(TEXT_MODELS), value="trained from scratch", label="model")
             run = gr.Button("Classify", variant="primary")
     gr.Examples([[s, "SST-2 sentiment"] for s in sentences.SENTIMENT]
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])

@@ -70,7 +70,7 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
         raise CheckpointError(folder / "model.safetensors", f"weights do not fit {kind}: {e}") from e
     model.labels = list(meta["labels"])
     model.text = dict(meta["text"])
-    if kind in ("Translator", "TextClassifier"):
+    if kind in ("Translator", "TextClassifier", "BertClassifier"):
         from models.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])

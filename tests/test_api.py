@@ -94,3 +94,11 @@ def test_positional_encoding_api(client) -> None:
     assert z.shape == (32, 128)
     np.testing.assert_allclose(z[5, 0], np.sin(5.0), atol=1e-3)  # PE(pos, 0) = sin(pos)
     np.testing.assert_allclose(z[5, 1], np.cos(5.0), atol=1e-3)
+
+
+def test_classify_api_with_the_pretrained_minilm(client) -> None:
+    verdict, probs, html, _attn, shares = client.predict("the film is warm and funny .", "SST-2 sentiment",
+                                                         "MiniLM (pretrained, fine-tuned)", api_name="/classify")[:5]
+    assert "negative" in verdict or "positive" in verdict
+    assert "[CLS]" in html and "[SEP]" in html  # WordPiece specials, as the model saw them
+    assert len(_figure_data(shares)) >= 4  # share to [CLS], [SEP], previous, next

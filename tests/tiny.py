@@ -36,8 +36,47 @@ def train_sentencepiece(folder: Path, vocab: int = 120) -> Path:
     return folder / "sp.model"
 
 
+WORDS = ["the", "film", "is", "a", "warm", "funny", "and", "beautifully", "acted", "plot", "thin", "jokes",
+         "fall", "flat", "bank", "raised", "rates", "striker", "scored", "twice", "##s", "##ly", "##ed", ".", ","]
+
+
+def tiny_wordpiece(folder: Path) -> Path:
+    """A small uncased WordPiece tokenizer.json with BERT's specials at BERT's ids ([PAD] 0 ... [MASK] 4)."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def tiny_bert_checkpoint(folder: Path, labels: list[str] | None = None) -> Path:
+    """A tiny random BertClassifier checkpoint in the real format (for app and API tests)."""
+    import torch
+
+    from models.bert import BertClassifier, BertConfig
+    from models.checkpoint import save_checkpoint
+
+    labels = labels or ["negative", "positive"]
+    tok = tiny_wordpiece(folder.parent / f"_{folder.name}_tok")
+    torch.manual_seed(0)
+    model = BertClassifier(BertConfig(vocab_size=5 + len(WORDS), d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                      max_positions=64, max_len=16, dropout=0.0, attention_dropout=0.0,
+                                      n_classes=len(labels), origin="random weights (tests)"))
+    return save_checkpoint(folder, model, labels=labels, text={"lowercase": True},
+                           extra_files={"tokenizer.json": tok})
+
+
 def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "sst2", "agnews", "vit-fashion",
-                                                           "swin-fashion")) -> Path:
+                                                           "swin-fashion", "minilm-sst2",
+                                                           "minilm-agnews")) -> Path:
     import torch
 
     from models.checkpoint import save_checkpoint
@@ -65,6 +104,9 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
         elif name == "vit-fashion":
             model = ViT(ViTConfig(dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0))
             save_checkpoint(root / name, model, labels=FASHION, text={})
+        elif name.startswith("minilm-"):
+            labels = ["negative", "positive"] if name.endswith("sst2") else ["World", "Sports", "Business", "Sci/Tech"]
+            tiny_bert_checkpoint(root / name, labels)
         elif name == "swin-fashion":
             model = Swin(SwinConfig(embed_dim=24, depths=(2, 2), heads=(2, 4), drop_path=0.0))
             save_checkpoint(root / name, model, labels=FASHION, text={})

@@ -74,6 +74,13 @@ def test_classify_tab_renders_html_as_text(page) -> None:
     _pick(page, "head (or fusion of heads)", "1")
     wait_for_change(page, before)
     screenshot(page, "classify")
+    # The pretrained encoder: same figures, WordPiece tokens with [CLS] and [SEP].
+    _panel(page).get_by_label("MiniLM (pretrained, fine-tuned)").check()
+    box.fill("the film is warm and funny .")
+    before = plot_signature(page)
+    _panel(page).get_by_role("button", name="Classify", exact=True).click()
+    wait_for_change(page, before)
+    expect(page.locator(".atlas-highlight")).to_contain_text("[SEP]", timeout=30_000)
     assert page.js_errors == []
 
 

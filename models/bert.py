@@ -1,0 +1,291 @@
+"""BERT-family encoder (Devlin et al. 2019) for the pretrained MiniLM, and a sentence classifier on top.
+
+The weights come from sentence-transformers/all-MiniLM-L6-v2: a 6-layer, 12-head, 384-wide MiniLM
+(Wang et al. 2020, distilled from a larger BERT by deep self-attention distillation) that
+sentence-transformers then trained for sentence embeddings with mean pooling (Reimers & Gurevych 2019).
+Its architecture is BERT's exactly, so this file is BERT written in the project's style:
+
+    x = LayerNorm(word[ids] + position[0..N) + token_type[types])         # §3.2, learned positions
+    for each layer (post-norm, as the original Transformer and BERT):
+        x = LayerNorm(x + Dropout(MultiHeadAttention(x)))
+        x = LayerNorm(x + Dropout(W_2 · GELU(W_1 x)))                      # GELU: Hendrycks & Gimpel 2016
+
+``hf_to_ours`` maps the Hugging Face parameter names (``encoder.layer.3.attention.self.query.weight``,
+...) onto ours, so the original safetensors load without transformers; tests/test_bert.py checks the
+hidden states and attention against transformers' ``BertModel`` with the same weights.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.attention import MultiHeadAttention
+from models.limits import MAX_TOKENS_MINILM
+from models.outputs import AttentionMap, ClassificationResult
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522  # WordPiece vocabulary of bert-base-uncased, which MiniLM shares
+    d_model: int = 384  # hidden size (MiniLM-L6-H384)
+    n_layers: int = 6  # encoder layers
+    n_heads: int = 12  # attention heads (d_head = 32)
+    d_ff: int = 1536  # feed-forward inner width ("intermediate_size"), 4 × d_model
+    max_positions: int = 512  # learned position table of the pretrained model
+    type_vocab_size: int = 2  # token types (segment A / B); single sentences use type 0 only
+    layer_norm_eps: float = 1e-12  # BERT's LayerNorm epsilon (not PyTorch's 1e-5)
+    dropout: float = 0.1  # embedding, residual and head dropout ("hidden_dropout_prob")
+    attention_dropout: float = 0.1  # on the attention probabilities ("attention_probs_dropout_prob")
+    n_classes: int = 2  # SST-2: 2; AG News: 4
+    pooling: str = "mean"  # "mean" over real tokens (how all-MiniLM-L6-v2 was trained) or "cls" ([CLS] state)
+    pad_id: int = 0  # [PAD] in the WordPiece vocabulary
+    max_len: int = MAX_TOKENS_MINILM  # input cap in tokens, [CLS] and [SEP] included (models/limits.py)
+    origin: str = ""  # where the pretrained weights come from, with their licence (kept in config.json)
+
+
+class BertEmbeddings(nn.Module):
+    """Word + learned position + token-type embeddings, then LayerNorm and dropout (Devlin et al. §3)."""
+
+    def __init__(self, c: BertConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.position = nn.Embedding(c.max_positions, c.d_model)
+        self.token_type = nn.Embedding(c.type_vocab_size, c.d_model)
+        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:  # ids: (B, N) -> (B, N, D)
+        n = ids.size(1)
+        if n > self.position.num_embeddings:
+            raise ValueError(f"sequence of {n} tokens exceeds the {self.position.num_embeddings} positions")
+        pos = torch.arange(n, device=ids.device)
+        types = torch.zeros_like(ids) if token_types is None else token_types
+        return self.drop(self.norm(self.word(ids) + self.position(pos) + self.token_type(types)))
+
+
+class BertLayer(nn.Module):
+    """One post-norm encoder layer: self-attention and a GELU feed-forward, each Add & LayerNorm."""
+
+    def __init__(self, c: BertConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout)
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.ff_in = nn.Linear(c.d_model, c.d_ff)
+        self.ff_out = nn.Linear(c.d_ff, c.d_model)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, N, D); mask: (B, 1, 1, N) True on real keys. Returns (x, weights (B, H, N, N) or None)."""
+        a, w = self.self_attn(x, mask=mask, need_weights=need_weights)
+        x = self.norm1(x + self.drop(a))
+        x = self.norm2(x + self.drop(self.ff_out(F.gelu(self.ff_in(x)))))  # exact (erf) GELU, as BERT
+        return x, w
+
+
+class BertEncoder(nn.Module):
+    """Embeddings and the stack of layers; the hidden states and attention of every layer on request."""
+
+    def __init__(self, c: BertConfig) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(c)
+        self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.n_layers))
+
+    def forward(self, ids: Tensor, pad_mask: Tensor | None = None, token_types: Tensor | None = None,
+                need_weights: bool = False) -> tuple[list[Tensor], list[Tensor]]:
+        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (None: no padding).
+
+        Returns (hidden states: embeddings output then each layer's output, L + 1 tensors (B, N, D);
+        attention weights: L tensors (B, H, N, N), empty unless ``need_weights``).
+        """
+        mask = None if pad_mask is None or not bool(pad_mask.any()) else (~pad_mask)[:, None, None, :]
+        x = self.embeddings(ids, token_types)
+        states, weights = [x], []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            states.append(x)
+            if w is not None:
+                weights.append(w)
+        return states, weights
+
+
+class BertClassifier(nn.Module):
+    """BERT encoder + pooled sentence vector + dropout + linear head (Devlin et al. §4.1).
+
+    Same interface as ``TextClassifier``: ``forward(ids, pad_mask)``, ``forward_with_attention`` and
+    ``classify(text) -> ClassificationResult`` with the WordPiece tokens as the model saw them,
+    ``[CLS]`` and ``[SEP]`` included.
+    """
+
+    def __init__(self, config: BertConfig, tokenizer: Any | None = None) -> None:
+        super().__init__()
+        self.config = c = config
+        if c.pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling must be 'cls' or 'mean', got {c.pooling!r}")
+        if c.max_len > c.max_positions:
+            raise ValueError(f"max_len={c.max_len} exceeds max_positions={c.max_positions}")
+        self.tokenizer = tokenizer  # models.tokenizer.JsonTokenizer; set by models.load
+        self.labels: list[str] = [str(i) for i in range(c.n_classes)]
+        self.text: dict[str, Any] = {}
+        self.bert = BertEncoder(c)
+        self.drop = nn.Dropout(c.dropout)
+        self.head = nn.Linear(c.d_model, c.n_classes)
+        self.apply(_init_weights)
+
+    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
+        states, weights = self.bert(ids, pad, need_weights=need_weights)
+        x = states[-1]  # (B, N, D)
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]
+        else:  # mean over real tokens, [CLS] and [SEP] included (sentence-transformers' mean pooling)
+            keep = (~pad).unsqueeze(-1).to(x.dtype)
+            pooled = (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        return self.head(self.drop(pooled)), weights
+
+    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
+        return self._run(ids, pad_mask, need_weights=False)[0]
+
+    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
+        logits, weights = self._run(ids, pad_mask, need_weights=True)
+        return logits, torch.stack(weights, 1)
+
+    @torch.no_grad()
+    def classify(self, text: str | Sequence[int]) -> ClassificationResult:
+        """Class probabilities and attention for one text (or ids with [CLS]/[SEP] included)."""
+        c, dev = self.config, next(self.parameters()).device
+        notice = ""
+        if isinstance(text, str):
+            if self.tokenizer is None:
+                raise ValueError("this BertClassifier has no tokenizer: pass token ids or set .tokenizer")
+            enc = self.tokenizer.encode(text, max_tokens=c.max_len)
+            ids, tokens, notice = enc.ids, enc.pieces, enc.notice
+        else:
+            ids = [int(i) for i in text]
+            if len(ids) > c.max_len:
+                notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
+                ids = ids[: c.max_len]
+            tokens = [self.tokenizer.id_to_piece(i) if self.tokenizer is not None else str(i) for i in ids]
+        was_training = self.training
+        self.eval()
+        # one unpadded sequence: every id is real, even one that equals pad_id
+        x = torch.tensor([ids], device=dev)
+        logits, weights = self.forward_with_attention(x, torch.zeros_like(x, dtype=torch.bool))
+        self.train(was_training)
+        probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
+        labels = list(self.labels) if len(self.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
+        attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
+        return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)
+
+
+def _init_weights(m: nn.Module) -> None:
+    """BERT's initialisation (normal, std 0.02; LayerNorm 1 and 0) for whatever the pretrained weights
+    do not cover (the classification head), and for models built without them (tests)."""
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            with torch.no_grad():
+                m.weight[m.padding_idx].zero_()
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face names -> ours
+
+_HF_EMBEDDINGS = {
+    "word_embeddings": "word",
+    "position_embeddings": "position",
+    "token_type_embeddings": "token_type",
+    "LayerNorm": "norm",
+}
+_HF_LAYER = {
+    "attention.self.query": "self_attn.q_proj",
+    "attention.self.key": "self_attn.k_proj",
+    "attention.self.value": "self_attn.v_proj",
+    "attention.output.dense": "self_attn.out_proj",
+    "attention.output.LayerNorm": "norm1",
+    "intermediate.dense": "ff_in",
+    "output.dense": "ff_out",
+    "output.LayerNorm": "norm2",
+}
+_HF_IGNORED = re.compile(r"^(pooler\.|embeddings\.position_ids$|cls\.|classifier\.)")
+_EMB_KEY = re.compile(r"^embeddings\.(\w+)\.(weight|bias|gamma|beta)$")
+_LAYER_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
+
+
+def hf_key(name: str) -> str | None:
+    """Our BertEncoder name of a Hugging Face ``BertModel`` parameter, or None for one we do not use.
+
+    ``embeddings.word_embeddings.weight`` -> ``embeddings.word.weight``;
+    ``encoder.layer.3.attention.self.query.weight`` -> ``layers.3.self_attn.q_proj.weight``. A ``bert.``
+    prefix (``BertFor...`` models) is dropped; old TensorFlow-style ``gamma``/``beta`` LayerNorm names are
+    read as ``weight``/``bias``. The pooler (dense + tanh on [CLS], unused by mean pooling) and any task
+    head are ignored. Raises KeyError on a name that is neither mapped nor known to be ignorable.
+    """
+    name = name.removeprefix("bert.")
+    if _HF_IGNORED.match(name):
+        return None
+    suffix_of = {"gamma": "weight", "beta": "bias"}
+    if m := _EMB_KEY.match(name):
+        if m.group(1) in _HF_EMBEDDINGS:
+            return f"embeddings.{_HF_EMBEDDINGS[m.group(1)]}.{suffix_of.get(m.group(2), m.group(2))}"
+    elif (m := _LAYER_KEY.match(name)) and m.group(2) in _HF_LAYER:
+        return f"layers.{m.group(1)}.{_HF_LAYER[m.group(2)]}.{suffix_of.get(m.group(3), m.group(3))}"
+    raise KeyError(f"unexpected BERT parameter name {name!r}")
+
+
+def hf_to_ours(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a Hugging Face BERT state dict for ``BertEncoder``: (mapped state, names ignored)."""
+    out: dict[str, Tensor] = {}
+    ignored: list[str] = []
+    for name, t in state.items():
+        ours = hf_key(name)
+        if ours is None:
+            ignored.append(name)
+        else:
+            out[ours] = t
+    return out, ignored
+
+
+def config_from_hf(hf: dict[str, Any], **overrides: Any) -> BertConfig:
+    """A BertConfig from a Hugging Face BERT ``config.json`` (dict), plus our own fields as overrides."""
+    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError("only BERT with exact GELU and absolute (learned) positions is supported")
+    overrides.setdefault("max_len", min(BertConfig.max_len, hf["max_position_embeddings"]))
+    return BertConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
+        layer_norm_eps=hf["layer_norm_eps"], dropout=hf["hidden_dropout_prob"],
+        attention_dropout=hf["attention_probs_dropout_prob"], pad_id=hf.get("pad_token_id", 0), **overrides,
+    )
+
+
+def load_hf_weights(encoder: BertEncoder, path: str | Path) -> list[str]:
+    """Load a Hugging Face BERT ``model.safetensors`` into ``encoder`` (every parameter must be there).
+
+    Returns the names in the file that were ignored (pooler, position_ids). No pickle: safetensors only.
+    """
+    from safetensors.torch import load_file
+
+    state, ignored = hf_to_ours(load_file(str(path)))
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{Path(path).name} does not fit the encoder: missing {missing}, unexpected {unexpected}")
+    return ignored
