@@ -1,0 +1,237 @@
+"""The training loop and commands on tiny configurations and tiny synthetic data (written to tmp_path).
+
+- resuming an interrupted run continues from the saved step and ends with the same weights as an
+  uninterrupted run;
+- two CPU processes under torchrun (gloo) end with identical weights;
+- the training commands write checkpoint folders that load through models.load;
+- the evaluation command prints one JSON object as its last stdout line and records it with
+  --write-metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train import loop
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_VIT = ["--set", "dim=16", "depth=1", "heads=2", "mlp_dim=32", "dropout=0.1"]
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny data folder in the layout of ../shared/data (plain files; the loaders also read .gz)."""
+    root = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    fm = root / "fashion-mnist"
+    fm.mkdir()
+    n = 5000 + 96  # the last 5,000 are the validation split
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    # class-dependent bright band plus noise: learnable, so accuracy can move
+    images = rng.integers(0, 60, (n, 28, 28), dtype=np.uint8)
+    for c in range(10):
+        images[labels == c, 2 * c:2 * c + 4, :] = 220
+    (fm / "train-images-idx3-ubyte").write_bytes(idx_bytes(images))
+    (fm / "train-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
+    (fm / "t10k-images-idx3-ubyte").write_bytes(idx_bytes(images[:50]))
+    (fm / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(labels[:50]))
+
+    words_en = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "street", "grass", "red", "ball"]
+    words_de = ["ein", "mann", "frau", "hund", "rennt", "sitzt", "auf", "der", "straße", "wiese", "rot", "ball"]
+    en, de = [], []
+    for _ in range(200):
+        idx = rng.integers(0, len(words_en), rng.integers(3, 8))
+        en.append(" ".join(words_en[i] for i in idx).capitalize() + ".")
+        de.append(" ".join(words_de[i] for i in idx).capitalize() + ".")
+    mt = root / "multi30k"
+    mt.mkdir()
+    for split, sl in (("train", slice(0, 180)), ("val", slice(180, 190)), ("test_2016_flickr", slice(190, 200))):
+        (mt / f"{split}.en").write_text("\n".join(en[sl]) + "\n")
+        (mt / f"{split}.de").write_text("\n".join(de[sl]) + "\n")
+
+    sst = root / "sst2"
+    sst.mkdir()
+    good, bad = ["great", "fine", "moving", "funny"], ["dull", "bad", "boring", "flat"]
+    rows = []
+    for i in range(2200):
+        pol = i % 2
+        w = (good if pol else bad)[i % 4]
+        rows.append(f"a {w} film , really {w} .\t{pol}")
+    (sst / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    (sst / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:20]) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tokenizers(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from train.data import load_multi30k
+    from train.tokenizers import train_sentencepiece
+
+    out = tmp_path_factory.mktemp("spm")
+    tr = load_multi30k(data_dir, "train")
+    train_sentencepiece(tr.src + tr.tgt, out / "multi30k.model", vocab_size=60)
+    texts = (data_dir / "sst2" / "train.tsv").read_text().splitlines()[1:]
+    train_sentencepiece([t.split("\t")[0] for t in texts], out / "sst2.model", vocab_size=40)
+    return out
+
+
+def digest_of_run(run_dir: Path) -> tuple[str, int]:
+    state = torch.load(run_dir / "state.pt", map_location="cpu", weights_only=True)
+
+    class Holder(torch.nn.Module):
+        def __init__(self, sd: dict[str, torch.Tensor]) -> None:
+            super().__init__()
+            for k, v in sd.items():
+                self.register_buffer(k.replace(".", "_"), v)
+
+    return loop.weights_digest(Holder(state["model"])), int(state["step"])
+
+
+def vision_args(data_dir: Path, out: Path, run: Path, *extra: str) -> list[str]:
+    return ["--model", "vit", "--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run),
+            "--train-limit", "96", "--batch-size", "16", "--epochs", "2", "--warmup-steps", "3",
+            "--threads", "1", "--log-every", "1", *TINY_VIT, *extra]
+
+
+def test_lr_schedule() -> None:
+    cfg = loop.TrainConfig(lr=1.0, warmup_steps=10)
+    f = [loop.lr_factor(s, 100, cfg) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))  # cosine decays monotonically
+    assert f[-1] < 0.01
+    assert loop.lr_factor(50, 100, cfg, time_progress=1.0) == pytest.approx(0.0)  # time budget used up
+    inv = loop.TrainConfig(lr=1.0, warmup_steps=10, schedule="inverse_sqrt")
+    assert loop.lr_factor(39, 100, inv) == pytest.approx(0.5)
+
+
+def test_resume_continues_from_saved_step(data_dir: Path, tmp_path: Path) -> None:
+    from train import vision
+
+    full = tmp_path / "full"
+    assert vision.main(vision_args(data_dir, tmp_path / "ck_full", full)) == 0
+    full_digest, full_steps = digest_of_run(full)
+    assert full_steps == 12  # 96 images / 16 per batch x 2 epochs
+
+    part = tmp_path / "part"
+    assert vision.main(vision_args(data_dir, tmp_path / "ck_part", part, "--stop-after", "8")) == 0
+    assert not (tmp_path / "ck_part").exists()  # interrupted: no checkpoint folder yet
+    _, step = digest_of_run(part)
+    assert step == 8
+    state = torch.load(part / "state.pt", map_location="cpu", weights_only=True)
+    assert state["epoch"] == 1 and state["pos"] == 2 and state["optim"]["state"]  # mid-epoch, Adam moments kept
+    log = (part / "train.log").read_text()
+    assert "stopped after step 8" in log
+
+    assert vision.main(vision_args(data_dir, tmp_path / "ck_part", part, "--resume")) == 0
+    assert "resumed from" in (part / "train.log").read_text()
+    resumed_digest, resumed_steps = digest_of_run(part)
+    assert resumed_steps == 12
+    assert resumed_digest == full_digest  # same data order, dropout RNG and optimiser state
+    import models
+
+    model = models.load(tmp_path / "ck_part")
+    assert model.classify(np.zeros((28, 28), np.uint8)).attention["encoder"].weights.shape == (1, 2, 50, 50)
+    metrics = json.loads((tmp_path / "ck_part" / "metrics.json").read_text())
+    assert metrics["training"]["steps"] == 12
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_end_with_identical_weights(data_dir: Path, tmp_path: Path) -> None:
+    digest = tmp_path / "digest"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "train.vision", *vision_args(data_dir, tmp_path / "ck", tmp_path / "run", "--device", "cpu",
+                                              "--dump-digest", str(digest), "--epochs", "1")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d0, d1 = (Path(f"{digest}.{r}").read_text() for r in (0, 1))
+    assert d0 == d1
+    # 96 images / 16 per batch = 6 global batches, 3 per process: DDP steps once per pair of batches
+    _, step = digest_of_run(tmp_path / "run")
+    assert step == 3
+    assert "world 2" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_translation_and_evaluate(data_dir: Path, tokenizers: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from train import evaluate, translation
+
+    ck = tmp_path / "translator"
+    args = ["--data-dir", str(data_dir), "--tokenizer", str(tokenizers / "multi30k.model"), "--out", str(ck),
+            "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--max-tokens", "200", "--d-model", "16",
+            "--heads", "2", "--layers", "1", "--d-ff", "32", "--threads", "1", "--warmup-steps", "2"]
+    assert translation.main(args) == 0
+    capsys.readouterr()
+    mt = data_dir / "multi30k"
+    assert evaluate.main(["translation", "--checkpoint", str(ck), "--src", str(mt / "test_2016_flickr.en"),
+                          "--ref", str(mt / "test_2016_flickr.de"), "--beam", "2", "--write-metrics"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert set(result) == {"bleu", "sentences"} and result["sentences"] == 10 and 0 <= result["bleu"] <= 100
+    metrics = json.loads((ck / "metrics.json").read_text())
+    entry = metrics["evaluations"]["test_2016_flickr.de"]
+    assert entry["bleu"] == result["bleu"] and entry["command"].startswith("python -m train.evaluate translation")
+    assert "training" in metrics  # written by the training command, kept by evaluate
+
+    import models
+
+    r = models.load(ck).translate("A man runs.", beam_size=2)
+    assert r.attention["cross"].weights.shape[:2] == (1, 2)
+
+
+def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from train import classifier, evaluate, vision
+
+    ck = tmp_path / "sst2"
+    assert classifier.main(["--task", "sst2", "--data-dir", str(data_dir), "--tokenizer",
+                            str(tokenizers / "sst2.model"), "--out", str(ck), "--run-dir", str(tmp_path / "run"),
+                            "--epochs", "1", "--train-limit", "64", "--d-model", "16", "--heads", "2",
+                            "--layers", "1", "--d-ff", "32", "--threads", "1"]) == 0
+    capsys.readouterr()
+    assert evaluate.main(["classification", "--checkpoint", str(ck), "--tsv",
+                          str(data_dir / "sst2" / "dev.tsv")]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) == {"accuracy", "examples"} and result["examples"] == 20 and 0 <= result["accuracy"] <= 1
+    config = json.loads((ck / "config.json").read_text())
+    assert config["text"]["lowercase"] is True and config["labels"] == ["negative", "positive"]
+
+    vck = tmp_path / "vit"
+    assert vision.main(vision_args(data_dir, vck, tmp_path / "vrun", "--epochs", "1")) == 0
+    capsys.readouterr()
+    fm = data_dir / "fashion-mnist"
+    assert evaluate.main(["vision", "--checkpoint", str(vck), "--images", str(fm / "t10k-images-idx3-ubyte"),
+                          "--labels", str(fm / "t10k-labels-idx1-ubyte"), "--write-metrics"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["examples"] == 50
+    assert json.loads((vck / "metrics.json").read_text())["evaluations"]["t10k-images-idx3-ubyte"]["accuracy"] \
+        == result["accuracy"]
+
+
+def test_grad_checkpointing_keeps_names_and_gradients() -> None:
+    from models.vit import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    a = ViT(ViTConfig(dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.0))
+    b = ViT(ViTConfig(dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.0))
+    b.load_state_dict(a.state_dict())
+    assert loop.enable_grad_checkpointing(b) == 2
+    assert list(a.state_dict()) == list(b.state_dict())
+    x = torch.randn(3, 1, 28, 28)
+    a(x).sum().backward()
+    b(x).sum().backward()
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-5), n
