@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent
 CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
 EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
 EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXAMPLE_IMAGES}  # "sneaker": path
-DOWNLOADS = Path(tempfile.gettempdir()) / "attention-atlas"
+# Attention downloads go into Gradio's own temporary folder (uploads live there too), and are deleted with it.
+DOWNLOADS = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio") / "attention-atlas"
 MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
 
 CSS = """
@@ -709,7 +710,8 @@ def _playground_tab():
 
 
 def build_demo() -> gr.Blocks:
-    with gr.Blocks(title=TITLE) as demo:
+    # Files older than an hour are removed every hour, so a public server's temporary folder stays small.
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {TITLE}\nSee what attention does inside Transformers: pick a tab, give it input, "
                     "and move through layers and heads.")
         with gr.Tabs():
@@ -739,8 +741,7 @@ def main() -> None:
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.
     demo.queue(default_concurrency_limit=int(os.environ.get("ATLAS_CONCURRENCY", "2")),
                max_size=int(os.environ.get("ATLAS_QUEUE", "64")))
-    demo.launch(theme=gr.themes.Soft(), css=CSS, allowed_paths=[str(DOWNLOADS)],
-                max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
+    demo.launch(theme=gr.themes.Soft(), css=CSS, max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,11 @@ def test_translate_api(client) -> None:
     cross = np.array(_figure_data(align)[0]["z"], dtype=float)
     np.testing.assert_allclose(cross.sum(axis=1), 1.0, atol=2e-3)  # each target row over the source
     assert len(_figure_data(tree)) >= 2  # edges and nodes
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    with np.load(npz) as arrays:  # the .npz download, fetched by the client
+        n_src, n_tgt = len(arrays["source_tokens"]), len(arrays["target_tokens"])
+        assert arrays["cross"].shape[-2:] == (n_tgt, n_src)
+        assert arrays["encoder"].shape[-2:] == (n_src, n_src)
 
 
 def test_classify_api(client) -> None:

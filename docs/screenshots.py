@@ -1,0 +1,87 @@
+"""Drive the running app in headless Chromium and save one screenshot per tab for the README.
+
+    python docs/screenshots.py            # over checkpoints/, writes docs/screenshots/*.png
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import app_env, free_port, wait_until_serving  # noqa: E402
+from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
+from tests.e2e.helpers import wait_for_plots  # noqa: E402
+
+OUT = ROOT / "docs" / "screenshots"
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=app_env(port), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_until_serving(url, proc)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.wait_for_selector("button[role=tab]")
+            panel = lambda: page.locator("div[role=tabpanel]:visible")  # noqa: E731
+
+            def tab(name: str) -> None:
+                page.get_by_role("tab", name=name, exact=True).click()
+                page.wait_for_timeout(500)
+
+            def shot(name: str, height: int = 2200) -> None:
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(OUT / f"{name}.png"), full_page=True,
+                                clip={"x": 0, "y": 0, "width": 1400, "height": height})
+
+            tab("Translate")
+            panel().get_by_role("button", name="Translate", exact=True).click()
+            wait_for_plots(page, 4, timeout=120_000)
+            shot("translate", 2000)
+
+            tab("Classify")
+            panel().get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film .")
+            panel().get_by_role("button", name="Classify", exact=True).click()
+            wait_for_plots(page, 3, timeout=120_000)
+            shot("classify", 1900)
+
+            tab("Vision")
+            panel().locator("input[type=file]").set_input_files(str(ROOT / "examples/fashion/7-sneaker-t10k-9.png"))
+            page.wait_for_timeout(800)
+            panel().get_by_role("button", name="Classify image", exact=True).click()
+            wait_for_plots(page, 5, timeout=120_000)
+            shot("vision", 1800)
+
+            tab("Swin windows")
+            wait_for_plots(page, 5, timeout=60_000)
+            panel().get_by_role("button", name="Show the trained Swin").click()
+            wait_for_plots(page, 7, timeout=120_000)
+            shot("swin-windows", 2200)
+
+            tab("Positional encoding")
+            wait_for_plots(page, 5, timeout=60_000)
+            shot("positional-encoding", 1700)
+
+            tab("Attention playground")
+            wait_for_plots(page, 2, timeout=60_000)
+            shot("attention-playground", 1500)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    print(f"wrote {len(list(OUT.glob('*.png')))} screenshots to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
