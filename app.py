@@ -87,11 +87,8 @@ class ModelStore:
 
     @staticmethod
     def _load(name: str) -> Any:
-        import torch
+        import models  # the entry points (translate, classify) run under torch.no_grad themselves
 
-        import models
-
-        torch.set_grad_enabled(False)
         if name in IMAGENET.values():
             from models.pretrained import load_imagenet
 
