@@ -66,3 +66,27 @@ def test_long_text_is_truncated_with_a_notice(tiny_checkpoints: Path, monkeypatc
 def test_swin_windows_pads_the_grid_to_the_window() -> None:
     *_figs, note = app.swin_windows(grid=9, window=4, shift=2)
     assert "padded to 12×12" in note and "9 windows of 4×4" in note
+
+
+def test_imagenet_choice_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not cached: a clear message within seconds. Cached (a random torchvision Swin-T): every figure."""
+    import time
+
+    import torch
+    from torchvision.models import swin_t
+
+    from models.pretrained import weights_path
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(app, "MODELS", app.ModelStore())
+    start = time.monotonic()
+    with pytest.raises(gr.Error, match="ImageNet weights for swin_t are not available"):
+        app.classify_image(app.EXAMPLE_IMAGES[0], "Swin-T (ImageNet)")
+    assert time.monotonic() - start < 30  # never a hang (generous: a busy CI machine)
+    path = weights_path("swin_t")
+    path.parent.mkdir(parents=True)
+    torch.manual_seed(0)
+    torch.save(swin_t().state_dict(), path)
+    probs, overlay, heads, patch, distance, seen, *_ = app.classify_image(app.EXAMPLE_IMAGES[0], "Swin-T (ImageNet)")
+    assert len(probs.data[0].y) == 5 and seen.shape[:2] == (224, 224)  # the RGB centre crop the model saw
+    assert overlay is not None and heads is not None and patch is not None and distance is not None
