@@ -165,7 +165,10 @@ def _attention_figure(amap, kind_title: str, layer: int, head: str | int, view: 
         return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
     if view == "head view":
         heads = None if isinstance(head, str) else [head]
-        return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title)
+        # Only lines clearly above a uniform spread (1/keys) are drawn, so the structure stands out.
+        threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
+        return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title,
+                            threshold=threshold)
     return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title)
 
 
