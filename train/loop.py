@@ -12,6 +12,11 @@ Resumable state (``RUN_DIR/state.pt``, ``torch.save`` of tensors and plain conta
 epoch, the torch RNG and the validation history; the best epoch's weights are kept in ``RUN_DIR/best.pt``.
 Data order comes from ``(seed, epoch)`` and augmentation from ``(seed, step)``, so a resumed run repeats
 an uninterrupted one exactly on the CPU.
+
+``--time-budget MINUTES`` makes the cosine decay follow the clock (whichever of step and time progress is
+further) and ends training when the budget is used, validating the last partial epoch: on a shared, busy
+machine the run still anneals and finishes on time. Resuming with a larger budget continues the decay from
+the new, earlier point of the curve (a mild warm restart).
 """
 
 from __future__ import annotations

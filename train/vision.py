@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(state)
         from models.checkpoint import save_checkpoint
 
-        record = training_record(result, model, d, cfg, [sys.executable.rsplit("/", 1)[-1], "-m", "train.vision",
-                                                          *(argv if argv is not None else sys.argv[1:])])
+        cmd = ["python", "-m", "train.vision", *(argv if argv is not None else sys.argv[1:])]
+        record = training_record(result, model, d, cfg, cmd)
         record["batch_size"] = args.batch_size * d.world
         record["validation"] = {"split": "last 5,000 Fashion-MNIST training images", **info["metrics"]}
         save_checkpoint(args.out, model, labels=list(FASHION_CLASSES), text={}, metrics={"training": record})
