@@ -107,3 +107,15 @@ def test_classify_api_with_the_pretrained_minilm(client) -> None:
     assert "negative" in verdict or "positive" in verdict
     assert "[CLS]" in html and "[SEP]" in html  # WordPiece specials, as the model saw them
     assert len(_figure_data(shares)) >= 4  # share to [CLS], [SEP], previous, next
+
+
+def test_upload_over_the_size_limit_is_refused_and_the_server_keeps_serving(client, tmp_path) -> None:
+    from gradio_client import handle_file
+
+    from models.limits import MAX_UPLOAD_MB
+
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1024))
+    with pytest.raises(Exception, match=r"(?i)(too large|exceeds|size|413)"):
+        client.predict(handle_file(str(big)), api_name="/classify_image")
+    assert client.predict(3, api_name="/playground")[2].startswith("Scale factor")

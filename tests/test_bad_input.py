@@ -121,3 +121,28 @@ def test_any_unicode_gives_a_result_or_the_documented_message(text: str) -> None
             assert "type some text" in str(err) and not text.strip()
             continue
         assert attn is not None and "<script" not in html.lower()
+
+
+def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, monkeypatch) -> None:
+    """Handlers write only their .npz downloads, and only under Gradio's temporary folder."""
+    import tempfile
+
+    root = Path(app.__file__).resolve().parent
+    system_tmp = Path(tempfile.gettempdir())
+
+    def snapshot() -> set[Path]:
+        found = {p for p in root.rglob("*") if ".git" not in p.parts and "__pycache__" not in p.parts
+                 and ".pytest_cache" not in p.parts and "shots" not in p.parts}
+        return found | {p for p in system_tmp.iterdir() if p.name != "gradio" and not p.name.startswith("pytest")}
+
+    before = snapshot()
+    for name, (data, _message) in BROKEN.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(gr.Error):
+            app.classify_image(str(path), "vit-fashion")
+    for text in TRICKY[:6]:
+        app.classify(text)
+    created = snapshot() - before
+    assert {p for p in created if not p.is_relative_to(tmp_path)} == set()
+    assert all(Path(p).is_relative_to(app.DOWNLOADS.parent) for p in [app.classify("ok")[-3]])
