@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention
+from models.classifier import classify_text
 from models.limits import MAX_TOKENS_MINILM
-from models.outputs import AttentionMap, ClassificationResult
+from models.outputs import ClassificationResult
 
 
 @dataclass
@@ -162,32 +162,9 @@ class BertClassifier(nn.Module):
         logits, weights = self._run(ids, pad_mask, need_weights=True)
         return logits, torch.stack(weights, 1)
 
-    @torch.no_grad()
     def classify(self, text: str | Sequence[int]) -> ClassificationResult:
         """Class probabilities and attention for one text (or ids with [CLS]/[SEP] included)."""
-        c, dev = self.config, next(self.parameters()).device
-        notice = ""
-        if isinstance(text, str):
-            if self.tokenizer is None:
-                raise ValueError("this BertClassifier has no tokenizer: pass token ids or set .tokenizer")
-            enc = self.tokenizer.encode(text, max_tokens=c.max_len)
-            ids, tokens, notice = enc.ids, enc.pieces, enc.notice
-        else:
-            ids = [int(i) for i in text]
-            if len(ids) > c.max_len:
-                notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
-                ids = ids[: c.max_len]
-            tokens = [self.tokenizer.id_to_piece(i) if self.tokenizer is not None else str(i) for i in ids]
-        was_training = self.training
-        self.eval()
-        # one unpadded sequence: every id is real, even one that equals pad_id
-        x = torch.tensor([ids], device=dev)
-        logits, weights = self.forward_with_attention(x, torch.zeros_like(x, dtype=torch.bool))
-        self.train(was_training)
-        probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
-        labels = list(self.labels) if len(self.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
-        attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
-        return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)
+        return classify_text(self, text)
 
 
 def _init_weights(m: nn.Module) -> None:

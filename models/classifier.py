@@ -81,27 +81,36 @@ class TextClassifier(nn.Module):
         logits, weights = self._run(ids, pad_mask, need_weights=True)
         return logits, torch.stack(weights, 1)
 
-    @torch.no_grad()
     def classify(self, text: str | Sequence[int]) -> ClassificationResult:
         """Class probabilities and attention for one text (or ids with specials included)."""
-        c, dev = self.config, next(self.parameters()).device
-        notice = ""
-        if isinstance(text, str):
-            if self.tokenizer is None:
-                raise ValueError("this TextClassifier has no tokenizer: pass token ids or set .tokenizer")
-            enc = self.tokenizer.encode(text, max_tokens=c.max_len)
-            ids, tokens, notice = enc.ids, enc.pieces, enc.notice
-        else:
-            ids = [int(i) for i in text]
-            if len(ids) > c.max_len:
-                notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
-                ids = ids[: c.max_len]
-            tokens = [str(i) for i in ids]
-        was_training = self.training
-        self.eval()
-        logits, weights = self.forward_with_attention(torch.tensor([ids], device=dev))
-        self.train(was_training)
-        probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
-        labels = list(self.labels) if len(self.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
-        attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
-        return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)
+        return classify_text(self, text)
+
+
+@torch.no_grad()
+def classify_text(model: nn.Module, text: str | Sequence[int]) -> ClassificationResult:
+    """One text (or ids, specials included) through a text classifier with a ``config`` (``max_len``,
+    ``n_classes``), ``labels``, ``tokenizer`` and ``forward_with_attention``: probabilities and (L,H,N,N)
+    attention. Shared by TextClassifier and the pretrained BertClassifier."""
+    c, dev = model.config, next(model.parameters()).device
+    notice = ""
+    if isinstance(text, str):
+        if model.tokenizer is None:
+            raise ValueError(f"this {type(model).__name__} has no tokenizer: pass token ids or set .tokenizer")
+        enc = model.tokenizer.encode(text, max_tokens=c.max_len)
+        ids, tokens, notice = enc.ids, enc.pieces, enc.notice
+    else:
+        ids = [int(i) for i in text]
+        if len(ids) > c.max_len:
+            notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
+            ids = ids[: c.max_len]
+        tokens = [model.tokenizer.id_to_piece(i) if model.tokenizer is not None else str(i) for i in ids]
+    was_training = model.training
+    model.eval()
+    # one unpadded sequence: every id is real, even one that equals pad_id
+    x = torch.tensor([ids], device=dev)
+    logits, weights = model.forward_with_attention(x, torch.zeros_like(x, dtype=torch.bool))
+    model.train(was_training)
+    probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
+    labels = list(model.labels) if len(model.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
+    attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
+    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)
