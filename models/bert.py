@@ -18,7 +18,6 @@ hidden states and attention against transformers' ``BertModel`` with the same we
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention
-from models.classifier import classify_text
+from models.classifier import EncoderClassifier, pool
 from models.limits import MAX_TOKENS_MINILM
-from models.outputs import ClassificationResult
 
 
 @dataclass
@@ -119,7 +117,7 @@ class BertEncoder(nn.Module):
         return states, weights
 
 
-class BertClassifier(nn.Module):
+class BertClassifier(EncoderClassifier):
     """BERT encoder + pooled sentence vector + dropout + linear head (Devlin et al. §4.1).
 
     Same interface as ``TextClassifier``: ``forward(ids, pad_mask)``, ``forward_with_attention`` and
@@ -146,25 +144,8 @@ class BertClassifier(nn.Module):
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
         states, weights = self.bert(ids, pad, need_weights=need_weights)
         x = states[-1]  # (B, N, D)
-        if self.config.pooling == "cls":
-            pooled = x[:, 0]
-        else:  # mean over real tokens, [CLS] and [SEP] included (sentence-transformers' mean pooling)
-            keep = (~pad).unsqueeze(-1).to(x.dtype)
-            pooled = (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-        return self.head(self.drop(pooled)), weights
-
-    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
-        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
-        return self._run(ids, pad_mask, need_weights=False)[0]
-
-    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
-        logits, weights = self._run(ids, pad_mask, need_weights=True)
-        return logits, torch.stack(weights, 1)
-
-    def classify(self, text: str | Sequence[int]) -> ClassificationResult:
-        """Class probabilities and attention for one text (or ids with [CLS]/[SEP] included)."""
-        return classify_text(self, text)
+        # "mean" averages over real tokens, [CLS] and [SEP] included (sentence-transformers' mean pooling)
+        return self.head(self.drop(pool(x, pad, self.config.pooling))), weights
 
 
 def _init_weights(m: nn.Module) -> None:

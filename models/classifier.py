@@ -35,7 +35,34 @@ class ClassifierConfig:
     pad_id: int = 0  # SentencePiece id of <pad>
 
 
-class TextClassifier(nn.Module):
+def pool(x: Tensor, pad: Tensor, how: str) -> Tensor:
+    """(B, N, D) hidden states -> (B, D): position 0 ("cls", as BERT) or the mean over real tokens ("mean")."""
+    if how == "cls":
+        return x[:, 0]
+    keep = (~pad).unsqueeze(-1).to(x.dtype)  # (B, N, 1)
+    return (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+
+
+class EncoderClassifier(nn.Module):
+    """What every text classifier shares (ours and the pretrained MiniLM): subclasses implement
+    ``_run(ids, pad_mask, need_weights) -> (logits, [per-layer weights])`` and hold ``config`` (``max_len``,
+    ``n_classes``), ``labels`` and ``tokenizer``."""
+
+    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
+        return self._run(ids, pad_mask, need_weights=False)[0]
+
+    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
+        logits, weights = self._run(ids, pad_mask, need_weights=True)
+        return logits, torch.stack(weights, 1)
+
+    def classify(self, text: str | Sequence[int]) -> ClassificationResult:
+        """Class probabilities and attention for one text (or ids with specials included)."""
+        return classify_text(self, text)
+
+
+class TextClassifier(EncoderClassifier):
     def __init__(self, config: ClassifierConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
@@ -65,25 +92,8 @@ class TextClassifier(nn.Module):
             if w is not None:
                 weights.append(w)
         x = self.norm(x)  # (B, N, D)
-        if self.config.pooling == "cls":
-            pooled = x[:, 0]
-        else:
-            keep = (~pad).unsqueeze(-1).to(x.dtype)
-            pooled = (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
-        return self.head(self.drop(pooled)), weights
+        return self.head(self.drop(pool(x, pad, self.config.pooling))), weights
 
-    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
-        """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
-        return self._run(ids, pad_mask, need_weights=False)[0]
-
-    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
-        logits, weights = self._run(ids, pad_mask, need_weights=True)
-        return logits, torch.stack(weights, 1)
-
-    def classify(self, text: str | Sequence[int]) -> ClassificationResult:
-        """Class probabilities and attention for one text (or ids with specials included)."""
-        return classify_text(self, text)
 
 
 @torch.no_grad()
