@@ -117,6 +117,18 @@ def test_lr_schedule() -> None:
     assert loop.lr_factor(39, 100, inv) == pytest.approx(0.5)
 
 
+def test_average_last_is_the_mean_of_the_kept_epochs(tmp_path: Path) -> None:
+    for epoch, value in [(1, 100.0), (2, 1.0), (3, 2.0), (4, 6.0)]:
+        loop.atomic_save({"model": {"w": torch.full((2, 3), value), "step": torch.tensor(epoch)}, "epoch": epoch},
+                         tmp_path / f"epoch-{epoch}.pt")
+    avg, epochs = loop.average_last(tmp_path, 3)
+    assert epochs == [2, 3, 4]
+    torch.testing.assert_close(avg["w"], torch.full((2, 3), 3.0))
+    assert avg["step"].item() == 4  # integer buffers come from the last epoch, not averaged
+    with pytest.raises(FileNotFoundError, match="keep-last"):
+        loop.average_last(tmp_path / "empty", 2)
+
+
 def test_resume_continues_from_saved_step(data_dir: Path, tmp_path: Path) -> None:
     from train import vision
 
@@ -171,9 +183,11 @@ def test_translation_and_evaluate(data_dir: Path, tokenizers: Path, tmp_path: Pa
 
     ck = tmp_path / "translator"
     args = ["--data-dir", str(data_dir), "--tokenizer", str(tokenizers / "multi30k.model"), "--out", str(ck),
-            "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--max-tokens", "200", "--d-model", "16",
-            "--heads", "2", "--layers", "1", "--d-ff", "32", "--threads", "1", "--warmup-steps", "2"]
+            "--run-dir", str(tmp_path / "run"), "--epochs", "2", "--max-tokens", "200", "--d-model", "16",
+            "--heads", "2", "--layers", "1", "--d-ff", "32", "--threads", "1", "--warmup-steps", "2",
+            "--keep-last", "1", "--average-last", "2"]
     assert translation.main(args) == 0
+    assert sorted(f.name for f in (tmp_path / "run").glob("epoch-*.pt")) == ["epoch-2.pt"]  # keeps the last 1
     capsys.readouterr()
     mt = data_dir / "multi30k"
     assert evaluate.main(["translation", "--checkpoint", str(ck), "--src", str(mt / "test_2016_flickr.en"),

@@ -61,6 +61,7 @@ class TrainConfig:
     stop_after: int | None = None  # save state and exit after this many steps (simulates an interruption)
     time_budget_s: float | None = None  # if set, the decay runs over this much training time and ends it
     log_every: int = 50  # steps between log lines
+    keep_last: int = 0  # keep the weights of the last K epochs (RUN_DIR/epoch-N.pt) for averaging
 
 
 class Task(Protocol):
@@ -256,6 +257,18 @@ def load_best(run_dir: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
 # the loop
 
 
+def average_last(run_dir: str | Path, k: int) -> tuple[dict[str, Tensor], list[int]]:
+    """Element-wise mean of the last ``k`` kept epoch weights (checkpoint averaging, Vaswani et al. 2017
+    §6.1) and the epochs averaged. Needs a run trained with ``keep_last >= k``."""
+    files = sorted(Path(run_dir).glob("epoch-*.pt"), key=lambda f: int(f.stem.split("-")[1]))[-k:]
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no epoch-N.pt weights (train with --keep-last)")
+    states = [load_state(f)["model"] for f in files]
+    mean = {name: (sum(s[name].double() for s in states) / len(states)).to(t.dtype) if t.is_floating_point()
+            else t for name, t in states[-1].items()}
+    return mean, [int(f.stem.split("-")[1]) for f in files]
+
+
 def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,
           d: Dist | None = None, desc: str = "train") -> TrainResult:
     """Train ``model`` (already on ``d.device``) on ``task``; returns when done or stopped by stop_after."""
@@ -387,6 +400,10 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, r
             if d.main:
                 atomic_save({"model": model.state_dict(), "epoch": epoch + 1, "step": step, "score": score,
                              "metrics": metrics}, best_path)
+        if d.main and cfg.keep_last > 0:
+            atomic_save({"model": model.state_dict(), "epoch": epoch + 1}, run_dir / f"epoch-{epoch + 1}.pt")
+            old = run_dir / f"epoch-{epoch + 1 - cfg.keep_last}.pt"
+            old.unlink(missing_ok=True)
         log(f"epoch {epoch + 1} done: {json.dumps(entry)} (best epoch {best_epoch}, score {best_score:.4f})")
         epoch += 1
         pos = 0
@@ -434,6 +451,8 @@ def add_train_args(ap: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     g.add_argument("--time-budget", type=float, default=None,
                    help="minutes of training: the cosine decay follows the clock and training ends there")
     g.add_argument("--log-every", type=int, default=defaults.log_every)
+    g.add_argument("--keep-last", type=int, default=defaults.keep_last,
+                   help="keep the last K epochs' weights in RUN_DIR for checkpoint averaging")
     g.add_argument("--threads", type=int, default=None, help="torch intra-op threads per process")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     g.add_argument("--resume", action="store_true", help="continue from RUN_DIR/state.pt")
@@ -447,6 +466,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, schedule=args.schedule, clip=args.clip,
         label_smoothing=args.label_smoothing, bf16=args.bf16, grad_checkpoint=args.grad_checkpoint,
         save_every_s=args.save_every, seed=args.seed, stop_after=args.stop_after, log_every=args.log_every,
+        keep_last=args.keep_last,
         time_budget_s=args.time_budget * 60 if args.time_budget else None,
     )
 

@@ -25,6 +25,7 @@ from train.data import DEFAULT_DATA_DIR, load_multi30k
 from train.loop import (
     TrainConfig,
     add_train_args,
+    average_last,
     cleanup_distributed,
     config_from_args,
     dump_digest,
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--post-norm", action="store_true", help="original post-norm layers (default pre-norm)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many pairs (tests)")
     ap.add_argument("--val-limit", type=int, default=None, help="validate on this many val sentences")
+    ap.add_argument("--average-last", type=int, default=0,
+                    help="also try the mean of the last K epochs' weights (needs --keep-last K) and ship it if "
+                         "its validation BLEU beats the best epoch's")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -146,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     dump_digest(model, args.dump_digest, d)
     if result.finished and d.main:
         state, info = load_best(args.run_dir)
+        if args.average_last > 1:
+            avg, epochs = average_last(args.run_dir, args.average_last)
+            model.load_state_dict(avg)
+            model.eval()
+            with torch.no_grad():
+                metrics = task.validate(model)
+            print(f"average of epochs {epochs}: {json.dumps(metrics)}; best epoch {info['epoch']}: "
+                  f"{json.dumps(info['metrics'])}", file=sys.stderr)
+            if metrics["score"] > info["score"]:
+                state, info = avg, {**info, "epoch": f"mean of {epochs}", "metrics": metrics}
         model.load_state_dict(state)
         from models.checkpoint import save_checkpoint
 
