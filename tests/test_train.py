@@ -129,6 +129,35 @@ def test_average_last_is_the_mean_of_the_kept_epochs(tmp_path: Path) -> None:
         loop.average_last(tmp_path / "empty", 2)
 
 
+def test_distillation_loss() -> None:
+    from train.classifier import ClassificationTask
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits: torch.Tensor) -> None:
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.logits
+
+    logits = torch.tensor([[2.0, -1.0], [0.5, 0.3], [-1.0, 1.0]])
+    labels = [0, 1, 1]
+    ids = [[5, 6], [7], [8, 9, 10]]
+
+    def loss(teacher, alpha):
+        task = ClassificationTask(ids, labels, ids, labels, 100, 8, 0, torch.device("cpu"), teacher=teacher,
+                                  alpha=alpha, temperature=2.0)
+        return task.loss(Fixed(logits), [0, 1, 2], 0, 0.0).item()
+
+    ce = torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).item()
+    assert loss(None, 0.5) == pytest.approx(ce)
+    assert loss(logits.clone(), 1.0) == pytest.approx(0.0, abs=1e-6)  # the student already equals its teacher
+    other = torch.tensor([[0.0, 3.0], [1.0, 0.0], [2.0, 2.0]])
+    p, q = torch.softmax(other / 2, -1), torch.softmax(logits / 2, -1)
+    kl = (p * (p.log() - q.log())).sum(-1).mean().item() * 4  # T² · KL(teacher ‖ student)
+    assert loss(other, 0.25) == pytest.approx(0.25 * kl + 0.75 * ce, rel=1e-5)
+
+
 def test_resume_continues_from_saved_step(data_dir: Path, tmp_path: Path) -> None:
     from train import vision
 
@@ -222,6 +251,26 @@ def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_pa
     assert set(result) == {"accuracy", "examples"} and result["examples"] == 20 and 0 <= result["accuracy"] <= 1
     config = json.loads((ck / "config.json").read_text())
     assert config["text"]["lowercase"] is True and config["labels"] == ["negative", "positive"]
+
+    # distillation from that checkpoint: the cached teacher logits are the teacher's own predictions
+    student_run = tmp_path / "student_run"
+    assert classifier.main(["--task", "sst2", "--data-dir", str(data_dir), "--tokenizer",
+                            str(tokenizers / "sst2.model"), "--out", str(tmp_path / "student"), "--run-dir",
+                            str(student_run), "--epochs", "1", "--train-limit", "64", "--d-model", "16",
+                            "--heads", "2", "--layers", "1", "--d-ff", "32", "--threads", "1",
+                            "--teacher", str(ck), "--distill-alpha", "0.7"]) == 0
+    capsys.readouterr()
+    import models
+    from train.data import load_text_task
+
+    teacher = models.load(ck)
+    soft = torch.load(student_run / "teacher_logits.pt", weights_only=True)
+    texts = load_text_task(data_dir, "sst2")["train"].texts[:64]
+    assert soft.shape == (len(texts), 2)
+    for i in (0, 17, len(texts) - 1):  # batched and padded = one text alone
+        np.testing.assert_allclose(torch.softmax(soft[i], -1).numpy(), teacher.classify(texts[i]).probs, atol=1e-5)
+    record = json.loads((tmp_path / "student" / "metrics.json").read_text())["training"]
+    assert record["distillation"] == {"teacher": "sst2", "alpha": 0.7, "temperature": 2.0}
 
     vck = tmp_path / "vit"
     assert vision.main(vision_args(data_dir, vck, tmp_path / "vrun", "--epochs", "1")) == 0

@@ -73,22 +73,53 @@ def accuracy(preds: list[int], labels: list[int]) -> float:
     return sum(int(p == y) for p, y in zip(preds, labels)) / max(1, len(labels))
 
 
+@torch.no_grad()
+def teacher_logits(teacher: nn.Module, texts: list[str], batch_size: int = 64) -> Tensor:
+    """(N, C) logits of a trained classifier checkpoint (``models.load``) over ``texts``, in input order."""
+    from tqdm import tqdm
+
+    teacher.eval()
+    ids = [teacher.tokenizer.encode(t, max_tokens=teacher.config.max_len).ids for t in texts]
+    pad_id = teacher.config.pad_id
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = torch.zeros(len(ids), teacher.config.n_classes)
+    for i in tqdm(range(0, len(order), batch_size), desc="teacher", file=sys.stderr):
+        idx = order[i:i + batch_size]
+        x = pad([ids[j] for j in idx], pad_id)
+        mask = torch.ones_like(x, dtype=torch.bool)
+        for row, j in enumerate(idx):
+            mask[row, : len(ids[j])] = False
+        out[idx] = teacher(x, mask).float()
+    return out
+
+
 class ClassificationTask:
+    """Cross-entropy on the labels; with ``teacher`` logits, knowledge distillation as well (Hinton et al.
+    2015): ``alpha · T² · KL(teacher_T ‖ student_T) + (1 − alpha) · CE``, both at temperature ``T``."""
+
     def __init__(self, train_ids: list[list[int]], train_labels: list[int], val_ids: list[list[int]],
                  val_labels: list[int], max_tokens: int, max_sentences: int, seed: int,
-                 device: torch.device) -> None:
+                 device: torch.device, teacher: Tensor | None = None, alpha: float = 0.5,
+                 temperature: float = 2.0) -> None:
         self.ids, self.labels = train_ids, torch.tensor(train_labels)
         self.val_ids, self.val_labels = val_ids, val_labels
         self.lengths = [len(s) for s in train_ids]
         self.max_tokens, self.max_sentences, self.seed, self.device = max_tokens, max_sentences, seed, device
+        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
 
     def train_batches(self, epoch: int) -> list[list[int]]:
         return length_batches(self.lengths, self.max_tokens, self.max_sentences, self.seed, epoch)
 
     def loss(self, model: nn.Module, batch: list[int], step: int, label_smoothing: float) -> Tensor:
         x = pad([self.ids[i] for i in batch], PAD_ID).to(self.device)
-        logits = model(x)
-        return F.cross_entropy(logits.float(), self.labels[batch].to(self.device), label_smoothing=label_smoothing)
+        logits = model(x).float()
+        ce = F.cross_entropy(logits, self.labels[batch].to(self.device), label_smoothing=label_smoothing)
+        if self.teacher is None:
+            return ce
+        t = self.temperature
+        soft = F.log_softmax(self.teacher[batch].to(self.device) / t, -1)
+        kd = F.kl_div(F.log_softmax(logits / t, -1), soft, log_target=True, reduction="batchmean") * t * t
+        return self.alpha * kd + (1 - self.alpha) * ce
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         acc = accuracy(predict(model, self.val_ids), self.val_labels)
@@ -112,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--pooling", choices=["cls", "mean"], default="mean")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many examples (tests)")
+    ap.add_argument("--teacher", type=Path, default=None,
+                    help="checkpoint folder of a trained classifier for the same task (e.g. checkpoints/minilm-sst2):"
+                         " distil its predictions into the model trained from scratch")
+    ap.add_argument("--distill-alpha", type=float, default=0.5, help="weight of the distillation loss")
+    ap.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -129,8 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_limit:
         tr = TextExamples(tr.texts[:args.train_limit], tr.labels[:args.train_limit])
         va = TextExamples(va.texts[:args.train_limit], va.labels[:args.train_limit])
+    soft = None
+    if args.teacher is not None:
+        import models
+
+        cache = Path(args.run_dir) / "teacher_logits.pt"
+        if args.resume and cache.exists():
+            soft = torch.load(cache, map_location="cpu", weights_only=True)
+        else:
+            soft = teacher_logits(models.load(args.teacher), tr.texts)
+            if d.main:
+                Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+                torch.save(soft, cache)
     task = ClassificationTask(encode_texts(tok, tr.texts), tr.labels, encode_texts(tok, va.texts), va.labels,
-                              args.max_tokens, args.batch_size, cfg.seed, d.device)
+                              args.max_tokens, args.batch_size, cfg.seed, d.device, teacher=soft,
+                              alpha=args.distill_alpha, temperature=args.temperature)
 
     labels = task_labels(args.task)
     torch.manual_seed(cfg.seed)
@@ -149,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         record = training_record(result, model, d, cfg, cmd)
         record["validation"] = {"split": f"{len(va)} held-out lines of {args.task} train.tsv (seed 0)",
                                 **info["metrics"]}
+        if args.teacher is not None:
+            record["distillation"] = {"teacher": args.teacher.name, "alpha": args.distill_alpha,
+                                      "temperature": args.temperature}
         save_checkpoint(args.out, model, labels=labels, text=text, extra_files={"tokenizer.model": tok_path},
                         metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))
