@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Validate every plotly figure the tests build, in this process and in the app servers they launch
+# (the app itself skips validation for speed: viz.common.Fig.build).
+os.environ["ATLAS_VALIDATE_FIGURES"] = "1"
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ from viz.common import (
     ATTENTION_SCALE,
     HEAD_COLORS,
     WEIGHT_LABEL,
+    Fig,
     axis_font_size,
     base_layout,
     category_ticks,
@@ -82,18 +83,23 @@ def attention_heatmap(
     weights: (Q, K), (H, Q, K) or (L, H, Q, K) (then ``layer`` selects). Query 0 is at the top; tick
     labels are shortened, hover shows "i · query → j · key: weight" with the full tokens.
     """
+    return heatmap_fig(weights, queries, keys, layer=layer, head=head, kind=kind, title=title,
+                       autoscale=autoscale, max_label=max_label).build()
+
+
+def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
+                layer: int | None = None, head: Head = 0, kind: str = "Self-attention", title: str | None = None,
+                autoscale: bool = False, max_label: int = 12) -> Fig:
+    """``attention_heatmap`` before it is built, for figures that draw on top of it."""
     keys = queries if keys is None else keys
     w = select_head(weights, layer, head)
     _check_labels(w, queries, keys)
     zmin, zmax = weight_range(w, autoscale)
     qcat, kcat = unique_labels(queries), unique_labels(keys)
-    fig = go.Figure(
-        go.Heatmap(
-            z=f32(w), x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
-            colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0,
-            hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
-        )
-    )
+    fig = Fig(dict(
+        type="heatmap", z=f32(w), x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
+        colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0, hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
+    ))
     n = max(len(queries), len(keys))
     cell = int(np.clip(640 / n, 4, 40))
     height = int(np.clip(cell * len(queries) + 220, 380, 1000))
@@ -166,13 +172,10 @@ def model_view(
     if autoscale:
         zmax = float(max(1, pct.max()))
     what = "max attention weight (%)" if is_pooled else "attention weight (%)"
-    fig = go.Figure(
-        go.Heatmap(
-            z=z, x=xcat, y=ycat, zmin=0, zmax=zmax, colorscale=_thumb_scale(), colorbar=colorbar(what),
-            hovertemplate="%{y}<br>→ %{x}<br>" + ("max weight" if is_pooled else "weight")
-            + ": %{z}%<extra></extra>",
-        )
-    )
+    fig = Fig(dict(
+        type="heatmap", z=z, x=xcat, y=ycat, zmin=0, zmax=zmax, colorscale=_thumb_scale(), colorbar=colorbar(what),
+        hovertemplate="%{y}<br>→ %{x}<br>" + ("max weight" if is_pooled else "weight") + ": %{z}%<extra></extra>",
+    ))
     sub = f"rows: {L} layers, columns: {H} heads · {Q}×{K} tokens"
     if is_pooled:
         fq, fk = int(qe[1] - qe[0]), int(ke[1] - ke[0])
@@ -195,7 +198,7 @@ def model_view(
         if bands:
             fig.add_shape(type="path", path="".join(bands), fillcolor="white", line=dict(width=0), layer="above")
     fig.update_layout(margin=dict(t=120))
-    return fig
+    return fig.build()
 
 
 def _thumb_scale() -> list:
@@ -261,7 +264,7 @@ def head_view(
         vals = w[h][qi, ki]
         bucket = np.clip(np.searchsorted(edges, vals, side="right") - 1, 0, buckets - 1)
         # A legend-only entry in the full head colour (the line traces themselves are faint).
-        traces.append(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=color, width=3),
+        traces.append(dict(type="scatter", x=[None], y=[None], mode="lines", line=dict(color=color, width=3),
                                  legendgroup=f"h{h}", name=f"head {h}", hoverinfo="skip"))
         for b in range(buckets):
             m = bucket == b
@@ -272,8 +275,8 @@ def head_view(
             y = np.empty(nseg * 3, dtype=np.float32)
             y[0::3], y[1::3], y[2::3] = qi[m], ki[m], np.nan
             alpha = float(np.clip((edges[b] + edges[b + 1]) / 2, 0.12, 1.0))
-            traces.append(go.Scatter(
-                x=x, y=y, mode="lines", line=dict(color=_rgba(color, alpha), width=2), hoverinfo="skip",
+            traces.append(dict(
+                type="scatter", x=x, y=y, mode="lines", line=dict(color=_rgba(color, alpha), width=2), hoverinfo="skip",
                 legendgroup=f"h{h}", name=f"head {h}", showlegend=False,
             ))
     n = max(Q, K)
@@ -284,15 +287,15 @@ def head_view(
     ky = np.arange(K, dtype=np.float32)
     qtext = [esc(shorten(t, 14)) if i % step_q == 0 else "" for i, t in enumerate(queries)]
     ktext = [esc(shorten(t, 14)) if i % step_q == 0 else "" for i, t in enumerate(keys)]
-    traces.append(go.Scatter(x=np.zeros(Q, np.float32), y=qy, mode="markers+text", text=qtext,
+    traces.append(dict(type="scatter", x=np.zeros(Q, np.float32), y=qy, mode="markers+text", text=qtext,
                              textposition="middle left", customdata=unique_labels(queries),
                              marker=dict(size=5, color="#444"), textfont=dict(size=fs),
                              hovertemplate="query %{customdata}<extra></extra>", showlegend=False))
-    traces.append(go.Scatter(x=np.ones(K, np.float32), y=ky, mode="markers+text", text=ktext,
+    traces.append(dict(type="scatter", x=np.ones(K, np.float32), y=ky, mode="markers+text", text=ktext,
                              textposition="middle right", customdata=unique_labels(keys),
                              marker=dict(size=5, color="#444"), textfont=dict(size=fs),
                              hovertemplate="key %{customdata}<extra></extra>", showlegend=False))
-    fig = go.Figure(traces)
+    fig = Fig(traces)
     sub = f"lines for weights ≥ {thr:.3g}; opacity = weight"
     if raised:
         sub = f"opacity = weight · only the strongest {max_segments} of {raised} lines ≥ {threshold:g} are drawn"
@@ -305,4 +308,4 @@ def head_view(
     fig.update_yaxes(visible=False, autorange="reversed")
     fig.update_layout(legend=dict(title=dict(text="heads (click to toggle)"), itemsizing="constant"),
                       margin=dict(l=20, r=20, t=100, b=20), hovermode="closest")
-    return fig
+    return fig.build()

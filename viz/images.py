@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from viz.common import (
     OVERLAY_SCALE,
     WEIGHT_LABEL,
+    Fig,
     as_uint8_image,
     base_layout,
     colorbar,
@@ -36,31 +37,30 @@ def patch_map(values: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     return v.reshape(rows, cols)
 
 
-def _image_trace(image: np.ndarray) -> go.Image:
-    # The image travels once as a PNG data URI (a 224×224 photo is ~100 KB); go.Image draws pixels
+def _image_trace(image: np.ndarray) -> dict:
+    # The image travels once as a PNG data URI (a 224×224 photo is ~100 KB); an image trace draws pixels
     # unsmoothed, so a 28×28 Fashion-MNIST image stays crisp.
-    return go.Image(source=png_data_uri(image), hoverinfo="skip", name="image")
+    return dict(type="image", source=png_data_uri(image), hoverinfo="skip", name="image")
 
 
 def _patch_heatmap(amap: np.ndarray, patch: float, zmin: float, zmax: float, opacity: float,
-                   hover: str, show_scale: bool = True) -> go.Heatmap:
+                   hover: str, show_scale: bool = True) -> dict:
     rows, cols = amap.shape
     r, c = np.mgrid[0:rows, 0:cols]
     labels = np.char.add(np.char.add("r", r.astype(str)), np.char.add("c", c.astype(str)))
-    return go.Heatmap(
-        z=f32(amap), x0=(patch - 1) / 2, dx=patch, y0=(patch - 1) / 2, dy=patch, zmin=zmin, zmax=zmax,
+    return dict(
+        type="heatmap", z=f32(amap), x0=(patch - 1) / 2, dx=patch, y0=(patch - 1) / 2, dy=patch, zmin=zmin, zmax=zmax,
         colorscale=OVERLAY_SCALE, opacity=opacity, showscale=show_scale,
         colorbar=colorbar(hover), text=labels, hovertemplate="patch %{text}<br>" + hover
         + ": %{z:.4f}<extra></extra>",
     )
 
 
-def _image_axes(fig: go.Figure, image: np.ndarray, row: int | None = None, col: int | None = None) -> None:
+def _image_axes(fig: Fig, image: np.ndarray, row: int | None = None, col: int | None = None) -> None:
     h, w = image.shape[:2]
-    kw = dict(row=row, col=col) if row else {}
-    fig.update_xaxes(range=[-0.5, w - 0.5], showticklabels=False, ticks="", showline=False, **kw)
-    fig.update_yaxes(range=[h - 0.5, -0.5], showticklabels=False, ticks="", showline=False,
-                     scaleanchor="x" if not row else None, **kw)
+    fig.update_xaxes(range=[-0.5, w - 0.5], showticklabels=False, ticks="", showline=False, row=row, col=col)
+    fig.update_yaxes(range=[h - 0.5, -0.5], showticklabels=False, ticks="", showline=False, row=row, col=col,
+                     **({} if row else dict(scaleanchor="x")))
 
 
 def image_attention(
@@ -78,11 +78,17 @@ def image_attention(
     image: uint8 (H, W) grey or (H, W, 3) RGB, exactly what the model saw; values: rows·cols (or
     1 + rows·cols with CLS first) per patch; grid: (rows, cols). A CLS row spreads over ~200 patches,
     so the colour scale runs 0–max by default (``autoscale=False`` for fixed 0–1)."""
+    return _image_attention(image, values, grid, title=title, label=label, opacity=opacity,
+                            autoscale=autoscale).build()
+
+
+def _image_attention(image: np.ndarray, values: np.ndarray, grid: tuple[int, int], *, title: str,
+                     label: str = WEIGHT_LABEL, opacity: float = 1.0, autoscale: bool = True) -> Fig:
     img = as_uint8_image(image)
     amap = patch_map(values, grid)
     patch = img.shape[0] / grid[0]
     zmin, zmax = weight_range(amap, autoscale)
-    fig = go.Figure([_image_trace(img), _patch_heatmap(amap, patch, zmin, zmax, opacity, label)])
+    fig = Fig([_image_trace(img), _patch_heatmap(amap, patch, zmin, zmax, opacity, label)])
     base_layout(fig, title, height=560, width=620)
     _image_axes(fig, img)
     return fig
@@ -124,11 +130,11 @@ def image_attention_grid(
     under = tile(np.repeat(small[None], n, axis=0), ncols, gap=cell, fill=255, row_gap=row_gap * cell)
     z = tile(amaps, ncols, gap=1, row_gap=row_gap)
     zmin, zmax = weight_range(amaps, autoscale)
-    fig = go.Figure([
-        go.Image(source=png_data_uri(under), hoverinfo="skip"),
-        go.Heatmap(z=z, x0=(cell - 1) / 2, dx=cell, y0=(cell - 1) / 2, dy=cell, zmin=zmin, zmax=zmax,
-                   colorscale=OVERLAY_SCALE, colorbar=colorbar(WEIGHT_LABEL), hoverongaps=False,
-                   hovertemplate=WEIGHT_LABEL + ": %{z:.4f}<extra></extra>"),
+    fig = Fig([
+        dict(type="image", source=png_data_uri(under), hoverinfo="skip"),
+        dict(type="heatmap", z=z, x0=(cell - 1) / 2, dx=cell, y0=(cell - 1) / 2, dy=cell, zmin=zmin, zmax=zmax,
+             colorscale=OVERLAY_SCALE, colorbar=colorbar(WEIGHT_LABEL), hoverongaps=False,
+             hovertemplate=WEIGHT_LABEL + ": %{z:.4f}<extra></extra>"),
     ])
     ann = [dict(x=(i % ncols) * (cols + 1) * cell + cols * cell / 2 - 0.5,
                 y=(i // ncols) * (rows + row_gap) * cell - 0.5, text=esc(titles[i]), showarrow=False,
@@ -137,7 +143,7 @@ def image_attention_grid(
     base_layout(fig, title, width=panel * ncols + 200, height=int(panel * nrows * (rows + row_gap) / rows) + 130)
     fig.update_layout(annotations=ann)
     _image_axes(fig, under)
-    return fig
+    return fig.build()
 
 
 def query_patch_attention(
@@ -160,11 +166,11 @@ def query_patch_attention(
         raise ValueError(f"query patch {(qr, qc)} is outside the {rows}×{cols} grid")
     img = as_uint8_image(image)
     patch = img.shape[0] / rows
-    fig = image_attention(img, values, grid, title=title or f"Attention of query patch r{qr}c{qc}",
-                          autoscale=autoscale, opacity=opacity)
+    fig = _image_attention(img, values, grid, title=title or f"Attention of query patch r{qr}c{qc}",
+                           autoscale=autoscale, opacity=opacity)
     fig.add_shape(type="path", path=rect_path(qc * patch - 0.5, qr * patch - 0.5, (qc + 1) * patch - 0.5,
                                               (qr + 1) * patch - 0.5), line=dict(color="#d62728", width=3))
-    return fig
+    return fig.build()
 
 
 def topk_bars(labels: Sequence[str], probs: np.ndarray, k: int = 5, *, title: str = "Top classes") -> go.Figure:
@@ -174,8 +180,8 @@ def topk_bars(labels: Sequence[str], probs: np.ndarray, k: int = 5, *, title: st
         raise ValueError(f"{len(p)} probabilities for {len(labels)} labels")
     order = np.argsort(-p)[: max(1, k)]
     names = [esc(shorten(labels[i], 28)) for i in order]
-    fig = go.Figure(go.Bar(
-        x=f32(p[order]), y=names, orientation="h", marker=dict(color="#3182bd"),
+    fig = Fig(dict(
+        type="bar", x=f32(p[order]), y=names, orientation="h", marker=dict(color="#3182bd"),
         text=[f"{v:.1%}" for v in p[order]], textposition="outside", cliponaxis=False,
         hovertext=[esc(labels[i]) for i in order], hovertemplate="%{hovertext}: %{x:.2%}<extra></extra>",
     ))
@@ -183,4 +189,4 @@ def topk_bars(labels: Sequence[str], probs: np.ndarray, k: int = 5, *, title: st
     fig.update_xaxes(range=[0, 1.12], tickformat=".0%", title=dict(text="probability"))
     fig.update_yaxes(autorange="reversed", ticks="")
     fig.update_layout(margin=dict(l=20, r=30, t=60, b=50))
-    return fig
+    return fig.build()

@@ -11,11 +11,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+
+from viz.common import Fig, base_layout, named_scale
 
 MASKS = ("none", "causal", "padding")
 MAX_LEN = 16  # tokens in the playground
 MAX_DK = 128  # width of Q and K
+
+
+
+
+_RDBU_R, _PUOR_R, _BLUES = named_scale("RdBu_r"), named_scale("PuOr_r"), named_scale("Blues")
 
 
 @dataclass(frozen=True)
@@ -114,72 +120,74 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
     titles = ["Q (queries × d_k)", "K (keys × d_k)", "V (keys × d_v)", "output = weights · V",
               "1 · scores = QKᵀ", f"2 · scaled: QKᵀ {scale_txt}", "3 · masked (blank = −∞)",
               "4 · weights = softmax(row)"]
-    fig = make_subplots(rows=2, cols=4, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.16)
+    fig = Fig(rows=2, cols=4, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.16)
     tok, dim_k, dim_v = _labels("t", T), _labels("d", d_k), _labels("d", d_v)
     show_text = T <= 8 and d_k <= 8
 
     def add(z, row, col, x, y, colorscale, zmid=None, zmin=None, zmax=None, bar=None, fmt=".2f"):
         z = np.asarray(z, dtype=float)
         zs = np.where(np.isfinite(z), np.round(z, 3), np.nan)
-        trace = go.Heatmap(
-            z=zs, x=x, y=y, colorscale=colorscale, zmid=zmid, zmin=zmin, zmax=zmax,
+        trace = dict(
+            type="heatmap", z=zs, x=x, y=y, colorscale=colorscale,
             hovertemplate="row %{y}, col %{x}: %{z:.3f}<extra></extra>", showscale=bar is not None,
             xgap=1, ygap=1,
         )
+        trace.update({k: v for k, v in dict(zmid=zmid, zmin=zmin, zmax=zmax).items() if v is not None})
         if bar is not None:
-            trace.colorbar = bar
+            trace["colorbar"] = bar
         if show_text or (z.shape[0] <= 8 and z.shape[1] <= 8):
-            trace.texttemplate = "%{z:" + fmt + "}"
-            trace.textfont = {"size": 11}
+            trace["texttemplate"] = "%{z:" + fmt + "}"
+            trace["textfont"] = {"size": 11}
         fig.add_trace(trace, row=row, col=col)
         fig.update_yaxes(autorange="reversed", row=row, col=col)
 
     raw = max(1e-9, float(np.nanmax(np.abs(np.concatenate([steps.q.ravel(), steps.k.ravel(), steps.v.ravel()])))))
-    add(steps.q, 1, 1, dim_k, tok, "RdBu_r", zmid=0, zmin=-raw, zmax=raw)
-    add(steps.k, 1, 2, dim_k, tok, "RdBu_r", zmid=0, zmin=-raw, zmax=raw)
-    add(steps.v, 1, 3, dim_v, tok, "RdBu_r", zmid=0, zmin=-raw, zmax=raw)
-    add(steps.out, 1, 4, dim_v, tok, "RdBu_r", zmid=0, zmin=-raw, zmax=raw,
+    add(steps.q, 1, 1, dim_k, tok, _RDBU_R, zmid=0, zmin=-raw, zmax=raw)
+    add(steps.k, 1, 2, dim_k, tok, _RDBU_R, zmid=0, zmin=-raw, zmax=raw)
+    add(steps.v, 1, 3, dim_v, tok, _RDBU_R, zmid=0, zmin=-raw, zmax=raw)
+    add(steps.out, 1, 4, dim_v, tok, _RDBU_R, zmid=0, zmin=-raw, zmax=raw,
         bar={"title": {"text": "value", "side": "right"}, "len": 0.4, "y": 0.8, "x": 1.0})
     big = max(1e-9, float(np.nanmax(np.abs(steps.scores))))
-    add(steps.scores, 2, 1, tok, tok, "PuOr_r", zmid=0, zmin=-big, zmax=big)
-    add(steps.scaled, 2, 2, tok, tok, "PuOr_r", zmid=0, zmin=-big, zmax=big,
+    add(steps.scores, 2, 1, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big)
+    add(steps.scaled, 2, 2, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big,
         bar={"title": {"text": "score (steps 1–3)", "side": "top"}, "orientation": "h", "len": 0.36,
              "x": 0.37, "y": -0.2, "thickness": 12})
-    add(steps.masked, 2, 3, tok, tok, "PuOr_r", zmid=0, zmin=-big, zmax=big)
-    add(steps.weights, 2, 4, tok, tok, "Blues", zmin=0, zmax=1,
+    add(steps.masked, 2, 3, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big)
+    add(steps.weights, 2, 4, tok, tok, _BLUES, zmin=0, zmax=1,
         bar={"title": {"text": "attention weight", "side": "right"}, "len": 0.4, "y": 0.2, "x": 1.0})
     for col in range(1, 5):
         fig.update_xaxes(title_text="key" if col > 1 else "key", row=2, col=col)
     fig.update_yaxes(title_text="query", row=2, col=1)
     fig.update_yaxes(title_text="token", row=1, col=1)
-    fig.update_layout(
-        height=680, margin={"l": 60, "r": 40, "t": 70, "b": 110}, template="plotly_white",
-        title={"text": f"softmax(QKᵀ/√d_k)·V with {T} tokens, d_k = {d_k}: "
-               f"mean softmax entropy {steps.entropy.mean():.2f} nats (max {np.log(T):.2f})", "x": 0.01},
-        font={"size": 13},
-    )
-    fig.update_annotations(font_size=13)
-    return fig
+    base_layout(fig, f"softmax(QKᵀ/√d_k)·V with {T} tokens, d_k = {d_k}: "
+                f"mean softmax entropy {steps.entropy.mean():.2f} nats (max {np.log(T):.2f})", height=680)
+    fig.update_layout(margin={"l": 60, "r": 40, "t": 70, "b": 110}, font={"size": 13})
+    for ann in fig.layout["annotations"]:  # the subplot titles
+        ann["font"]["size"] = 13
+    return fig.build()
 
 
 def entropy_figure(curves: dict[str, np.ndarray], current_dk: int | None = None) -> go.Figure:
     """Softmax entropy against d_k, with and without the 1/√d_k scale (log-scaled x axis)."""
-    fig = go.Figure()
+    fig = Fig()
     d = curves["d_k"]
-    fig.add_trace(go.Scatter(x=d, y=np.round(curves["scaled"], 4), mode="lines+markers",
-                             name="scaled: QKᵀ/√d_k", line={"color": "#1f77b4", "width": 3}))
-    fig.add_trace(go.Scatter(x=d, y=np.round(curves["unscaled"], 4), mode="lines+markers",
-                             name="unscaled: QKᵀ", line={"color": "#d62728", "width": 3}))
-    fig.add_trace(go.Scatter(x=d, y=np.round(curves["max"], 4), mode="lines", name="uniform (log T)",
-                             line={"color": "grey", "dash": "dot"}))
+    fig.add_trace(dict(type="scatter", x=d, y=np.round(curves["scaled"], 4), mode="lines+markers",
+                       name="scaled: QKᵀ/√d_k", line={"color": "#1f77b4", "width": 3}))
+    fig.add_trace(dict(type="scatter", x=d, y=np.round(curves["unscaled"], 4), mode="lines+markers",
+                       name="unscaled: QKᵀ", line={"color": "#d62728", "width": 3}))
+    fig.add_trace(dict(type="scatter", x=d, y=np.round(curves["max"], 4), mode="lines", name="uniform (log T)",
+                       line={"color": "grey", "dash": "dot"}))
     if current_dk:
-        # Shapes on a log axis take log10 of the data value.
-        fig.add_vline(x=float(np.log10(current_dk)), line={"color": "black", "dash": "dash", "width": 1},
-                      annotation_text=f"d_k = {current_dk}", annotation_position="top left")
+        # Shapes on a log axis take log10 of the data value. The label sits at the line's top, to its left.
+        x = float(np.log10(current_dk))
+        fig.add_vline(x=x, line={"color": "black", "dash": "dash", "width": 1})
+        fig.add_annotation(text=f"d_k = {current_dk}", x=x, xref="x", y=1, yref="y domain", xanchor="right",
+                           yanchor="top", showarrow=False)
+    base_layout(fig, "Why divide by √d_k: softmax entropy vs d_k (random q, k)", height=360)
+    grid = {"showgrid": True, "gridcolor": "#eee"}
     fig.update_layout(
-        template="plotly_white", height=360, margin={"l": 60, "r": 20, "t": 60, "b": 50},
-        title={"text": "Why divide by √d_k: softmax entropy vs d_k (random q, k)", "x": 0.01},
-        xaxis={"type": "log", "title": "d_k (log scale)"}, yaxis={"title": "entropy (nats)", "rangemode": "tozero"},
-        legend={"orientation": "h", "y": -0.25}, font={"size": 13},
+        margin={"l": 60, "r": 20, "t": 60, "b": 50}, font={"size": 13}, legend={"orientation": "h", "y": -0.25},
+        xaxis={"type": "log", "title": {"text": "d_k (log scale)"}, **grid},
+        yaxis={"title": {"text": "entropy (nats)"}, "rangemode": "tozero", **grid},
     )
-    return fig
+    return fig.build()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import DIVERGING_SCALE, HEAD_COLORS, base_layout, colorbar, f32, tile
+from viz.common import DIVERGING_SCALE, HEAD_COLORS, VIRIDIS, Fig, base_layout, colorbar, f32, tile
 
 
 def sinusoidal_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal position encoding",
@@ -21,8 +21,8 @@ def sinusoidal_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal position enco
     P, D = p.shape
     pairs = max(1, int(np.ceil(P * D / max_cells)))
     dims = np.arange(D) if pairs == 1 else np.sort(np.r_[np.arange(0, D, 2 * pairs), np.arange(1, D, 2 * pairs)])
-    fig = go.Figure(go.Heatmap(
-        z=f32(p[:, dims]), x=dims.astype(np.int32) if pairs > 1 else None, zmin=-1, zmax=1,
+    fig = Fig(dict(
+        type="heatmap", z=f32(p[:, dims]), x=dims.astype(np.int32) if pairs > 1 else None, zmin=-1, zmax=1,
         colorscale=DIVERGING_SCALE, colorbar=colorbar("encoding value"),
         hovertemplate="position %{y} · dimension %{x}<br>value %{z:.3f}<extra></extra>",
     ))
@@ -33,7 +33,7 @@ def sinusoidal_heatmap(pe: np.ndarray, *, title: str = "Sinusoidal position enco
     fig.update_xaxes(title=dict(text="dimension"))
     fig.update_yaxes(title=dict(text="position"), autorange="reversed")
     fig.update_layout(margin=dict(t=100))
-    return fig
+    return fig.build()
 
 
 def sinusoidal_curves(pe: np.ndarray, dims: Sequence[int], *, title: str = "Encoding value along positions"
@@ -41,16 +41,16 @@ def sinusoidal_curves(pe: np.ndarray, dims: Sequence[int], *, title: str = "Enco
     """Chosen dimensions of a (P, D) encoding as curves over position."""
     p = np.asarray(pe, dtype=np.float32)
     pos = np.arange(p.shape[0], dtype=np.float32)
-    fig = go.Figure([
-        go.Scatter(x=pos, y=f32(p[:, d]), mode="lines", name=f"dim {d}",
-                   line=dict(width=2.5, color=HEAD_COLORS[i % len(HEAD_COLORS)]),
-                   hovertemplate=f"dim {d} · position %{{x}}: %{{y:.3f}}<extra></extra>")
+    fig = Fig([
+        dict(type="scatter", x=pos, y=f32(p[:, d]), mode="lines", name=f"dim {d}",
+             line=dict(width=2.5, color=HEAD_COLORS[i % len(HEAD_COLORS)]),
+             hovertemplate=f"dim {d} · position %{{x}}: %{{y:.3f}}<extra></extra>")
         for i, d in enumerate(dims)
     ])
     base_layout(fig, title, height=420)
     fig.update_xaxes(title=dict(text="position"))
     fig.update_yaxes(title=dict(text="value"), range=[-1.1, 1.1], showgrid=True, gridcolor="#eee")
-    return fig
+    return fig.build()
 
 
 def similarity_matrix(x: np.ndarray, metric: str = "cosine") -> np.ndarray:
@@ -67,14 +67,15 @@ def position_similarity(pe: np.ndarray, metric: str = "cosine", *, title: str | 
     """Position × position similarity of a (P, D) encoding (dot product or cosine)."""
     s = similarity_matrix(pe, metric)
     lim = 1.0 if metric == "cosine" else float(np.abs(s).max() or 1.0)
-    fig = go.Figure(go.Heatmap(
-        z=f32(s), zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE, colorbar=colorbar(f"{metric} similarity"),
+    fig = Fig(dict(
+        type="heatmap", z=f32(s), zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE,
+        colorbar=colorbar(f"{metric} similarity"),
         hovertemplate="position %{y} · position %{x}<br>%{z:.3f}<extra></extra>",
     ))
     base_layout(fig, title or f"Position–position {metric} similarity", height=560, width=640)
     fig.update_xaxes(title=dict(text="position"))
     fig.update_yaxes(title=dict(text="position"), autorange="reversed", scaleanchor="x", constrain="domain")
-    return fig
+    return fig.build()
 
 
 def rope_rotation(vectors: np.ndarray, *, pair: int = 0, title: str | None = None) -> go.Figure:
@@ -86,19 +87,19 @@ def rope_rotation(vectors: np.ndarray, *, pair: int = 0, title: str | None = Non
     x = np.stack([np.zeros(P), v[:, 0], np.full(P, np.nan)], 1).ravel()
     y = np.stack([np.zeros(P), v[:, 1], np.full(P, np.nan)], 1).ravel()
     r = float(np.abs(v).max() or 1.0) * 1.15
-    fig = go.Figure([
-        go.Scatter(x=f32(x), y=f32(y), mode="lines", line=dict(color="#bbb", width=1.5), hoverinfo="skip",
-                   showlegend=False),
-        go.Scatter(x=f32(v[:, 0]), y=f32(v[:, 1]), mode="markers+text" if P <= 24 else "markers",
-                   text=[str(m) for m in range(P)], textposition="top center", customdata=f32(ang),
-                   marker=dict(size=10, color=np.arange(P), colorscale="Viridis", colorbar=colorbar("position")),
-                   hovertemplate="position %{text}<br>angle %{customdata:.1f}°<extra></extra>", showlegend=False),
+    fig = Fig([
+        dict(type="scatter", x=f32(x), y=f32(y), mode="lines", line=dict(color="#bbb", width=1.5),
+             hoverinfo="skip", showlegend=False),
+        dict(type="scatter", x=f32(v[:, 0]), y=f32(v[:, 1]), mode="markers+text" if P <= 24 else "markers",
+             text=[str(m) for m in range(P)], textposition="top center", customdata=f32(ang),
+             marker=dict(size=10, color=np.arange(P), colorscale=VIRIDIS, colorbar=colorbar("position")),
+             hovertemplate="position %{text}<br>angle %{customdata:.1f}°<extra></extra>", showlegend=False),
     ])
     base_layout(fig, title or f"RoPE: pair {pair} rotated by position", height=560, width=620)
     fig.update_xaxes(range=[-r, r], zeroline=True, zerolinecolor="#ddd", title=dict(text=f"component {2 * pair}"))
     fig.update_yaxes(range=[-r, r], zeroline=True, zerolinecolor="#ddd", scaleanchor="x",
                      title=dict(text=f"component {2 * pair + 1}"))
-    return fig
+    return fig.build()
 
 
 def rope_offset_scores(scores: np.ndarray, query_positions: Sequence[int] | None = None, *,
@@ -111,17 +112,17 @@ def rope_offset_scores(scores: np.ndarray, query_positions: Sequence[int] | None
     traces = []
     for i, m in enumerate(ms):
         n = np.arange(P)
-        traces.append(go.Scatter(x=f32(n - m), y=f32(s[m]), mode="lines+markers" if P <= 40 else "lines",
-                                 name=f"query at position {m}", line=dict(width=2,
-                                 color=HEAD_COLORS[i % len(HEAD_COLORS)], dash=["solid", "dash", "dot",
-                                                                                "dashdot"][i % 4]),
-                                 marker=dict(size=5), hovertemplate="offset %{x}: q·k = %{y:.3f}<extra></extra>"))
-    fig = go.Figure(traces)
+        traces.append(dict(type="scatter", x=f32(n - m), y=f32(s[m]), mode="lines+markers" if P <= 40 else "lines",
+                           name=f"query at position {m}",
+                           line=dict(width=2, color=HEAD_COLORS[i % len(HEAD_COLORS)],
+                                     dash=["solid", "dash", "dot", "dashdot"][i % 4]),
+                           marker=dict(size=5), hovertemplate="offset %{x}: q·k = %{y:.3f}<extra></extra>"))
+    fig = Fig(traces)
     base_layout(fig, title, height=440)
     fig.update_xaxes(title=dict(text="offset n − m (key position − query position)"), zeroline=True,
                      zerolinecolor="#ccc")
     fig.update_yaxes(title=dict(text="q·k"), showgrid=True, gridcolor="#eee")
-    return fig
+    return fig.build()
 
 
 def learned_pe_grid(pos_embed: np.ndarray, grid: tuple[int, int], *,
@@ -138,8 +139,8 @@ def learned_pe_grid(pos_embed: np.ndarray, grid: tuple[int, int], *,
         raise ValueError(f"{e.shape[0]} embeddings do not fit a {rows}×{cols} grid")
     sim = similarity_matrix(e, "cosine").astype(np.float32).reshape(rows * cols, rows, cols)
     z = tile(sim, ncols=cols, gap=1)
-    fig = go.Figure(go.Heatmap(
-        z=z, zmin=-1, zmax=1, colorscale=DIVERGING_SCALE, colorbar=colorbar("cosine similarity"),
+    fig = Fig(dict(
+        type="heatmap", z=z, zmin=-1, zmax=1, colorscale=DIVERGING_SCALE, colorbar=colorbar("cosine similarity"),
         hoverongaps=False, hovertemplate="%{z:.3f}<extra></extra>",
     ))
     base_layout(fig, f"{title}<br><sup>tile (r, c): similarity of patch (r, c)'s embedding to every patch</sup>",
@@ -151,7 +152,7 @@ def learned_pe_grid(pos_embed: np.ndarray, grid: tuple[int, int], *,
                      ticktext=[str(r) for r in range(rows)], title=dict(text="input patch row"),
                      autorange="reversed", scaleanchor="x", ticks="")
     fig.update_layout(margin=dict(t=100))
-    return fig
+    return fig.build()
 
 
 def relative_bias_tables(tables: np.ndarray, *, title: str = "Relative position bias per head",
@@ -168,8 +169,8 @@ def relative_bias_tables(tables: np.ndarray, *, title: str = "Relative position 
     z = tile(t, ncols=ncols, gap=gap)
     lim = float(np.abs(t).max() or 1.0)
     nrows = int(np.ceil(H / ncols))
-    fig = go.Figure(go.Heatmap(z=z, zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE, colorbar=colorbar("bias"),
-                               hoverongaps=False, hovertemplate="bias %{z:.3f}<extra></extra>"))
+    fig = Fig(dict(type="heatmap", z=z, zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE, colorbar=colorbar("bias"),
+                   hoverongaps=False, hovertemplate="bias %{z:.3f}<extra></extra>"))
     names = list(labels) if labels is not None else [f"head {h}" for h in range(H)]
     ann = []
     for h in range(H):
@@ -183,4 +184,4 @@ def relative_bias_tables(tables: np.ndarray, *, title: str = "Relative position 
     fig.update_layout(annotations=ann, margin=dict(t=110))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
-    return fig
+    return fig.build()

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from viz.common import ATTENTION_SCALE, HEAD_COLORS, base_layout, colorbar, esc, f32
+from viz.common import ATTENTION_SCALE, HEAD_COLORS, VIRIDIS, Fig, base_layout, colorbar, esc, f32
 
 SHARE_KINDS = ("CLS", "SEP", "previous", "next")
 
@@ -42,11 +41,10 @@ def head_share_heatmap(shares: np.ndarray, names: Sequence[str] | None = None, *
     s = np.asarray(shares, dtype=np.float32)
     L, H, C = s.shape
     names = list(names) if names is not None else [f"→ {k}" for k in SHARE_KINDS[:C]]
-    fig = make_subplots(rows=1, cols=C, subplot_titles=[esc(x) for x in names], horizontal_spacing=0.04,
-                        shared_yaxes=True)
+    fig = Fig(rows=1, cols=C, subplot_titles=[esc(x) for x in names], horizontal_spacing=0.04, shared_yaxes=True)
     for c in range(C):
-        fig.add_trace(go.Heatmap(
-            z=f32(s[..., c]), zmin=0, zmax=1, colorscale=ATTENTION_SCALE, showscale=c == 0,
+        fig.add_trace(dict(
+            type="heatmap", z=f32(s[..., c]), zmin=0, zmax=1, colorscale=ATTENTION_SCALE, showscale=c == 0,
             colorbar=colorbar("share of attention"),
             hovertemplate=f"layer %{{y}} · head %{{x}}<br>{esc(names[c])}: %{{z:.3f}}<extra></extra>",
         ), row=1, col=c + 1)
@@ -56,7 +54,7 @@ def head_share_heatmap(shares: np.ndarray, names: Sequence[str] | None = None, *
     base_layout(fig, f"{title}<br><sup>average share of each head's attention, over all queries</sup>",
                 height=int(np.clip(36 * L + 220, 320, 720)), width=int(np.clip(C * (30 * H + 40) + 200, 600, 1500)))
     fig.update_layout(margin=dict(t=110))
-    return fig
+    return fig.build()
 
 
 def entropy_heatmap(entropy: np.ndarray, *, title: str = "Attention entropy per head",
@@ -64,15 +62,16 @@ def entropy_heatmap(entropy: np.ndarray, *, title: str = "Attention entropy per 
     """Layer × head heatmap of the mean attention entropy (low = focused head, high = broad)."""
     e = np.asarray(entropy, dtype=np.float32)
     L, H = e.shape
-    fig = go.Figure(go.Heatmap(
-        z=f32(e), zmin=0, zmax=max_entropy if max_entropy else float(max(e.max(), 1e-6)), colorscale="Viridis",
+    fig = Fig(dict(
+        type="heatmap", z=f32(e), zmin=0, zmax=max_entropy if max_entropy else float(max(e.max(), 1e-6)),
+        colorscale=VIRIDIS,
         colorbar=colorbar(f"entropy ({unit})"),
         hovertemplate="layer %{y} · head %{x}<br>entropy %{z:.3f} " + unit + "<extra></extra>",
     ))
     base_layout(fig, title, height=int(np.clip(34 * L + 200, 320, 720)), width=int(np.clip(40 * H + 260, 420, 1000)))
     fig.update_xaxes(title=dict(text="head"), dtick=1)
     fig.update_yaxes(title=dict(text="layer"), autorange="reversed", dtick=1)
-    return fig
+    return fig.build()
 
 
 def head_metric_scatter(values: np.ndarray, *, metric: str = "mean attention distance",
@@ -86,15 +85,15 @@ def head_metric_scatter(values: np.ndarray, *, metric: str = "mean attention dis
     jitter = np.linspace(-0.18, 0.18, H) if H > 1 else np.zeros(1)
     traces = []
     for h in range(H):
-        traces.append(go.Scatter(
-            x=f32(np.arange(L) + jitter[h]), y=f32(v[:, h]), mode="markers", name=f"head {h}",
+        traces.append(dict(
+            type="scatter", x=f32(np.arange(L) + jitter[h]), y=f32(v[:, h]), mode="markers", name=f"head {h}",
             marker=dict(size=9, color=HEAD_COLORS[h % len(HEAD_COLORS)], line=dict(color="white", width=0.5)),
             customdata=np.arange(L), hovertemplate=f"layer %{{customdata}} · head {h}<br>{metric}: "
             + "%{y:.2f} " + unit + "<extra></extra>",
         ))
-    fig = go.Figure(traces)
+    fig = Fig(traces)
     base_layout(fig, title or f"{metric[0].upper()}{metric[1:]} per head", height=480)
     fig.update_xaxes(title=dict(text="layer (network depth)"), dtick=1, range=[-0.6, L - 0.4])
     fig.update_yaxes(title=dict(text=f"{metric} ({unit})"), rangemode="tozero", showgrid=True, gridcolor="#eee")
     fig.update_layout(legend=dict(font=dict(size=11)))
-    return fig
+    return fig.build()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from viz.common import (
     ATTENTION_SCALE,
     OVERLAY_SCALE,
     WEIGHT_LABEL,
+    Fig,
     as_uint8_image,
     base_layout,
     colorbar,
@@ -50,9 +50,11 @@ def shifted_window_ids(grid: tuple[int, int], window: int, shift: int) -> np.nda
 
 
 def _grid_panel(fig, z, n_ids, text, row, col, hover):
-    fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=n_ids - 0.5, colorscale=_discrete_scale(n_ids), showscale=False,
-                             text=text, texttemplate="%{text}" if z.size <= 400 else None,
-                             textfont=dict(size=11), xgap=1, ygap=1, hovertemplate=hover), row=row, col=col)
+    trace = dict(type="heatmap", z=z, zmin=-0.5, zmax=n_ids - 0.5, colorscale=_discrete_scale(n_ids), showscale=False,
+                 text=text, textfont=dict(size=11), xgap=1, ygap=1, hovertemplate=hover)
+    if z.size <= 400:
+        trace["texttemplate"] = "%{text}"
+    fig.add_trace(trace, row=row, col=col)
 
 
 def _lines(fig, H, W, window, offset, row, col, color="#222", width=3):
@@ -67,11 +69,11 @@ def _lines(fig, H, W, window, offset, row, col, color="#222", width=3):
 def _square_axes(fig, H, W, n):
     for i in range(1, n + 1):
         sfx = "" if i == 1 else str(i)
-        fig.layout[f"xaxis{sfx}"].update(range=[-0.5, W - 0.5], showticklabels=W <= 16, ticks="", dtick=1,
-                                         showline=False, constrain="domain", title=dict(text="column"))
-        fig.layout[f"yaxis{sfx}"].update(range=[H - 0.5, -0.5], showticklabels=H <= 16, ticks="", dtick=1,
-                                         showline=False, scaleanchor=f"x{sfx}", constrain="domain",
-                                         title=dict(text="row") if i == 1 else None)
+        fig.update_xaxes(range=[-0.5, W - 0.5], showticklabels=W <= 16, ticks="", dtick=1, showline=False,
+                         constrain="domain", title=dict(text="column"), row=1, col=i)
+        fig.update_yaxes(range=[H - 0.5, -0.5], showticklabels=H <= 16, ticks="", dtick=1, showline=False,
+                         scaleanchor=f"x{sfx}", constrain="domain", row=1, col=i,
+                         **(dict(title=dict(text="row")) if i == 1 else {}))
 
 
 def window_partitions(grid: tuple[int, int], window: int, shift: int | None = None, *,
@@ -84,7 +86,7 @@ def window_partitions(grid: tuple[int, int], window: int, shift: int | None = No
     reg = shifted_window_ids(grid, window, 0)
     sh = shifted_window_ids(grid, window, shift)
     n = (H // window) * (W // window)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
+    fig = Fig(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
         f"regular windows ({window}×{window})", f"shifted windows (shift {shift})"])
     text = (np.mgrid[0:H, 0:W][0] * W + np.mgrid[0:H, 0:W][1]).astype(str)
     _grid_panel(fig, reg, n, text, 1, 1, "token %{text}<br>window %{z}<extra></extra>")
@@ -95,7 +97,7 @@ def window_partitions(grid: tuple[int, int], window: int, shift: int | None = No
     base_layout(fig, f"{title}<br><sup>{H}×{W} tokens; colour = window; numbers = token index</sup>",
                 height=520, width=1000)
     fig.update_layout(margin=dict(t=130))
-    return fig
+    return fig.build()
 
 
 def cyclic_shift(ids_before: np.ndarray, ids_after: np.ndarray, regions_after: np.ndarray, window: int, *,
@@ -108,8 +110,8 @@ def cyclic_shift(ids_before: np.ndarray, ids_after: np.ndarray, regions_after: n
     region_of_id[after.ravel()] = reg.ravel()  # where each id ended up
     reg_before = region_of_id[before.ravel()].reshape(H, W)
     n = int(reg.max()) + 1
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
-                        subplot_titles=["before: original token grid", "after: rolled by −shift"])
+    fig = Fig(rows=1, cols=2, horizontal_spacing=0.08,
+              subplot_titles=["before: original token grid", "after: rolled by −shift"])
     _grid_panel(fig, reg_before, n, before.astype(str), 1, 1, "token %{text}<br>region %{z}<extra></extra>")
     _grid_panel(fig, reg, n, after.astype(str), 1, 2, "token %{text}<br>region %{z}<extra></extra>")
     _lines(fig, H, W, window, 0, 1, 2)
@@ -117,7 +119,7 @@ def cyclic_shift(ids_before: np.ndarray, ids_after: np.ndarray, regions_after: n
     base_layout(fig, f"{title}<br><sup>colour = region after the shift; tokens of different regions share a window "
                 "but must not attend to each other</sup>", height=520, width=1000)
     fig.update_layout(margin=dict(t=130))
-    return fig
+    return fig.build()
 
 
 def region_map(regions: np.ndarray, window: int, *, title: str = "Region ids of the shifted grid") -> go.Figure:
@@ -126,19 +128,19 @@ def region_map(regions: np.ndarray, window: int, *, title: str = "Region ids of 
     reg = np.asarray(regions)
     H, W = reg.shape
     n = int(reg.max()) + 1
-    fig = make_subplots(rows=1, cols=1)
+    fig = Fig()
     _grid_panel(fig, reg, n, reg.astype(str), 1, 1, "row %{y} · col %{x}<br>region %{z}<extra></extra>")
     _lines(fig, H, W, window, 0, 1, 1)
     _square_axes(fig, H, W, 1)
     base_layout(fig, title, height=560, width=600)
-    return fig
+    return fig.build()
 
 
 def _mask_heatmap(z, hover, show_scale=True):
-    return go.Heatmap(z=f32(z), zmin=-100, zmax=0, colorscale=[[0, "#b2182b"], [0.5, "#b2182b"], [0.5, "#f7f7f7"],
-                                                               [1, "#f7f7f7"]],
-                      colorbar=colorbar("mask value", tickvals=[-75, -25], ticktext=["−100 (blocked)", "0 (allowed)"]),
-                      showscale=show_scale, hoverongaps=False, hovertemplate=hover)
+    return dict(type="heatmap", z=f32(z), zmin=-100, zmax=0,
+                colorscale=[[0, "#b2182b"], [0.5, "#b2182b"], [0.5, "#f7f7f7"], [1, "#f7f7f7"]],
+                colorbar=colorbar("mask value", tickvals=[-75, -25], ticktext=["−100 (blocked)", "0 (allowed)"]),
+                showscale=show_scale, hoverongaps=False, hovertemplate=hover)
 
 
 def window_mask(mask: np.ndarray, window: int, window_index: int = 0, *, title: str | None = None) -> go.Figure:
@@ -147,8 +149,7 @@ def window_mask(mask: np.ndarray, window: int, window_index: int = 0, *, title: 
     m = np.asarray(mask, dtype=np.float32)
     N = m.shape[0]
     lab = [f"{i // window},{i % window}" for i in range(N)]
-    fig = go.Figure(_mask_heatmap(m, "query %{y} → key %{x}: %{z}<extra></extra>"))
-    fig.data[0].update(x=lab, y=lab)
+    fig = Fig(dict(_mask_heatmap(m, "query %{y} → key %{x}: %{z}<extra></extra>"), x=lab, y=lab))
     base_layout(fig, title or f"Attention mask of window {window_index}", height=600, width=680)
     step = max(1, N // 16)
     fs = 12 if N <= 25 else 10
@@ -157,7 +158,7 @@ def window_mask(mask: np.ndarray, window: int, window_index: int = 0, *, title: 
     fig.update_yaxes(type="category", tickmode="array", tickvals=lab[::step], ticktext=lab[::step],
                      autorange="reversed", scaleanchor="x", title=dict(text="query (row,col in window)"),
                      tickfont=dict(size=fs))
-    return fig
+    return fig.build()
 
 
 def all_window_masks(masks: np.ndarray, windows_per_row: int, *, title: str = "Attention masks of all windows"
@@ -167,7 +168,7 @@ def all_window_masks(masks: np.ndarray, windows_per_row: int, *, title: str = "A
     nW, N, _ = m.shape
     gap = max(1, N // 8)
     z = tile(m, ncols=windows_per_row, gap=gap)
-    fig = go.Figure(_mask_heatmap(z, "%{z}<extra></extra>"))
+    fig = Fig(_mask_heatmap(z, "%{z}<extra></extra>"))
     nrows = int(np.ceil(nW / windows_per_row))
     ann = [dict(x=(i % windows_per_row) * (N + gap) + (N - 1) / 2, y=(i // windows_per_row) * (N + gap) - 0.6,
                 text=f"window {i}", showarrow=False, yanchor="bottom", font=dict(size=11)) for i in range(nW)]
@@ -177,7 +178,7 @@ def all_window_masks(masks: np.ndarray, windows_per_row: int, *, title: str = "A
     fig.update_layout(annotations=ann, margin=dict(t=110))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
-    return fig
+    return fig.build()
 
 
 def window_attention_map(
@@ -241,13 +242,13 @@ def window_attention_grid(
     scale = 1.0 if patch is None else float(patch)
     traces = []
     if image is not None:
-        traces.append(go.Image(source=png_data_uri(as_uint8_image(image)), hoverinfo="skip"))
-    traces.append(go.Heatmap(
-        z=amap, x0=(scale - 1) / 2, dx=scale, y0=(scale - 1) / 2, dy=scale, zmin=0, zmax=zmax,
+        traces.append(dict(type="image", source=png_data_uri(as_uint8_image(image)), hoverinfo="skip"))
+    traces.append(dict(
+        type="heatmap", z=amap, x0=(scale - 1) / 2, dx=scale, y0=(scale - 1) / 2, dy=scale, zmin=0, zmax=zmax,
         colorscale=OVERLAY_SCALE if image is not None else ATTENTION_SCALE, hoverongaps=False,
         colorbar=colorbar(WEIGHT_LABEL), hovertemplate="weight %{z:.4f}<extra></extra>",
     ))
-    fig = go.Figure(traces)
+    fig = Fig(traces)
     grid_lines = "".join(f"M-0.5,{r * scale - 0.5:g}H{W * scale - 0.5:g}" for r in range(H + 1)) + "".join(
         f"M{c * scale - 0.5:g},-0.5V{H * scale - 0.5:g}" for c in range(W + 1))
     fig.add_shape(type="path", path=grid_lines, line=dict(color="rgba(0, 0, 0, 0.12)", width=1))
@@ -265,4 +266,4 @@ def window_attention_grid(
     fig.update_xaxes(range=[-0.5, extent_w - 0.5], showticklabels=False, ticks="", showline=False)
     fig.update_yaxes(range=[extent_h - 0.5, -0.5], showticklabels=False, ticks="", showline=False, scaleanchor="x")
     fig.update_layout(margin=dict(t=110))
-    return fig
+    return fig.build()

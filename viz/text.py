@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.attention import attention_heatmap
-from viz.common import HEAD_COLORS, base_layout, colorbar, esc, f32, shorten
+from viz.attention import heatmap_fig
+from viz.common import HEAD_COLORS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, shorten
 
 # ----------------------------------------------------------------------------------------------------
 # Token highlight (HTML)
@@ -99,20 +99,20 @@ def cross_alignment(
     target token's strongest source token marked (the soft alignment of Bahdanau et al. 2015, Fig. 3).
 
     weights: (T, S), (H, T, S) or (L, H, T, S); ``head`` may be an index, "mean" or "max"."""
-    fig = attention_heatmap(weights, target_tokens, source_tokens, layer=layer, head=head,
-                            kind="Cross-attention (target → source)", title=title, autoscale=autoscale)
+    fig = heatmap_fig(weights, target_tokens, source_tokens, layer=layer, head=head,
+                      kind="Cross-attention (target → source)", title=title, autoscale=autoscale)
     if mark_argmax:
-        z = np.asarray(fig.data[0].z)
-        best = z.argmax(axis=1)
-        fig.add_trace(go.Scatter(
-            x=[fig.data[0].x[j] for j in best], y=list(fig.data[0].y), mode="markers",
+        hm = fig.data[0]
+        best = np.asarray(hm["z"]).argmax(axis=1)
+        fig.add_trace(dict(
+            type="scatter", x=[hm["x"][j] for j in best], y=list(hm["y"]), mode="markers",
             marker=dict(symbol="circle-open", size=10, color="#d62728", line=dict(width=2)),
             name="strongest source", hoverinfo="skip", showlegend=True,
         ))
         fig.update_layout(legend=dict(orientation="h", y=1.0, x=1.0, yanchor="bottom", xanchor="right"))
     fig.update_xaxes(title=dict(text="source (encoder) token"))
     fig.update_yaxes(title=dict(text="target (decoder) token"))
-    return fig
+    return fig.build()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -152,26 +152,26 @@ def beam_tree(steps: Sequence, chosen: Sequence[int] = (), *, title: str = "Beam
             if t > 0 and p is not None and p >= 0:
                 ex += [t - 1, t, None]
                 ey += [p, i, None]
-    traces = [go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1.5), hoverinfo="skip",
-                         name="parent link", showlegend=False)]
+    traces = [dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1.5), hoverinfo="skip",
+                   name="parent link", showlegend=False)]
     if chosen:
         cx = list(range(min(len(chosen), n_steps)))
-        traces.append(go.Scatter(x=cx, y=chosen[: len(cx)], mode="lines", name="chosen hypothesis",
-                                 line=dict(color="#d62728", width=4), hoverinfo="skip"))
-    traces.append(go.Scatter(
-        x=xs, y=ys, mode="markers+text", text=labels, textposition="top center", hovertext=hover,
+        traces.append(dict(type="scatter", x=cx, y=chosen[: len(cx)], mode="lines", name="chosen hypothesis",
+                           line=dict(color="#d62728", width=4), hoverinfo="skip"))
+    traces.append(dict(
+        type="scatter", x=xs, y=ys, mode="markers+text", text=labels, textposition="top center", hovertext=hover,
         hoverinfo="text", textfont=dict(size=12), name="candidate", showlegend=False,
-        marker=dict(size=13, symbol=symbols, color=f32(scores), colorscale="Viridis",
+        marker=dict(size=13, symbol=symbols, color=f32(scores), colorscale=VIRIDIS,
                     colorbar=colorbar("cumulative log-prob"), line=dict(color="#333", width=1)),
     ))
-    traces.append(go.Scatter(x=[None], y=[None], mode="markers", marker=dict(symbol="square", size=11,
-                             color=HEAD_COLORS[7]), name="finished (emitted </s>)".replace("<", "&lt;")
-                             .replace(">", "&gt;")))
-    fig = go.Figure(traces)
+    traces.append(dict(type="scatter", x=[None], y=[None], mode="markers",
+                       marker=dict(symbol="square", size=11, color=HEAD_COLORS[7]),
+                       name="finished (emitted </s>)".replace("<", "&lt;").replace(">", "&gt;")))
+    fig = Fig(traces)
     width = int(np.clip(90 * n_steps + 250, 600, 2400))
     beam = max((len(_field(s, "tokens")) for s in steps), default=1)
     base_layout(fig, title, height=int(np.clip(70 * beam + 200, 360, 900)), width=width)
     fig.update_xaxes(title=dict(text="decoding step"), dtick=1, range=[-0.6, max(n_steps, 1) - 0.4])
     fig.update_yaxes(title=dict(text="beam slot"), autorange="reversed", dtick=1)
     fig.update_layout(legend=dict(orientation="h", y=1.02, x=1.0, yanchor="bottom", xanchor="right"))
-    return fig
+    return fig.build()
