@@ -155,7 +155,7 @@ def _fit(fig):
 def _save_npz(prefix: str, **arrays: Any) -> str:
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
-    np.savez_compressed(path, **{k: np.asarray(v) for k, v in arrays.items()})
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
     return str(path)
 
 

@@ -12,6 +12,7 @@ import os
 import struct
 import zlib
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import plotly.graph_objects as go
@@ -335,7 +336,7 @@ def _png_bytes(img: np.ndarray) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
     header = struct.pack(">IIBBBBB", w, h, 8, color_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(
         b"IEND", b"")
 
 
@@ -354,8 +355,16 @@ def as_uint8_image(image: np.ndarray) -> np.ndarray:
 
 
 def png_data_uri(image: np.ndarray) -> str:
-    """``data:image/png;base64,...`` for a uint8 (H, W) or (H, W, 3) image."""
-    return "data:image/png;base64," + base64.b64encode(_png_bytes(as_uint8_image(image))).decode("ascii")
+    """``data:image/png;base64,...`` for a uint8 (H, W) or (H, W, 3) image. The last few are remembered:
+    one request draws the same image under several figures."""
+    img = as_uint8_image(image)
+    return _png_uri(img.shape, img.tobytes())
+
+
+@lru_cache(maxsize=16)
+def _png_uri(shape: tuple[int, ...], data: bytes) -> str:
+    img = np.frombuffer(data, dtype=np.uint8).reshape(shape)
+    return "data:image/png;base64," + base64.b64encode(_png_bytes(img)).decode("ascii")
 
 
 def downsample(image: np.ndarray, max_side: int) -> np.ndarray:
