@@ -1,4 +1,4 @@
-"""bench/latency.py and bench/load.py run end to end over the tiny checkpoints (counts, keys; never times).
+"""bench/latency.py, bench/load.py and bench/figures.py run end to end over the tiny checkpoints (counts, keys; never times).
 
 The three runs (latency; load; an over-capacity load against a queue of one) start together in one
 module fixture, each launching its own `python app.py`, so the file costs about one run's wall time.
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = {
     "latency": ["bench/latency.py", "--repeats", "2", "--warmup", "1", "--actions", "playground,classify_sst2"],
+    "figures": ["bench/figures.py", "--repeats", "1", "--actions", "classify_sst2,playground"],
     "load": ["bench/load.py", "--clients", "3", "--requests", "2", "--deadline", "150", "--request-timeout", "90"],
     # Queue of one, one worker, six clients submitting at once: most are turned away as busy.
     "busy": ["bench/load.py", "--clients", "6", "--requests", "2", "--queue", "1", "--concurrency", "1",
@@ -69,6 +70,17 @@ def test_latency_reports_each_action(runs) -> None:
     assert "translate_p50_s" not in report  # --actions picked a subset
     assert report["errors"] == {}
     assert report["machine"]["cpu_count"] >= 1 and len(report["machine"]["loadavg_start"]) == 3
+
+
+@pytest.mark.slow
+def test_figures_bench_times_both_builds(runs) -> None:
+    report = _report(runs, "figures")
+    for action, n_figures in (("classify_sst2", 3), ("playground", 2)):
+        assert report[f"{action}_figures"] == n_figures
+        assert report[f"{action}_handler_ms"] > 0 and report[f"{action}_validated_ms"] > 0
+        assert report[f"{action}_ratio"] == pytest.approx(
+            report[f"{action}_validated_ms"] / report[f"{action}_handler_ms"], rel=0.05)
+    assert not any(k.endswith("_error") for k in report) and "translate_handler_ms" not in report
 
 
 @pytest.mark.slow
