@@ -89,6 +89,11 @@ class ModelStore:
     def _load(name: str) -> Any:
         import models  # the entry points (translate, classify) run under torch.no_grad themselves
 
+        if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
+            import torch
+
+            torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+
         if name in IMAGENET.values():
             from models.pretrained import load_imagenet
 
