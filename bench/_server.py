@@ -46,6 +46,13 @@ def _image(index: int) -> Any:
     return handle_file(str(EXAMPLES[index % len(EXAMPLES)]))
 
 
+# The baseline: the same kinds of request against bench/_floor_app.py, which does no work.
+FLOOR_ACTIONS: list[Action] = [
+    Action("floor_text", "echo", lambda: (SST2,)),
+    Action("floor_upload", "upload", lambda: (_image(9),)),
+]
+FILE_INPUT_APIS = {"classify_image"}  # actions that upload a file: compared with floor_upload
+
 ACTIONS: list[Action] = [
     Action("translate", "translate", lambda: (SENTENCE_20, 5)),
     Action("classify_sst2", "classify", lambda: (SST2, "SST-2 sentiment")),
@@ -239,7 +246,8 @@ class AppServer:
     """`python app.py` on a free loopback port; use as a context manager (it always stops the app)."""
 
     def __init__(self, checkpoints: Path | str | None = None, env: dict[str, str] | None = None,
-                 ready_timeout: float = 180.0, poll: float = 0.02) -> None:
+                 ready_timeout: float = 180.0, poll: float = 0.02, script: str = "app.py") -> None:
+        self.script = script
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.ready_timeout, self.poll = ready_timeout, poll
@@ -257,7 +265,7 @@ class AppServer:
     def start(self) -> AppServer:
         log = self.log_path.open("w")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=self.env, stdout=log,
+        self.proc = subprocess.Popen([sys.executable, self.script], cwd=ROOT, env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT)
         log.close()  # the child keeps its own handle
         self.sampler = MemorySampler(self.proc.pid)

@@ -10,6 +10,11 @@ classify_image_vit_fashion and classify_image_swin_fashion (a Fashion-MNIST exam
 swin_windows, positional_encoding, playground. `--actions` takes a comma-separated subset of action
 names or api_names (`--actions classify` runs both tasks).
 
+Baseline, in the same run (skip with `--no-baseline`): the same kinds of request to bench/_floor_app.py, a
+Gradio app with the same queue that does no work (`floor_text`, and `floor_upload` with the example image),
+and the wall time of `python -c "import gradio"` (`gradio_import_s`, the floor of `ready_s`). Each action
+also reports `<action>_above_floor_s`: its p50 less the floor of its kind (upload for classify_image).
+
 Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`.
 The last stdout line is one JSON object with `ready_s`, `<action>_p50_s`, `<action>_p95_s`, the targets
 (guide §8, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._server import AppServer, call, client_for, machine_info, percentile, rounded, select_actions  # noqa: E402
+from bench._server import (  # noqa: E402
+    FILE_INPUT_APIS,
+    FLOOR_ACTIONS,
+    Action,
+    AppServer,
+    call,
+    client_for,
+    machine_info,
+    percentile,
+    rounded,
+    select_actions,
+)
 
 TARGETS_S = {"ready_s": 5.0, "translate_p50_s": 0.5, "classify_sst2_p50_s": 0.2, "classify_agnews_p50_s": 0.2,
              "classify_image_vit_fashion_p50_s": 0.2}
@@ -45,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per action first (≥ 1 loads the model)")
     parser.add_argument("--actions", default=None, help="comma-separated action names or api_names (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one call may take")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the baseline (a do-nothing Gradio app and the import of gradio)")
     args = parser.parse_args(argv)
     actions = select_actions(args.actions)
 
@@ -54,30 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     with AppServer(args.checkpoints) as server:
         report["ready_s"] = rounded(server.ready_s, 3)
         print(f"page served after {server.ready_s:.2f} s at {server.url}", file=sys.stderr)
-        client = client_for(server.url, timeout=args.timeout)
-        try:
-            for action in actions:
-                times: list[float] = []
-                try:
-                    for i in range(args.warmup + args.repeats):
-                        t0 = time.perf_counter()
-                        call(client, action, timeout=args.timeout)
-                        dt = time.perf_counter() - t0
-                        if i == 0:
-                            report[f"{action.name}_cold_s"] = rounded(dt)
-                        if i >= args.warmup:
-                            times.append(dt)
-                except Exception as err:  # reported; the other actions still run
-                    errors[action.name] = f"{type(err).__name__}: {err}"[:300]
-                report[f"{action.name}_p50_s"] = rounded(percentile(times, 50))
-                report[f"{action.name}_p95_s"] = rounded(percentile(times, 95))
-                report[f"{action.name}_n"] = len(times)
-                print(f"{action.name:30s} p50 {_fmt(report[f'{action.name}_p50_s'])}  "
-                      f"p95 {_fmt(report[f'{action.name}_p95_s'])}  (cold {_fmt(report.get(f'{action.name}_cold_s'))})"
-                      + (f"  ERROR {errors[action.name]}" if action.name in errors else ""), file=sys.stderr)
-        finally:
-            client.close()
+        time_actions(server.url, actions, args, report, errors)
         report["server_peak_rss_mb"] = server.sampler.peak_mb() if server.sampler else None
+    if not args.no_baseline:
+        # Baseline, same run: the same kinds of request to a Gradio app that does no work, and the import of
+        # gradio alone (the floor of ready_s).
+        with AppServer(script="bench/_floor_app.py") as floor:
+            report["floor_ready_s"] = rounded(floor.ready_s, 3)
+            time_actions(floor.url, FLOOR_ACTIONS, args, report, errors)
+        report["gradio_import_s"] = rounded(import_seconds("gradio"), 3)
+        print(f"import gradio alone: {report['gradio_import_s']:.2f} s", file=sys.stderr)
+        for action in actions:
+            floor_key = "floor_upload_p50_s" if action.api in FILE_INPUT_APIS else "floor_text_p50_s"
+            if report.get(f"{action.name}_p50_s") is not None and report.get(floor_key) is not None:
+                report[f"{action.name}_above_floor_s"] = rounded(report[f"{action.name}_p50_s"] - report[floor_key])
 
     report["errors"] = errors
     try:
@@ -89,6 +98,42 @@ def main(argv: list[str] | None = None) -> int:
                                for k, v in TARGETS_S.items() if k in report}
     print(json.dumps(report))
     return 1 if errors else 0
+
+
+def time_actions(url: str, actions: list[Action], args: argparse.Namespace, report: dict[str, Any],
+                 errors: dict[str, str]) -> None:
+    """Call each action one request at a time: warm-ups first (the first one is the cold call), then the timed
+    repeats; p50 / p95 go into ``report``."""
+    client = client_for(url, timeout=args.timeout)
+    try:
+        for action in actions:
+            times: list[float] = []
+            try:
+                for i in range(args.warmup + args.repeats):
+                    t0 = time.perf_counter()
+                    call(client, action, timeout=args.timeout)
+                    dt = time.perf_counter() - t0
+                    if i == 0:
+                        report[f"{action.name}_cold_s"] = rounded(dt)
+                    if i >= args.warmup:
+                        times.append(dt)
+            except Exception as err:  # reported; the other actions still run
+                errors[action.name] = f"{type(err).__name__}: {err}"[:300]
+            report[f"{action.name}_p50_s"] = rounded(percentile(times, 50))
+            report[f"{action.name}_p95_s"] = rounded(percentile(times, 95))
+            report[f"{action.name}_n"] = len(times)
+            print(f"{action.name:30s} p50 {_fmt(report[f'{action.name}_p50_s'])}  "
+                  f"p95 {_fmt(report[f'{action.name}_p95_s'])}  (cold {_fmt(report.get(f'{action.name}_cold_s'))})"
+                  + (f"  ERROR {errors[action.name]}" if action.name in errors else ""), file=sys.stderr)
+    finally:
+        client.close()
+
+
+def import_seconds(module: str) -> float:
+    """Wall time of ``python -c "import module"`` in a fresh interpreter."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, capture_output=True)
+    return time.perf_counter() - t0
 
 
 def _fmt(x: float | None) -> str:

@@ -68,6 +68,10 @@ def test_latency_reports_each_action(runs) -> None:
         assert report[f"{action}_n"] == 2
         assert 0 < report[f"{action}_p50_s"] <= report[f"{action}_p95_s"]
     assert "translate_p50_s" not in report  # --actions picked a subset
+    # the baseline, same run: a do-nothing Gradio app and the import of gradio
+    assert report["floor_text_n"] == 2 and report["floor_upload_n"] == 2 and report["gradio_import_s"] > 0
+    assert report["playground_above_floor_s"] == pytest.approx(
+        report["playground_p50_s"] - report["floor_text_p50_s"], abs=2e-4)
     assert report["errors"] == {}
     assert report["machine"]["cpu_count"] >= 1 and len(report["machine"]["loadavg_start"]) == 3
 
