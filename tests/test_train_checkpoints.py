@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]
+FIVE = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]  # trained from scratch
+MINILM = ["minilm-agnews"]  # the pretrained encoder, fine-tuned
+SHIPPED = FIVE + MINILM
 MB = 1024 * 1024
 
 
@@ -37,10 +39,20 @@ def test_checkpoint_verifies_and_fits_budget(name: str) -> None:
     assert config["format"] == 1
 
 
-def test_five_checkpoints_total_size() -> None:
-    total = sum(f.stat().st_size for n in SHIPPED if (ROOT / "checkpoints" / n).is_dir()
-                for f in (ROOT / "checkpoints" / n).iterdir())
-    assert total <= 60 * MB
+def test_checkpoint_budgets() -> None:
+    def size(names: list[str]) -> int:
+        return sum(f.stat().st_size for n in names for f in (ROOT / "checkpoints" / n).iterdir())
+
+    assert size(FIVE) <= 60 * MB
+    everything = [p.name for p in (ROOT / "checkpoints").iterdir() if p.is_dir()]
+    assert size(everything) <= 150 * MB
+
+
+@pytest.mark.parametrize("name", MINILM)
+def test_minilm_records_origin_and_licence(name: str) -> None:
+    config = json.loads((existing(name) / "config.json").read_text())
+    origin = json.dumps(config).lower()
+    assert "all-minilm-l6-v2" in origin and "apache-2.0" in origin
 
 
 def test_translator_attention_shapes() -> None:
@@ -60,7 +72,10 @@ def test_translator_attention_shapes() -> None:
     assert r.beam and len(r.chosen) == len(r.beam)
 
 
-@pytest.mark.parametrize("name,n_labels", [("sst2", 2), ("agnews", 4)])
+CLASSIFIERS = [("sst2", 2), ("agnews", 4)] + [(n, 2 if n.endswith("sst2") else 4) for n in MINILM]
+
+
+@pytest.mark.parametrize("name,n_labels", CLASSIFIERS)
 def test_classifier_attention_shapes(name: str, n_labels: int) -> None:
     import models
 
@@ -68,7 +83,8 @@ def test_classifier_attention_shapes(name: str, n_labels: int) -> None:
     m = models.load(name)
     r = m.classify("The new phone sold out within hours, a great success for the company.")
     n = len(r.tokens)
-    assert r.tokens[0] == "<s>" and r.tokens[-1] == "</s>"
+    first, last = ("[CLS]", "[SEP]") if name.startswith("minilm") else ("<s>", "</s>")
+    assert r.tokens[0] == first and r.tokens[-1] == last
     assert len(r.labels) == n_labels and abs(float(r.probs.sum()) - 1) < 1e-5
     assert r.attention["encoder"].weights.shape == (m.config.n_layers, m.config.n_heads, n, n)
     assert rows_sum_to_one(r.attention["encoder"].weights)
