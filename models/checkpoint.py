@@ -63,6 +63,22 @@ def _shards(tensors: dict[str, Tensor], limit: int) -> list[dict[str, Tensor]]:
     return groups
 
 
+def _canonical_header(path: Path) -> None:
+    """Rewrite a safetensors header with its metadata keys sorted (same length, data untouched). safetensors
+    writes the metadata in hash-map order, which changes from run to run; sorted, a shard holding the same
+    tensors is byte-identical across checkpoints (the frozen MiniLM word embeddings are stored once in git)."""
+    with path.open("r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        if "__metadata__" in header:
+            header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":")).encode()
+        if len(text) > size:  # never: the same keys and values, as compact as safetensors writes them
+            raise ValueError(f"{path}: header grew when sorted")
+        f.seek(8)
+        f.write(text.ljust(size, b" "))
+
+
 def save_checkpoint(
     folder: str | Path,
     model: nn.Module,
@@ -107,6 +123,7 @@ def save_checkpoint(
     meta = {"format": "pt", "aliases": json.dumps(aliases)}
     for name, group in zip(names, groups):
         save_file(group, str(folder / name), metadata=meta)
+        _canonical_header(folder / name)
 
     cfg = {
         "model": type(model).__name__,

@@ -1,8 +1,8 @@
 """bench/latency.py, bench/load.py and bench/figures.py run end to end over the tiny checkpoints (counts, keys;
 never times).
 
-The three runs (latency; load; an over-capacity load against a queue of one) start together in one
-module fixture, each launching its own `python app.py`, so the file costs about one run's wall time.
+The four runs (latency; figures, in process; load; an over-capacity load against a queue of one) start
+together in one module fixture, each launching its own app, so the file costs about one run's wall time.
 """
 
 from __future__ import annotations

@@ -180,3 +180,23 @@ def test_json_tokenizer_wordpiece(tmp_path: Path) -> None:
     assert tok.decode(enc.ids) == "a man is running."
     long = tok.encode("a man " * 200)
     assert len(long.ids) == tok.max_tokens == MAX_TOKENS_MINILM and long.ids[-1] == tok.sep_id and long.notice
+
+
+def test_canonical_header_sorts_metadata_and_keeps_the_data(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    from safetensors.torch import load_file, save_file
+
+    from models.checkpoint import _canonical_header
+
+    w = {"w": torch.arange(12, dtype=torch.float16).reshape(3, 4)}
+    path = tmp_path / "a.safetensors"
+    save_file(w, str(path), metadata={"zeta": "1", "alpha": "2", "mid": "3"})
+    before = path.read_bytes()
+    _canonical_header(path)
+    after = path.read_bytes()
+    size = struct.unpack("<Q", after[:8])[0]
+    assert len(after) == len(before) and after[8 + size:] == before[8 + size:]  # the data is untouched
+    assert list(json.loads(after[8:8 + size])["__metadata__"]) == ["alpha", "mid", "zeta"]
+    assert torch.equal(load_file(str(path))["w"], w["w"])

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIVE = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]  # trained from scratch
-MINILM = ["minilm-agnews"]  # the pretrained encoder, fine-tuned
+MINILM = ["minilm-agnews", "minilm-sst2"]  # the pretrained encoder, fine-tuned
 SHIPPED = FIVE + MINILM
 MB = 1024 * 1024
 
