@@ -68,7 +68,7 @@ def entropy_heatmap(entropy: np.ndarray, *, title: str = "Attention entropy per 
         colorbar=colorbar(f"entropy ({unit})"),
         hovertemplate="layer %{y} · head %{x}<br>entropy %{z:.3f} " + unit + "<extra></extra>",
     ))
-    base_layout(fig, title, height=int(np.clip(34 * L + 200, 320, 720)), width=int(np.clip(40 * H + 260, 420, 1000)))
+    base_layout(fig, title, height=int(np.clip(34 * L + 200, 320, 720)), width=int(np.clip(40 * H + 260, 560, 1000)))
     fig.update_xaxes(title=dict(text="head"), dtick=1)
     fig.update_yaxes(title=dict(text="layer"), autorange="reversed", dtick=1)
     return fig.build()
