@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from models.outputs import AttentionMap, ClassificationResult
 from models.positional import LearnedPositions, SinusoidalPositions
+from models.tokenizer import encode_input
 from models.transformer import EncoderLayer
 
 
@@ -102,18 +103,7 @@ def classify_text(model: nn.Module, text: str | Sequence[int]) -> Classification
     ``n_classes``), ``labels``, ``tokenizer`` and ``forward_with_attention``: probabilities and (L,H,N,N)
     attention. Shared by TextClassifier and the pretrained BertClassifier."""
     c, dev = model.config, next(model.parameters()).device
-    notice = ""
-    if isinstance(text, str):
-        if model.tokenizer is None:
-            raise ValueError(f"this {type(model).__name__} has no tokenizer: pass token ids or set .tokenizer")
-        enc = model.tokenizer.encode(text, max_tokens=c.max_len)
-        ids, tokens, notice = enc.ids, enc.pieces, enc.notice
-    else:
-        ids = [int(i) for i in text]
-        if len(ids) > c.max_len:
-            notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
-            ids = ids[: c.max_len]
-        tokens = [model.tokenizer.id_to_piece(i) if model.tokenizer is not None else str(i) for i in ids]
+    ids, tokens, notice = encode_input(model.tokenizer, text, c.max_len, type(model).__name__)
     was_training = model.training
     model.eval()
     # one unpadded sequence: every id is real, even one that equals pad_id

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,22 @@ class JsonTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size(with_added_tokens=True)
+
+
+def encode_input(tokenizer: Tokenizer | None, text: str | Sequence[int], max_len: int, owner: str = "model"
+                 ) -> tuple[list[int], list[str], str]:
+    """(ids, token labels, notice) of a model input: a text goes through ``tokenizer`` (capped at ``max_len``
+    tokens), token ids (specials included) are cut at ``max_len``; the notice says when input was cut."""
+    if isinstance(text, str):
+        if tokenizer is None:
+            raise ValueError(f"this {owner} has no tokenizer: pass token ids or set .tokenizer")
+        enc = tokenizer.encode(text, max_tokens=max_len)
+        return enc.ids, enc.pieces, enc.notice
+    ids, notice = [int(i) for i in text], ""
+    if len(ids) > max_len:
+        notice = f"Input truncated to {max_len} tokens (it had {len(ids)})."
+        ids = ids[:max_len]
+    return ids, [tokenizer.id_to_piece(i) if tokenizer is not None else str(i) for i in ids], notice
 
 
 def load_tokenizer(folder: str | Path, text: dict[str, Any] | None = None) -> Tokenizer:

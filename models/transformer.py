@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from models.attention import KVCache, MultiHeadAttention, causal_mask
 from models.outputs import AttentionMap, BeamStep, TranslationResult
 from models.positional import SinusoidalPositions
+from models.tokenizer import encode_input
 
 
 @dataclass
@@ -363,18 +364,7 @@ class Translator(nn.Module):
         y_{t+1}.
         """
         c, dev = self.config, next(self.parameters()).device
-        notice = ""
-        if isinstance(text, str):
-            if self.tokenizer is None:
-                raise ValueError("this Translator has no tokenizer: pass token ids or set .tokenizer")
-            enc = self.tokenizer.encode(text, max_tokens=c.max_len)
-            ids, src_tokens, notice = enc.ids, enc.pieces, enc.notice
-        else:
-            ids = [int(i) for i in text]
-            if len(ids) > c.max_len:
-                notice = f"Input truncated to {c.max_len} tokens (it had {len(ids)})."
-                ids = ids[: c.max_len]
-            src_tokens = [self._label(i) for i in ids]
+        ids, src_tokens, notice = encode_input(self.tokenizer, text, c.max_len, "Translator")
         if beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, got {beam_size}")
         was_training = self.training
