@@ -228,6 +228,24 @@ def test_finetune_command_writes_a_loadable_checkpoint(fake_minilm: Path, tmp_pa
     res = model.classify("the striker scored twice .")
     assert res.tokens[0] == "[CLS]" and res.labels == AGNEWS_LABELS
 
+    # --init continues from that checkpoint (no pretrained files needed); at lr 0 nothing changes
+    again = tmp_path / "again"
+    argv2 = ["--task", "agnews", "--init", str(out), "--data-dir", str(tmp_path / "data"), "--out", str(again),
+             "--run-dir", str(tmp_path / "run2"), "--train-limit", "24", "--batch-size", "8", "--max-steps", "2",
+             "--lr", "0", "--threads", "1"]
+    assert minilm.main(argv2) == 0
+    for (n, a), b in zip(model.state_dict().items(), models.load(again).state_dict().values()):
+        assert torch.equal(a, b), n
+    record = json.loads((again / "metrics.json").read_text())["training"]
+    assert record["init"]["checkpoint"] == "minilm-agnews"
+    assert record["init"]["training"] == json.loads((out / "metrics.json").read_text())["training"]
+    (tmp_path / "data" / "sst2").mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / "data" / "sst2" / name).write_text("sentence\tlabel\n" + "".join(
+            f"{' '.join(rng.choices(WORDS[:-2], k=5))}\t{i % 2}\n" for i in range(40)))
+    with pytest.raises(SystemExit, match="4 classes, sst2 has 2"):
+        minilm.main(["--task", "sst2", *argv2[2:]])
+
 
 def test_missing_package_message(monkeypatch: pytest.MonkeyPatch) -> None:
     import train.minilm as minilm

