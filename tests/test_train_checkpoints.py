@@ -69,7 +69,13 @@ def test_translator_attention_shapes() -> None:
     assert r.attention["decoder"].weights.shape == (c.n_dec_layers, c.n_heads, t, t)
     assert r.attention["cross"].weights.shape == (c.n_dec_layers, c.n_heads, t, s)
     assert all(rows_sum_to_one(a.weights) for a in r.attention.values())
-    assert r.beam and len(r.chosen) == len(r.beam)
+    # the chosen path: one node per emitted token (the search may run on after it finished), each the
+    # child of the previous one, ending in a finished </s>
+    assert r.beam and len(r.chosen) == t <= len(r.beam)
+    for step in range(1, t):
+        assert r.beam[step].parents[r.chosen[step]] == r.chosen[step - 1]
+    last = r.beam[t - 1]
+    assert last.finished[r.chosen[-1]] and last.tokens[r.chosen[-1]] == "</s>"
 
 
 CLASSIFIERS = [("sst2", 2), ("agnews", 4)] + [(n, 2 if n.endswith("sst2") else 4) for n in MINILM]
