@@ -299,8 +299,13 @@ class Translator(nn.Module):
             if t < min_len:
                 logp[:, c.eos_id] = float("-inf")
             v = logp.size(-1)
-            cand = (scores.view(-1, 1) + logp).view(b, k * v)  # cumulative score of every continuation
-            top_s, top_i = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2K)
+            cand = scores.view(-1, 1) + logp  # (B*K, V): cumulative score of every continuation
+            # the 2K best of a source are among its rows' own 2K best: rank those (B, K*2K), not all K*V
+            n = min(2 * k, v)
+            row_s, row_i = cand.topk(n, dim=1)
+            flat = (row_i + torch.arange(k, device=dev).repeat(b)[:, None] * v).view(b, k * n)
+            top_s, pos = row_s.view(b, k * n).topk(min(2 * k, k * n), dim=1)  # (B, 2K)
+            top_i = flat.gather(1, pos)
             rows, new_tok, new_scores, new_hist, new_paths = [], [], [], [], []
             for i, (ss, ii) in enumerate(zip(top_s.tolist(), top_i.tolist())):
                 step: dict[str, list[Any]] = {"tokens": [], "parents": [], "scores": [], "finished": []}
