@@ -66,7 +66,8 @@ def _shards(tensors: dict[str, Tensor], limit: int) -> list[dict[str, Tensor]]:
 def _canonical_header(path: Path) -> None:
     """Rewrite a safetensors header with its metadata keys sorted (same length, data untouched). safetensors
     writes the metadata in hash-map order, which changes from run to run; sorted, a shard holding the same
-    tensors is byte-identical across checkpoints (the frozen MiniLM word embeddings are stored once in git)."""
+    tensors is byte-identical across checkpoints (a frozen word-embedding shard shared by two checkpoints
+    is then stored once in git)."""
     with path.open("r+b") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
