@@ -206,9 +206,8 @@ def test_finetune_command_writes_a_loadable_checkpoint(fake_minilm: Path, tmp_pa
     monkeypatch.setattr(minilm, "PACKAGE", "no_such_package_for_attention_atlas")  # --base is what counts
     out = tmp_path / "minilm-agnews"
     argv = ["--task", "agnews", "--base", str(fake_minilm), "--data-dir", str(tmp_path / "data"), "--out",
-            str(out), "--run-dir",
-            str(tmp_path / "run"), "--train-limit", "24", "--batch-size", "8", "--max-steps", "3", "--lr", "1e-3",
-            "--threads", "1"]
+            str(out), "--run-dir", str(tmp_path / "run"), "--train-limit", "24", "--batch-size", "8", "--max-steps",
+            "3", "--lr", "1e-3", "--threads", "1"]
     assert minilm.main(argv) == 0
     meta = json.loads((out / "config.json").read_text())
     assert meta["model"] == "BertClassifier" and meta["labels"] == AGNEWS_LABELS

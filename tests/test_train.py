@@ -307,6 +307,7 @@ def test_vision_init_continues_from_a_checkpoint(data_dir: Path, tmp_path: Path)
     with pytest.raises(SystemExit, match="a ViT checkpoint"):
         vision.main([*swin, "--init", str(first)])
 
+
 def test_grad_checkpointing_keeps_names_and_gradients() -> None:
     from models.vit import ViT, ViTConfig
 

