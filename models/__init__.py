@@ -51,8 +51,11 @@ def resolve(name_or_path: str | Path) -> Path:
     return CHECKPOINTS / s
 
 
-def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
-    """Load the model of a checkpoint folder name (under checkpoints/) or path."""
+def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True, pack: bool = True) -> nn.Module:
+    """Load the model of a checkpoint folder name (under checkpoints/) or path.
+
+    ``pack``: on the CPU, run the large linear layers on fp16-packed copies of their (fp16-stored)
+    weights, the same numbers up to summation order and faster (``models.packed``)."""
     from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
 
     folder = resolve(name_or_path)
@@ -74,7 +77,12 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
         from models.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
-    return model.float().eval().to(device)
+    model = model.float().eval().to(device)
+    if pack and str(device) == "cpu":
+        from models.packed import pack_linears
+
+        pack_linears(model)
+    return model
 
 
 def __getattr__(name: str) -> Any:

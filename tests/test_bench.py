@@ -1,7 +1,7 @@
-"""bench/latency.py, bench/load.py and bench/figures.py run end to end over the tiny checkpoints (counts, keys;
-never times).
+"""bench/latency.py, bench/load.py, bench/figures.py and bench/packed.py run end to end over the tiny
+checkpoints (counts, keys; never times).
 
-The four runs (latency; figures, in process; load; an over-capacity load against a queue of one) start
+The five runs (latency; figures and packed, in process; load; an over-capacity load against a queue of one) start
 together in one module fixture, each launching its own app, so the file costs about one run's wall time.
 """
 
@@ -21,6 +21,8 @@ RUNS = {
     "latency": ["bench/latency.py", "--repeats", "2", "--warmup", "1", "--actions", "playground,classify_sst2"],
     "figures": ["bench/figures.py", "--repeats", "1", "--actions", "classify_sst2,playground"],
     "load": ["bench/load.py", "--clients", "3", "--requests", "2", "--deadline", "150", "--request-timeout", "90"],
+    # every linear layer packed, so the tiny models exercise the packed path
+    "packed": ["bench/packed.py", "--repeats", "1", "--models", "translator-en-de,minilm-sst2", "--min-weights", "1"],
     # Queue of one, one worker, six clients submitting at once: most are turned away as busy.
     "busy": ["bench/load.py", "--clients", "6", "--requests", "2", "--queue", "1", "--concurrency", "1",
              "--expect-busy", "--deadline", "150", "--request-timeout", "90"],
@@ -126,3 +128,15 @@ def test_helpers() -> None:
     with pytest.raises(SystemExit):
         select_actions("nope")
     assert len(SENTENCE_20.split()) == 20
+
+
+@pytest.mark.slow
+def test_packed_bench_compares_both_paths(runs) -> None:
+    from models.packed import supported
+
+    report = _report(runs, "packed")
+    assert report["fbgemm"] is supported()
+    for name in ("translator-en-de", "minilm-sst2"):
+        assert report[f"{name}_plain_ms"] > 0 and report[f"{name}_packed_ms"] > 0
+        assert report[f"{name}_same"] is True  # same translation / probabilities and attention
+        assert (report[f"{name}_packed_layers"] > 0) is supported()

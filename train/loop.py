@@ -256,7 +256,7 @@ def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str
     import models
 
     folder = Path(folder)
-    model = models.load(folder)
+    model = models.load(folder, pack=False)
     if type(model).__name__ != model_class:
         raise SystemExit(f"--init {folder}: a {type(model).__name__} checkpoint, but this command trains a "
                          f"{model_class}")
@@ -285,6 +285,23 @@ def average_last(run_dir: str | Path, k: int) -> tuple[dict[str, Tensor], list[i
     mean = {name: (sum(s[name].double() for s in states) / len(states)).to(t.dtype) if t.is_floating_point()
             else t for name, t in states[-1].items()}
     return mean, [int(f.stem.split("-")[1]) for f in files]
+
+
+def prefer_average(model: nn.Module, task: Task, run_dir: str | Path, k: int, state: dict[str, Tensor],
+                   info: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The best epoch's ``(state, info)`` from :func:`load_best`, or the mean of the last ``k`` kept epochs
+    when its validation score is higher (checkpoint averaging; with a constant learning rate this is
+    stochastic weight averaging, Izmailov et al. 2018). Leaves ``model`` holding the averaged weights."""
+    avg, epochs = average_last(run_dir, k)
+    model.load_state_dict(avg)
+    model.eval()
+    with torch.no_grad():
+        metrics = task.validate(model)
+    print(f"average of epochs {epochs}: {json.dumps(metrics)}; best epoch {info['epoch']}: "
+          f"{json.dumps(info['metrics'])}", file=sys.stderr)
+    if metrics["score"] > info["score"]:
+        return avg, {**info, "epoch": f"mean of {epochs}", "metrics": metrics, "score": metrics["score"]}
+    return state, info
 
 
 def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, resume: bool = False,

@@ -25,11 +25,11 @@ from train.data import DEFAULT_DATA_DIR, load_multi30k
 from train.loop import (
     TrainConfig,
     add_train_args,
-    average_last,
     cleanup_distributed,
     config_from_args,
     dump_digest,
     load_best,
+    prefer_average,
     setup_distributed,
     setup_threads,
     train,
@@ -151,15 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.finished and d.main:
         state, info = load_best(args.run_dir)
         if args.average_last > 1:
-            avg, epochs = average_last(args.run_dir, args.average_last)
-            model.load_state_dict(avg)
-            model.eval()
-            with torch.no_grad():
-                metrics = task.validate(model)
-            print(f"average of epochs {epochs}: {json.dumps(metrics)}; best epoch {info['epoch']}: "
-                  f"{json.dumps(info['metrics'])}", file=sys.stderr)
-            if metrics["score"] > info["score"]:
-                state, info = avg, {**info, "epoch": f"mean of {epochs}", "metrics": metrics}
+            state, info = prefer_average(model, task, args.run_dir, args.average_last, state, info)
         model.load_state_dict(state)
         from models.checkpoint import save_checkpoint
 

@@ -35,6 +35,7 @@ from train.loop import (
     dump_digest,
     load_best,
     load_init,
+    prefer_average,
     setup_distributed,
     setup_threads,
     train,
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many training images (tests)")
     ap.add_argument("--init", type=Path, default=None,
                     help="start from this checkpoint folder's weights and config (--set is then not allowed)")
+    ap.add_argument("--average-last", type=int, default=0,
+                    help="also try the mean of the last K epochs' weights (needs --keep-last K) and ship it if "
+                         "its validation accuracy beats the best epoch's")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     dump_digest(model, args.dump_digest, d)
     if result.finished and d.main:
         state, info = load_best(args.run_dir)
+        if args.average_last > 1:
+            state, info = prefer_average(model, task, args.run_dir, args.average_last, state, info)
         model.load_state_dict(state)
         from models.checkpoint import save_checkpoint
 
