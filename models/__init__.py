@@ -1,7 +1,8 @@
 """The Attention Atlas model package: pure PyTorch, no gradio, no plotly.
 
 ``models.load(name_or_path)`` returns the ready model behind a checkpoint folder (GUIDE §4): in eval
-mode, float32, with ``.labels``, ``.text`` settings and, for text models, ``.tokenizer`` attached.
+mode, float32, with ``.labels``, ``.text`` settings and, for text models, ``.tokenizer`` attached; on
+the CPU its large linear layers run on fp16-packed copies of their fp16-stored weights (``models.packed``).
 """
 
 from __future__ import annotations

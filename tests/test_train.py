@@ -129,6 +129,43 @@ def test_average_last_is_the_mean_of_the_kept_epochs(tmp_path: Path) -> None:
         loop.average_last(tmp_path / "empty", 2)
 
 
+def test_prefer_average_ships_the_mean_only_when_validation_prefers_it(tmp_path: Path) -> None:
+    class Target:  # validation score: how close the single weight is to `target`
+        def __init__(self, target: float) -> None:
+            self.target = target
+
+        def validate(self, model: torch.nn.Module) -> dict[str, float]:
+            score = -abs(float(model.w) - self.target)
+            return {"score": score, "val_accuracy": score}
+
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.tensor(0.0))
+    for epoch, value in [(1, 1.0), (2, 3.0)]:
+        loop.atomic_save({"model": {"w": torch.tensor(value)}, "epoch": epoch}, tmp_path / f"epoch-{epoch}.pt")
+    best = {"w": torch.tensor(3.0)}
+    info = {"epoch": 2, "score": -1.0, "metrics": {"score": -1.0}}
+    state, chosen = loop.prefer_average(model, Target(2.0), tmp_path, 2, best, info)  # the mean, 2.0, is exact
+    assert float(state["w"]) == 2.0 and chosen["epoch"] == "mean of [1, 2]" and chosen["score"] == 0.0
+    state, chosen = loop.prefer_average(model, Target(3.0), tmp_path, 2, best, {**info, "score": 0.0})
+    assert state is best and chosen["epoch"] == 2
+
+
+def test_vision_average_last(data_dir: Path, tmp_path: Path) -> None:
+    import models
+    from train import vision
+
+    run = tmp_path / "run"
+    assert vision.main(vision_args(data_dir, tmp_path / "vit", run, "--keep-last", "2", "--average-last", "2")) == 0
+    shipped = models.load(tmp_path / "vit", pack=False).state_dict()
+    mean, _ = loop.average_last(run, 2)
+    best, _ = loop.load_best(run)
+    record = json.loads((tmp_path / "vit" / "metrics.json").read_text())["training"]
+    chosen = mean if str(record["shipped_epoch"]).startswith("mean of") else best
+    assert record["shipped_epoch"] in (record["best_epoch"], "mean of [1, 2]")
+    for name, t in shipped.items():  # fp16 storage: the shipped weights are the chosen ones rounded
+        torch.testing.assert_close(t, chosen[name].half().float(), atol=0, rtol=0)
+
+
 def test_distillation_loss() -> None:
     from train.classifier import ClassificationTask
 

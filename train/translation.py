@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         record = training_record(result, model, d, cfg, cmd)
         record["validation"] = {"split": f"Multi30k val ({nv} sentences), greedy, sacreBLEU cased",
                                 **info["metrics"]}
+        record["shipped_epoch"] = info["epoch"]  # an epoch number, or "mean of [...]" (--average-last)
         save_checkpoint(args.out, model, labels=[], text={"lowercase": False, "nfkc": True},
                         extra_files={"tokenizer.model": args.tokenizer}, metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))

@@ -5,6 +5,9 @@
     python -m train.vision --model swin --out checkpoints/swin-fashion --run-dir runs/swin-fashion --epochs 8
     python -m train.vision --model swin --init checkpoints/swin-fashion --out runs/swin-more/ckpt \
         --run-dir runs/swin-more --epochs 4 --lr 2e-4       # continue a trained model (its config and weights)
+    python -m train.vision --model swin --init checkpoints/swin-fashion --out runs/swin-swa/ckpt \
+        --run-dir runs/swin-swa --epochs 6 --lr 5e-5 --min-lr-ratio 1 --keep-last 6 --average-last 6
+        # stochastic weight averaging: a constant lr, then the mean of the epochs' weights if validation prefers it
 
 Model selection: accuracy on the last 5,000 training images (data README); the reported figure comes
 from ``python -m train.evaluate vision`` on t10k. Augmentation: random shifts of up to 2 pixels (zero
@@ -187,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         record = training_record(result, model, d, cfg, cmd)
         record["batch_size"] = args.batch_size * d.world
         record["validation"] = {"split": "last 5,000 Fashion-MNIST training images", **info["metrics"]}
+        record["shipped_epoch"] = info["epoch"]  # an epoch number, or "mean of [...]" (--average-last)
         if init_record is not None:
             record["init"] = init_record
         save_checkpoint(args.out, model, labels=list(FASHION_CLASSES), text={}, metrics={"training": record})
