@@ -65,6 +65,45 @@ def test_tsv_and_holdout(tmp_path: Path, gz: bool) -> None:
     assert again["val"].texts == splits["val"].texts  # fixed seed: the same split every time
 
 
+def test_grouped_holdout_keeps_a_held_out_sentence_s_phrases_out_of_training() -> None:
+    texts, labels = [], []
+    for k in range(6):  # six 16-word sentences, each with a phrase, a 2-word span and a line containing it
+        w = [f"w{k}x{j}" for j in range(16)]
+        sent = " ".join(w)
+        texts += [sent + " ", " ".join(w[2:9]), " ".join(w[:2]), f"well , {sent} indeed"]  # SST-2's trailing space
+        labels += [k % 2] * 4
+    texts.append("a phrase of its own here")
+    labels.append(1)
+    examples = data.TextExamples(texts, labels)
+    train, val = data.grouped_holdout(examples, 3)
+    assert len(val) == 3 and all(len(t.split()) >= 15 for t in val.texts)
+
+    def words(t: str) -> str:
+        return " " + " ".join(t.split()) + " "
+
+    def related(line: str) -> bool:  # a span of 3+ words of a held-out line, or a line containing one
+        n = len(line.split())
+        return any((n >= 3 and words(line) in words(h)) or words(h) in words(line) for h in val.texts)
+
+    assert not any(related(t) for t in train.texts)
+    dropped = [t for t in texts if t not in train.texts and t not in val.texts]
+    assert dropped and all(related(t) for t in dropped)  # nothing else is lost
+    assert len(train) + len(val) + len(dropped) == len(texts)
+    assert "a phrase of its own here" in train.texts
+    two = [t for t in texts if len(t.split()) == 2]
+    assert len(two) == 6 and all(t in train.texts for t in two)  # 2-word spans are generic: all kept
+    again_train, again_val = data.grouped_holdout(examples, 3)
+    assert again_val.texts == val.texts and again_train.texts == train.texts
+
+
+def test_grouped_holdout_is_for_sst2_only(tmp_path: Path) -> None:
+    rows = [f"Story {i}\t{data.AGNEWS_LABELS[i % 4]}" for i in range(1200)]
+    write(tmp_path / "agnews" / "train.tsv", ("sentence\tlabel\n" + "\n".join(rows)).encode(), False)
+    write(tmp_path / "agnews" / "test.tsv", b"sentence\tlabel\nStocks fell.\tBusiness\n", False)
+    with pytest.raises(ValueError, match="sst2"):
+        data.load_text_task(tmp_path, "agnews", "grouped")
+
+
 def test_agnews_named_labels(tmp_path: Path) -> None:
     rows = [f"Story {i}\t{data.AGNEWS_LABELS[i % 4]}" for i in range(1200)]
     write(tmp_path / "agnews" / "train.tsv", ("sentence\tlabel\n" + "\n".join(rows)).encode(), False)

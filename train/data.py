@@ -154,12 +154,54 @@ def holdout_split(examples: TextExamples, n_val: int, seed: int = SPLIT_SEED) ->
     return pick(tr), pick(va)
 
 
-def load_text_task(data_dir: str | Path, task: str) -> dict[str, TextExamples]:
-    """{"train", "val", "test"} for ``sst2`` (test = dev.tsv) or ``agnews`` (test = test.tsv)."""
+def grouped_holdout(examples: TextExamples, n_val: int, min_words: int = 15, min_span: int = 3,
+                    seed: int = SPLIT_SEED) -> tuple[TextExamples, TextExamples]:
+    """(train, val) for SST-2 without leaks between them: ``n_val`` whole sentences (lines of at least
+    ``min_words`` words, chosen with ``random.Random(seed)``) are held out, and training loses every line
+    that is a word span of at least ``min_span`` words of a held-out sentence (its phrases) or contains one.
+
+    SST-2's train.tsv holds each sentence's phrases as lines of their own, so a plain random hold-out keeps
+    most of a held-out phrase's parent sentence in training, and its validation score does not predict
+    dev.tsv (unseen whole sentences). Shorter spans ("never", "a bit") stay: they are generic.
+    """
+    words = [tuple(t.split()) for t in examples.texts]
+    order = [i for i, w in enumerate(words) if len(w) >= min_words]
+    random.Random(seed).shuffle(order)
+    val_idx = set(order[:n_val])
+    held = {words[i] for i in val_idx}
+    spans = {w[a:b] for w in held for a in range(len(w)) for b in range(a + min_span, len(w) + 1)}
+    lengths = sorted({len(w) for w in held})
+
+    def leaks(w: tuple[str, ...]) -> bool:
+        return w in spans or any(w[a:a + n] in held for n in lengths if n < len(w) for a in range(len(w) - n + 1))
+
+    tr = [i for i, w in enumerate(words) if i not in val_idx and not leaks(w)]
+    pick = lambda idx: TextExamples([examples.texts[i] for i in idx], [examples.labels[i] for i in idx])  # noqa: E731
+    return pick(tr), pick(sorted(val_idx))
+
+
+HOLDOUT_SPLITS = {"lines": "{n} held-out lines of {task} train.tsv (seed 0)",
+                  "grouped": "{n} held-out sentences of {task} train.tsv (seed 0), their phrases removed from "
+                             "training (train.data.grouped_holdout)"}
+GROUPED_SENTENCES = 1000  # SST-2 sentences held out by --holdout grouped
+
+
+def load_text_task(data_dir: str | Path, task: str, holdout: str = "lines") -> dict[str, TextExamples]:
+    """{"train", "val", "test"} for ``sst2`` (test = dev.tsv) or ``agnews`` (test = test.tsv).
+
+    ``holdout``: "lines" (the data README's split: random lines of train.tsv) or, for SST-2 only,
+    "grouped" (:func:`grouped_holdout`: whole sentences, their phrases dropped from training)."""
     base = Path(data_dir) / task
     labels = task_labels(task)
     full = load_tsv(base / "train.tsv", labels)
-    train, val = holdout_split(full, HOLDOUT[task])
+    if holdout == "grouped":
+        if task != "sst2":
+            raise ValueError("--holdout grouped is for sst2 (its training file holds phrases of its sentences)")
+        train, val = grouped_holdout(full, GROUPED_SENTENCES)
+    elif holdout == "lines":
+        train, val = holdout_split(full, HOLDOUT[task])
+    else:
+        raise ValueError(f"unknown hold-out {holdout!r} (lines or grouped)")
     test = load_tsv(base / ("dev.tsv" if task == "sst2" else "test.tsv"), labels)
     return {"train": train, "val": val, "test": test}
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from train.classifier import TEXT_SETTINGS, ClassificationTask
-from train.data import DEFAULT_DATA_DIR, REPO_ROOT, TextExamples, load_text_task, task_labels
+from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, REPO_ROOT, TextExamples, load_text_task, task_labels
 from train.loop import (
     TrainConfig,
     add_train_args,
@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", type=Path, default=None,
                     help="continue from this fine-tuned checkpoint folder (its weights, config and tokenizer; "
                          "--pooling and --dropout are then ignored)")
+    ap.add_argument("--holdout", choices=["lines", "grouped"], default="lines",
+                    help="validation split: lines (the data README's random lines) or, SST-2 only, grouped "
+                         "(1,000 whole sentences, their phrases removed from training; see train.data)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = JsonTokenizer(folder / "tokenizer.json", text)
     if tok.pad_id != PAD_ID:  # the shared batching pads with PAD_ID and the model reads padding from ids
         raise SystemExit(f"tokenizer.json has [PAD] = {tok.pad_id}, expected {PAD_ID}")
-    data = load_text_task(args.data_dir, args.task)
+    data = load_text_task(args.data_dir, args.task, args.holdout)
     tr, va = data["train"], data["val"]
     if args.train_limit:
         tr = TextExamples(tr.texts[:args.train_limit], tr.labels[:args.train_limit])
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cmd = ["python", "-m", "train.minilm", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)
-        record["validation"] = {"split": f"{len(va)} held-out lines of {args.task} train.tsv (seed 0)",
+        record["validation"] = {"split": HOLDOUT_SPLITS[args.holdout].format(n=len(va), task=args.task),
                                 **info["metrics"]}
         record["origin"] = ORIGIN
         if init_record is not None:
