@@ -143,6 +143,10 @@ def task_labels(task: str) -> list[str]:
     return {"sst2": SST2_LABELS, "agnews": AGNEWS_LABELS}[task]
 
 
+def _subset(examples: TextExamples, idx: list[int]) -> TextExamples:
+    return TextExamples([examples.texts[i] for i in idx], [examples.labels[i] for i in idx])
+
+
 def holdout_split(examples: TextExamples, n_val: int, seed: int = SPLIT_SEED) -> tuple[TextExamples, TextExamples]:
     """(train, val): ``n_val`` lines chosen with ``random.Random(seed)``, the rest kept in file order."""
     order = list(range(len(examples)))
@@ -150,8 +154,7 @@ def holdout_split(examples: TextExamples, n_val: int, seed: int = SPLIT_SEED) ->
     val_idx = set(order[:n_val])
     tr = [i for i in range(len(examples)) if i not in val_idx]
     va = sorted(val_idx)
-    pick = lambda idx: TextExamples([examples.texts[i] for i in idx], [examples.labels[i] for i in idx])  # noqa: E731
-    return pick(tr), pick(va)
+    return _subset(examples, tr), _subset(examples, va)
 
 
 def grouped_holdout(examples: TextExamples, n_val: int, min_words: int = 15, min_span: int = 3,
@@ -176,8 +179,7 @@ def grouped_holdout(examples: TextExamples, n_val: int, min_words: int = 15, min
         return w in spans or any(w[a:a + n] in held for n in lengths if n < len(w) for a in range(len(w) - n + 1))
 
     tr = [i for i, w in enumerate(words) if i not in val_idx and not leaks(w)]
-    pick = lambda idx: TextExamples([examples.texts[i] for i in idx], [examples.labels[i] for i in idx])  # noqa: E731
-    return pick(tr), pick(sorted(val_idx))
+    return _subset(examples, tr), _subset(examples, sorted(val_idx))
 
 
 HOLDOUT_SPLITS = {"lines": "{n} held-out lines of {task} train.tsv (seed 0)",
