@@ -158,3 +158,29 @@ def test_download_offline_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
     assert download.main(["--out", str(tmp_path), "--only", "sst2"]) == 2
+
+
+def test_augment_texts_perturbs_only_the_longer_texts() -> None:
+    from train.text import augment_texts
+
+    long_a = " ".join(f"a{i}" for i in range(12))
+    long_b = " ".join(f"b{i}" for i in range(15))
+    texts = [long_a, "too short here", long_b]
+    out = augment_texts(texts, 3, seed=1)
+    assert len(out) == 6 and out == augment_texts(texts, 3, seed=1) and out != augment_texts(texts, 3, seed=2)
+    pool = {w for t in texts for w in t.split()}
+    assert all(o and o not in texts and set(o.split()) <= pool for o in out)
+
+    def is_subsequence(small: list[str], big: list[str]) -> bool:
+        it = iter(big)
+        return all(w in it for w in small)
+
+    # deletions alone keep the source's order; n-grams alone keep a contiguous span of 1..5 words
+    src = long_b.split()
+    for o in augment_texts([long_b], 20, p_replace=0, p_ngram=0):
+        assert is_subsequence(o.split(), src) and len(o.split()) < len(src)
+    for o in augment_texts([long_b], 20, p_delete=0, p_replace=0, p_ngram=1):
+        w = o.split()
+        assert 1 <= len(w) <= 5 and o in long_b and w == src[src.index(w[0]):src.index(w[0]) + len(w)]
+    # swaps alone keep the length
+    assert all(len(o.split()) == len(src) for o in augment_texts([long_b], 20, p_delete=0, p_ngram=0))

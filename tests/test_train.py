@@ -295,19 +295,25 @@ def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_pa
                             str(tokenizers / "sst2.model"), "--out", str(tmp_path / "student"), "--run-dir",
                             str(student_run), "--epochs", "1", "--train-limit", "64", "--d-model", "16",
                             "--heads", "2", "--layers", "1", "--d-ff", "32", "--threads", "1",
-                            "--teacher", str(ck), "--distill-alpha", "0.7"]) == 0
+                            "--teacher", str(ck), "--distill-alpha", "0.7", "--augment", "2",
+                            "--augment-min-words", "5"]) == 0
     capsys.readouterr()
     import models
     from train.data import load_text_task
+    from train.text import augment_texts
 
     teacher = models.load(ck)
     soft = torch.load(student_run / "teacher_logits.pt", weights_only=True)
     texts = load_text_task(data_dir, "sst2")["train"].texts[:64]
-    assert soft.shape == (len(texts), 2)
-    for i in (0, 17, len(texts) - 1):  # batched and padded = one text alone
+    texts += augment_texts(texts, 2, seed=0, min_words=5)  # the perturbed copies follow the training texts
+    assert soft.shape == (64 * 3, 2)
+    for i in (0, 17, 63, 64, len(texts) - 1):  # batched and padded = one text alone
         np.testing.assert_allclose(torch.softmax(soft[i], -1).numpy(), teacher.classify(texts[i]).probs, atol=1e-5)
     record = json.loads((tmp_path / "student" / "metrics.json").read_text())["training"]
-    assert record["distillation"] == {"teacher": "sst2", "alpha": 0.7, "temperature": 2.0}
+    assert record["distillation"] == {"teacher": "sst2", "alpha": 0.7, "temperature": 2.0, "augmented_texts": 128}
+    with pytest.raises(SystemExit):  # perturbed texts have no labels without a teacher
+        classifier.main(["--task", "sst2", "--out", str(tmp_path / "x"), "--run-dir", str(tmp_path / "x"),
+                         "--augment", "2"])
 
     vck = tmp_path / "vit"
     assert vision.main(vision_args(data_dir, vck, tmp_path / "vrun", "--epochs", "1")) == 0

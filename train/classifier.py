@@ -38,7 +38,7 @@ from train.loop import (
     train,
     training_record,
 )
-from train.text import length_batches, pad
+from train.text import augment_texts, length_batches, pad
 from train.tokenizers import DEFAULT_OUT, PAD_ID
 
 DEFAULTS = TrainConfig(epochs=8, lr=1e-3, weight_decay=0.01, warmup_steps=200, label_smoothing=0.1)
@@ -150,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
                          " distil its predictions into the model trained from scratch")
     ap.add_argument("--distill-alpha", type=float, default=0.5, help="weight of the distillation loss")
     ap.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
+    ap.add_argument("--augment", type=int, default=0, metavar="K",
+                    help="with --teacher: add K perturbed copies of each training text of 10+ words, labelled by the "
+                         "teacher alone (train.text.augment_texts; Tang et al. 2019)")
+    ap.add_argument("--augment-min-words", type=int, default=10, help="shortest training text that --augment copies")
     ap.add_argument("--holdout", choices=["lines", "grouped"], default="lines",
                     help="validation split: lines (the data README's random lines) or, SST-2 only, grouped "
                          "(1,000 whole sentences, their phrases removed from training; see train.data)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
+    if args.augment and args.teacher is None:
+        ap.error("--augment needs --teacher: the perturbed texts have no labels of their own")
     setup_threads(args.threads)
     d = setup_distributed(args.device)
     cfg = config_from_args(args)
@@ -171,17 +177,22 @@ def main(argv: list[str] | None = None) -> int:
         tr = TextExamples(tr.texts[:args.train_limit], tr.labels[:args.train_limit])
         va = TextExamples(va.texts[:args.train_limit], va.labels[:args.train_limit])
     soft = None
+    n_aug = 0
     if args.teacher is not None:
         import models
 
+        aug = augment_texts(tr.texts, args.augment, seed=cfg.seed, min_words=args.augment_min_words)
+        n_aug = len(aug)
         cache = Path(args.run_dir) / "teacher_logits.pt"
         if args.resume and cache.exists():
             soft = torch.load(cache, map_location="cpu", weights_only=True)
         else:
-            soft = teacher_logits(models.load(args.teacher), tr.texts)
+            soft = teacher_logits(models.load(args.teacher), tr.texts + aug)
             if d.main:
                 Path(args.run_dir).mkdir(parents=True, exist_ok=True)
                 torch.save(soft, cache)
+        # the perturbed texts take the teacher's answer as their label
+        tr = TextExamples(tr.texts + aug, tr.labels + soft[len(tr.texts):].argmax(-1).tolist())
     task = ClassificationTask(encode_texts(tok, tr.texts), tr.labels, encode_texts(tok, va.texts), va.labels,
                               args.max_tokens, args.batch_size, cfg.seed, d.device, teacher=soft,
                               alpha=args.distill_alpha, temperature=args.temperature)
@@ -205,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                                 **info["metrics"]}
         if args.teacher is not None:
             record["distillation"] = {"teacher": args.teacher.name, "alpha": args.distill_alpha,
-                                      "temperature": args.temperature}
+                                      "temperature": args.temperature, "augmented_texts": n_aug}
         save_checkpoint(args.out, model, labels=labels, text=text, extra_files={"tokenizer.model": tok_path},
                         metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))

@@ -1,6 +1,8 @@
-"""Helpers shared by the text tasks: padding and length-bucketed batches."""
+"""Helpers shared by the text tasks: padding, length-bucketed batches and text augmentation for distillation."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import torch
@@ -45,3 +47,40 @@ def length_batches(lengths: list[int], max_tokens: int, max_sentences: int, seed
         perm = np.random.default_rng((seed, epoch, 1)).permutation(len(batches))
         batches = [batches[j] for j in perm]
     return batches
+
+
+def augment_texts(texts: list[str], copies: int, seed: int = 0, min_words: int = 10, p_delete: float = 0.1,
+                  p_replace: float = 0.1, p_ngram: float = 0.25, max_ngram: int = 5) -> list[str]:
+    """Perturbed copies of the longer training texts, for a teacher to label (Tang et al. 2019, §3.2).
+
+    For each text of at least ``min_words`` words, ``copies`` variants: every word is dropped with
+    probability ``p_delete`` or swapped for a word drawn from the training texts' unigram distribution with
+    probability ``p_replace`` (a stand-in for the paper's masking and POS-guided swaps, needing neither a
+    mask token the student lacks nor a tagger); then, with probability ``p_ngram``, only a random n-gram of
+    1 to ``max_ngram`` words is kept. Variants equal to their source or empty are drawn again (up to ten
+    tries). Deterministic for a seed; the words come only from ``texts``.
+    """
+    rng = random.Random(seed)
+    words = [t.split() for t in texts]
+    pool = [w for ws in words for w in ws]
+    out: list[str] = []
+    for ws in words:
+        if len(ws) < min_words:
+            continue
+        for _ in range(copies):
+            for _try in range(10):
+                new: list[str] = []
+                for w in ws:
+                    r = rng.random()
+                    if r < p_delete:
+                        continue
+                    new.append(rng.choice(pool) if r < p_delete + p_replace else w)
+                if new and rng.random() < p_ngram:
+                    n = rng.randint(1, min(max_ngram, len(new)))
+                    i = rng.randrange(len(new) - n + 1)
+                    new = new[i:i + n]
+                if new and new != ws:
+                    break
+            if new and new != ws:
+                out.append(" ".join(new))
+    return out
