@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, TextExamples, load_text_task, task_labels
+from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, TextExamples, add_holdout_arg, load_text_task, task_labels
 from train.loop import (
     TrainConfig,
     add_train_args,
@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --teacher: add K perturbed copies of each training text of 10+ words, labelled by the "
                          "teacher alone (train.text.augment_texts; Tang et al. 2019)")
     ap.add_argument("--augment-min-words", type=int, default=10, help="shortest training text that --augment copies")
-    ap.add_argument("--holdout", choices=["lines", "grouped"], default="lines",
-                    help="validation split: lines (the data README's random lines) or, SST-2 only, grouped "
-                         "(1,000 whole sentences, their phrases removed from training; see train.data)")
+    add_holdout_arg(ap)
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     if args.augment and args.teacher is None:

@@ -8,6 +8,7 @@ out the last 5,000 training images.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import random
 import struct
@@ -186,6 +187,13 @@ HOLDOUT_SPLITS = {"lines": "{n} held-out lines of {task} train.tsv (seed 0)",
                   "grouped": "{n} held-out sentences of {task} train.tsv (seed 0), their phrases removed from "
                              "training (train.data.grouped_holdout)"}
 GROUPED_SENTENCES = 1000  # SST-2 sentences held out by --holdout grouped
+
+
+def add_holdout_arg(ap: argparse.ArgumentParser) -> None:
+    """``--holdout {lines,grouped}`` for the text training commands (see :func:`load_text_task`)."""
+    ap.add_argument("--holdout", choices=["lines", "grouped"], default="lines",
+                    help="validation split: lines (the data README's random lines) or, SST-2 only, grouped "
+                         f"({GROUPED_SENTENCES:,} whole sentences, their phrases removed from training; train.data)")
 
 
 def load_text_task(data_dir: str | Path, task: str, holdout: str = "lines") -> dict[str, TextExamples]:

@@ -38,7 +38,15 @@ import torch
 from torch import nn
 
 from train.classifier import TEXT_SETTINGS, ClassificationTask
-from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, REPO_ROOT, TextExamples, load_text_task, task_labels
+from train.data import (
+    DEFAULT_DATA_DIR,
+    HOLDOUT_SPLITS,
+    REPO_ROOT,
+    TextExamples,
+    add_holdout_arg,
+    load_text_task,
+    task_labels,
+)
 from train.loop import (
     TrainConfig,
     add_train_args,
@@ -131,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", type=Path, default=None,
                     help="continue from this fine-tuned checkpoint folder (its weights, config and tokenizer; "
                          "--pooling and --dropout are then ignored)")
-    ap.add_argument("--holdout", choices=["lines", "grouped"], default="lines",
-                    help="validation split: lines (the data README's random lines) or, SST-2 only, grouped "
-                         "(1,000 whole sentences, their phrases removed from training; see train.data)")
+    add_holdout_arg(ap)
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)

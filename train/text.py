@@ -69,18 +69,13 @@ def augment_texts(texts: list[str], copies: int, seed: int = 0, min_words: int =
             continue
         for _ in range(copies):
             for _try in range(10):
-                new: list[str] = []
-                for w in ws:
-                    r = rng.random()
-                    if r < p_delete:
-                        continue
-                    new.append(rng.choice(pool) if r < p_delete + p_replace else w)
+                new = [rng.choice(pool) if r < p_delete + p_replace else w
+                       for w in ws if (r := rng.random()) >= p_delete]
                 if new and rng.random() < p_ngram:
                     n = rng.randint(1, min(max_ngram, len(new)))
                     i = rng.randrange(len(new) - n + 1)
                     new = new[i:i + n]
                 if new and new != ws:
+                    out.append(" ".join(new))
                     break
-            if new and new != ws:
-                out.append(" ".join(new))
     return out
