@@ -310,7 +310,7 @@ def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_pa
     for i in (0, 17, 63, 64, len(texts) - 1):  # batched and padded = one text alone
         np.testing.assert_allclose(torch.softmax(soft[i], -1).numpy(), teacher.classify(texts[i]).probs, atol=1e-5)
     record = json.loads((tmp_path / "student" / "metrics.json").read_text())["training"]
-    assert record["distillation"] == {"teacher": "sst2", "alpha": 0.7, "temperature": 2.0, "augmented_texts": 128}
+    assert record["distillation"] == {"teacher": str(ck), "alpha": 0.7, "temperature": 2.0, "augmented_texts": 128}
     with pytest.raises(SystemExit):  # perturbed texts have no labels without a teacher
         classifier.main(["--task", "sst2", "--out", str(tmp_path / "x"), "--run-dir", str(tmp_path / "x"),
                          "--augment", "2"])

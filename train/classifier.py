@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         record["validation"] = {"split": HOLDOUT_SPLITS[args.holdout].format(n=len(va), task=args.task),
                                 **info["metrics"]}
         if args.teacher is not None:
-            record["distillation"] = {"teacher": args.teacher.name, "alpha": args.distill_alpha,
+            record["distillation"] = {"teacher": str(args.teacher), "alpha": args.distill_alpha,
                                       "temperature": args.temperature, "augmented_texts": n_aug}
         save_checkpoint(args.out, model, labels=labels, text=text, extra_files={"tokenizer.model": tok_path},
                         metrics={"training": record})
