@@ -167,7 +167,7 @@ def test_vision_average_last(data_dir: Path, tmp_path: Path) -> None:
 
 
 def test_distillation_loss() -> None:
-    from train.classifier import ClassificationTask
+    from train.classifier import ClassificationTask  # its loss is train.loop.distillation_loss, as train.vision's
 
     class Fixed(torch.nn.Module):
         def __init__(self, logits: torch.Tensor) -> None:
@@ -325,6 +325,31 @@ def test_classifier_and_vision_evaluate(data_dir: Path, tokenizers: Path, tmp_pa
     assert result["examples"] == 50
     assert json.loads((vck / "metrics.json").read_text())["evaluations"]["t10k-images-idx3-ubyte"]["accuracy"] \
         == result["accuracy"]
+
+
+def test_vision_distillation_from_an_ensemble(data_dir: Path, tmp_path: Path) -> None:
+    import models
+    from train import vision
+    from train.data import load_fashion
+
+    teachers = [tmp_path / "t0", tmp_path / "t1"]
+    for seed, ck in enumerate(teachers):
+        assert vision.main(vision_args(data_dir, ck, tmp_path / f"r{seed}", "--epochs", "1", "--seed", str(seed))) == 0
+    run = tmp_path / "student_run"
+    assert vision.main(vision_args(data_dir, tmp_path / "student", run, "--epochs", "1", "--teacher",
+                                   *map(str, teachers), "--distill-alpha", "0.7")) == 0
+    # the cached targets: the teachers' mean probabilities over each image and its mirror image
+    soft = torch.load(run / "teacher_logits.pt", weights_only=True)
+    images = load_fashion(data_dir)["train"][0][:96]
+    assert soft.shape == (96, 10)
+    ms = [models.load(t) for t in teachers]
+    for i in (0, 41, 95):
+        views = (images[i], np.ascontiguousarray(images[i][:, ::-1]))
+        probs = np.mean([m.classify(v).probs for m in ms for v in views], axis=0)
+        np.testing.assert_allclose(soft[i].exp().numpy(), probs, atol=1e-5)
+    record = json.loads((tmp_path / "student" / "metrics.json").read_text())["training"]
+    assert record["distillation"] == {"teachers": [str(t) for t in teachers], "alpha": 0.7, "temperature": 2.0,
+                                      "views": "image and mirror image"}
 
 
 def test_vision_init_continues_from_a_checkpoint(data_dir: Path, tmp_path: Path) -> None:

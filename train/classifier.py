@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, TextExamples, add_holdout_arg, load_text_task, task_labels
@@ -31,6 +30,7 @@ from train.loop import (
     add_train_args,
     cleanup_distributed,
     config_from_args,
+    distillation_loss,
     dump_digest,
     load_best,
     setup_distributed,
@@ -96,8 +96,7 @@ def teacher_logits(teacher: nn.Module, texts: list[str], batch_size: int = 64) -
 
 
 class ClassificationTask:
-    """Cross-entropy on the labels; with ``teacher`` logits, knowledge distillation as well (Hinton et al.
-    2015): ``alpha · T² · KL(teacher_T ‖ student_T) + (1 − alpha) · CE``, both at temperature ``T``."""
+    """Cross-entropy on the labels, with distillation from ``teacher`` logits (``train.loop.distillation_loss``)."""
 
     def __init__(self, train_ids: list[list[int]], train_labels: list[int], val_ids: list[list[int]],
                  val_labels: list[int], max_tokens: int, max_sentences: int, seed: int,
@@ -115,13 +114,9 @@ class ClassificationTask:
     def loss(self, model: nn.Module, batch: list[int], step: int, label_smoothing: float) -> Tensor:
         x = pad([self.ids[i] for i in batch], PAD_ID).to(self.device)
         logits = model(x).float()
-        ce = F.cross_entropy(logits, self.labels[batch].to(self.device), label_smoothing=label_smoothing)
-        if self.teacher is None:
-            return ce
-        t = self.temperature
-        soft = F.log_softmax(self.teacher[batch].to(self.device) / t, -1)
-        kd = F.kl_div(F.log_softmax(logits / t, -1), soft, log_target=True, reduction="batchmean") * t * t
-        return self.alpha * kd + (1 - self.alpha) * ce
+        teacher = None if self.teacher is None else self.teacher[batch].to(self.device)
+        return distillation_loss(logits, self.labels[batch].to(self.device), teacher, self.alpha,
+                                 self.temperature, label_smoothing)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         acc = accuracy(predict(model, self.val_ids), self.val_labels)

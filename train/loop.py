@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
@@ -245,6 +246,19 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 def load_state(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def distillation_loss(logits: Tensor, labels: Tensor, teacher: Tensor | None, alpha: float,
+                      temperature: float, label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy on the labels; with ``teacher`` logits, knowledge distillation as well (Hinton et al.
+    2015): ``alpha · T² · KL(teacher_T ‖ student_T) + (1 − alpha) · CE``, both at temperature ``T``."""
+    ce = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+    if teacher is None:
+        return ce
+    t = temperature
+    soft = F.log_softmax(teacher / t, -1)
+    kd = F.kl_div(F.log_softmax(logits / t, -1), soft, log_target=True, reduction="batchmean") * t * t
+    return alpha * kd + (1 - alpha) * ce
 
 
 def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str, Any]]:

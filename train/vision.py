@@ -8,6 +8,9 @@
     python -m train.vision --model swin --init checkpoints/swin-fashion --out runs/swin-swa/ckpt \
         --run-dir runs/swin-swa --epochs 6 --lr 5e-5 --min-lr-ratio 1 --keep-last 6 --average-last 6
         # stochastic weight averaging: a constant lr, then the mean of the epochs' weights if validation prefers it
+    python -m train.vision --model swin --init checkpoints/swin-fashion --out runs/swin-kd/ckpt \
+        --run-dir runs/swin-kd --epochs 4 --lr 2e-4 --teacher checkpoints/vit-fashion checkpoints/swin-fashion
+        # distillation from an ensemble: the mean probabilities of the teachers, each on the image and its mirror
 
 Model selection: accuracy on the last 5,000 training images (data README); the reported figure comes
 from ``python -m train.evaluate vision`` on t10k. Augmentation: random shifts of up to 2 pixels (zero
@@ -35,6 +38,7 @@ from train.loop import (
     add_train_args,
     cleanup_distributed,
     config_from_args,
+    distillation_loss,
     dump_digest,
     load_best,
     load_init,
@@ -117,12 +121,32 @@ def accuracy(model: nn.Module, images: np.ndarray, labels: np.ndarray, batch_siz
     return correct / len(images)
 
 
+@torch.no_grad()
+def ensemble_logits(teachers: list[nn.Module], images: np.ndarray, batch_size: int = 500) -> Tensor:
+    """Log of the mean class probabilities of ``teachers``, each on the images and their mirror images
+    (the same horizontal flip the training augmentation draws), as (N, classes) float32 on the CPU."""
+    from tqdm import tqdm
+
+    out = []
+    for i in tqdm(range(0, len(images), batch_size), desc="teacher", file=sys.stderr):
+        x = to_input(images[i:i + batch_size])
+        probs = [m.eval()(v.to(next(m.parameters()).device)).float().softmax(-1).cpu()
+                 for m in teachers for v in (x, x.flip(-1))]
+        out.append(torch.stack(probs).mean(0).log())
+    return torch.cat(out)
+
+
 class VisionTask:
+    """Cross-entropy on the labels of augmented images; with ``teacher`` logits (one row per training image,
+    from the un-augmented image) distillation as well (``train.loop.distillation_loss``)."""
+
     def __init__(self, data: dict[str, tuple[np.ndarray, np.ndarray]], batch_size: int, seed: int,
-                 device: torch.device, augment: bool = True) -> None:
+                 device: torch.device, augment: bool = True, teacher: Tensor | None = None,
+                 alpha: float = 0.5, temperature: float = 2.0) -> None:
         self.x, self.y = (torch.from_numpy(a) for a in data["train"])
         self.val = data["val"]
         self.batch_size, self.seed, self.device, self.augment = batch_size, seed, device, augment
+        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
 
     def train_batches(self, epoch: int) -> list[Tensor]:
         order = torch.from_numpy(np.random.default_rng((self.seed, epoch)).permutation(len(self.x)))
@@ -133,8 +157,10 @@ class VisionTask:
         x = self.x[batch]
         if self.augment:
             x = augment(x, torch.Generator().manual_seed(self.seed * 1_000_003 + step))
-        logits = model(to_input(x).to(self.device))
-        return F.cross_entropy(logits.float(), self.y[batch].to(self.device), label_smoothing=label_smoothing)
+        logits = model(to_input(x).to(self.device)).float()
+        teacher = None if self.teacher is None else self.teacher[batch].to(self.device)
+        return distillation_loss(logits, self.y[batch].to(self.device), teacher, self.alpha, self.temperature,
+                                 label_smoothing)
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         acc = accuracy(model, *self.val)
@@ -157,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--average-last", type=int, default=0,
                     help="also try the mean of the last K epochs' weights (needs --keep-last K) and ship it if "
                          "its validation accuracy beats the best epoch's")
+    ap.add_argument("--teacher", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="checkpoint folders of trained vision models: distil the mean of their predictions (each on "
+                         "the image and its mirror image) into the model trained here")
+    ap.add_argument("--distill-alpha", type=float, default=0.5, help="weight of the distillation loss")
+    ap.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     setup_threads(args.threads)
@@ -176,7 +207,20 @@ def main(argv: list[str] | None = None) -> int:
         model = model.to(d.device)
     else:
         model = build_model(args.model, parse_overrides(args.set, args.model)).to(d.device)
-    task = VisionTask(data, args.batch_size, cfg.seed, d.device, augment=not args.no_augment)
+    soft = None
+    if args.teacher:
+        import models
+
+        cache = Path(args.run_dir) / "teacher_logits.pt"
+        if args.resume and cache.exists():
+            soft = torch.load(cache, map_location="cpu", weights_only=True)
+        else:
+            soft = ensemble_logits([models.load(t, device=str(d.device)) for t in args.teacher], data["train"][0])
+            if d.main:
+                Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+                torch.save(soft, cache)
+    task = VisionTask(data, args.batch_size, cfg.seed, d.device, augment=not args.no_augment, teacher=soft,
+                      alpha=args.distill_alpha, temperature=args.temperature)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc=args.model)
     dump_digest(model, args.dump_digest, d)
     if result.finished and d.main:
@@ -193,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         record["shipped_epoch"] = info["epoch"]  # an epoch number, or "mean of [...]" (--average-last)
         if init_record is not None:
             record["init"] = init_record
+        if args.teacher:
+            record["distillation"] = {"teachers": [str(t) for t in args.teacher], "alpha": args.distill_alpha,
+                                      "temperature": args.temperature, "views": "image and mirror image"}
         save_checkpoint(args.out, model, labels=list(FASHION_CLASSES), text={}, metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))
     cleanup_distributed()
