@@ -44,6 +44,7 @@ CSS = """
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}
 .highlight {font-size: 1.15rem; line-height: 2.0;}
 footer {display: none !important;}
+.block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
 """
 
 # How to get each checkpoint back when it is missing or damaged.
@@ -182,7 +183,7 @@ def _stats_figure(amap, kind_title: str):
 
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)
-        return vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}")
+        return _fit(vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}"))
     return vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title=f"Entropy per head · {kind_title}")
 
 

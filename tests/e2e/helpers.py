@@ -51,6 +51,15 @@ def wait_for_change(page, before: str, timeout: float = 60_000) -> None:
         arg=before, timeout=timeout)
 
 
+def clipped_figures(page) -> list[str]:
+    """Titles of drawn figures that are wider than their box while the box does not scroll sideways."""
+    return page.evaluate(
+        f"""() => {_DRAWN}.filter(e => e._fullLayout.width > e.parentElement.clientWidth + 1
+              && !['auto', 'scroll'].includes(getComputedStyle(e.parentElement).overflowX))
+            .map(e => (e._fullLayout.title && e._fullLayout.title.text) || '?')"""
+    )
+
+
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)

@@ -10,6 +10,7 @@ from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
 from .helpers import (
+    clipped_figures,
     figures,
     open_tab,
     plot_signature,
@@ -55,6 +56,9 @@ def test_translate_tab(page) -> None:
     wait_for_change(page, before)
     assert any(t.startswith("Encoder self-attention") for t in titles(page)), titles(page)
     screenshot(page, "translate")
+    page.set_viewport_size({"width": 700, "height": 1000})  # a narrow window: wide figures scroll, never clip
+    page.wait_for_timeout(500)
+    assert clipped_figures(page) == []
     assert page.js_errors == []
 
 
@@ -81,6 +85,9 @@ def test_classify_tab_renders_html_as_text(page) -> None:
     _panel(page).get_by_role("button", name="Classify", exact=True).click()
     wait_for_change(page, before)
     expect(page.locator(".atlas-highlight")).to_contain_text("[SEP]", timeout=30_000)
+    page.set_viewport_size({"width": 700, "height": 1000})
+    page.wait_for_timeout(500)
+    assert clipped_figures(page) == []
     assert page.js_errors == []
 
 
