@@ -28,6 +28,7 @@ from train.data import DEFAULT_DATA_DIR, HOLDOUT_SPLITS, TextExamples, add_holdo
 from train.loop import (
     TrainConfig,
     add_train_args,
+    cached_teacher,
     cleanup_distributed,
     config_from_args,
     distillation_loss,
@@ -176,14 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
         aug = augment_texts(tr.texts, args.augment, seed=cfg.seed, min_words=args.augment_min_words)
         n_aug = len(aug)
-        cache = Path(args.run_dir) / "teacher_logits.pt"
-        if args.resume and cache.exists():
-            soft = torch.load(cache, map_location="cpu", weights_only=True)
-        else:
-            soft = teacher_logits(models.load(args.teacher), tr.texts + aug)
-            if d.main:
-                Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-                torch.save(soft, cache)
+        soft = cached_teacher(args.run_dir, args.resume, lambda: teacher_logits(models.load(args.teacher),
+                                                                                tr.texts + aug), d)
         # the perturbed texts take the teacher's answer as their label
         tr = TextExamples(tr.texts + aug, tr.labels + soft[len(tr.texts):].argmax(-1).tolist())
     task = ClassificationTask(encode_texts(tok, tr.texts), tr.labels, encode_texts(tok, va.texts), va.labels,

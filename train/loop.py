@@ -261,6 +261,18 @@ def distillation_loss(logits: Tensor, labels: Tensor, teacher: Tensor | None, al
     return alpha * kd + (1 - alpha) * ce
 
 
+def cached_teacher(run_dir: str | Path, resume: bool, compute: Callable[[], Tensor], d: Dist) -> Tensor:
+    """Teacher logits from ``run_dir/teacher_logits.pt`` when resuming, else ``compute()`` (saved by rank 0)."""
+    cache = Path(run_dir) / "teacher_logits.pt"
+    if resume and cache.exists():
+        return torch.load(cache, map_location="cpu", weights_only=True)
+    soft = compute()
+    if d.main:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(soft, cache)
+    return soft
+
+
 def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str, Any]]:
     """A trained checkpoint's model (in train mode, to continue training it) and where it came from.
 

@@ -36,6 +36,7 @@ from train.data import DEFAULT_DATA_DIR, FASHION_CLASSES, load_fashion
 from train.loop import (
     TrainConfig,
     add_train_args,
+    cached_teacher,
     cleanup_distributed,
     config_from_args,
     distillation_loss,
@@ -211,14 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.teacher:
         import models
 
-        cache = Path(args.run_dir) / "teacher_logits.pt"
-        if args.resume and cache.exists():
-            soft = torch.load(cache, map_location="cpu", weights_only=True)
-        else:
-            soft = ensemble_logits([models.load(t, device=str(d.device)) for t in args.teacher], data["train"][0])
-            if d.main:
-                Path(args.run_dir).mkdir(parents=True, exist_ok=True)
-                torch.save(soft, cache)
+        soft = cached_teacher(args.run_dir, args.resume, lambda: ensemble_logits(
+            [models.load(t, device=str(d.device)) for t in args.teacher], data["train"][0]), d)
     task = VisionTask(data, args.batch_size, cfg.seed, d.device, augment=not args.no_augment, teacher=soft,
                       alpha=args.distill_alpha, temperature=args.temperature)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc=args.model)
