@@ -30,16 +30,23 @@ if str(ROOT) not in sys.path:
 from bench._server import AGNEWS, EXAMPLES, SENTENCE_20, SST2, machine_info, percentile, rounded  # noqa: E402
 
 
-def handler_calls(app: Any) -> dict[str, Any]:
+def handler_calls() -> dict[str, Any]:
+    from tabs.classify import classify
+    from tabs.playground import playground
+    from tabs.positional import positional_encoding
+    from tabs.swin import swin_windows
+    from tabs.translate import translate
+    from tabs.vision import classify_image
+
     return {
-        "translate": lambda: app.translate(SENTENCE_20, 5),
-        "classify_sst2": lambda: app.classify(SST2, "SST-2 sentiment"),
-        "classify_agnews": lambda: app.classify(AGNEWS, "AG News topic"),
-        "classify_image_vit_fashion": lambda: app.classify_image(str(EXAMPLES[9 % len(EXAMPLES)]), "vit-fashion"),
-        "classify_image_swin_fashion": lambda: app.classify_image(str(EXAMPLES[7 % len(EXAMPLES)]), "swin-fashion"),
-        "swin_windows": lambda: app.swin_windows(8, 4, 2, 3),
-        "positional_encoding": lambda: app.positional_encoding(64, 128),
-        "playground": lambda: app.playground(6, 8, 0, "causal", True),
+        "translate": lambda: translate(SENTENCE_20, 5),
+        "classify_sst2": lambda: classify(SST2, "SST-2 sentiment"),
+        "classify_agnews": lambda: classify(AGNEWS, "AG News topic"),
+        "classify_image_vit_fashion": lambda: classify_image(str(EXAMPLES[9 % len(EXAMPLES)]), "vit-fashion"),
+        "classify_image_swin_fashion": lambda: classify_image(str(EXAMPLES[7 % len(EXAMPLES)]), "swin-fashion"),
+        "swin_windows": lambda: swin_windows(8, 4, 2, 3),
+        "positional_encoding": lambda: positional_encoding(64, 128),
+        "playground": lambda: playground(6, 8, 0, "causal", True),
     }
 
 
@@ -59,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--actions", default=None, help="comma-separated subset (prefix match)")
     args = ap.parse_args(argv)
     os.environ["ATLAS_CHECKPOINTS"] = str(args.checkpoints)
-    import app
     from viz import common
 
-    calls = handler_calls(app)
+    calls = handler_calls()  # the tab handlers, serving through the app's model store
     if args.actions:
         wanted = [a.strip() for a in args.actions.split(",")]
         calls = {k: v for k, v in calls.items() if any(k.startswith(w) for w in wanted)}

@@ -1,8 +1,9 @@
 """fp16-packed linear layers (models.packed) against plain float32, same checkpoints, same run.
 
-For each model, both versions are loaded (``models.load(..., pack=False)`` and the default) and timed
-interleaved on the app's inputs: the translator on the 20-word sentence with beam 5 (``translate``:
-beam search plus the attention pass), the MiniLM and from-scratch classifiers on the SST-2 sentence.
+For each model, both versions are loaded (``models.load``, which is plain, and a copy packed by
+``models.packed.pack_linears`` as the app's model store packs it) and timed interleaved on the app's
+inputs: the translator on the 20-word sentence with beam 5 (``translate``: beam search plus the attention
+pass), the MiniLM and from-scratch classifiers on the SST-2 sentence.
 Outputs are compared as they are timed: the same translation, scores within 1e-4, attention within 1e-4.
 ``--sentences N`` also decodes the first N Multi30k test sentences (beam 5) both ways and reports how
 many translations differ and both corpus BLEUs.
@@ -66,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"fbgemm": supported(), **machine_info()}
     plain_translator = packed_translator = None
     for name in args.models.split(","):
-        plain = models.load(args.checkpoints / name, pack=False)
-        packed = models.load(args.checkpoints / name, pack=False)
+        plain = models.load(args.checkpoints / name)
+        packed = models.load(args.checkpoints / name)
         pack_linears(packed, MIN_WEIGHTS if args.min_weights is None else args.min_weights)
         if name.startswith("translator"):
             def run(m: Any) -> Any:

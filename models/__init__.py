@@ -1,8 +1,9 @@
 """The Attention Atlas model package: pure PyTorch, no gradio, no plotly.
 
-``models.load(name_or_path)`` returns the ready model behind a checkpoint folder (GUIDE §4): in eval
-mode, float32, with ``.labels``, ``.text`` settings and, for text models, ``.tokenizer`` attached; on
-the CPU its large linear layers run on fp16-packed copies of their fp16-stored weights (``models.packed``).
+``models.load(name_or_path)`` returns the plain model behind a checkpoint folder (docs/ARCHITECTURE.md,
+"Checkpoint folders"): in eval mode, float32, with ``.labels``, ``.text`` settings and, for text models,
+``.tokenizer`` attached. Serving speed-ups (``models.packed``) are the server's choice and are applied by
+whoever serves the model (the app's model store, the serving benchmarks), never here.
 """
 
 from __future__ import annotations
@@ -52,11 +53,8 @@ def resolve(name_or_path: str | Path) -> Path:
     return CHECKPOINTS / s
 
 
-def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True, pack: bool = True) -> nn.Module:
-    """Load the model of a checkpoint folder name (under checkpoints/) or path.
-
-    ``pack``: on the CPU, run the large linear layers on fp16-packed copies of their (fp16-stored)
-    weights, the same numbers up to summation order and faster (``models.packed``)."""
+def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
+    """Load the model of a checkpoint folder name (under checkpoints/) or path."""
     from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
 
     folder = resolve(name_or_path)
@@ -78,12 +76,7 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True, pac
         from models.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
-    model = model.float().eval().to(device)
-    if pack and str(device) == "cpu":
-        from models.packed import pack_linears
-
-        pack_linears(model)
-    return model
+    return model.float().eval().to(device)
 
 
 def __getattr__(name: str) -> Any:

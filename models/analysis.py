@@ -118,3 +118,34 @@ def attention_share(weights: np.ndarray, keys: Sequence[int] | np.ndarray) -> np
     else:
         share = w[..., sel.astype(int)].sum(-1)
     return share.mean(-1).astype(np.float32)
+
+
+POOLINGS = ("cls", "mean")
+
+
+def pooled_rollout(weights: np.ndarray, pooling: str) -> np.ndarray:
+    """What a classifier head reads, traced back to the input tokens through every layer: (N,), sums to 1.
+
+    The last layer's rollout R (N, N) says how much each output position draws on each input token; a
+    head on position 0 ([CLS], ``pooling="cls"``) reads row 0, a head on the mean of every position
+    (``pooling="mean"``, as sentence-transformers' MiniLM and the project's classifiers) reads the mean
+    of the rows.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    last = rollout(weights)[-1]
+    return last[0] if pooling == "cls" else last.mean(0)
+
+
+def window_attention_distance(blocks: Sequence[tuple[np.ndarray, int, float]]) -> np.ndarray:
+    """Mean attention distance inside the windows of each Swin block: (blocks, max heads), NaN-padded.
+
+    blocks: per block ``(weights (windows, heads, N, N), window side in tokens, pixels per token)``.
+    Each window's distances are in pixels of the image the model saw, averaged over the block's windows,
+    so blocks of later stages (fewer, larger tokens) are on the same scale as the first.
+    """
+    rows = [mean_attention_distance(w, grid=(side, side), patch=patch).mean(0) for w, side, patch in blocks]
+    out = np.full((len(rows), max((len(r) for r in rows), default=0)), np.nan, dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

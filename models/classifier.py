@@ -29,7 +29,7 @@ class ClassifierConfig:
     n_layers: int = 2  # encoder layers
     d_ff: int = 512  # feed-forward inner width, 4 × d_model
     dropout: float = 0.1  # residual, embedding, attention and head dropout
-    max_len: int = 128  # positions; inputs are capped here (GUIDE §4)
+    max_len: int = 128  # positions; inputs are capped here (models/limits.py)
     pooling: str = "cls"  # "cls": hidden state of position 0 (as BERT); "mean": average over real tokens
     positions: str = "learned"  # "learned" (BERT) or "sinusoidal" (Vaswani et al.)
     norm_first: bool = True  # pre-norm (True) or post-norm (False)
@@ -113,4 +113,4 @@ def classify_text(model: nn.Module, text: str | Sequence[int]) -> Classification
     probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
     labels = list(model.labels) if len(model.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
     attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
-    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice)
+    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice, pooling=c.pooling)

@@ -1,6 +1,6 @@
-"""Typed result containers shared by every model, the analysis helpers, viz/ and app.py.
+"""Typed result containers shared by every model, the analysis helpers, viz/ and the tabs.
 
-Conventions (GUIDE §3): attention arrays are float32 numpy on the CPU, shaped
+Conventions (docs/ARCHITECTURE.md, "Result containers"): attention arrays are float32 numpy on the CPU, shaped
 ``(layers, heads, queries, keys)``, every row sums to 1; token labels are exactly what the model
 saw, special tokens included (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``, ``CLS``, ``r2c5``...).
 """
@@ -67,6 +67,7 @@ class ClassificationResult:
     probs: np.ndarray  # (C,) softmax, sums to 1
     attention: dict[str, AttentionMap]  # "encoder" (L,H,N,N)
     notice: str = ""
+    pooling: str = "cls"  # what the classifier head reads: "cls" (position 0) or "mean" (every token)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class WindowAttention:
     grid: tuple[int, int]  # token grid (H, W) of this stage
     patch: int  # pixels per token side at this stage (on the image the model saw)
 
+    def token_at(self, y: float, x: float) -> tuple[int, int]:
+        """The token (row, col) of this stage that covers pixel (y, x) of the image the model saw."""
+        return _cell(y, x, self.patch, self.grid)
+
 
 @dataclass(frozen=True)
 class ImageResult:
@@ -92,3 +97,15 @@ class ImageResult:
     attention: dict[str, AttentionMap] = field(default_factory=dict)  # ViT: "encoder" over 1 + rows*cols
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
+
+    def patch_at(self, y: float, x: float) -> tuple[int, int]:
+        """The first-stage patch (row, col) that covers pixel (y, x) of ``image``, clamped to the grid."""
+        return _cell(y, x, self.patch, self.grid)
+
+    def patch_centre(self, patch: tuple[int, int]) -> tuple[float, float]:
+        """Pixel (y, x) of a first-stage patch's centre on ``image``."""
+        return (patch[0] + 0.5) * self.patch, (patch[1] + 0.5) * self.patch
+
+
+def _cell(y: float, x: float, size: int, grid: tuple[int, int]) -> tuple[int, int]:
+    return (max(0, min(int(y // size), grid[0] - 1)), max(0, min(int(x // size), grid[1] - 1)))

@@ -85,6 +85,26 @@ def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
     return out.flatten(-2)
 
 
+def rope_demo(n_positions: int, d_model: int, pair: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """The two RoPE pictures of the positional-encoding tab.
+
+    ``rotated`` (P, 2): the same unit vector e_{2·pair} placed at every position and rotated by RoPE, its
+    coordinates in dimension pair ``pair`` (a point turning on the unit circle at rate θ_pair).
+    ``scores`` (P, P): q·k for one random q and k (``seed``) rotated at every pair of positions; each
+    entry depends only on the offset between the two (RoFormer §3.4.2), so the matrix is Toeplitz.
+    """
+    if not 0 <= pair < d_model // 2:
+        raise ValueError(f"dimension pair {pair} is outside 0..{d_model // 2 - 1}")
+    angles = rope_angles(n_positions, d_model)  # (P, d/2)
+    unit = torch.zeros(n_positions, d_model)
+    unit[:, 2 * pair] = 1.0
+    rotated = apply_rope(unit, angles)[:, 2 * pair : 2 * pair + 2]
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(d_model, generator=g), torch.randn(d_model, generator=g)
+    scores = apply_rope(q.expand(n_positions, -1), angles) @ apply_rope(k.expand(n_positions, -1), angles).T
+    return rotated, scores
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE as an option of ``MultiHeadAttention``: ``rope(x, offset)`` rotates q or k of shape (B, H, T, d).
 

@@ -121,6 +121,41 @@ def shifted_window_mask(H: int, W: int, window: int, shift: int | tuple[int, int
     return torch.where(diff == 0, 0.0, MASK_VALUE)
 
 
+@dataclass(frozen=True)
+class WindowGeometry:
+    """Everything the shifted-window construction does to a square token grid, as numpy arrays."""
+
+    grid: int  # token grid side asked for
+    side: int  # the side after padding up to a multiple of the window (what the model partitions)
+    window: int
+    shift: int
+    regions: np.ndarray  # (side, side) region ids of the rolled grid (Fig. 4)
+    masks: np.ndarray  # (windows, N, N) additive mask per window: 0 or MASK_VALUE
+    ids: np.ndarray  # (side, side) token ids in image order
+    rolled: np.ndarray  # (side, side) the same ids after the cyclic shift by −shift
+
+    @property
+    def windows(self) -> int:
+        return int(self.masks.shape[0])
+
+    def blocked(self, index: int) -> int:
+        """How many query–key pairs of window ``index`` the mask blocks."""
+        return int((self.masks[index] < 0).sum())
+
+
+def window_geometry(grid: int, window: int, shift: int) -> WindowGeometry:
+    """Window partition, cyclic shift, region ids and masks of a ``grid`` × ``grid`` token grid, padded up to
+    a multiple of ``window`` as the model pads it; 0 <= shift < window."""
+    if window < 1 or grid < 1 or not 0 <= shift < window:
+        raise ValueError(f"need grid >= 1, window >= 1 and 0 <= shift < window; got {grid}, {window}, {shift}")
+    side = -(-grid // window) * window
+    ids = np.arange(side * side).reshape(side, side)
+    return WindowGeometry(grid=grid, side=side, window=window, shift=shift,
+                          regions=shifted_window_regions(side, side, window, shift).numpy(),
+                          masks=shifted_window_mask(side, side, window, shift).numpy(),
+                          ids=ids, rolled=np.roll(ids, (-shift, -shift), axis=(0, 1)))
+
+
 # ---------------------------------------------------------------------------------------------- layers
 class DropPath(nn.Module):
     """Stochastic depth (Huang et al. 2016): drop a sample's residual branch with probability p."""
@@ -306,6 +341,18 @@ class Swin(nn.Module):
         """Token grid (rows, cols) of stage 1."""
         side = self.config.image_size // self.config.patch
         return side, side
+
+    def blocks(self) -> list[SwinBlock]:
+        """Every block in order (stage by stage), as ``ImageResult.windows`` lists their attention."""
+        return [block for stage in self.stages for block in stage]
+
+    def relative_position_bias_tables(self) -> list[np.ndarray]:
+        """The learned bias B̂ of every block, as (heads, 2w−1, 2w−1) float32: entry [h, Δrow + w−1,
+        Δcol + w−1] is what head h adds to the score of a query and key whose offset, query − key, is
+        (Δrow, Δcol) tokens (the index of ``relative_position_index``)."""
+        side = 2 * self.config.window - 1
+        return [b.attn.relative_position_bias_table.detach().float().cpu().numpy().T.reshape(-1, side, side)
+                for b in self.blocks()]
 
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[BlockAttention]]:
         """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the window

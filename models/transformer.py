@@ -19,7 +19,6 @@ from torch import Tensor, nn
 
 from models.attention import KVCache, MultiHeadAttention, causal_mask
 from models.outputs import AttentionMap, BeamStep, TranslationResult
-from models.packed import PackedLinear
 from models.positional import SinusoidalPositions
 from models.tokenizer import encode_input
 
@@ -35,7 +34,7 @@ class TranslatorConfig:
     dropout: float = 0.1  # residual, embedding and attention dropout (paper §5.4)
     tie_embeddings: bool = True  # share source, target and output embeddings (Press & Wolf 2017)
     norm_first: bool = True  # pre-norm (True) or the original post-norm (False)
-    max_len: int = 128  # positions per side; inputs are capped here (GUIDE §4)
+    max_len: int = 128  # positions per side; inputs are capped here (models/limits.py)
     pad_id: int = 0  # SentencePiece ids of the special pieces
     bos_id: int = 1
     eos_id: int = 2
@@ -233,13 +232,7 @@ class Translator(nn.Module):
         for layer, cache in zip(self.decoder, state.caches):
             # one query attending to every cached key: causal by construction, no mask needed
             y, _, _ = layer(y, None, None, state.mem_mask, cache=cache)
-        h = self.dec_norm(y[:, -1])  # (N, D)
-        if isinstance(self.generator, PackedLinear):  # fp16-packed (models.packed): the fastest on the CPU
-            logits = self.generator(h)
-        else:
-            # (V, D) @ (D, N) rather than F.linear's (N, D) @ (D, V): the same logits, but on the CPU the
-            # few rows of a beam multiply the large output matrix about 1.7x faster this way (no bias)
-            logits = torch.mm(self.generator.weight, h.t()).t()
+        logits = self.generator(self.dec_norm(y[:, -1]))  # (N, V)
         return torch.log_softmax(logits.float(), dim=-1)
 
     def default_max_len(self, src_len: int) -> int:

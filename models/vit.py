@@ -97,6 +97,11 @@ class ViT(nn.Module):
         """Patch grid (rows, cols)."""
         return self.config.grid, self.config.grid
 
+    def position_embeddings(self) -> np.ndarray:
+        """The learned E_pos (eq. 1) as (1 + P, D) float32: row 0 the class token's, then the patches'
+        in row-major order."""
+        return self.pos_embed.detach().float().cpu().numpy()[0]
+
     def token_labels(self) -> list[str]:
         """"CLS" then one label per patch in row-major order: "r0c0", "r0c1", ..."""
         rows, cols = self.grid

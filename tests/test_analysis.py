@@ -11,7 +11,9 @@ from models.analysis import (
     mean_attention_distance,
     offset_keys,
     patch_distances,
+    pooled_rollout,
     rollout,
+    window_attention_distance,
 )
 
 
@@ -80,3 +82,27 @@ def test_attention_share() -> None:
     prev = offset_keys(3, -1)
     assert prev[1, 0] and prev[2, 1] and not prev[0].any()
     np.testing.assert_allclose(attention_share(w, prev), [[(0 + 0.5 + 0.8) / 3]], atol=1e-6)
+
+
+def test_pooled_rollout_reads_what_the_head_reads() -> None:
+    a1 = np.array([[1.0, 0.0], [0.5, 0.5]])
+    a2 = np.array([[0.0, 1.0], [0.0, 1.0]])
+    w = np.stack([np.stack([a1, a1]), np.stack([a2, a2])])
+    # last rollout (hand-computed above): [[0.625, 0.375], [0.25, 0.75]]
+    np.testing.assert_allclose(pooled_rollout(w, "cls"), [0.625, 0.375], atol=1e-6)
+    np.testing.assert_allclose(pooled_rollout(w, "mean"), [0.4375, 0.5625], atol=1e-6)
+    with pytest.raises(ValueError, match="pooling"):
+        pooled_rollout(w, "max")
+
+
+def test_window_attention_distance_pads_blocks_with_fewer_heads() -> None:
+    n = 4  # 2×2 windows: each token's neighbours lie 1 or √2 tokens away
+    to_first = np.zeros((3, 2, n, n))
+    to_first[..., 0] = 1.0  # every query attends to the window's first token
+    self_only = np.broadcast_to(np.eye(n), (1, 3, n, n))
+    dist = window_attention_distance([(to_first, 2, 4.0), (self_only, 2, 8.0)])
+    assert dist.shape == (2, 3) and dist.dtype == np.float32
+    # distances to token (0, 0) from (0, 0), (0, 1), (1, 0), (1, 1): 0, 1, 1, √2 tokens of 4 pixels
+    np.testing.assert_allclose(dist[0, :2], 4.0 * (0 + 1 + 1 + np.sqrt(2)) / 4, atol=1e-5)
+    assert np.isnan(dist[0, 2])
+    np.testing.assert_allclose(dist[1], 0.0, atol=1e-6)

@@ -14,12 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-import app
+from tabs import common
+from tabs.classify import TASKS, classify
+from tabs.translate import translate
+from tabs.vision import classify_image
 
 
 @pytest.fixture(autouse=True)
 def tiny_app(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -56,7 +59,7 @@ def test_broken_images_get_a_clear_message(name: str, model: str, tmp_path: Path
     path = tmp_path / name
     path.write_bytes(data)
     with pytest.raises(gr.Error, match=message):
-        app.classify_image(str(path), model)
+        classify_image(str(path), model)
 
 
 def _gif() -> bytes:
@@ -80,7 +83,7 @@ ODD = {
 def test_unusual_but_valid_images_are_classified(name: str, tmp_path: Path) -> None:
     path = tmp_path / name
     path.write_bytes(ODD[name]())
-    probs_fig, overlay, *_rest = app.classify_image(str(path), "vit-fashion")
+    probs_fig, overlay, *_rest = classify_image(str(path), "vit-fashion")
     seen = _rest[3]
     assert seen.ndim == 2 and seen.shape[0] == seen.shape[1]  # the grey 28×28 input, enlarged for clicking
     assert overlay is not None and len(probs_fig.data[0].y) == 5
@@ -88,7 +91,7 @@ def test_unusual_but_valid_images_are_classified(name: str, tmp_path: Path) -> N
 
 def test_no_image_is_refused_politely() -> None:
     with pytest.raises(gr.Error, match="upload an image"):
-        app.classify_image(None)
+        classify_image(None)
 
 
 TRICKY = [
@@ -105,18 +108,18 @@ TRICKY = [
 
 @pytest.mark.parametrize("text", TRICKY, ids=range(len(TRICKY)))
 def test_tricky_text_through_every_text_model(text: str) -> None:
-    verdict, _probs, html, *_ = app.classify(text)
+    verdict, _probs, html, *_ = classify(text)
     assert "<script>" not in html and "<img" not in html  # shown as text, never markup
-    translation = app.translate(text, 1)
+    translation = translate(text, 1)
     assert isinstance(translation[0], str)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=200))
 def test_any_unicode_gives_a_result_or_the_documented_message(text: str) -> None:
-    for task in app.TASKS:
+    for task in TASKS:
         try:
-            _verdict, _probs, html, attn, *_ = app.classify(text, task)
+            _verdict, _probs, html, attn, *_ = classify(text, task)
         except gr.Error as err:
             assert "type some text" in str(err) and not text.strip()
             continue
@@ -127,7 +130,7 @@ def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, mon
     """Handlers write only their .npz downloads, and only under Gradio's temporary folder."""
     import tempfile
 
-    root = Path(app.__file__).resolve().parent
+    root = common.ROOT
     system_tmp = Path(tempfile.gettempdir())
 
     def snapshot() -> set[Path]:
@@ -140,9 +143,9 @@ def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, mon
         path = tmp_path / name
         path.write_bytes(data)
         with pytest.raises(gr.Error):
-            app.classify_image(str(path), "vit-fashion")
+            classify_image(str(path), "vit-fashion")
     for text in TRICKY[:6]:
-        app.classify(text)
+        classify(text)
     created = snapshot() - before
     assert {p for p in created if not p.is_relative_to(tmp_path)} == set()
-    assert all(Path(p).is_relative_to(app.DOWNLOADS.parent) for p in [app.classify("ok")[-3]])
+    assert all(Path(p).is_relative_to(common.DOWNLOADS.parent) for p in [classify("ok")[-3]])

@@ -42,6 +42,11 @@ def test_padding_does_not_change_logits(pooling: str) -> None:
                                atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_classify_says_how_the_model_pools(pooling: str) -> None:
+    assert make(pooling=pooling).classify([1, 5, 6, 2]).pooling == pooling
+
+
 def test_classify_ids() -> None:
     model = make()
     model.labels = ["world", "sports", "business"]

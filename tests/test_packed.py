@@ -96,8 +96,9 @@ def test_copies_and_pickles_repack() -> None:
 def test_shipped_translator_decodes_the_same_packed_or_not() -> None:
     import models
 
-    plain = models.load("translator-en-de", pack=False)
+    plain = models.load("translator-en-de")  # models.load never packs: the app's model store does
     packed = models.load("translator-en-de")
+    pack_linears(packed)
     n_packed = sum(type(m) is PackedLinear for m in packed.modules())
     assert n_packed == (2 * (plain.config.n_enc_layers + plain.config.n_dec_layers) + 1 if supported() else 0)
     assert sum(type(m) is PackedLinear for m in plain.modules()) == 0

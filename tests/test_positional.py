@@ -13,6 +13,7 @@ from models.positional import (
     SinusoidalPositions,
     apply_rope,
     rope_angles,
+    rope_demo,
     sinusoidal_table,
 )
 
@@ -74,3 +75,18 @@ def test_relative_position_index_is_reexported_from_swin() -> None:
     from models.positional import relative_position_index
 
     assert relative_position_index is swin.relative_position_index
+
+
+def test_rope_demo_turns_one_pair_and_scores_depend_on_the_offset() -> None:
+    rotated, scores = rope_demo(32, 16, pair=3, seed=0)
+    theta = 10000.0 ** (-6 / 16)  # θ_3 for d = 16
+    pos = torch.arange(32, dtype=torch.float32)
+    torch.testing.assert_close(rotated, torch.stack([torch.cos(pos * theta), torch.sin(pos * theta)], 1),
+                               atol=1e-5, rtol=0)
+    assert scores.shape == (32, 32)
+    for offset in (0, 1, 7, -5):  # Toeplitz: every diagonal is constant
+        diag = torch.diagonal(scores, offset)
+        torch.testing.assert_close(diag, diag[:1].expand_as(diag), atol=1e-4, rtol=0)
+    torch.testing.assert_close(rope_demo(32, 16, pair=3, seed=0)[1], scores)  # seeded
+    with pytest.raises(ValueError, match="pair"):
+        rope_demo(8, 16, pair=8)

@@ -14,6 +14,7 @@ from models.swin import (
     relative_position_index,
     shifted_window_mask,
     shifted_window_regions,
+    window_geometry,
     window_partition,
     window_reverse,
 )
@@ -104,6 +105,30 @@ def test_region_ids() -> None:
     assert (ids[:7, :7] == 0).all()
 
 
+@pytest.mark.parametrize("grid, window, shift", [(8, 4, 2), (9, 4, 2), (7, 7, 3), (5, 1, 0)])
+def test_window_geometry(grid: int, window: int, shift: int) -> None:
+    geo = window_geometry(grid, window, shift)
+    side = -(-grid // window) * window
+    assert geo.side == side and geo.windows == (side // window) ** 2
+    np.testing.assert_array_equal(geo.masks, shifted_window_mask(side, side, window, shift).numpy())
+    np.testing.assert_array_equal(geo.regions, shifted_window_regions(side, side, window, shift).numpy())
+    assert geo.rolled[0, 0] == geo.ids[shift, shift]  # torch.roll(x, -shift): row `shift` comes first
+    for k in range(geo.windows):
+        assert geo.blocked(k) == int((geo.masks[k] == -100.0).sum())
+    if shift == 0:
+        assert sum(geo.blocked(k) for k in range(geo.windows)) == 0
+
+
+def test_window_geometry_counts_and_refusals() -> None:
+    geo = window_geometry(8, 4, 2)
+    # 2×2 windows; the last window mixes 4 regions of 2×2 tokens: 16 tokens, each blocked from 12 others
+    assert geo.windows == 4 and geo.blocked(0) == 0 and geo.blocked(3) == 16 * 12
+    assert geo.blocked(1) == geo.blocked(2) == 2 * 8 * 8  # two regions of 8 tokens
+    for bad in [(8, 4, 4), (8, 0, 0), (0, 4, 1), (8, 4, -1)]:
+        with pytest.raises(ValueError, match="shift < window"):
+            window_geometry(*bad)
+
+
 # ------------------------------------------------------------------------------------------- model
 CONFIGS = {
     "fashion": SwinConfig(),  # 28 -> 14×14 tokens, 2×2 windows, then 7×7 in one window
@@ -166,6 +191,29 @@ def test_classify_returns_windows(models: dict[str, Swin]) -> None:
         assert w.weights.dtype == np.float32
         np.testing.assert_allclose(w.weights.sum(-1), 1.0, atol=1e-5)
     assert model.training is False
+
+
+def test_a_first_stage_patch_maps_to_the_token_of_each_stage(models: dict[str, Swin]) -> None:
+    result = models["fashion"].classify(np.zeros((28, 28), np.uint8))
+    first, merged = result.windows[0], result.windows[2]  # 14×14 tokens of 2 px, then 7×7 of 4 px
+    for patch in [(0, 0), (3, 1), (13, 13), (6, 9)]:
+        y, x = result.patch_centre(patch)
+        assert first.token_at(y, x) == patch
+        assert merged.token_at(y, x) == (patch[0] // 2, patch[1] // 2)
+
+
+def test_relative_position_bias_tables_are_the_looked_up_bias(models: dict[str, Swin]) -> None:
+    model = models["fashion"]
+    tables = model.relative_position_bias_tables()
+    blocks = model.blocks()
+    assert len(tables) == len(blocks) == sum(model.config.depths)
+    w = model.config.window
+    for table, block in zip(tables, blocks):
+        assert table.shape == (block.attn.heads, 2 * w - 1, 2 * w - 1) and table.dtype == np.float32
+        bias = block.attn.relative_position_bias().detach().numpy()  # (heads, N, N)
+        # query token (0, 0), key token (r, c): offset (−r, −c) -> table entry [w−1−r, w−1−c]
+        for r, c in [(0, 0), (0, 1), (2, 5), (w - 1, w - 1)]:
+            np.testing.assert_array_equal(bias[:, 0, r * w + c], table[:, w - 1 - r, w - 1 - c])
 
 
 def test_training_step_runs() -> None:

@@ -156,7 +156,7 @@ def test_vision_average_last(data_dir: Path, tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     assert vision.main(vision_args(data_dir, tmp_path / "vit", run, "--keep-last", "2", "--average-last", "2")) == 0
-    shipped = models.load(tmp_path / "vit", pack=False).state_dict()
+    shipped = models.load(tmp_path / "vit").state_dict()
     mean, _ = loop.average_last(run, 2)
     best, _ = loop.load_best(run)
     record = json.loads((tmp_path / "vit" / "metrics.json").read_text())["training"]

@@ -1,5 +1,5 @@
 """Every shipped checkpoint folder in checkpoints/ loads through models.load, verifies its manifest, stays within
-the size budget and produces attention of the documented shapes (GUIDE §3)."""
+the size budget and produces attention of the documented shapes (docs/ARCHITECTURE.md §3)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,8 @@ def test_classifier_attention_shapes(name: str, n_labels: int) -> None:
     assert len(r.labels) == n_labels and abs(float(r.probs.sum()) - 1) < 1e-5
     assert r.attention["encoder"].weights.shape == (m.config.n_layers, m.config.n_heads, n, n)
     assert rows_sum_to_one(r.attention["encoder"].weights)
+    config = json.loads((ROOT / "checkpoints" / name / "config.json").read_text())
+    assert r.pooling == config["config"]["pooling"] == "mean"  # all four read the mean of their tokens
 
 
 def fashion_like() -> np.ndarray:

@@ -78,6 +78,18 @@ def test_patch_order_matches_labels() -> None:
     assert model.token_labels()[1 + int(changed.argmax())] == "r2c5"
 
 
+def test_position_embeddings_and_patch_lookup(models: dict[str, ViT]) -> None:
+    model = models["fashion"]
+    pos = model.position_embeddings()
+    assert pos.shape == (1 + 49, model.config.dim) and pos.dtype == np.float32
+    np.testing.assert_array_equal(pos, model.pos_embed.detach().numpy()[0])
+    result = model.classify(np.zeros((28, 28), np.uint8))
+    # 4-pixel patches on the 28×28 image: pixel (y, x) lies in patch (y // 4, x // 4), clamped to the grid
+    assert result.patch_at(0, 0) == (0, 0) and result.patch_at(21.9, 4.0) == (5, 1)
+    assert result.patch_at(27.9, 27.9) == (6, 6) and result.patch_at(40, -3) == (6, 0)
+    assert result.patch_centre((5, 1)) == (22.0, 6.0) and result.patch_at(*result.patch_centre((5, 1))) == (5, 1)
+
+
 def test_training_step_runs() -> None:
     torch.manual_seed(0)
     model = ViT(CONFIGS["fashion"]).train()

@@ -96,3 +96,18 @@ def test_magic_underscores_and_merging_leave_constants_alone():
     assert built.layout.paper_bgcolor == "#eee" and built.layout.xaxis.title.text == "x"
     assert built.layout.template.layout.font.size == 9 and built.layout.template.layout.font.family == common.FONT
     assert json.dumps(common.TEMPLATE) == before
+
+
+def test_the_private_validate_argument_still_skips_validation():
+    """viz.common.figure_from_spec relies on plotly's private ``_validate``: if a plotly upgrade renames or
+    drops it, or it stops skipping validation, this fails and says what to do."""
+    spec = {"data": [{"type": "heatmap", "z": [[1]], "colourscale": "Blues"}], "layout": {"title": {"text": "t"}}}
+    try:
+        fig = common.figure_from_spec(spec, validate=False)
+    except (TypeError, ValueError) as err:
+        pytest.fail(f"plotly no longer accepts go.Figure(..., _validate=False) ({err}); make "
+                    "viz.common.figure_from_spec build go.Figure(spec) instead")
+    assert json.loads(fig.to_json())["data"][0]["colourscale"] == "Blues", (
+        "go.Figure(..., _validate=False) validated the figure: the fast build is gone, see figure_from_spec")
+    with pytest.raises(ValueError, match="colourscale"):
+        common.figure_from_spec(spec, validate=True)

@@ -282,7 +282,7 @@ def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str
     import models
 
     folder = Path(folder)
-    model = models.load(folder, pack=False)
+    model = models.load(folder)
     if type(model).__name__ != model_class:
         raise SystemExit(f"--init {folder}: a {type(model).__name__} checkpoint, but this command trains a "
                          f"{model_class}")

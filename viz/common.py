@@ -76,6 +76,20 @@ TEMPLATE = dict(
 
 
 VALIDATE = os.environ.get("ATLAS_VALIDATE_FIGURES", "") == "1"
+
+
+def figure_from_spec(spec: dict, validate: bool) -> go.Figure:
+    """``go.Figure`` from a ``{"data": [...], "layout": {...}}`` spec, with or without plotly's validation.
+
+    The one place that uses plotly's private ``_validate`` argument. plotly has no public way to build a
+    figure without validating every property, which costs more than the 10 ms a handler may spend on it
+    (bench/figures.py: ``<action>_validated_ms`` against ``<action>_handler_ms``); gr.Plot needs a figure
+    object. tests/test_viz_build.py fails loudly if a plotly release renames, drops or changes the argument:
+    then replace this body with ``go.Figure(spec)``, which is correct and only slower.
+    """
+    return go.Figure(spec, _validate=validate)
+
+
 _UNDERSCORE_NAMES = ("paper_bgcolor", "plot_bgcolor", "error_x", "error_y")  # real names, not paths
 
 
@@ -205,8 +219,7 @@ class Fig:
         """The ``go.Figure``. Unvalidated by default: the same JSON, ~10× faster (tests/test_viz_build.py
         compares both for every figure family); ``ATLAS_VALIDATE_FIGURES=1`` (set by the tests) validates
         every figure, so a misspelt property fails there."""
-        validate = VALIDATE if validate is None else validate
-        return go.Figure(dict(data=self.data, layout=self.layout), _validate=validate)
+        return figure_from_spec(dict(data=self.data, layout=self.layout), VALIDATE if validate is None else validate)
 
 
 def base_layout(fig: Fig, title: str, width: int | None = None, height: int | None = None) -> Fig:

@@ -1,0 +1,224 @@
+"""What the tabs share: the model store, the "not available" notices, the layer/head/view controls, the
+attention figures every model tab draws, and the `.npz` download.
+
+Nothing here imports torch at module level: the page is served before the model stack has loaded, and the
+first request that needs a model imports it (docs/ARCHITECTURE.md, "Start-up").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from models import limits
+from viz import attention as va
+from viz import stats as vs
+from viz import swin as vw
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the checkpoint folders are (configuration, never user input; tests point it at tiny models).
+CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
+# How each shipped checkpoint was trained: read by the notices, checked by tests/test_rebuild.py.
+REBUILD = ROOT / "checkpoints" / "rebuild.json"
+EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
+EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXAMPLE_IMAGES}  # "sneaker": path
+# Attention downloads go into Gradio's own temporary folder (uploads live there too), and are deleted with it.
+DOWNLOADS = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio") / "attention-atlas"
+MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
+HEADS_DEFAULT = ["mean", "max"]
+VIEWS = ["heatmap", "head view", "model view"]
+# Figure-only events (no model run) share their own small pool, so they never wait behind model calls.
+FAST = {"concurrency_limit": 4, "concurrency_id": "figures"}
+
+
+# ----------------------------------------------------------------------------------------------- models
+class ModelUnavailable(Exception):
+    """A model's checkpoint or weights cannot be loaded; the message says how to fix it."""
+
+
+class ModelStore:
+    """Loads each model on first use, once per process; concurrent requests share it (inference only, so
+    nothing a request does changes the shared model).
+
+    Names are checkpoint folder names under ``CHECKPOINTS`` or the ImageNet models' torchvision names.
+    The store is the app's serving layer: on the CPU it runs the large linear layers of each model on
+    fp16-packed copies of their fp16-stored weights (``models.packed``: the same numbers up to summation
+    order, 1.2-1.3× faster end to end); ``models.load`` itself returns the plain model.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, name: str) -> Any:
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._models:
+                self._models[name] = self._load(name)
+            return self._models[name]
+
+    @staticmethod
+    def _load(name: str) -> Any:
+        import models
+        from models.packed import pack_linears
+
+        if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
+            import torch
+
+            torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+        if name in IMAGENET_NAMES:
+            from models.pretrained import load_imagenet
+
+            try:
+                model = load_imagenet(name)  # fails within seconds when the weights are not cached
+            except Exception as err:  # any failure here means "not available"
+                raise ModelUnavailable(
+                    f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
+                    f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
+                ) from None
+        else:
+            try:
+                model = models.load(CHECKPOINTS / name)
+            except Exception as err:  # missing folder, bad hash, truncated file, bad config
+                raise ModelUnavailable(
+                    f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
+                    f" or rebuild it with {rebuild_hint(name)}. The other tabs keep working."
+                ) from None
+        pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+        return model
+
+
+IMAGENET_NAMES = ("vit_b_16", "swin_t")
+MODELS = ModelStore()
+
+
+def get_model(name: str) -> Any:
+    """The model behind a name, or a gr.Error whose message says how to restore or rebuild it."""
+    try:
+        return MODELS.get(name)
+    except ModelUnavailable as err:
+        raise gr.Error(str(err), duration=None) from None
+
+
+@cache
+def rebuild_commands() -> dict[str, dict[str, Any]]:
+    """``{name: {"command": ..., "needs": [...]}}`` from checkpoints/rebuild.json (no torch needed)."""
+    try:
+        return json.loads(REBUILD.read_text(encoding="utf-8"))["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def rebuild_hint(name: str) -> str:
+    """`command` (needs: ...), or a pointer to the README when the model has no recorded command."""
+    entry = rebuild_commands().get(name)
+    if not entry:
+        return "the training command in README.md"
+    needs = "; ".join(entry.get("needs", []))
+    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "")
+
+
+def checkpoint_status(*names: str) -> str:
+    """A notice for the tab when one of its checkpoints is missing (cheap file checks, no torch)."""
+    missing = [n for n in names if not (CHECKPOINTS / n / "manifest.json").is_file()]
+    if not missing:
+        return ""
+    return ("**Not available:** " + ", ".join(f"`checkpoints/{n}` is missing (rebuild: {rebuild_hint(n)})"
+                                             for n in missing) + ". Everything else keeps working.")
+
+
+# --------------------------------------------------------------------------------------------- layout
+def intro(text: str, *checkpoints: str) -> None:
+    """The tab's intro paragraph, and a notice when one of its checkpoints is missing."""
+    gr.Markdown(text, elem_classes=["intro"])
+    status = checkpoint_status(*checkpoints)
+    if status:
+        gr.Markdown(status, elem_classes=["notice"])
+
+
+def layer_head_view(views: list[str], view: str) -> tuple[gr.Slider, gr.Dropdown, gr.Radio]:
+    """The layer slider, the head (or fusion) choice and the view, on one row."""
+    with gr.Row():
+        layer = gr.Slider(0, 1, value=0, step=1, label="layer (0 = first)")
+        head = gr.Dropdown(HEADS_DEFAULT, value="mean", label="head (or fusion of heads)")
+        view_r = gr.Radio(views, value=view, label="view")
+    return layer, head, view_r
+
+
+def controls_for(layers: int, heads: int) -> tuple[dict, dict]:
+    """Updates for the layer slider (set to the last layer) and the head choices, after a model run."""
+    return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=layers - 1, interactive=layers > 1),
+            gr.update(choices=HEADS_DEFAULT + [str(h) for h in range(heads)]))
+
+
+# ------------------------------------------------------------------------------------------- handlers
+def read_text(text: str | None) -> str:
+    """The text a handler works on: stripped, capped at MAX_TEXT_CHARS; empty text is refused."""
+    text = (text or "").strip()
+    if not text:
+        raise gr.Error("Please type some text first.")
+    return text[:MAX_TEXT_CHARS]
+
+
+def parse_head(head: str | int | None) -> str | int:
+    """A head index from the dropdown ("3" -> 3), or a fusion name ("mean", "max")."""
+    return int(head) if str(head).isdigit() else (head or "mean")
+
+
+def fit(fig):
+    """Let a figure take its column's width (the viz builders size figures for a full-width page)."""
+    if fig is not None:
+        fig.update_layout(width=None, autosize=True)
+    return fig
+
+
+def save_npz(prefix: str, **arrays: Any) -> str:
+    """Write the arrays behind the current figures for download; returns the file's path."""
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
+    return str(path)
+
+
+def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str):
+    """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view."""
+    layer = min(int(layer), amap.layers - 1)
+    if view == "model view":
+        return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
+    if view == "head view":
+        heads = None if isinstance(head, str) else [head]
+        # Only lines clearly above a uniform spread (1/keys) are drawn, so the structure stands out.
+        threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
+        return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title,
+                            threshold=threshold)
+    return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title)
+
+
+def stats_figure(amap, kind_title: str):
+    """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
+    from models.analysis import head_entropy
+
+    if amap.queries == amap.keys:
+        shares, names = vs.token_shares(amap.weights, amap.queries)
+        return fit(vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}"))
+    return vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title=f"Entropy per head · {kind_title}")
+
+
+def window_figure(result, block, head: str | int, query: tuple[int, int]):
+    """One Swin token's attention inside its window, over the image (a fusion shows head 0)."""
+    h = 0 if isinstance(head, str) else min(int(head), block.weights.shape[1] - 1)
+    title = (f"Token r{query[0]}c{query[1]} · stage {block.stage} block {block.block} · head {h}"
+             f"{' · shifted' if block.shift else ''}")
+    return vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=h,
+                                    image=result.image, patch=block.patch, title=title)

@@ -1,0 +1,85 @@
+"""Swin windows: the geometry of shifted windows (partition, cyclic shift, regions, the −100 masks), and the
+trained `checkpoints/swin-fashion`'s window attention and relative-position-bias tables."""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
+from viz import positional as vp
+from viz import swin as vw
+
+TITLE = "Swin windows"
+MODEL = "swin-fashion"
+INTRO = """**How Swin keeps attention local and still mixes windows.** Regular blocks split the
+token grid into windows and attend only inside each. Shifted blocks move the windows by half a window; to
+keep the same number of windows, the grid is *rolled* (cyclic shift) and tokens that came from opposite edges
+are kept apart by adding −100 to their scores (the mask), so after softmax they get ~0 weight."""
+
+
+def build():
+    """Lays the tab out; returns the geometry's (handler, inputs, outputs), drawn when the page loads."""
+    intro(INTRO, MODEL)
+    with gr.Row():
+        grid = gr.Slider(2, 16, value=8, step=1, label="token grid side")
+        window = gr.Slider(1, 8, value=4, step=1, label="window size")
+        shift = gr.Slider(0, 7, value=2, step=1, label="shift (window // 2 in Swin)")
+        index = gr.Slider(0, 63, value=3, step=1, label="window to inspect")
+    note = gr.Markdown()
+    parts = gr.Plot(label="regular and shifted windows")
+    rolled = gr.Plot(label="cyclic shift")
+    with gr.Row():
+        regions = gr.Plot(label="region ids")
+        mask = gr.Plot(label="mask of one window")
+    masks = gr.Plot(label="masks of all windows")
+    inputs, outputs = [grid, window, shift, index], [parts, rolled, regions, mask, masks, note]
+    for control in inputs:
+        control.change(swin_windows, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
+    gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows", **FAST)
+    gr.Markdown(f"### The trained Swin (`{MODEL}`)")
+    with gr.Row():
+        example = gr.Dropdown(list(EXAMPLE_NAMES), value="ankle-boot", label="example image")
+        block = gr.Slider(0, 3, value=1, step=1, label="block (odd = shifted windows)")
+        head = gr.Slider(0, 5, value=0, step=1, label="head")
+        show = gr.Button("Show the trained Swin")
+    trained_note = gr.Markdown()
+    with gr.Row():
+        win_attn = gr.Plot(label="window attention of the centre token")
+        bias = gr.Plot(label="relative position bias")
+    show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note], api_name=False)
+    return swin_windows, inputs, outputs
+
+
+def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):
+    """Window partition, cyclic shift, region ids and the −100 masks for a token grid."""
+    from models.swin import window_geometry
+
+    window = max(1, int(window))
+    geo = window_geometry(max(1, int(grid)), window, max(0, min(int(shift), window - 1)))
+    idx = max(0, min(int(window_index), geo.windows - 1))
+    note = f"Grid {geo.grid}×{geo.grid} padded to {geo.side}×{geo.side} (a multiple of the window). " \
+        if geo.side != geo.grid else ""
+    note += (f"{geo.windows} windows of {window}×{window} = {window * window} tokens; shift {geo.shift}. "
+             f"Window {idx} blocks {geo.blocked(idx)} of {geo.masks[idx].size} query–key pairs with −100.")
+    return (vw.window_partitions((geo.side, geo.side), window, geo.shift),
+            vw.cyclic_shift(geo.ids, geo.rolled, geo.regions, window),
+            fit(vw.region_map(geo.regions, window)),
+            fit(vw.window_mask(geo.masks[idx], window, idx)),
+            vw.all_window_masks(geo.masks, geo.side // window), note)
+
+
+def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
+    """The shipped Swin's window attention on an example image and its relative-position-bias tables."""
+    net = get_model(MODEL)
+    result = net.classify(EXAMPLE_NAMES.get(example or "", EXAMPLE_IMAGES[-1]))  # names only, never paths
+    b = max(0, min(int(block), len(result.windows) - 1))
+    win = result.windows[b]
+    h = max(0, min(int(head), win.weights.shape[1] - 1))
+    query = (win.grid[0] // 2, win.grid[1] // 2)
+    tables = net.relative_position_bias_tables()[b]  # (heads, 2w−1, 2w−1)
+    top = int(np.argmax(result.probs))
+    return (fit(window_figure(result, win, h, query)),
+            fit(vp.relative_bias_tables(tables, title=f"Relative position bias · block {b}")),
+            f"Predicted **{result.labels[top]}** ({result.probs[top]:.1%}). Block {b}: stage {win.stage}, "
+            f"{'shifted' if win.shift else 'regular'} windows of {win.window}×{win.window} tokens.")

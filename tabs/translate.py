@@ -1,0 +1,89 @@
+"""Translate: English → German with the encoder–decoder Transformer (`checkpoints/translator-en-de`)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from examples import sentences
+from tabs.common import (
+    FAST,
+    MAX_TEXT_CHARS,
+    VIEWS,
+    attention_figure,
+    controls_for,
+    get_model,
+    intro,
+    layer_head_view,
+    parse_head,
+    read_text,
+    save_npz,
+    stats_figure,
+)
+from viz import text as vt
+
+TITLE = "Translate"
+MODEL = "translator-en-de"
+INTRO = """**English → German with an encoder–decoder Transformer trained by the project on Multi30k.**
+The *encoder* attends over the English sentence, the *decoder* over the German words produced so far
+(causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it
+was produced from; in the last layers it often traces a rough word alignment. A head that attends to the
+previous token draws a diagonal just below the main one."""
+KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention (causal)",
+         "cross": "Cross-attention (target → source)"}
+MAX_BEAM = 8
+
+
+def build() -> None:
+    intro(INTRO, MODEL)
+    with gr.Row():
+        text = gr.Textbox(label="English sentence", value=sentences.TRANSLATE[0], lines=2, scale=4,
+                          max_length=MAX_TEXT_CHARS)
+        with gr.Column(scale=1):
+            beam = gr.Slider(1, MAX_BEAM, value=5, step=1, label="beam size (1 = greedy)")
+            run = gr.Button("Translate", variant="primary")
+    gr.Examples([[s] for s in sentences.TRANSLATE], [text])
+    out = gr.Textbox(label="German translation", interactive=False)
+    notice = gr.Markdown()
+    with gr.Row():
+        kind = gr.Radio(list(KINDS), value="cross", label="attention")
+    layer, head, view = layer_head_view(VIEWS, "heatmap")
+    attn = gr.Plot(label="attention")
+    stats = gr.Plot(label="head statistics")
+    align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
+    tree = gr.Plot(label="beam-search tree")
+    state = gr.State()
+    download = gr.File(label="attention arrays (.npz)")
+    inputs = [text, beam, kind, layer, head, view]
+    outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
+    run.click(translate, inputs, outputs, api_name="translate")
+    text.submit(translate, inputs, outputs, api_name=False)
+    for control in (kind, layer, head, view):
+        control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
+                       show_progress="hidden", **FAST)
+
+
+def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0, head: str = "mean",
+              view: str = "heatmap"):
+    """Translate English to German; return the translation and every attention figure."""
+    text = read_text(text)
+    model = get_model(MODEL)
+    beam = max(1, min(int(beam_size), MAX_BEAM))
+    result = model.translate(text, beam_size=beam)
+    cross = result.attention["cross"]
+    layer_u, head_u = controls_for(cross.layers, cross.heads)
+    npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},
+                   source_tokens=result.source_tokens, target_tokens=result.target_tokens)
+    notice = result.notice or f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
+    return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
+            vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
+            vt.cross_alignment(cross.weights, cross.queries, cross.keys, layer=cross.layers - 1, head="mean"),
+            result, npz, layer_u, head_u)
+
+
+def draw_translation(result, kind: str, layer: int, head: str, view: str):
+    """The attention figure and head statistics of one kind, from the kept result (no model run)."""
+    if result is None:
+        return None, None
+    amap = result.attention[kind]
+    title = KINDS[kind]
+    return attention_figure(amap, title, layer, parse_head(head), view), stats_figure(amap, title)

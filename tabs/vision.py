@@ -1,0 +1,191 @@
+"""Vision: image classification with ViT and Swin (`checkpoints/vit-fashion`, `swin-fashion`; ImageNet ViT-B/16
+and Swin-T when torchvision's weights are cached), attention drawn over the image the model saw."""
+
+from __future__ import annotations
+
+import gradio as gr
+import numpy as np
+
+from models import limits
+from tabs.common import (
+    EXAMPLE_IMAGES,
+    FAST,
+    controls_for,
+    fit,
+    get_model,
+    intro,
+    layer_head_view,
+    parse_head,
+    save_npz,
+    window_figure,
+)
+from viz import attention as va
+from viz import images as vi
+from viz import stats as vs
+from viz import swin as vw
+
+TITLE = "Vision"
+INTRO = """**Image classification with a Vision Transformer (ViT) or a Swin Transformer.** Any image is
+converted the way the model was trained (Fashion-MNIST: grey, 28×28, dark background), and attention is
+drawn on exactly that image. For ViT the maps show where the CLS token, which makes the prediction, looks;
+*rollout* follows it through every layer. Click a patch of the image on the right to see where it looks.
+Swin attends only inside local windows: its maps stay within the highlighted window."""
+IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}
+MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
+SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
+
+
+def build() -> None:
+    intro(INTRO, "vit-fashion", "swin-fashion")
+    with gr.Row():
+        with gr.Column(scale=2):
+            image = gr.File(label="image (PNG, JPEG, GIF, BMP, WebP, TIFF)", file_types=list(limits.IMAGE_TYPES),
+                            type="filepath")
+            gr.Examples([[p] for p in EXAMPLE_IMAGES], [image], label="Fashion-MNIST test images")
+        with gr.Column(scale=1):
+            model = gr.Radio(MODELS, value="vit-fashion", label="model")
+            top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
+            run = gr.Button("Classify image", variant="primary")
+    notice = gr.Markdown()
+    layer, head, view = layer_head_view(["CLS → patches", "rollout"], "CLS → patches")
+    with gr.Row():
+        probs = gr.Plot(label="top classes")
+        overlay = gr.Plot(label="attention over the image")
+    with gr.Row():
+        seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
+                        width=SHOWN_SIDE, elem_id="seen-image")
+        query = gr.Plot(label="the clicked patch's attention")
+    heads = gr.Plot(label="every head of the layer")
+    distance = gr.Plot(label="mean attention distance")
+    state = gr.State()
+    download = gr.File(label="attention arrays (.npz)")
+    run.click(classify_image, [image, model, top_k, layer, head, view],
+              [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head],
+              api_name="classify_image")
+    for control in (layer, head, view):
+        control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
+                       show_progress="hidden", **FAST)
+    seen.select(on_image_click, [state, layer, head], [query, state], api_name=False, **FAST)
+
+
+def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5, layer: int = -1,
+                   head: str = "mean", view: str = "CLS → patches"):
+    """Classify an image; return the top classes and attention laid over what the model saw."""
+    if not image:
+        raise gr.Error("Please upload an image or pick an example.")
+    if model not in MODELS:  # the API accepts any string: never turn it into a path
+        raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(MODELS)}.")
+    net = get_model(IMAGENET.get(model, model))
+    try:
+        result = net.classify(image)
+    except ValueError as err:  # unreadable, truncated or oversized image: the message says which
+        raise gr.Error(str(err)) from None
+    n_layers, n_heads = _depth(result)
+    layer_u, head_u = controls_for(n_layers, n_heads)
+    if result.attention:
+        arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
+    else:
+        arrays = {f"stage{w.stage}_block{w.block}": w.weights for w in result.windows}
+    npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels, **arrays)
+    query = (result.grid[0] // 2, result.grid[1] // 2)
+    overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
+    return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k))), overlay, grid_fig,
+            draw_query(result, n_layers - 1, head, query), distance_figure(result), enlarge(result.image),
+            result.notice or "", {"result": result, "query": query}, npz, layer_u, head_u)
+
+
+def _depth(result) -> tuple[int, int]:
+    """(layers, heads) the controls offer: ViT's encoder layers, or Swin's blocks and their most heads."""
+    if result.attention:
+        amap = result.attention["encoder"]
+        return amap.layers, amap.heads
+    return len(result.windows), max(w.weights.shape[1] for w in result.windows)
+
+
+def enlarge(image: np.ndarray, side: int = SHOWN_SIDE) -> np.ndarray:
+    """Nearest-neighbour upscale so a 28×28 input is big enough to click a patch on."""
+    factor = max(1, side // max(image.shape[:2]))
+    return np.repeat(np.repeat(image, factor, axis=0), factor, axis=1)
+
+
+def draw_image(result, layer: int, head: str, view: str):
+    """The overlay (one head, fusion or rollout) and the every-head grid of one layer."""
+    if result is None:
+        return None, None
+    head = parse_head(head)
+    if result.attention:  # ViT: CLS → patch attention
+        from models.analysis import rollout
+
+        amap = result.attention["encoder"]
+        layer = min(int(layer), amap.layers - 1)
+        w = amap.weights[layer]  # (H, T, T)
+        if view == "rollout":
+            values = rollout(amap.weights)[-1][0]
+            title = "Attention rollout from CLS over all layers"
+        else:
+            values = va.select_head(w, None, head)[0]
+            title = va.describe("CLS → patch attention", layer, head)
+        overlay = fit(vi.image_attention(result.image, values[1:], result.grid, title=title))
+        grid_fig = vi.image_attention_grid(result.image, w[:, 0, 1:], result.grid,
+                                           titles=[f"head {h}" for h in range(w.shape[0])],
+                                           title=f"CLS → patch attention, every head of layer {layer}")
+        return overlay, grid_fig
+    block = result.windows[min(int(layer), len(result.windows) - 1)]
+    query = (block.grid[0] // 2, block.grid[1] // 2)
+    overlay = fit(window_figure(result, block, head, query))
+    heads = block.weights.shape[1]
+    maps = [vw.window_attention_map(block.weights, block.grid, block.window, block.shift, query, h)[0]
+            for h in range(heads)]  # one query's attention inside its window, over the stage's grid
+    grid_fig = vi.image_attention_grid(
+        result.image, np.stack([np.nan_to_num(m).ravel() for m in maps]), block.grid,
+        titles=[f"head {h}" for h in range(heads)],
+        title=f"Centre token's window attention, every head · stage {block.stage} block {block.block}")
+    return overlay, grid_fig
+
+
+def draw_query(result, layer: int, head: str, query: tuple[int, int]):
+    """A chosen first-stage patch's attention over the image (ViT) or inside its window (Swin)."""
+    if result is None:
+        return None
+    head = parse_head(head)
+    if result.attention:
+        amap = result.attention["encoder"]
+        layer = min(int(layer), amap.layers - 1)
+        index = 1 + query[0] * result.grid[1] + query[1]  # token 0 is CLS
+        values = va.select_head(amap.weights[layer], None, head)[index]
+        return fit(vi.query_patch_attention(result.image, values[1:], result.grid, query,
+                                            title=va.describe(f"Patch r{query[0]}c{query[1]} → patches", layer, head)))
+    block = result.windows[min(int(layer), len(result.windows) - 1)]
+    return fit(window_figure(result, block, head, block.token_at(*result.patch_centre(query))))
+
+
+def distance_figure(result):
+    """Mean attention distance per head: over the whole image (ViT), inside the windows (Swin)."""
+    from models.analysis import mean_attention_distance, window_attention_distance
+
+    if result.attention:
+        amap = result.attention["encoder"]
+        dist = mean_attention_distance(amap.weights, grid=result.grid, patch=result.patch, skip=1)
+        return vs.head_metric_scatter(dist, metric="mean attention distance", unit="pixels",
+                                      title="Mean attention distance per head (ViT paper, Fig. 7)")
+    dist = window_attention_distance([(w.weights, w.window, w.patch) for w in result.windows])
+    return vs.head_metric_scatter(dist, metric="mean attention distance", unit="pixels",
+                                  title="Mean attention distance per head and block (inside windows)")
+
+
+def on_image_click(state: dict | None, layer: int, head: str, evt: gr.SelectData):
+    """A click on the enlarged image: redraw the clicked patch's attention and remember the patch."""
+    if not state:
+        return None, state
+    result = state["result"]
+    scale = enlarge(result.image).shape[0] / result.image.shape[0]
+    query = result.patch_at(evt.index[1] / scale, evt.index[0] / scale)
+    return draw_query(result, layer, head, query), {"result": result, "query": query}
+
+
+def redraw_image(state: dict | None, layer: int, head: str, view: str):
+    """New layer, head or view: redraw from the kept result (no model run)."""
+    if not state:
+        return None, None, None
+    result = state["result"]
+    return (*draw_image(result, layer, head, view), draw_query(result, layer, head, state["query"]))
