@@ -3,7 +3,7 @@
 `python app.py` serves the app on 127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT change that).
 Each tab is one module of `tabs/` (its intro, a `build()` that lays it out, then its handlers); this file
 puts them in order and holds what the whole app needs. A tab is added by writing its module and listing it
-in TABS (docs/ARCHITECTURE.md, "Adding a tab"). torch is imported on first use, so the page is served
+in TABS (docs/ARCHITECTURE.md §8). torch is imported on first use, so the page is served
 before the model stack has loaded.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "fashion").glob("*.png"))
-# 20 words (guide §8: "translate a 20-word sentence with attention, beam 5").
+# 20 words (docs/ARCHITECTURE.md §6: "translate, 20 words, beam 5, with attention").
 SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down the busy street near the park."
 SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
 AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."

@@ -1,4 +1,4 @@
-"""API latency benchmark (issue 6, GUIDE §7–8).
+"""API latency benchmark (issue 6, docs/ARCHITECTURE.md §5–6).
 
 Launches `python app.py` on a free loopback port, measures the time from process start to the first HTTP
 200 of the page (`ready_s`), then calls each action through `gradio_client`, one request at a time:
@@ -17,7 +17,7 @@ also reports `<action>_above_floor_s`: its p50 less the floor of its kind (uploa
 
 Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`.
 The last stdout line is one JSON object with `ready_s`, `<action>_p50_s`, `<action>_p95_s`, the targets
-(guide §8, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
+(docs/ARCHITECTURE.md §6, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
 ready < 5 s, all on an idle 2-core CPU) and the machine (CPU count, load average at start: figures taken
 on a busy machine are not comparable). Exit status 1 when any call failed.
 """

@@ -1,4 +1,4 @@
-"""Load benchmark (issue 7, GUIDE §7–8): concurrent gradio_client clients against one launched app.
+"""Load benchmark (issue 7, docs/ARCHITECTURE.md §5–6): concurrent gradio_client clients against one launched app.
 
 Launches `python app.py` on a free loopback port, opens `--clients` gradio_client clients (one thread and
 one session each), waits until all are connected, then each sends `--requests` requests one after the

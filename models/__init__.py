@@ -1,7 +1,7 @@
 """The Attention Atlas model package: pure PyTorch, no gradio, no plotly.
 
-``models.load(name_or_path)`` returns the plain model behind a checkpoint folder (docs/ARCHITECTURE.md,
-"Checkpoint folders"): in eval mode, float32, with ``.labels``, ``.text`` settings and, for text models,
+``models.load(name_or_path)`` returns the plain model behind a checkpoint folder (docs/ARCHITECTURE.md
+§4): in eval mode, float32, with ``.labels``, ``.text`` settings and, for text models,
 ``.tokenizer`` attached. Serving speed-ups (``models.packed``) are the server's choice and are applied by
 whoever serves the model (the app's model store, the serving benchmarks), never here.
 """

@@ -1,4 +1,4 @@
-"""Checkpoint folders (GUIDE §4): config.json, safetensors weights, tokenizer files, sha256 manifest.
+"""Checkpoint folders (docs/ARCHITECTURE.md §4): config.json, safetensors weights, tokenizer files, sha256 manifest.
 
 Layout of a folder::
 
@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 FORMAT = 1
-MAX_SHARD_BYTES = 24 * 1024 * 1024  # stays under the 25 MB per-file budget (GUIDE §8)
+MAX_SHARD_BYTES = 24 * 1024 * 1024  # stays under the 25 MB per-file budget (docs/ARCHITECTURE.md §6)
 CONFIG, MANIFEST, WEIGHTS = "config.json", "manifest.json", "model.safetensors"
 
 

@@ -1,6 +1,6 @@
 """Turn any image a person uploads into exactly what a vision model expects.
 
-Two kinds of input (GUIDE §4):
+Two kinds of input (docs/ARCHITECTURE.md §4):
 
 - ``"fashion"``: the Fashion-MNIST models see 28×28 grey images of an object on a *dark* background.
   A photo is converted to grey, inverted when its background is light (judged from the border pixels),
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# The single pixel limit for images (GUIDE §4). Over it, a JPEG file is decoded at a reduced scale (cheap:
-# libjpeg's DCT scaling) and an image already in memory is reduced, each with a notice; any other file is
-# refused before decoding. 40 megapixels covers phone cameras while keeping the decoded RGB under ~120 MB.
+# The single pixel limit for images (docs/ARCHITECTURE.md §4). Over it, a JPEG file is decoded at a reduced
+# scale (cheap: libjpeg's DCT scaling) and an image already in memory is reduced, each with a notice; any other
+# file is refused before decoding. 40 megapixels covers phone cameras while keeping the decoded RGB under ~120 MB.
 from models.limits import MAX_IMAGE_PIXELS  # noqa: E402 (one place for every limit)
 
 # Pillow's decompression-bomb guard, set explicitly: Image.open refuses files over twice this many pixels

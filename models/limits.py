@@ -1,8 +1,8 @@
 """Every input limit of the app, in one place (imported without torch, so the UI can show them).
 
-The models trained from scratch have positions up to 128 (GUIDE §4); MiniLM was trained with 512 but is
-capped at 256 here to keep figures light. Images are refused above MAX_IMAGE_PIXELS before they are fully
-decoded (Pillow's decompression-bomb guard is set to the same number).
+The models trained from scratch have positions up to 128 (docs/ARCHITECTURE.md §4); MiniLM was trained
+with 512 but is capped at 256 here to keep figures light. Images are refused above MAX_IMAGE_PIXELS before
+they are fully decoded (Pillow's decompression-bomb guard is set to the same number).
 """
 
 MAX_TOKENS_SCRATCH = 128  # subword tokens, specials included, for the models trained from scratch

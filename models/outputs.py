@@ -1,6 +1,6 @@
 """Typed result containers shared by every model, the analysis helpers, viz/ and the tabs.
 
-Conventions (docs/ARCHITECTURE.md, "Result containers"): attention arrays are float32 numpy on the CPU, shaped
+Conventions (docs/ARCHITECTURE.md §3): attention arrays are float32 numpy on the CPU, shaped
 ``(layers, heads, queries, keys)``, every row sums to 1; token labels are exactly what the model
 saw, special tokens included (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``, ``CLS``, ``r2c5``...).
 """

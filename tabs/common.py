@@ -2,7 +2,7 @@
 attention figures every model tab draws, and the `.npz` download.
 
 Nothing here imports torch at module level: the page is served before the model stack has loaded, and the
-first request that needs a model imports it (docs/ARCHITECTURE.md, "Start-up").
+first request that needs a model imports it (docs/ARCHITECTURE.md §2).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [p for d in ("app.py", "models", "viz", "train", "bench", "examples")
+SOURCES = [p for d in ("app.py", "tabs", "models", "viz", "train", "bench", "examples")
            for p in ([ROOT / d] if d.endswith(".py") else (ROOT / d).rglob("*.py"))]
 
 

@@ -1,4 +1,4 @@
-"""Every figure family stays within the 2 MB JSON budget (GUIDE §8) at the app's input caps.
+"""Every figure family stays within the 2 MB JSON budget (docs/ARCHITECTURE.md §6) at the app's input caps.
 
 The cases are the ones ``bench/payload.py`` measures (one source of truth for "the largest inputs").
 """

@@ -2,7 +2,7 @@
 token highlight returns an HTML string). Pure: imports numpy and plotly only (never torch, models or
 gradio), so every figure builds the same in the app and in a notebook.
 
-Budget (GUIDE §8): every figure's ``len(fig.to_json())`` stays ≤ 2 MB for any input the app allows;
+Budget (docs/ARCHITECTURE.md §6): every figure's ``len(fig.to_json())`` stays ≤ 2 MB for any input the app allows;
 arrays travel as float32 (or uint8) typed arrays, hover text comes from hovertemplates and axis labels.
 The attention playground figure lives in ``viz.playground``.
 """
