@@ -14,11 +14,11 @@ import os
 import gradio as gr
 
 from models import limits
-from tabs import classify, playground, positional, swin, translate, vision
+from tabs import classify, generate, playground, positional, swin, translate, vision
 from tabs.common import FAST
 
 TITLE = "Attention Atlas"
-TABS = [translate, classify, vision, swin, positional, playground]  # in the order they appear
+TABS = [translate, classify, generate, vision, swin, positional, playground]  # in the order they appear
 CSS = """
 .intro {font-size: 1.02rem; line-height: 1.5;}
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}

@@ -28,6 +28,7 @@ EXAMPLES = sorted((ROOT / "examples" / "fashion").glob("*.png"))
 SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down the busy street near the park."
 SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
 AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."
+PROMPT = "A man in a blue shirt is riding a bicycle down the"
 
 
 # ------------------------------------------------------------------------------------ the actions
@@ -38,6 +39,7 @@ class Action:
     name: str
     api: str
     args: Callable[[], tuple[Any, ...]]  # built per call (file inputs need a fresh handle_file)
+    needs: str = ""  # a checkpoint that may not be there yet (the action is then left out and reported)
 
 
 def _image(index: int) -> Any:
@@ -62,7 +64,15 @@ ACTIONS: list[Action] = [
     Action("swin_windows", "swin_windows", lambda: (8, 4, 2, 3)),
     Action("positional_encoding", "positional_encoding", lambda: (64, 128)),
     Action("playground", "playground", lambda: (6, 8, 0, "causal", True)),
+    Action("generate", "generate", lambda: (PROMPT, 20), needs="gpt-tiny"),
+    Action("head_roles", "head_roles", lambda: ("gpt-tiny", 50, 0), needs="gpt-tiny"),
 ]
+
+
+def available(actions: list[Action], checkpoints: Path) -> tuple[list[Action], list[str]]:
+    """The actions whose checkpoint is there, and the names of those left out for a missing one."""
+    missing = [a.name for a in actions if a.needs and not (Path(checkpoints) / a.needs / "config.json").is_file()]
+    return [a for a in actions if a.name not in missing], missing
 
 
 def select_actions(spec: str | None) -> list[Action]:

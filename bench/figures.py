@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench._server import AGNEWS, EXAMPLES, SENTENCE_20, SST2, machine_info, percentile, rounded  # noqa: E402
+from bench._server import AGNEWS, EXAMPLES, PROMPT, SENTENCE_20, SST2, machine_info, percentile, rounded  # noqa: E402
 
 
 def handler_calls() -> dict[str, Any]:
     from tabs.classify import classify
+    from tabs.generate import generate, head_roles
     from tabs.playground import playground
     from tabs.positional import positional_encoding
     from tabs.swin import swin_windows
@@ -47,6 +48,8 @@ def handler_calls() -> dict[str, Any]:
         "swin_windows": lambda: swin_windows(8, 4, 2, 3),
         "positional_encoding": lambda: positional_encoding(64, 128),
         "playground": lambda: playground(6, 8, 0, "causal", True),
+        "generate": lambda: generate(PROMPT, 20),
+        "head_roles": lambda: head_roles("gpt-tiny", 50, 0),
     }
 
 

@@ -7,8 +7,9 @@ timed calls, reported as p50/p95.
 
 Actions: translate (a 20-word English sentence, beam 5), classify_sst2, classify_agnews,
 classify_image_vit_fashion and classify_image_swin_fashion (a Fashion-MNIST example image),
-swin_windows, positional_encoding, playground. `--actions` takes a comma-separated subset of action
-names or api_names (`--actions classify` runs both tasks).
+swin_windows, positional_encoding, playground, generate (20 new tokens, gpt-tiny) and head_roles (N = 50);
+an action whose checkpoint is missing is left out and listed in `left_out_missing_checkpoint`.
+`--actions` takes a comma-separated subset of action names or api_names (`--actions classify` runs both tasks).
 
 Baseline, in the same run (skip with `--no-baseline`): the same kinds of request to bench/_floor_app.py, a
 Gradio app with the same queue that does no work (`floor_text`, and `floor_upload` with the example image),
@@ -42,6 +43,7 @@ from bench._server import (  # noqa: E402
     FLOOR_ACTIONS,
     Action,
     AppServer,
+    available,
     call,
     client_for,
     machine_info,
@@ -65,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the baseline (a do-nothing Gradio app and the import of gradio)")
     args = parser.parse_args(argv)
-    actions = select_actions(args.actions)
+    actions, missing = available(select_actions(args.actions), args.checkpoints)
 
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
-                              "checkpoints": str(args.checkpoints)}
+                              "checkpoints": str(args.checkpoints),
+                              "left_out_missing_checkpoint": missing}
     errors: dict[str, str] = {}
     with AppServer(args.checkpoints) as server:
         report["ready_s"] = rounded(server.ready_s, 3)

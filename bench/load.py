@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
 from bench._server import (  # noqa: E402
     Action,
     AppServer,
+    available,
     call,
     client_for,
     machine_info,
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-busy", action="store_true",
                         help="over-capacity run: some requests must be turned away as busy")
     args = parser.parse_args(argv)
-    actions = select_actions(args.actions)
+    actions, missing = available(select_actions(args.actions), args.checkpoints)
     env = {}
     if args.queue is not None:
         env["ATLAS_QUEUE"] = str(args.queue)
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                               "requests_per_client": args.requests, "actions": [a.name for a in actions],
                               "atlas_queue": env.get("ATLAS_QUEUE", os.environ.get("ATLAS_QUEUE")),
                               "atlas_concurrency": env.get("ATLAS_CONCURRENCY", os.environ.get("ATLAS_CONCURRENCY")),
-                              "checkpoints": str(args.checkpoints)}
+                              "checkpoints": str(args.checkpoints),
+                              "left_out_missing_checkpoint": missing}
     tally = Tally()
     t_start = time.monotonic()
     with AppServer(args.checkpoints, env=env, ready_timeout=min(180.0, args.deadline)) as server:

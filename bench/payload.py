@@ -4,7 +4,8 @@
    bertviz format (attention sent as nested JSON lists of floats, one list per layer), for
    (6 layers, 8 heads, 40 tokens), (12, 12, 128) and (12, 12, 197).
 2. The largest JSON of every figure family at the app's input caps (text: 128 tokens, MiniLM 256 with
-   6 × 12 heads; ViT-B/16: 12 × 12 heads over 197 tokens; Swin-T: 56 × 56 tokens in 7 × 7 windows).
+   6 × 12 heads; ViT-B/16: 12 × 12 heads over 197 tokens; Swin-T: 56 × 56 tokens in 7 × 7 windows;
+   language models at GPT-2 small's 12 × 12 and GPT-2 medium's 24 × 16 heads over 256 tokens, 64 steps).
 3. The time headless Chromium takes to draw our model view from a static HTML page with plotly.js
    inlined (until ``plotly_afterplot``), plus the time of a second ``Plotly.newPlot`` in the warm page.
 
@@ -129,6 +130,20 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
         rng.standard_normal((197, 768)), (14, 14))
     yield "positional", "relative bias 24 heads 49x49", lambda: viz.relative_bias_tables(
         rng.standard_normal((24, 49, 49)), expanded=True)
+    for layers, heads in ((12, 12), (24, 16)):  # GPT-2 small and medium shapes, the LM token cap
+        lm = np.tril(random_attention((layers, heads, 256, 256), seed=layers))
+        lm /= lm.sum(-1, keepdims=True)
+        yield "generate", f"model view {layers}x{heads}x256", lambda lm=lm: viz.model_view(lm, t256)
+        yield "generate", f"head view {layers}x{heads}x256", lambda lm=lm: viz.head_view(lm, t256, layer=0)
+        yield "generate", f"heatmap {layers}x{heads}x256", lambda lm=lm: viz.attention_heatmap(lm, t256, layer=1)
+        yield "generate", f"head roles {layers}x{heads}", lambda layers=layers, heads=heads: viz.head_share_heatmap(
+            rng.random((layers, heads, 4)), ["previous", "induction", "duplicate", "sink"])
+        yield "generate", f"logit lens {layers}x256", lambda layers=layers: viz.logit_lens(
+            [tokens(256, "▁guess") for _ in range(layers)], rng.random((layers, 256)), t256, t256)
+    yield "generate", "candidates 64 steps", lambda: viz.step_candidates(
+        [tokens(5, "▁cand") for _ in range(64)], np.sort(rng.dirichlet(np.ones(5), 64))[:, ::-1], tokens(64, "▁cand"))
+    yield "generate", "generation highlight 256 (HTML)", lambda: viz.generation_highlight(
+        t256, rng.random(256) * 12, 192)
     regions = _swin_regions(56, 56, 7, 3)
     ids = np.arange(56 * 56).reshape(56, 56)
     mw = regions.reshape(8, 7, 8, 7).transpose(0, 2, 1, 3).reshape(64, 49)

@@ -26,6 +26,7 @@ REGISTRY: dict[str, tuple[str, str, str]] = {
     "ViT": ("models.vit", "ViT", "ViTConfig"),
     "Swin": ("models.swin", "Swin", "SwinConfig"),
     "BertClassifier": ("models.bert", "BertClassifier", "BertConfig"),
+    "GPT": ("models.gpt", "GPT", "GPTConfig"),
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -54,10 +55,14 @@ def resolve(name_or_path: str | Path) -> Path:
 
 
 def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
-    """Load the model of a checkpoint folder name (under checkpoints/) or path."""
+    """Load the model of a checkpoint folder name (under checkpoints/) or path; a Hugging Face folder
+    (config.json with a ``model_type`` and no ``format``) is read by ``models.hf``, without a manifest."""
     from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+    from models.hf import is_hf_folder, load_hf
 
     folder = resolve(name_or_path)
+    if is_hf_folder(folder):
+        return load_hf(folder).to(device)
     meta, state = load_checkpoint(folder, verify_hashes=verify)
     kind = meta["model"]
     if kind not in REGISTRY:
@@ -72,7 +77,7 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
         raise CheckpointError(folder / "model.safetensors", f"weights do not fit {kind}: {e}") from e
     model.labels = list(meta["labels"])
     model.text = dict(meta["text"])
-    if kind in ("Translator", "TextClassifier", "BertClassifier"):
+    if kind in ("Translator", "TextClassifier", "BertClassifier", "GPT"):
         from models.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])

@@ -149,3 +149,41 @@ def window_attention_distance(blocks: Sequence[tuple[np.ndarray, int, float]]) -
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Head roles of a causal LM (Olsson et al. 2022; Wang et al. 2023; Xiao et al. 2023). weights: (L, H, T, T).
+
+
+def previous_token_score(weights: np.ndarray) -> np.ndarray:
+    """Mean attention from token i to token i−1, over i ≥ 1: (L, H); 1 for a pure previous-token head."""
+    w = np.asarray(weights, dtype=np.float64)
+    i = np.arange(1, w.shape[-1])
+    return w[..., i, i - 1].mean(-1).astype(np.float32)
+
+
+def _second_copy(weights: np.ndarray, n: int, offset: int) -> np.ndarray:
+    """Mean over the queries i of the second copy of ``BOS x_1..x_n x_1..x_n`` of the weight on key i − offset."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape[-1] < 2 * n + 1 or n < 2:
+        raise ValueError(f"need BOS + 2·n tokens with n >= 2 (n={n}), got {w.shape[-1]}")
+    i = np.arange(n + 1, 2 * n + 1)  # positions of the second copy
+    return w[..., i, i - offset].mean(-1).astype(np.float32)
+
+
+def induction_score(weights: np.ndarray, n: int) -> np.ndarray:
+    """On BOS + n tokens repeated twice: mean attention from each token of the second copy to the token
+    that followed its earlier occurrence, i → i − n + 1 (Olsson et al. 2022): (L, H)."""
+    return _second_copy(weights, n, n - 1)
+
+
+def duplicate_token_score(weights: np.ndarray, n: int) -> np.ndarray:
+    """On BOS + n tokens repeated twice: mean attention from each token of the second copy to its own
+    earlier occurrence, i → i − n (a duplicate-token head, Wang et al. 2023): (L, H)."""
+    return _second_copy(weights, n, n)
+
+
+def first_token_share(weights: np.ndarray) -> np.ndarray:
+    """Mean attention to token 0 over the queries i ≥ 1: the "attention sink" (Xiao et al. 2023): (L, H)."""
+    w = np.asarray(weights, dtype=np.float64)
+    return w[..., 1:, 0].mean(-1).astype(np.float32)

@@ -109,3 +109,35 @@ class ImageResult:
 
 def _cell(y: float, x: float, size: int, grid: tuple[int, int]) -> tuple[int, int]:
     return (max(0, min(int(y // size), grid[0] - 1)), max(0, min(int(x // size), grid[1] - 1)))
+
+
+@dataclass(frozen=True)
+class GenerationStep:
+    """One generated token: the model's top-5 candidates before the choice, and the choice."""
+
+    candidates: list[str]  # the 5 most likely next tokens, most likely first
+    probs: np.ndarray  # (5,) their probabilities under the model (temperature 1)
+    chosen: str  # the token taken (greedy: candidates[0]; sampled: any token)
+    chosen_prob: float  # its probability under the model
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str  # the continuation alone, detokenised
+    tokens: list[str]  # prompt + generated tokens, as the model saw them (BOS first for our own models)
+    ids: list[int]  # their ids
+    prompt_len: int  # tokens[:prompt_len] is the prompt
+    attention: dict[str, AttentionMap]  # "decoder" (L, H, T, T), causal: zero above the diagonal
+    steps: list[GenerationStep] = field(default_factory=list)  # one per generated token
+    surprisal: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # (T,) bits; NaN for token 0
+    notice: str = ""
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """Each layer's residual stream read through the final norm and unembedding (nostalgebraist 2020)."""
+
+    top_tokens: list[list[str]]  # (L, T): the most likely next token after each block, per position
+    top_probs: np.ndarray  # (L, T) its probability
+    target_probs: np.ndarray  # (L, T) probability of the token that actually comes next
+    targets: list[str]  # (T,) that token (at the last position: the final layer's choice)

@@ -114,6 +114,14 @@ class Tokenizer:
             pieces = [self.id_to_piece(self.bos_id), *pieces, self.id_to_piece(self.eos_id)]
         return Encoded(ids, pieces, notice)
 
+    adds_bos: bool = True  # encode_prompt puts BOS first (the project's own language models)
+
+    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
+        """A language model's prompt, uncapped (the model keeps its last tokens): BOS, then the pieces,
+        no EOS (the project's own models were trained so)."""
+        ids, pieces = self._encode_pieces(self.normalize(text))
+        return [self.bos_id, *ids], [self.id_to_piece(self.bos_id), *pieces]
+
 
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece model (Kudo & Richardson 2018); our models trained from scratch use these."""
@@ -169,6 +177,12 @@ class JsonTokenizer(Tokenizer):
 
     def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
         enc = self.tk.encode(text, add_special_tokens=False)
+        return list(enc.ids), list(enc.tokens)
+
+    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
+        """Exactly as transformers encodes it: the tokenizer's own normaliser and post-processor decide the
+        specials (GPT-2's adds none), so the same text gives the same ids on both sides."""
+        enc = self.tk.encode(text, add_special_tokens=True)
         return list(enc.ids), list(enc.tokens)
 
     def id_to_piece(self, i: int) -> str:

@@ -7,11 +7,15 @@ import pytest
 
 from models.analysis import (
     attention_share,
+    duplicate_token_score,
+    first_token_share,
     head_entropy,
+    induction_score,
     mean_attention_distance,
     offset_keys,
     patch_distances,
     pooled_rollout,
+    previous_token_score,
     rollout,
     window_attention_distance,
 )
@@ -106,3 +110,32 @@ def test_window_attention_distance_pads_blocks_with_fewer_heads() -> None:
     np.testing.assert_allclose(dist[0, :2], 4.0 * (0 + 1 + 1 + np.sqrt(2)) / 4, atol=1e-5)
     assert np.isnan(dist[0, 2])
     np.testing.assert_allclose(dist[1], 0.0, atol=1e-6)
+
+
+def test_head_roles_on_hand_built_patterns() -> None:
+    n = 5
+    t = 2 * n + 1  # BOS + n tokens + the same n again
+    prev = np.zeros((t, t))
+    prev[0, 0] = 1
+    prev[np.arange(1, t), np.arange(t - 1)] = 1  # every token looks at the one before it
+    induction = np.zeros((t, t))
+    induction[:, 0] = 1
+    for i in range(n + 1, t):  # the second copy looks at what followed the earlier occurrence
+        induction[i] = 0
+        induction[i, i - n + 1] = 1
+    duplicate = np.zeros((t, t))
+    duplicate[:, 0] = 1
+    for i in range(n + 1, t):
+        duplicate[i] = 0
+        duplicate[i, i - n] = 1
+    uniform = np.full((t, t), 1 / t)
+    w = np.stack([np.stack([prev, induction, duplicate, uniform])])  # (L=1, H=4, T, T)
+    # query 1's only earlier token is token 0: the patterns parked on token 0 score there once in 10 queries
+    np.testing.assert_allclose(previous_token_score(w)[0], [1, 0.1, 0.1, 1 / t], atol=1e-6)
+    np.testing.assert_allclose(induction_score(w, n)[0], [0, 1, 0, 1 / t], atol=1e-6)
+    np.testing.assert_allclose(duplicate_token_score(w, n)[0], [0, 0, 1, 1 / t], atol=1e-6)
+    # the induction and duplicate patterns park their first copy on token 0: 5 of the 10 queries; the
+    # previous-token head's query 1 looks at token 0 too
+    np.testing.assert_allclose(first_token_share(w)[0], [0.1, 0.5, 0.5, 1 / t], atol=1e-6)
+    with pytest.raises(ValueError, match="2·n"):
+        induction_score(w, n + 1)

@@ -119,3 +119,27 @@ def test_upload_over_the_size_limit_is_refused_and_the_server_keeps_serving(clie
     with pytest.raises(Exception, match=r"(?i)(too large|exceeds|size|413)"):
         client.predict(handle_file(str(big)), api_name="/classify_image")
     assert client.predict(3, api_name="/playground")[2].startswith("Scale factor")
+
+
+def test_generate_api(client) -> None:
+    out = client.predict("A man in a blue shirt", api_name="/generate")  # 20 new tokens, greedy, gpt-tiny
+    text, notice, html = out[:3]
+    assert isinstance(text, str) and "20 new tokens · greedy" in notice and "atlas-generation" in html
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    with np.load(npz) as arrays:
+        t = len(arrays["tokens"])
+        assert arrays["attention"].shape[-2:] == (t, t) and arrays["step_probs"].shape == (20, 5)
+        assert np.allclose(np.triu(arrays["attention"], 1), 0)  # causal
+        np.testing.assert_allclose(arrays["attention"].sum(-1), 1.0, atol=1e-4)
+    # sampling with every decoding parameter, in the documented order
+    sampled = client.predict("A man in a blue shirt", 5, "gpt-tiny", "sample", 0.8, 10, 0.9, 7, api_name="/generate")
+    again = client.predict("A man in a blue shirt", 5, "gpt-tiny", "sample", 0.8, 10, 0.9, 7, api_name="/generate")
+    assert "5 new tokens · sample" in sampled[1] and sampled[0] == again[0]  # seeded
+
+
+def test_head_roles_api(client) -> None:
+    roles, stripe, losses, summary = client.predict("gpt-tiny", 30, 0, api_name="/head_roles")
+    assert [t["type"] for t in _figure_data(roles)] == ["heatmap"] * 4
+    z = np.array(_figure_data(stripe)[0]["z"], dtype=float)
+    assert z.shape == (61, 61) and np.allclose(np.triu(z, 1), 0)
+    assert [len(t["y"]) for t in _figure_data(losses)] == [30, 30] and "strongest induction" in summary

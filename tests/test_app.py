@@ -142,3 +142,68 @@ def test_rebuild_hints_come_from_the_committed_file(tmp_path: Path, monkeypatch)
     entry = common.rebuild_commands()["sst2"]
     assert entry["command"] in notice and "runs/mgB/ckpt" in notice  # the teacher it needs is named
     assert "the training command in README.md" in common.checkpoint_status("no-such-model")
+
+
+# ------------------------------------------------------------------------------------------------ Generate
+@pytest.fixture()
+def lm(tiny_checkpoints: Path, monkeypatch):
+    from tabs import generate as tab
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    return tab
+
+
+def test_generate_returns_text_figures_and_arrays(lm) -> None:
+    text, notice, html, cand, attn, lens, state, npz, *_updates = lm.generate("A man rides a bike", 8)
+    result = state["result"]
+    assert isinstance(text, str) and "8 new tokens · greedy" in notice
+    assert len(result.steps) == 8 and len(result.tokens) == result.prompt_len + 8
+    assert result.tokens[0] == "<s>"  # the project's own models put BOS first
+    with np.load(npz) as arrays:
+        t = len(result.tokens)
+        assert arrays["attention"].shape == (2, 4, t, t) and arrays["attention"].dtype == np.float32
+        assert list(arrays["tokens"]) == result.tokens and int(arrays["prompt_len"]) == result.prompt_len
+        assert arrays["step_candidates"].shape == (8, 5) and arrays["step_probs"].shape == (8, 5)
+    z = np.array(attn.data[0].z, dtype=float)
+    assert z.shape == (t, t) and np.allclose(np.triu(z, 1), 0)  # the causal mask: nothing above the diagonal
+    # replaying step 3 shows the prompt and 3 generated tokens
+    _html, _cand, attn3 = lm.draw_generation(state, 3, 1, "0", "heatmap")
+    assert np.array(attn3.data[0].z).shape == (result.prompt_len + 3,) * 2
+    assert len(lens.data[0].z) == 2 and len(lens.data[0].z[0]) == t
+
+
+def test_generate_bad_input(lm) -> None:
+    with pytest.raises(gr.Error, match="type some text"):
+        lm.generate("   ")
+    with pytest.raises(gr.Error, match="Unknown model"):
+        lm.generate("hello", 4, "../../etc/passwd")
+    with pytest.raises(gr.Error, match="Unknown strategy"):
+        lm.generate("hello", 4, "gpt-tiny", "beam")
+    # out-of-range decoding values are clamped, never a crash
+    *_a, notice, _html, _c, _at, _l, state, _npz = lm.generate("hello", 1000, "gpt-tiny", "sample", -3, -5, 7, -1)[:8]
+    assert len(state["result"].steps) <= 64
+    long = lm.generate("the film is " * 300, 10)  # 128 positions in the tiny model: the prompt keeps its end
+    result = long[6]["result"]
+    assert "shortened" in long[1] and len(result.tokens) <= 128 and result.tokens[0] == "<s>"
+
+
+def test_ablation_and_head_roles(lm) -> None:
+    state = lm.generate("A man rides a bike", 4)[6]
+    note, fig = lm.ablate_head_fn(state, 2, 1, 3)
+    assert "Layer 1, head 3 switched off" in note and "KL" in note
+    assert [t.name for t in fig.data] == ["full model", "head switched off"]
+    with pytest.raises(gr.Error, match="Generate a continuation first"):
+        lm.ablate_head_fn(None, 0, 0, 0)
+    roles, stripe, losses, summary = lm.head_roles("gpt-tiny", 20, 1)
+    assert [np.array(t.z).shape for t in roles.data] == [(2, 4)] * 4
+    assert np.array(stripe.data[0].z).shape == (41, 41)
+    assert [len(t.y) for t in losses.data] == [20, 20] and "strongest induction" in summary
+
+
+def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch) -> None:
+    from tabs import generate as tab
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tmp_path)
+    assert "`gpt-tiny`" in tab.availability() and "none is there now" in tab.availability()
+    assert tab.decoder_models() == ["gpt-tiny"]

@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = {
-    "latency": ["bench/latency.py", "--repeats", "2", "--warmup", "1", "--actions", "playground,classify_sst2"],
+    "latency": ["bench/latency.py", "--repeats", "2", "--warmup", "1",
+                "--actions", "playground,classify_sst2,generate"],
     "figures": ["bench/figures.py", "--repeats", "1", "--actions", "classify_sst2,playground"],
     "load": ["bench/load.py", "--clients", "3", "--requests", "2", "--deadline", "150", "--request-timeout", "90"],
     # every linear layer packed, so the tiny models exercise the packed path
@@ -67,7 +68,7 @@ def _report(runs: dict, name: str) -> dict:
 def test_latency_reports_each_action(runs) -> None:
     report = _report(runs, "latency")
     assert isinstance(report["ready_s"], float) and report["ready_s"] > 0
-    for action in ("playground", "classify_sst2"):
+    for action in ("playground", "classify_sst2", "generate"):
         assert report[f"{action}_n"] == 2
         assert 0 < report[f"{action}_p50_s"] <= report[f"{action}_p95_s"]
     assert "translate_p50_s" not in report  # --actions picked a subset
@@ -77,6 +78,16 @@ def test_latency_reports_each_action(runs) -> None:
         report["playground_p50_s"] - report["floor_text_p50_s"], abs=2e-4)
     assert report["errors"] == {}
     assert report["machine"]["cpu_count"] >= 1 and len(report["machine"]["loadavg_start"]) == 3
+
+
+def test_actions_of_a_missing_checkpoint_are_left_out(tmp_path: Path) -> None:
+    from bench._server import ACTIONS, available
+
+    kept, missing = available(ACTIONS, tmp_path)  # no gpt-tiny there
+    assert missing == ["generate", "head_roles"] and len(kept) == len(ACTIONS) - 2
+    (tmp_path / "gpt-tiny").mkdir()
+    (tmp_path / "gpt-tiny" / "config.json").write_text("{}")
+    assert available(ACTIONS, tmp_path) == (ACTIONS, [])
 
 
 @pytest.mark.slow
@@ -124,7 +135,7 @@ def test_helpers() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
     assert [a.name for a in select_actions("classify")] == ["classify_sst2", "classify_agnews"]
     assert {a.api for a in select_actions(None)} == {"translate", "classify", "classify_image", "swin_windows",
-                                                     "positional_encoding", "playground"}
+                                                     "positional_encoding", "playground", "generate", "head_roles"}
     with pytest.raises(SystemExit):
         select_actions("nope")
     assert len(SENTENCE_20.split()) == 20
@@ -140,3 +151,17 @@ def test_packed_bench_compares_both_paths(runs) -> None:
         assert report[f"{name}_plain_ms"] > 0 and report[f"{name}_packed_ms"] > 0
         assert report[f"{name}_same"] is True  # same translation / probabilities and attention
         assert (report[f"{name}_packed_layers"] > 0) is supported()
+
+
+@pytest.mark.slow
+def test_generate_bench_compares_with_transformers(capsys) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "generate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--repeats", "1", "--layers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["identical"] is True and report["new_tokens"] == 30 and report["layers"] == 1
+    assert report["ours_s"] > 0 and report["reference_s"] > 0
+    assert report["speedup"] == pytest.approx(report["reference_s"] / report["ours_s"], rel=0.05)

@@ -58,8 +58,8 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
     for tab in app.TABS:
         assert tab.__name__.startswith(tabs.__name__ + ".")
         assert isinstance(tab.TITLE, str) and isinstance(tab.INTRO, str) and callable(tab.build)
-    assert [t.TITLE for t in app.TABS] == ["Translate", "Classify", "Vision", "Swin windows", "Positional encoding",
-                                           "Attention playground"]
+    assert [t.TITLE for t in app.TABS] == ["Translate", "Classify", "Generate", "Vision", "Swin windows",
+                                           "Positional encoding", "Attention playground"]
 
 
 def test_app_builds_every_tab_in_order() -> None:
@@ -70,7 +70,8 @@ def test_app_builds_every_tab_in_order() -> None:
     labels = [c["props"].get("label") for c in config["components"] if c.get("type") == "tabitem"]
     assert labels == [t.TITLE for t in app.TABS]
     api = {d.get("api_name") for d in config["dependencies"]} - {None, False}
-    assert {"translate", "classify", "classify_image", "swin_windows", "positional_encoding", "playground"} <= api
+    assert {"translate", "classify", "generate", "head_roles", "classify_image", "swin_windows",
+            "positional_encoding", "playground"} <= api
     # the three tabs that need no trained model are drawn when the page loads
     on_load = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert len(on_load) == 3

@@ -303,3 +303,27 @@ def test_viz_imports_neither_torch_nor_gradio_nor_models():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'gradio', 'models', 'torchvision')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+
+
+def test_generation_highlight_escapes_marks_and_fades() -> None:
+    from viz.generate import generation_highlight, shown_token
+
+    tokens = ["<s>", "▁a", "<img", "▁src=x>", "Ġworld", "Ċ"]
+    html = generation_highlight(tokens, np.array([np.nan, 1.0, 2.0, 8.0, 0.5, 3.0]), prompt_len=3, upto=5)
+    assert "<img" not in html and "&lt;img" in html  # tokens are text, never markup
+    assert html.count("border-bottom:3px solid") == 3 + 1  # the three generated tokens, and the legend
+    assert html.count("opacity:0.3") == 1  # the token after the replayed step
+    assert "8.00 bits (generated)" in html and "dark red 8.0 bits" in html
+    assert shown_token("Ġworld") == " world" and shown_token("▁a") == " a" and shown_token("<s>") == "<s>"
+
+
+def test_step_candidates_outline_the_chosen_token() -> None:
+    from viz.generate import step_candidates
+
+    cands = [["a", "b", "c", "d", "e"], ["x", "y", "z", "u", "v"]]
+    probs = np.array([[0.5, 0.2, 0.1, 0.1, 0.1], [0.4, 0.3, 0.1, 0.1, 0.1]])
+    fig = step_candidates(cands, probs, ["a", "z"], step=2)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (5, 2) and np.allclose(z[:, 0], probs[0])  # one column per step, top row most likely
+    chosen = [s for s in fig.layout.shapes if s.line.color == "#d62728"]
+    assert [(s.x0, s.y0) for s in chosen] == [(0.5, 0.5), (1.5, 2.5)]  # step 1 rank 1, step 2 rank 3

@@ -26,7 +26,7 @@ def _playground_cases():
     yield "playground", "entropy vs d_k", lambda: playground.entropy_figure(playground.entropy_vs_dk(), 8)
 
 
-CASES = [c for c in payload.largest_cases() if c[0] != "text" or "HTML" not in c[1]] + list(_playground_cases())
+CASES = [c for c in payload.largest_cases() if "HTML" not in c[1]] + list(_playground_cases())
 
 
 @pytest.mark.parametrize("family,name,build", CASES, ids=[c[1] for c in CASES])

@@ -76,11 +76,12 @@ def tiny_bert_checkpoint(folder: Path, labels: list[str] | None = None) -> Path:
 
 def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "sst2", "agnews", "vit-fashion",
                                                            "swin-fashion", "minilm-sst2",
-                                                           "minilm-agnews")) -> Path:
+                                                           "minilm-agnews", "gpt-tiny")) -> Path:
     import torch
 
     from models.checkpoint import save_checkpoint
     from models.classifier import ClassifierConfig, TextClassifier
+    from models.gpt import GPT, GPTConfig
     from models.swin import Swin, SwinConfig
     from models.transformer import Translator, TranslatorConfig
     from models.vit import ViT, ViTConfig
@@ -110,4 +111,7 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
         elif name == "swin-fashion":
             model = Swin(SwinConfig(embed_dim=24, depths=(2, 2), heads=(2, 4), drop_path=0.0))
             save_checkpoint(root / name, model, labels=FASHION, text={})
+        elif name == "gpt-tiny":  # the LLaMA recipe with grouped-query attention, 128 positions
+            model = GPT(GPTConfig(vocab_size=vocab, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2))
+            save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
     return root

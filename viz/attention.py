@@ -132,11 +132,14 @@ def model_view(
     max_cells: int = 64,
     autoscale: bool = False,
     title: str | None = None,
+    max_total_cells: int = 1_000_000,
 ) -> go.Figure:
     """Every layer × head of one attention kind in one figure (rows = layers, columns = heads).
 
     weights: (L, H, Q, K). Each thumbnail is max-pooled to at most ``max_cells`` × ``max_cells`` when
-    larger (the title says so). All thumbnails are tiled into ONE heatmap with blank gaps between them:
+    larger (the title says so), and smaller still when the model has so many heads that all thumbnails
+    together would pass ``max_total_cells`` (1 byte each: the figure stays under the 2 MB budget at
+    GPT-2 medium's 24 × 16 heads). All thumbnails are tiled into ONE heatmap with blank gaps between them:
     one trace and one pair of axes instead of L·H subplots, so the JSON is small and the browser draws it
     quickly. Weights travel as whole percent in a uint8 typed array (1 byte per cell; the colour needs no
     more precision, and the single-head heatmap shows exact values).
@@ -147,6 +150,7 @@ def model_view(
         raise ValueError(f"model view needs (layers, heads, queries, keys), got {w.shape}")
     _check_labels(w, queries, keys)
     L, H, Q, K = w.shape
+    max_cells = min(max_cells, max(8, int((max_total_cells / (L * H)) ** 0.5)))
     pooled, qe, ke = max_pool(w, max_cells)
     q, k = pooled.shape[-2:]
     is_pooled = (q, k) != (Q, K)

@@ -36,7 +36,9 @@ def token_shares(weights: np.ndarray, tokens: Sequence[str]) -> tuple[np.ndarray
 
 
 def head_share_heatmap(shares: np.ndarray, names: Sequence[str] | None = None, *,
-                       title: str = "Where each head looks") -> go.Figure:
+                       title: str = "Where each head looks",
+                       subtitle: str = "average share of each head's attention, over all queries",
+                       label: str = "share of attention") -> go.Figure:
     """One small layer × head heatmap per target kind (share of attention, 0–1). shares: (L, H, C)."""
     s = np.asarray(shares, dtype=np.float32)
     L, H, C = s.shape
@@ -45,13 +47,13 @@ def head_share_heatmap(shares: np.ndarray, names: Sequence[str] | None = None, *
     for c in range(C):
         fig.add_trace(dict(
             type="heatmap", z=f32(s[..., c]), zmin=0, zmax=1, colorscale=ATTENTION_SCALE, showscale=c == 0,
-            colorbar=colorbar("share of attention"),
+            colorbar=colorbar(label),
             hovertemplate=f"layer %{{y}} · head %{{x}}<br>{esc(names[c])}: %{{z:.3f}}<extra></extra>",
         ), row=1, col=c + 1)
         fig.update_xaxes(title=dict(text="head"), dtick=1 if H <= 12 else 2, row=1, col=c + 1)
     fig.update_yaxes(autorange="reversed", dtick=1 if L <= 12 else 2)
     fig.update_yaxes(title=dict(text="layer"), row=1, col=1)
-    base_layout(fig, f"{title}<br><sup>average share of each head's attention, over all queries</sup>",
+    base_layout(fig, f"{title}<br><sup>{subtitle}</sup>",
                 height=int(np.clip(36 * L + 220, 320, 720)), width=int(np.clip(C * (30 * H + 40) + 200, 600, 1500)))
     fig.update_layout(margin=dict(t=110))
     return fig.build()

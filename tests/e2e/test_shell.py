@@ -10,7 +10,7 @@ from .helpers import figures, open_tab, plot_signature, screenshot, wait_for_cha
 
 pytestmark = pytest.mark.e2e
 
-TABS = ["Translate", "Classify", "Vision", "Swin windows", "Positional encoding", "Attention playground"]
+TABS = ["Translate", "Classify", "Generate", "Vision", "Swin windows", "Positional encoding", "Attention playground"]
 
 
 def test_every_tab_opens_without_errors(page) -> None:

@@ -39,6 +39,14 @@ def _pick(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def _wait_for_title(page, wanted, timeout: float = 30) -> None:
+    """Wait until some drawn figure's title satisfies ``wanted`` (figures of one event land one by one)."""
+    deadline = time.monotonic() + timeout
+    while not any(wanted(t) for t in titles(page)) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert any(wanted(t) for t in titles(page)), titles(page)
+
+
 def test_translate_tab(page) -> None:
     open_tab(page, "Translate")
     box = _panel(page).get_by_label("English sentence")
@@ -150,4 +158,35 @@ def test_positional_tab(page) -> None:
     wait_for_plots(page, 6)
     assert visible_plots(page) >= 6
     screenshot(page, "positional")
+    assert page.js_errors == []
+
+
+def test_generate_tab(page) -> None:
+    open_tab(page, "Generate")
+    _panel(page).get_by_label("prompt").fill("Two dogs are running on the")
+    _panel(page).get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3)
+    expect(_panel(page)).to_contain_text("20 new tokens", timeout=30_000)
+    assert page.locator(".atlas-generation").count() == 1
+    before = plot_signature(page)
+    _pick(page, "head (or fusion of heads)", "1")
+    wait_for_change(page, before)
+    before = plot_signature(page)
+    _panel(page).get_by_label("model view").check()
+    wait_for_change(page, before)
+    before = plot_signature(page)
+    _set_number(page, "replay: show the tokens up to generated token (0 = all)", 3)
+    wait_for_change(page, before)
+    _wait_for_title(page, lambda t: "up to token" in t)
+    _panel(page).get_by_role("button", name="Switch the head off").click()
+    expect(_panel(page)).to_contain_text("switched off", timeout=30_000)
+    before = plot_signature(page)
+    _panel(page).get_by_role("button", name="Repeated random tokens").click()
+    wait_for_change(page, before)
+    expect(_panel(page)).to_contain_text("strongest induction", timeout=30_000)
+    _wait_for_title(page, lambda t: t.startswith("Head roles"))
+    screenshot(page, "generate")
+    page.set_viewport_size({"width": 700, "height": 1000})
+    page.wait_for_timeout(500)
+    assert clipped_figures(page) == []
     assert page.js_errors == []

@@ -1,0 +1,385 @@
+"""Decoder-only language model in two recipes, with its attention, head ablation and the logit lens.
+
+- ``recipe="gpt2"`` (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"): pre-norm
+  LayerNorm blocks, learned absolute positions, GELU (tanh approximation) feed-forward, biases, tied
+  input and output embeddings. GPT-2 weights from a Hugging Face folder load through ``models/hf.py``.
+- ``recipe="llama"`` (Touvron et al. 2023, "LLaMA"): pre-norm RMSNorm (Zhang & Sennrich 2019), rotary
+  position embeddings on queries and keys (Su et al. 2021; ``models/positional.py``), SwiGLU feed-forward
+  (Shazeer 2020), no biases, and optional grouped-query attention (Ainslie et al. 2023): ``n_kv_heads``
+  key/value heads, each shared by ``n_heads / n_kv_heads`` query heads.
+
+Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). With ``need_weights`` it runs
+through the one explicit ``scaled_dot_product`` and returns its weights; otherwise the fused kernel. A
+``KVCache`` per layer makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
+output before the output projection, so a head is switched off per call, never by changing the shared model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import limits
+from models.attention import KVCache, causal_mask, scaled_dot_product
+from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
+from models.positional import rope_angles
+
+RECIPES = ("llama", "gpt2")
+STRATEGIES = ("greedy", "sample")
+
+
+@dataclass
+class GPTConfig:
+    recipe: str = "llama"  # "llama" (RMSNorm, RoPE, SwiGLU, no biases) or "gpt2" (LayerNorm, learned positions, GELU)
+    vocab_size: int = 8000  # tokenizer pieces
+    max_len: int = 256  # positions: the longest context the model was trained for
+    d_model: int = 256  # residual stream width
+    n_layers: int = 4  # decoder blocks
+    n_heads: int = 8  # query heads, d_head = d_model / n_heads
+    n_kv_heads: int = 0  # key/value heads; 0 = n_heads (multi-head), fewer = grouped-query attention
+    d_ff: int = 0  # feed-forward width; 0 = the recipe's: 4·d (GPT-2), 8/3·d rounded up to 64 (LLaMA)
+    norm_eps: float = 1e-5  # LayerNorm / RMSNorm epsilon
+    rope_base: float = 10000.0  # RoPE θ base (LLaMA recipe)
+    rope_layout: str = "interleaved"  # pairs (2i, 2i+1) as models/positional.py, or "half" (rotate-half layout)
+    tie_embeddings: bool = True  # output projection = input embedding (Press & Wolf 2017)
+    dropout: float = 0.0  # residual and attention dropout while training
+    bos_id: int = 1  # put first in every prompt of the project's own models
+    eos_id: int = 2  # generation stops after it
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.rope_layout not in ("interleaved", "half"):
+            raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_width(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        return 4 * self.d_model if self.recipe == "gpt2" else 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + ε) · g (Zhang & Sennrich 2019), computed in float32."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
+    """RoPE on x (B, H, T, d) with angles (T, d/2): pairs (2i, 2i+1) ("interleaved", RoFormer eq. 34) or
+    (i, i + d/2) ("half", the layout of Hugging Face's LLaMA weights)."""
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if layout == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.c = c
+        bias = c.recipe == "gpt2"
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)
+        self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
+        self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
+        self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
+
+    def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
+                head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys."""
+        c, (b, t, _) = self.c, x.shape
+        q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
+        k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
+        v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
+        if angles is not None:  # angles of the T new positions, after any cached ones
+            q, k = rotate(q, angles, c.rope_layout), rotate(k, angles, c.rope_layout)
+        if cache is not None:
+            if cache.k is not None and cache.v is not None:
+                k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
+        if c.kv_heads != c.n_heads:  # grouped-query attention: query head h reads key/value head h // group
+            group = c.n_heads // c.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        s = k.size(2)
+        mask = causal_mask(t, s, device=x.device) if t > 1 else None  # one new token sees every key
+        weights = None
+        if need_weights:
+            out, weights = scaled_dot_product(q, k, v, mask=mask)
+        else:
+            p = c.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
+            out = out * head_mask.to(out.dtype)[None, :, None, None]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), weights
+
+
+class FeedForward(nn.Module):
+    """GPT-2: W2 · GELU(W1 x + b1) + b2. LLaMA: W_down (SiLU(W_gate x) ⊙ W_up x) (SwiGLU, Shazeer 2020)."""
+
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.gated = c.recipe == "llama"
+        bias = not self.gated
+        self.up = nn.Linear(c.d_model, c.ff_width, bias=bias)
+        self.gate = nn.Linear(c.d_model, c.ff_width, bias=False) if self.gated else None
+        self.down = nn.Linear(c.ff_width, c.d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if c.recipe == "gpt2" else \
+            (lambda: RMSNorm(c.d_model, c.norm_eps))
+        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c), norm(), FeedForward(c)
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
+                head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask)
+        x = x + self.drop(a)
+        return x + self.drop(self.ff(self.norm2(x))), weights
+
+
+@dataclass
+class Forward:
+    """What one forward pass returns."""
+
+    logits: Tensor  # (B, T, V)
+    attention: list[Tensor] = field(default_factory=list)  # per layer (B, H, T, S), with need_weights
+    hidden: list[Tensor] = field(default_factory=list)  # the residual stream before each block and after the last
+
+
+class GPT(nn.Module):
+    """Token embedding (+ learned positions for GPT-2) -> decoder blocks -> final norm -> output projection."""
+
+    def __init__(self, config: GPTConfig, tokenizer: Any | None = None) -> None:
+        super().__init__()
+        self.config = c = config
+        self.tokenizer = tokenizer  # models.tokenizer.Tokenizer; set by models.load / models.hf
+        self.labels: list[str] = []
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.recipe == "gpt2" else RMSNorm(c.d_model, c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        if c.recipe == "llama":  # derived from the config, so not saved with the weights
+            self.register_buffer("angles", rope_angles(c.max_len, c.d_head, c.rope_base), persistent=False)
+        self.drop = nn.Dropout(c.dropout)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
+                head_mask: Tensor | None = None, keep_hidden: bool = False) -> Forward:
+        """ids (B, T), the tokens after any already in ``caches`` (one KVCache per layer, appended to).
+        head_mask: (layers, heads), 1 keeps a head and 0 switches its output off."""
+        c, t = self.config, ids.size(1)
+        start = caches[0].length if caches else 0
+        if start + t > c.max_len:
+            raise ValueError(f"{start + t} tokens exceed the model's {c.max_len} positions")
+        x = self.embed(ids)
+        angles = None
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(start, start + t, device=ids.device))
+        else:
+            angles = self.angles[start : start + t]
+        x = self.drop(x)
+        out = Forward(logits=x)
+        for i, block in enumerate(self.blocks):
+            if keep_hidden:
+                out.hidden.append(x)
+            x, w = block(x, angles, caches[i] if caches else None, need_weights,
+                         None if head_mask is None else head_mask[i])
+            if w is not None:
+                out.attention.append(w)
+        if keep_hidden:
+            out.hidden.append(x)
+        out.logits = self.lm_head(self.norm(x))
+        return out
+
+    # ----------------------------------------------------------------------------------------- entry points
+    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
+        """Prompt ids and their token labels: the project's own models put BOS first (no EOS); a Hugging
+        Face tokenizer encodes exactly as transformers does (its post-processor decides the specials)."""
+        return self.tokenizer.encode_prompt(text)
+
+    def piece(self, i: int) -> str:
+        return self.tokenizer.id_to_piece(int(i)) if self.tokenizer is not None else str(int(i))
+
+    def context_limit(self) -> int:
+        """Prompt + generated tokens: MAX_LM_TOKENS, or fewer where the model has fewer positions."""
+        return min(limits.MAX_LM_TOKENS, self.config.max_len)
+
+    @torch.no_grad()
+    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
+        """Continue ``text`` (or prompt ids) by up to ``max_new_tokens`` tokens, greedy or sampled.
+
+        temperature > 0 divides the logits; top_k > 0 keeps the k most likely tokens; top_p < 1 keeps the
+        smallest set whose probability reaches p (Holtzman et al. 2020). Each step records the model's
+        own top-5 candidates (temperature 1). After generating, every token (the last generated one too)
+        is run through the explicit path once, so the attention has a row for each token.
+        """
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+        ids = list(text) if not isinstance(text, str) else self.encode_prompt(text)[0]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        limit = self.context_limit()
+        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
+        notice = ""
+        if len(ids) + new > limit:  # keep the prompt's last tokens (and the BOS of our own models)
+            keep = limit - new
+            head = [ids[0]] if ids[0] == self.config.bos_id and self._adds_bos() else []
+            notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
+            ids = head + ids[len(ids) - (keep - len(head)):]
+        prompt_len = len(ids)
+        was_training = self.training
+        self.eval()
+        device = self.embed.weight.device
+        g = torch.Generator(device="cpu").manual_seed(int(seed))
+        caches = [KVCache() for _ in self.blocks]
+        logits = self(torch.tensor([ids], device=device), caches).logits[0, -1]
+        steps: list[GenerationStep] = []
+        for _ in range(new):
+            probs = torch.softmax(logits.float(), -1).cpu()
+            top = torch.topk(probs, min(5, probs.numel()))
+            if strategy == "greedy":
+                choice = int(top.indices[0])
+            else:
+                choice = sample(logits.float().cpu(), temperature, top_k, top_p, g)
+            steps.append(GenerationStep([self.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
+                                        self.piece(choice), float(probs[choice])))
+            ids.append(choice)
+            if choice == self.eos_id():
+                break
+            logits = self(torch.tensor([[choice]], device=device), caches).logits[0, -1]
+        full = self(torch.tensor([ids], device=device), need_weights=True)
+        self.train(was_training)
+        logp = torch.log_softmax(full.logits[0].float(), -1)  # (T, V)
+        surprisal = np.full(len(ids), np.nan, dtype=np.float32)
+        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
+        tokens = [self.piece(i) for i in ids]
+        weights = torch.stack(full.attention, 1)[0].float().cpu().numpy()  # (L, H, T, T)
+        return GenerationResult(text=self.tokenizer.decode(ids[prompt_len:]) if self.tokenizer else "",
+                                tokens=tokens, ids=ids, prompt_len=prompt_len,
+                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
+                                steps=steps, surprisal=surprisal / np.float32(math.log(2)), notice=notice)
+
+    def _adds_bos(self) -> bool:
+        return bool(getattr(self.tokenizer, "adds_bos", True))
+
+    def eos_id(self) -> int:
+        return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
+
+    @torch.no_grad()
+    def next_token_probs(self, ids: Sequence[int], head_mask: Tensor | None = None) -> np.ndarray:
+        """The next-token distribution after ``ids`` (V,), optionally with heads switched off."""
+        device = self.embed.weight.device
+        out = self(torch.tensor([list(ids)], device=device),
+                   head_mask=None if head_mask is None else head_mask.to(device))
+        return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
+
+    @torch.no_grad()
+    def logit_lens(self, ids: Sequence[int]) -> LogitLens:
+        """Each layer's residual stream decoded through the final norm and the output projection
+        (nostalgebraist 2020): the top token per layer and position, its probability, and the probability
+        of the token that actually comes next (the final layer's choice at the last position)."""
+        device = self.embed.weight.device
+        x = torch.tensor([list(ids)], device=device)
+        out = self(x, keep_hidden=True)
+        final = out.logits[0].float()
+        target = torch.cat([x[0, 1:], final[-1:].argmax(-1)])  # (T,)
+        top_ids, top_p, target_p = [], [], []
+        for h in out.hidden[1:]:  # after each block; the last equals the model's own output
+            p = torch.softmax(self.lm_head(self.norm(h[0])).float(), -1)  # (T, V), one layer at a time
+            best = p.max(-1)
+            top_ids.append(best.indices)
+            top_p.append(best.values)
+            target_p.append(p.gather(1, target[:, None])[:, 0])
+        tops = torch.stack(top_ids).cpu().numpy()
+        return LogitLens(top_tokens=[[self.piece(i) for i in row] for row in tops],
+                         top_probs=torch.stack(top_p).cpu().numpy().astype(np.float32),
+                         target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
+                         targets=[self.piece(i) for i in target.cpu().numpy()])
+
+    def repeated_tokens(self, n: int, seed: int = 0) -> list[int]:
+        """BOS + n random non-special tokens + the same n again: the induction-head test sequence (Olsson et
+        al. 2022). Tokens are drawn without replacement, so within a copy no token repeats."""
+        c = self.config
+        if n < 2 or 2 * n + 1 > self.context_limit():
+            raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
+        tok = self.tokenizer
+        special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
+        pool = np.array([i for i in range(c.vocab_size) if i not in special])
+        x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
+        bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
+        return [int(bos), *x, *x]
+
+    @torch.no_grad()
+    def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(cross-entropy in nats of each token given the ones before it (T−1,), attention (L, H, T, T))."""
+        device = self.embed.weight.device
+        x = torch.tensor([list(ids)], device=device)
+        out = self(x, need_weights=True)
+        loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
+        return loss.cpu().numpy(), torch.stack(out.attention, 1)[0].float().cpu().numpy()
+
+
+def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> int:
+    """One token id from logits (V,) after temperature, top-k and nucleus (top-p) filtering."""
+    logits = logits / temperature
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep tokens until the mass reaches p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))

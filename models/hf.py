@@ -1,0 +1,114 @@
+"""Hugging Face model folders read into the project's own classes (transformers is never imported here).
+
+A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (weights only: a folder with only
+``pytorch_model.bin`` is refused, since reading it means unpickling) and ``tokenizer.json``. Supported:
+
+- ``gpt2`` causal LMs -> ``models.gpt.GPT`` with ``recipe="gpt2"``. GPT-2 stores its projections as
+  ``Conv1D`` (y = x W + b, W of shape (in, out)), the transpose of ``nn.Linear``'s, and its q, k and v as
+  one (d, 3d) matrix ``c_attn``; both are undone here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from models.checkpoint import CheckpointError
+
+
+def is_hf_folder(folder: Path) -> bool:
+    """A Hugging Face folder: its config.json names a ``model_type`` and has no project ``format``."""
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "model_type" in meta and "format" not in meta
+
+
+def load_hf(folder: str | Path) -> Any:
+    """The model of a Hugging Face folder as the project's own class, in eval mode, with its tokenizer."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(config_path, f"unreadable: {err}") from None
+    kind = hf.get("model_type")
+    if kind != "gpt2":
+        raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: gpt2)")
+    state = _weights(folder)
+    try:
+        model = gpt2_from_state(hf, state, config_path)
+    except KeyError as err:
+        raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for GPT-2") from None
+    from models.tokenizer import JsonTokenizer
+
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(folder / "tokenizer.json", "missing (the tokenizer is read from tokenizer.json)")
+    tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit())
+    tok.bos_id = int(hf.get("bos_token_id", tok.bos_id))
+    tok.eos_id = int(hf.get("eos_token_id", tok.eos_id))
+    tok.adds_bos = False  # the prompt is encoded as transformers encodes it
+    model.tokenizer = tok
+    model.labels, model.text = [], {}
+    return model.float().eval()
+
+
+def _weights(folder: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        pickled = [p.name for p in folder.glob("*.bin")]
+        why = f"only {', '.join(pickled)} (pickle, refused)" if pickled else "no model.safetensors"
+        raise CheckpointError(folder / "model.safetensors", f"{why}: safetensors weights are needed")
+    state: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except Exception as err:  # a truncated or corrupt file
+            raise CheckpointError(f, f"unreadable safetensors file: {err}") from None
+    return state
+
+
+def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``models.gpt.GPT`` (recipe "gpt2") from a GPT-2 config dict and a transformers state dict (with or
+    without the ``transformer.`` prefix), without a tokenizer."""
+    from models.gpt import GPT, GPTConfig
+
+    where = Path(where)
+    d = int(hf["n_embd"])
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise CheckpointError(where, f"activation {hf['activation_function']!r} is not supported (gelu_new)")
+    if hf.get("scale_attn_by_inverse_layer_idx") or not hf.get("scale_attn_weights", True):
+        raise CheckpointError(where, "only GPT-2's standard 1/√d_head attention scale is supported")
+    config = GPTConfig(recipe="gpt2", vocab_size=int(hf["vocab_size"]), max_len=int(hf["n_positions"]), d_model=d,
+                       n_layers=int(hf["n_layer"]), n_heads=int(hf["n_head"]), d_ff=int(hf.get("n_inner") or 4 * d),
+                       norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                       tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                       bos_id=int(hf.get("bos_token_id", 50256)), eos_id=int(hf.get("eos_token_id", 50256)), pad_id=-1)
+    s = {k.removeprefix("transformer."): v for k, v in state.items()}
+    ours: dict[str, Tensor] = {"embed.weight": s["wte.weight"], "positions.weight": s["wpe.weight"],
+                               "norm.weight": s["ln_f.weight"], "norm.bias": s["ln_f.bias"]}
+    for i in range(config.n_layers):
+        h, o = f"h.{i}.", f"blocks.{i}."
+        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            ours[o + b + ".weight"], ours[o + b + ".bias"] = s[h + a + ".weight"], s[h + a + ".bias"]
+        qkv_w, qkv_b = s[h + "attn.c_attn.weight"].t(), s[h + "attn.c_attn.bias"]  # Conv1D (d, 3d) -> (3d, d)
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            ours[o + f"attn.{name}.weight"] = qkv_w[j * d : (j + 1) * d]
+            ours[o + f"attn.{name}.bias"] = qkv_b[j * d : (j + 1) * d]
+        for a, b in (("attn.c_proj", "attn.o_proj"), ("mlp.c_fc", "ff.up"), ("mlp.c_proj", "ff.down")):
+            ours[o + b + ".weight"], ours[o + b + ".bias"] = s[h + a + ".weight"].t(), s[h + a + ".bias"]
+    if config.tie_embeddings:
+        ours["lm_head.weight"] = ours["embed.weight"]
+    else:
+        ours["lm_head.weight"] = state["lm_head.weight"]
+    model = GPT(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit GPT-2: missing {missing}, unexpected {unexpected}")
+    return model

@@ -1,0 +1,255 @@
+"""Generate: decoder-only language models (`checkpoints/gpt-tiny` and any other decoder checkpoint), causal
+attention, head roles on repeated random tokens, head ablation and the logit lens."""
+
+from __future__ import annotations
+
+import json
+
+import gradio as gr
+import numpy as np
+
+from models import limits
+from tabs import common
+from tabs.common import (
+    FAST,
+    MAX_TEXT_CHARS,
+    VIEWS,
+    attention_figure,
+    controls_for,
+    get_model,
+    layer_head_view,
+    parse_head,
+    read_text,
+    save_npz,
+)
+from viz import attention as va
+from viz import generate as vg
+from viz import stats as vs
+
+TITLE = "Generate"
+DEFAULT = "gpt-tiny"
+INTRO = """**Decoder-only language models: what each token looks at while the model writes.** Type a prompt
+and the model continues it token by token, greedy or sampled; each token is coloured by how surprising it was
+to the model. Attention is *causal*: a token sees only the tokens before it, so the upper triangle of every
+map is empty (the mask). Some heads learn roles: attending to the previous token, copying what followed an
+earlier occurrence of the current token (*induction heads*, Olsson et al. 2022), or parking on the first token
+(an *attention sink*, Xiao et al. 2023). "Repeated random tokens" measures each head's role; switching a head off
+shows what the next-token prediction depends on; the *logit lens* (nostalgebraist 2020) reads the model's
+guess after every block."""
+PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central bank said on Tuesday that",
+           "a warm , funny and beautifully acted"]
+ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
+         "duplicate token (i → i−N)": "duplicate", "first token (sink)": "sink"}
+MAX_TEMPERATURE, MAX_TOP_K = 5.0, 1000
+
+
+def decoder_models() -> list[str]:
+    """The decoder checkpoints under CHECKPOINTS (cheap config.json reads, no torch), gpt-tiny first even
+    when it is missing (its notice says so)."""
+    found = []
+    for folder in sorted(p for p in common.CHECKPOINTS.iterdir() if p.is_dir()) if common.CHECKPOINTS.is_dir() else []:
+        try:
+            meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if meta.get("model") == "GPT" or meta.get("model_type") == "gpt2":
+            found.append(folder.name)
+    return [DEFAULT, *[n for n in found if n != DEFAULT]]
+
+
+def availability() -> str:
+    if (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
+        return ""
+    others = decoder_models()[1:]
+    return (f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in `checkpoints/` "
+            "yet. The tab works with any decoder checkpoint: "
+            + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
+
+
+def build() -> None:
+    gr.Markdown(INTRO, elem_classes=["intro"])
+    status = availability()
+    if status:
+        gr.Markdown(status, elem_classes=["notice"])
+    choices = decoder_models()
+    with gr.Row():
+        prompt = gr.Textbox(label="prompt", value=PROMPTS[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
+        with gr.Column(scale=1):
+            model = gr.Dropdown(choices, value=choices[0], label="model")
+            new_tokens = gr.Slider(1, limits.MAX_NEW_TOKENS, value=20, step=1, label="new tokens")
+            run = gr.Button("Generate", variant="primary")
+    with gr.Accordion("decoding", open=False):
+        with gr.Row():
+            strategy = gr.Radio(["greedy", "sample"], value="greedy", label="strategy")
+            temperature = gr.Slider(0.05, MAX_TEMPERATURE, value=1.0, step=0.05, label="temperature (sampling)")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
+            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p (1 = off)")
+            seed = gr.Number(value=0, precision=0, minimum=0, label="seed")
+    gr.Examples([[p] for p in PROMPTS], [prompt])
+    out = gr.Textbox(label="continuation", interactive=False)
+    notice = gr.Markdown()
+    text_html = gr.HTML()
+    step = gr.Slider(0, 1, value=0, step=1, label="replay: show the tokens up to generated token (0 = all)")
+    candidates = gr.Plot(label="next-token candidates of each step")
+    layer, head, view = layer_head_view(VIEWS, "heatmap")
+    attn = gr.Plot(label="decoder self-attention (causal)")
+    lens = gr.Plot(label="logit lens")
+    gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
+                "text), with the head's output zeroed: the causal check of what the head does.")
+    with gr.Row():
+        ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
+        ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
+        ablate = gr.Button("Switch the head off")
+    ablation_note = gr.Markdown()
+    ablation = gr.Plot(label="next-token distribution with and without the head")
+    gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
+                "an induction head attends from each token of the second copy to the token after its first "
+                "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
+    with gr.Row():
+        n = gr.Slider(2, (limits.MAX_LM_TOKENS - 1) // 2, value=50, step=1, label="N (tokens per copy)")
+        roles_seed = gr.Number(value=0, precision=0, minimum=0, label="seed")
+        roles_run = gr.Button("Repeated random tokens")
+    roles_note = gr.Markdown()
+    roles = gr.Plot(label="head roles")
+    with gr.Row():
+        stripe = gr.Plot(label="the strongest induction head")
+        losses = gr.Plot(label="loss on each copy")
+    state = gr.State()
+    download = gr.File(label="attention arrays (.npz)")
+
+    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer, head, view]
+    outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
+               ablate_head]
+    run.click(generate, inputs, outputs, api_name="generate")
+    prompt.submit(generate, inputs, outputs, api_name=False)
+    for control in (step, layer, head, view):
+        control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
+                       api_name=False, show_progress="hidden", **FAST)
+    ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation], api_name=False)
+    roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
+
+
+# ------------------------------------------------------------------------------------------------ handlers
+def _model(name: str | None):
+    name = name or DEFAULT
+    if name not in decoder_models():  # the API takes any string: only names found under checkpoints/
+        raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(decoder_models())}.")
+    return get_model(name)
+
+
+def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
+             head: str = "mean", view: str = "heatmap"):
+    """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens."""
+    prompt = read_text(prompt)
+    net = _model(model)
+    if strategy not in ("greedy", "sample"):
+        raise gr.Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
+    new = max(1, min(int(max_new_tokens or 1), limits.MAX_NEW_TOKENS))
+    temperature = float(np.clip(float(temperature or 1.0), 0.05, MAX_TEMPERATURE))
+    top_k = int(np.clip(int(top_k or 0), 0, MAX_TOP_K))
+    top_p = float(np.clip(float(top_p or 1.0), 0.01, 1.0))
+    result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
+                          top_p=top_p, seed=max(0, int(seed or 0)))
+    amap = result.attention["decoder"]
+    lens = net.logit_lens(result.ids)
+    layer_u, head_u = controls_for(amap.layers, amap.heads)
+    n_steps = len(result.steps)
+    step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
+    ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
+    ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
+    weights = amap.weights if amap.weights.nbytes <= 64 << 20 else amap.weights.astype(np.float16)
+    npz = save_npz("generation", attention=weights, tokens=np.array(result.tokens), prompt_len=result.prompt_len,
+                   step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
+                   step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
+    notice = result.notice or (f"{n_steps} new tokens · {strategy}"
+                               + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
+                                  f"seed {int(seed or 0)})" if strategy == "sample" else ""))
+    kept = {"result": result, "model": model or DEFAULT}
+    html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view)
+    lens_fig = vg.logit_lens(lens.top_tokens, lens.target_probs, result.tokens, lens.targets,
+                             title=f"Logit lens · {kept['model']}")
+    return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
+            ablate_head_u)
+
+
+def _shown(result, step: int | None) -> int:
+    """How many tokens the replay shows: everything at step 0, else the prompt and ``step`` new tokens."""
+    s = int(step or 0)
+    return len(result.tokens) if s <= 0 else min(result.prompt_len + s, len(result.tokens))
+
+
+def draw_generation(state: dict | None, step: int, layer: int, head: str, view: str):
+    """Redraw the text, the candidates and the attention up to the replayed step (no model run)."""
+    if not state:
+        return None, None, None
+    result = state["result"]
+    t = _shown(result, step)
+    html = vg.generation_highlight(result.tokens, result.surprisal, result.prompt_len, upto=t,
+                                   title="Prompt and continuation, coloured by surprisal")
+    cand = None
+    if result.steps:
+        cand = vg.step_candidates([s.candidates for s in result.steps], np.array([s.probs for s in result.steps]),
+                                  [s.chosen for s in result.steps], step=int(step or 0) or None)
+    amap = result.attention["decoder"]
+    w = amap.weights[:, :, :t, :t]
+    from models.outputs import AttentionMap
+
+    shown = AttentionMap(w, amap.queries[:t], amap.keys[:t])
+    title = "Decoder self-attention (causal)" + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
+    return html, cand, attention_figure(shown, title, layer, parse_head(head), view)
+
+
+def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
+    """The next-token distribution with one head switched off, against the full model's."""
+    if not state:
+        raise gr.Error("Generate a continuation first.")
+    import torch
+
+    result = state["result"]
+    net = _model(state["model"])
+    c = net.config
+    layer, head = int(np.clip(int(layer), 0, c.n_layers - 1)), int(np.clip(int(head), 0, c.n_heads - 1))
+    s = int(step or 0)
+    context = result.ids[: result.prompt_len + s - 1] if s > 0 else result.ids
+    mask = torch.ones(c.n_layers, c.n_heads)
+    mask[layer, head] = 0.0
+    before, after = net.next_token_probs(context), net.next_token_probs(context, mask)
+    top = list(dict.fromkeys([*np.argsort(-before)[:5].tolist(), *np.argsort(-after)[:5].tolist()]))
+    kl = float(np.sum(before * (np.log(np.maximum(before, 1e-12)) - np.log(np.maximum(after, 1e-12)))))
+    b_top, a_top = int(np.argmax(before)), int(np.argmax(after))
+    where = f"after generated token {s - 1}" if s > 1 else ("after the prompt" if s == 1 else "after the whole text")
+    note = (f"Layer {layer}, head {head} switched off, {where}: the top token "
+            + (f"stays `{net.piece(b_top)}` ({before[b_top]:.1%} → {after[b_top]:.1%})" if a_top == b_top else
+               f"changes from `{net.piece(b_top)}` ({before[b_top]:.1%}) to `{net.piece(a_top)}` ({after[a_top]:.1%})")
+            + f"; KL(full ‖ ablated) = {kl:.3f} nats.")
+    fig = vg.distribution_change([net.piece(i) for i in top], before[top], after[top],
+                                 title=f"Next token with layer {layer} head {head} switched off")
+    return note, fig
+
+
+def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0):
+    """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
+    repeated twice; the strongest induction head's attention and the loss on each copy."""
+    from models.analysis import duplicate_token_score, first_token_share, induction_score, previous_token_score
+
+    net = _model(model)
+    n = int(np.clip(int(n or 50), 2, (net.context_limit() - 1) // 2))
+    ids = net.repeated_tokens(n, seed=max(0, int(seed or 0)))
+    loss, weights = net.token_losses(ids)
+    scores = {"previous": previous_token_score(weights), "induction": induction_score(weights, n),
+              "duplicate": duplicate_token_score(weights, n), "sink": first_token_share(weights)}
+    fig = vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
+                                title=f"Head roles · {model} · N = {n}",
+                                subtitle="mean attention on the role's key (induction, duplicate: over the "
+                                         "second copy)", label="score")
+    best = np.unravel_index(int(np.argmax(scores["induction"])), scores["induction"].shape)
+    tokens = [net.piece(i) for i in ids]
+    stripe = va.attention_heatmap(weights, tokens, tokens, layer=int(best[0]), head=int(best[1]),
+                                  kind=f"Induction stripe · score {scores['induction'][best]:.2f}")
+    lines = vg.copy_losses(loss[:n], loss[n : 2 * n])
+    summary = " · ".join(f"strongest {name.split(' (')[0]}: layer {i} head {j} ({scores[k][i, j]:.2f})"
+                         for name, k in ROLES.items()
+                         for i, j in [np.unravel_index(int(np.argmax(scores[k])), scores[k].shape)])
+    return fig, stripe, lines, summary
+

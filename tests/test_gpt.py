@@ -1,0 +1,180 @@
+"""models/gpt.py and models/hf.py: GPT-2 weights from a folder written by transformers give transformers'
+logits, attention and greedy tokens; the LLaMA recipe (grouped-query attention included) gives the same
+outputs through the explicit and the fused path; generation, ablation and the logit lens behave."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.gpt import GPT, GPTConfig, sample
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A small random GPT-2 written by transformers, with a byte-level BPE tokenizer.json."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    out = tmp_path_factory.mktemp("gpt2")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran in the park", "hello world, again"] * 10,
+                            vocab_size=300, special_tokens=["<|endoftext|>"])
+    tok.save(str(out / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=3, n_head=4,
+                     bos_token_id=eot, eos_token_id=eot)
+    cfg._attn_implementation = "eager"
+    hf = GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(out)
+    return out, hf
+
+
+def test_gpt2_folder_matches_transformers(gpt2_folder) -> None:
+    import models
+
+    folder, hf = gpt2_folder
+    ours = models.load(str(folder))
+    assert ours.config.recipe == "gpt2" and ours.config.n_layers == 3
+    ids = torch.tensor([[5, 17, 33, 2, 40, 41, 7, 9]])
+    with torch.no_grad():
+        ref = hf(ids, output_attentions=True)
+        mine = ours(ids, need_weights=True)
+    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
+    assert len(ref.attentions) == len(mine.attention) == 3
+    for a, b in zip(ref.attentions, mine.attention):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        want = hf.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0)[0].tolist()
+    got = ours.generate(ids[0].tolist(), max_new_tokens=12)
+    assert got.ids[: len(want)] == want[: len(got.ids)] and len(got.ids) >= ids.shape[1] + 1
+
+
+def test_gpt2_tokenizer_encodes_as_transformers(gpt2_folder) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    import models
+
+    folder, _ = gpt2_folder
+    ours = models.load(str(folder))
+    ref = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    for text in ["the cat sat", "Hello  world, again!", "ünïcödé 🙂 text"]:
+        ids, pieces = ours.encode_prompt(text)
+        assert ids == ref(text)["input_ids"] and len(pieces) == len(ids)
+
+
+def test_hf_folder_with_only_pickle_weights_is_refused(gpt2_folder, tmp_path: Path) -> None:
+    import shutil
+
+    import models
+    from models.checkpoint import CheckpointError
+
+    folder, _ = gpt2_folder
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(CheckpointError, match="pickle, refused"):
+        models.load(str(tmp_path))
+
+
+LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2,
+                  bos_id=1, eos_id=2)
+
+
+@pytest.mark.parametrize("config", [LLAMA, GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32,
+                                                     n_layers=2, n_heads=4, rope_layout="half"),
+                                    GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2,
+                                              n_heads=4)], ids=["llama-gqa", "llama-half", "gpt2"])
+def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    ids = torch.randint(3, 64, (2, 20))
+    with torch.no_grad():
+        fused = model(ids).logits
+        explicit = model(ids, need_weights=True)
+        from models.attention import KVCache
+
+        caches = [KVCache() for _ in model.blocks]
+        stepped = torch.cat([model(ids[:, :12], caches).logits]
+                            + [model(ids[:, t : t + 1], caches).logits for t in range(12, 20)], 1)
+    torch.testing.assert_close(explicit.logits, fused, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stepped, fused, atol=1e-5, rtol=0)
+    for w in explicit.attention:
+        assert w.shape == (2, config.n_heads, 20, 20)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, config.n_heads, 20), atol=1e-5, rtol=0)
+        assert float(torch.triu(w, 1).abs().max()) == 0.0  # causal: nothing above the diagonal
+
+
+def test_grouped_query_heads_share_their_keys() -> None:
+    torch.manual_seed(0)
+    model = GPT(LLAMA).eval()
+    assert model.blocks[0].attn.k_proj.out_features == 2 * LLAMA.d_head
+    with torch.no_grad():  # ablating every query head of one group equals zeroing that group's values
+        ids = torch.randint(3, 64, (1, 10))
+        mask = torch.ones(2, 6)
+        mask[0, :3] = 0  # heads 0-2 read key/value head 0
+        a = model(ids, head_mask=mask).logits
+        v = model.blocks[0].attn.v_proj
+        saved = v.weight.detach().clone()
+        v.weight.data[: LLAMA.d_head] = 0
+        b = model(ids).logits
+        v.weight.data.copy_(saved)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_generation_records_steps_and_attention_for_every_token() -> None:
+    torch.manual_seed(0)
+    model = GPT(LLAMA).eval()
+    r = model.generate([1, 5, 6, 7], max_new_tokens=6)
+    t = len(r.tokens)
+    assert r.prompt_len == 4 and len(r.steps) == t - 4
+    w = r.attention["decoder"].weights
+    assert w.shape == (2, 6, t, t) and np.allclose(w.sum(-1), 1, atol=1e-5)
+    for step, chosen in zip(r.steps, r.ids[4:]):
+        assert step.chosen == str(chosen) and step.candidates[0] == step.chosen  # greedy takes the top one
+        assert np.all(np.diff(step.probs) <= 0) and 0 < step.chosen_prob <= 1
+    # surprisal: −log2 p of each token given the ones before it, from the same model
+    assert np.isnan(r.surprisal[0])
+    probs = model.next_token_probs(r.ids[:5])
+    assert r.surprisal[5] == pytest.approx(-np.log2(probs[r.ids[5]]), abs=1e-4)
+    again = model.generate([1, 5, 6, 7], max_new_tokens=6, strategy="sample", temperature=0.7, top_k=5, seed=3)
+    assert again.ids == model.generate([1, 5, 6, 7], max_new_tokens=6, strategy="sample", temperature=0.7,
+                                       top_k=5, seed=3).ids  # seeded
+
+
+def test_long_prompt_keeps_its_last_tokens_and_bos() -> None:
+    model = GPT(LLAMA).eval()  # 48 positions: prompt + new tokens fit in 48
+    r = model.generate([1] + list(range(3, 63)), max_new_tokens=8)
+    assert r.ids[0] == 1 and r.ids[1 : r.prompt_len] == list(range(3, 63))[-(40 - 1):]
+    assert r.prompt_len == 40 and "shortened" in r.notice
+
+
+def test_sampling_filters() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.tensor([5.0, 4.0, 1.0, 0.0, -1.0])
+    assert {sample(logits, 1.0, 2, 1.0, g) for _ in range(200)} <= {0, 1}  # top-k 2
+    # nucleus: p(0) ≈ 0.72 < 0.8, so token 1 joins; nothing else
+    assert {sample(logits, 1.0, 0, 0.8, g) for _ in range(200)} == {0, 1}
+    assert {sample(logits, 1.0, 0, 0.5, g) for _ in range(50)} == {0}
+
+
+def test_ablation_and_logit_lens() -> None:
+    torch.manual_seed(0)
+    model = GPT(LLAMA).eval()
+    ids = [1, 9, 10, 11, 12]
+    base = model.next_token_probs(ids)
+    off = torch.ones(2, 6)
+    off[1, 4] = 0
+    assert not np.allclose(model.next_token_probs(ids, off), base)
+    np.testing.assert_allclose(model.next_token_probs(ids, torch.ones(2, 6)), base, atol=1e-6)
+    lens = model.logit_lens(ids)
+    assert lens.top_probs.shape == lens.target_probs.shape == (2, 5) and len(lens.top_tokens) == 2
+    # the last layer's reading is the model's own output
+    assert lens.targets[:-1] == [str(i) for i in ids[1:]]
+    assert lens.target_probs[-1, 0] == pytest.approx(float(model.next_token_probs(ids[:1])[ids[1]]), abs=1e-5)
+    assert lens.top_tokens[-1][-1] == lens.targets[-1]
