@@ -207,3 +207,21 @@ def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(common, "CHECKPOINTS", tmp_path)
     assert "`gpt-tiny`" in tab.availability() and "none is there now" in tab.availability()
     assert tab.decoder_models() == ["gpt-tiny"]
+
+
+def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpoints: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    from tabs import generate as tab
+    from tests.tiny import tiny_gpt2_folder
+
+    root = tmp_path / "checkpoints"
+    shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
+    tiny_gpt2_folder(root / "my-gpt2")
+    monkeypatch.setattr(common, "CHECKPOINTS", root)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"]
+    text, notice, *_rest = tab.generate("the cat sat", 5, "my-gpt2")
+    result = _rest[4]["result"]
+    assert result.tokens[0] != "<s>" and result.prompt_len == len(result.tokens) - len(result.steps)
+    roles = tab.head_roles("my-gpt2", 10, 0)[0]
+    assert [np.array(t.z).shape for t in roles.data] == [(3, 4)] * 4

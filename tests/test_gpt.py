@@ -18,22 +18,10 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="module")
 def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     """A small random GPT-2 written by transformers, with a byte-level BPE tokenizer.json."""
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from tests.tiny import tiny_gpt2_folder
 
     out = tmp_path_factory.mktemp("gpt2")
-    tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(["the cat sat on the mat", "a dog ran in the park", "hello world, again"] * 10,
-                            vocab_size=300, special_tokens=["<|endoftext|>"])
-    tok.save(str(out / "tokenizer.json"))
-    eot = tok.token_to_id("<|endoftext|>")
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=3, n_head=4,
-                     bos_token_id=eot, eos_token_id=eot)
-    cfg._attn_implementation = "eager"
-    hf = GPT2LMHeadModel(cfg).eval()
-    hf.save_pretrained(out)
-    return out, hf
+    return out, tiny_gpt2_folder(out)
 
 
 def test_gpt2_folder_matches_transformers(gpt2_folder) -> None:

@@ -115,3 +115,25 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
             model = GPT(GPTConfig(vocab_size=vocab, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2))
             save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
     return root
+
+
+def tiny_gpt2_folder(folder: Path):
+    """A small random GPT-2 written by transformers (config.json, model.safetensors) with a byte-level BPE
+    tokenizer.json: a Hugging Face folder as a user would bring one. Returns the transformers model."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat sat on the mat", "a dog ran in the park", "hello world, again"] * 10,
+                            vocab_size=300, special_tokens=["<|endoftext|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=3, n_head=4,
+                     bos_token_id=eot, eos_token_id=eot)
+    cfg._attn_implementation = "eager"
+    hf = GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(folder)
+    return hf

@@ -7,13 +7,16 @@
     python -m train.evaluate vision --checkpoint checkpoints/vit-fashion \\
         --images ../shared/data/fashion-mnist/t10k-images-idx3-ubyte.gz \\
         --labels ../shared/data/fashion-mnist/t10k-labels-idx1-ubyte.gz
+    python -m train.evaluate lm --checkpoint checkpoints/gpt-tiny --text ../shared/data/multi30k/test_2016_flickr.en.gz
 
 Translation: sacreBLEU (default 13a tokenisation, cased) of the detokenised output against the raw
 references, one sentence per line (plain or .gz); prints ``{"bleu": …, "sentences": …}`` (0–100).
 Classification (``sentence<TAB>label`` TSV with header) and vision (IDX images and labels) print
-``{"accuracy": …, "examples": …}`` (a fraction). ``--write-metrics`` records the result and the exact
-command under ``"evaluations"`` in the checkpoint's ``metrics.json`` (keyed by the data file, so each
-held-out set keeps its own entry).
+``{"accuracy": …, "examples": …}`` (a fraction). Language models (``--text``: one document per line, plain,
+.gz, or a TSV's first column) print ``{"perplexity": …, "tokens": …}``: per tokeniser piece, each document
+``<s> pieces </s>`` scored on its own with every piece after ``<s>`` predicted, ``</s>`` included.
+``--write-metrics`` records the result and the exact command under ``"evaluations"`` in the checkpoint's
+``metrics.json`` (keyed by the data file, so each held-out set keeps its own entry).
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("vision", parents=[common], help="accuracy on IDX images and labels")
     v.add_argument("--images", type=Path, required=True)
     v.add_argument("--labels", type=Path, required=True)
+    lm = sub.add_parser("lm", parents=[common], help="perplexity per piece on one document per line")
+    lm.add_argument("--text", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "classification":
         result = evaluate_classification(model, args.tsv, args.batch_size or 256)
         key, extra = Path(args.tsv).parent.name + "/" + Path(args.tsv).name, {}
+    elif args.kind == "lm":
+        result = evaluate_lm(model, args.text, args.batch_size or 32)
+        key, extra = Path(args.text).parent.name + "/" + Path(args.text).name, {}
     else:
         result = evaluate_vision(model, args.images, args.labels, args.batch_size or 500)
         key, extra = Path(args.images).name, {}
@@ -122,6 +130,17 @@ def main(argv: list[str] | None = None) -> int:
                                             "hardware": hardware(), "torch": torch.__version__})
     print(json.dumps(result))
     return 0
+
+
+def evaluate_lm(model: Any, path: Path, batch_size: int) -> dict[str, Any]:
+    """Perplexity per piece of the documents in ``path`` (train.lm's convention)."""
+    import math
+
+    from train.lm import encode_documents, perplexity_sums, read_documents
+
+    docs = encode_documents(model.tokenizer, read_documents(path))
+    nll, n = perplexity_sums(model, docs, model.config.max_len, next(model.parameters()).device, batch_size)
+    return {"perplexity": round(math.exp(nll / n), 3), "tokens": n, "documents": len(docs)}
 
 
 def _sacrebleu_signature() -> str:

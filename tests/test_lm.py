@@ -1,0 +1,105 @@
+"""train/lm.py and bench/lm_baseline.py: packing, synthetic spans, perplexity, and the Kneser–Ney trigram
+against hand-computed probabilities."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train.lm import pack, perplexity_sums, read_documents, repeated_spans
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("lm_baseline", ROOT / "bench" / "lm_baseline.py")
+baseline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(baseline)
+
+B, A, BB, C, E = 0, 1, 2, 3, 4  # <s>, a, b, c, </s>
+TOY = [[B, A, BB, E], [B, A, C, E]]
+
+
+def test_modified_kneser_ney_discounts() -> None:
+    d1, d2, d3 = baseline.discounts(Counter({1: 10, 2: 5, 3: 3, 4: 2}))
+    # Y = 10 / (10 + 2·5) = 0.5; D1 = 1 − 2Y·5/10, D2 = 2 − 3Y·3/5, D3+ = 3 − 4Y·2/3
+    assert (d1, d2, d3) == pytest.approx((0.5, 1.1, 3 - 4 / 3))
+    assert baseline.discounts(Counter({1: 4, 2: 1})) == (0.5, 0.5, 0.5)  # no n3: plain absolute discounting
+
+
+def test_kneser_ney_trigram_by_hand() -> None:
+    kn = baseline.KneserNeyTrigram(TOY, vocab_size=5, bos=B)
+    # Trigrams: (<s> <s> a)×2, (<s> a b), (a b </s>), (<s> a c), (a c </s>); every level has too few
+    # counts for eq. 26, so D = 0.5. Continuation counts: bigrams (<s> a), (a b), (b </s>), (a c), (c </s>)
+    # once each; unigrams a 1, b 1, c 1, </s> 2 (of 5), γ = 0.5·3 + 0.5·1 = 2.
+    p_uni_b = (1 - 0.5) / 5 + 2 / 5 * (1 / 5)  # 0.18
+    p_bi_b = (1 - 0.5) / 2 + (0.5 * 2) / 2 * p_uni_b  # history a: {b: 1, c: 1}
+    assert kn.prob(BB, (B, A)) == pytest.approx((1 - 0.5) / 2 + (0.5 * 2) / 2 * p_bi_b)  # 0.42
+    p_uni_e = (2 - 0.5) / 5 + 2 / 5 * (1 / 5)  # 0.38
+    assert kn.prob(E, (A, BB)) == pytest.approx(0.5 + 0.5 * (0.5 + 0.5 * p_uni_e))  # 0.845
+    assert kn.prob(BB, (C, C)) == pytest.approx(0.5 * p_uni_b)  # unseen history (c c): the bigram of c
+    # <s> is never predicted: only the uniform floor under the unigrams gives it mass, γ/N · 1/V = 2/5 · 1/5
+    assert kn.prob(B, (C, E)) == pytest.approx(2 / 5 * 1 / 5)
+    nll, n = kn.nll([[B, A, BB, E]])
+    assert n == 3 and nll == pytest.approx(-math.log(kn.prob(A, (B, B)) * kn.prob(BB, (B, A)) * kn.prob(E, (A, BB))))
+
+
+def test_kneser_ney_distributions_sum_to_one() -> None:
+    rng = np.random.default_rng(0)
+    docs = [[0, *rng.integers(2, 30, int(rng.integers(3, 15))).tolist(), 1] for _ in range(300)]
+    kn = baseline.KneserNeyTrigram(docs, vocab_size=30, bos=0)
+    assert all(0 < x < k for level in kn.levels for k, x in zip((1, 2, 3), level.d))  # D_k in (0, k)
+    for history in [(0, 0), (0, 5), (5, 7), (29, 29), (7, 1)]:
+        assert sum(kn.prob(w, history) for w in range(30)) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_packing_and_synthetic_spans() -> None:
+    docs = [np.array([2, 10, 11, 3]), np.array([2, 12, 3]), np.array([2, 13, 14, 15, 3])]
+    rows = pack(docs, context=4)
+    stream = np.concatenate(docs)
+    assert rows.shape == (2, 5) and rows[0].tolist() == stream[:5].tolist() and rows[1].tolist() == stream[4:9].tolist()
+    unigram = np.zeros(50)
+    unigram[10:50] = 1 / 40
+    syn = repeated_spans(20, 255, unigram, seed=0)
+    assert syn.shape == (20, 256) and int(syn[:, 0].eq(2).all()) == 1
+    row = syn[0].tolist()
+    nxt = row.index(2, 1) if 2 in row[1:] else len(row)  # the first span block: <s> x x [x]
+    block = row[1:nxt]
+    for k in (2, 3):
+        if len(block) % k == 0 and 8 <= len(block) // k <= 60:
+            span = block[: len(block) // k]
+            if block == span * k:
+                break
+    else:
+        raise AssertionError(f"no repeated span in {block}")
+
+
+def test_perplexity_sums_score_every_piece_after_bos() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, max_len=8, d_model=16, n_layers=1, n_heads=2)).eval()
+    docs = [np.array([1, 5, 6, 2]), np.array([1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 2])]  # the 2nd > context
+    nll, n = perplexity_sums(model, docs, context=8, device=torch.device("cpu"))
+    assert n == 3 + 10
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([[1, 5, 6]])).logits[0], -1)
+    first = -(lp[0, 5] + lp[1, 6] + lp[2, 2])
+    d2 = docs[1]
+    second = 0.0
+    for start in (0, 8):  # windows of 8 predictions: tokens 1..8, then 9..10
+        w = torch.tensor([d2[start : start + 9].tolist()])
+        with torch.no_grad():
+            lw = torch.log_softmax(model(w[:, :-1]).logits[0], -1)
+        second -= float(lw.gather(1, w[0, 1:, None]).sum())
+    assert nll == pytest.approx(float(first) + second, rel=1e-5)
+
+
+def test_read_documents(tmp_path: Path) -> None:
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\nfirst one\t1\n\nsecond\t0\n")
+    (tmp_path / "b.txt").write_text("one doc\n  \nanother doc\n")
+    assert read_documents(tmp_path / "a.tsv") == ["first one", "second"]
+    assert read_documents(tmp_path / "b.txt") == ["one doc", "another doc"]
