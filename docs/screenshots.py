@@ -40,10 +40,10 @@ def main() -> None:
                 page.get_by_role("tab", name=name, exact=True).click()
                 page.wait_for_timeout(500)
 
-            def shot(name: str, height: int = 2200) -> None:
+            def shot(name: str, height: int = 2200, y: float = 0) -> None:
                 page.wait_for_timeout(1500)
                 page.screenshot(path=str(OUT / f"{name}.png"), full_page=True,
-                                clip={"x": 0, "y": 0, "width": 1400, "height": height})
+                                clip={"x": 0, "y": y, "width": 1400, "height": height})
 
             tab("Translate")
             panel().get_by_role("button", name="Translate", exact=True).click()
@@ -55,6 +55,16 @@ def main() -> None:
             panel().get_by_role("button", name="Classify", exact=True).click()
             wait_for_plots(page, 3, timeout=120_000)
             shot("classify", 1900)
+
+            tab("Generate")
+            panel().get_by_role("button", name="Generate", exact=True).click()
+            wait_for_plots(page, 3, timeout=120_000)
+            shot("generate", 2300)
+            panel().get_by_role("button", name="Repeated random tokens").click()
+            wait_for_plots(page, 7, timeout=120_000)
+            heading = panel().get_by_text("Head roles on repeated random tokens")
+            top = heading.bounding_box()["y"] + page.evaluate("window.scrollY")
+            shot("generate-head-roles", 1500, y=top - 20)
 
             tab("Vision")
             panel().locator("input[type=file]").set_input_files(str(ROOT / "examples/fashion/7-sneaker-t10k-9.png"))

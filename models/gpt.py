@@ -286,7 +286,7 @@ class GPT(nn.Module):
         caches = [KVCache() for _ in self.blocks]
         logits = self(torch.tensor([ids], device=device), caches).logits[0, -1]
         steps: list[GenerationStep] = []
-        for _ in range(new):
+        for step in range(new):
             probs = torch.softmax(logits.float(), -1).cpu()
             top = torch.topk(probs, min(5, probs.numel()))
             if strategy == "greedy":
@@ -296,7 +296,7 @@ class GPT(nn.Module):
             steps.append(GenerationStep([self.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
                                         self.piece(choice), float(probs[choice])))
             ids.append(choice)
-            if choice == self.eos_id():
+            if choice == self.eos_id() or step == new - 1:
                 break
             logits = self(torch.tensor([[choice]], device=device), caches).logits[0, -1]
         full = self(torch.tensor([ids], device=device), need_weights=True)

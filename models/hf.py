@@ -6,6 +6,9 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 - ``gpt2`` causal LMs -> ``models.gpt.GPT`` with ``recipe="gpt2"``. GPT-2 stores its projections as
   ``Conv1D`` (y = x W + b, W of shape (in, out)), the transpose of ``nn.Linear``'s, and its q, k and v as
   one (d, 3d) matrix ``c_attn``; both are undone here.
+- ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.gpt.GPT`` with ``recipe="llama"``, RoPE in
+  Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
+  ``num_key_value_heads``; RoPE scaling variants are refused.
 """
 
 from __future__ import annotations
@@ -37,24 +40,34 @@ def load_hf(folder: str | Path) -> Any:
     except (OSError, ValueError) as err:
         raise CheckpointError(config_path, f"unreadable: {err}") from None
     kind = hf.get("model_type")
-    if kind != "gpt2":
-        raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: gpt2)")
+    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state}
+    if kind not in builders:
+        raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
+                                           f"{', '.join(builders)})")
     state = _weights(folder)
     try:
-        model = gpt2_from_state(hf, state, config_path)
+        model = builders[kind](hf, state, config_path)
     except KeyError as err:
-        raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for GPT-2") from None
+        raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
     from models.tokenizer import JsonTokenizer
 
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(folder / "tokenizer.json", "missing (the tokenizer is read from tokenizer.json)")
     tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit())
-    tok.bos_id = int(hf.get("bos_token_id", tok.bos_id))
-    tok.eos_id = int(hf.get("eos_token_id", tok.eos_id))
+    tok.bos_id = _token_id(hf, "bos_token_id", tok.bos_id)
+    tok.eos_id = _token_id(hf, "eos_token_id", tok.eos_id)
     tok.adds_bos = False  # the prompt is encoded as transformers encodes it
     model.tokenizer = tok
     model.labels, model.text = [], {}
     return model.float().eval()
+
+
+def _token_id(hf: dict[str, Any], key: str, default: int) -> int:
+    """A special token id from config.json: absent or null gives ``default``; a list gives its first id."""
+    value = hf.get(key)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return default if value is None else int(value)
 
 
 def _weights(folder: Path) -> dict[str, Tensor]:
@@ -89,7 +102,8 @@ def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
                        n_layers=int(hf["n_layer"]), n_heads=int(hf["n_head"]), d_ff=int(hf.get("n_inner") or 4 * d),
                        norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
                        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-                       bos_id=int(hf.get("bos_token_id", 50256)), eos_id=int(hf.get("eos_token_id", 50256)), pad_id=-1)
+                       bos_id=_token_id(hf, "bos_token_id", 50256), eos_id=_token_id(hf, "eos_token_id", 50256),
+                       pad_id=-1)
     s = {k.removeprefix("transformer."): v for k, v in state.items()}
     ours: dict[str, Tensor] = {"embed.weight": s["wte.weight"], "positions.weight": s["wpe.weight"],
                                "norm.weight": s["ln_f.weight"], "norm.bias": s["ln_f.bias"]}
@@ -111,4 +125,42 @@ def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
     missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit GPT-2: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``models.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict."""
+    from models.gpt import GPT, GPTConfig
+
+    where = Path(where)
+    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}  # transformers 4 / 5 names
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(where, f"RoPE scaling {rope!r} is not supported (only the default RoPE)")
+    theta = float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    if int(hf.get("head_dim") or d // heads) != d // heads:
+        raise CheckpointError(where, "a head_dim other than hidden_size / num_attention_heads is not supported")
+    if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(where, "only the plain LLaMA block (no biases, SiLU) is supported")
+    config = GPTConfig(recipe="llama", vocab_size=int(hf["vocab_size"]), max_len=int(hf["max_position_embeddings"]),
+                       d_model=d, n_layers=int(hf["num_hidden_layers"]), n_heads=heads,
+                       n_kv_heads=int(hf.get("num_key_value_heads") or heads), d_ff=int(hf["intermediate_size"]),
+                       norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=theta,
+                       rope_layout="half", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                       bos_id=_token_id(hf, "bos_token_id", 1), eos_id=_token_id(hf, "eos_token_id", 2), pad_id=-1)
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours: dict[str, Tensor] = {"embed.weight": s["embed_tokens.weight"], "norm.weight": s["norm.weight"]}
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm1.weight"] = s[h + "input_layernorm.weight"]
+        ours[o + "norm2.weight"] = s[h + "post_attention_layernorm.weight"]
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            ours[o + f"attn.{name}.weight"] = s[h + f"self_attn.{name}.weight"]
+        for a, b in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+            ours[o + f"ff.{b}.weight"] = s[h + f"mlp.{a}.weight"]
+    ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["lm_head.weight"]
+    model = GPT(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit LLaMA: missing {missing}, unexpected {unexpected}")
     return model

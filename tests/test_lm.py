@@ -57,10 +57,12 @@ def test_kneser_ney_distributions_sum_to_one() -> None:
 
 
 def test_packing_and_synthetic_spans() -> None:
-    docs = [np.array([2, 10, 11, 3]), np.array([2, 12, 3]), np.array([2, 13, 14, 15, 3])]
+    docs = [np.array([2, 10, 11, 3]), np.array([2, 12, 3]), np.array([2, 13, 14, 15, 3]), np.array([2, 16, 3])]
     rows = pack(docs, context=4)
-    stream = np.concatenate(docs)
-    assert rows.shape == (2, 5) and rows[0].tolist() == stream[:5].tolist() and rows[1].tolist() == stream[4:9].tolist()
+    # every row starts at a document's <s>; the document cut at a row's end starts the next row again
+    assert rows.tolist() == [[2, 10, 11, 3, 2], [2, 12, 3, 2, 13], [2, 13, 14, 15, 3]]
+    long = pack([np.array([2, *range(10, 22), 3])], context=4)  # longer than a row: goes on where it was cut
+    assert long.tolist() == [[2, 10, 11, 12, 13], [14, 15, 16, 17, 18]]
     unigram = np.zeros(50)
     unigram[10:50] = 1 / 40
     syn = repeated_spans(20, 255, unigram, seed=0)

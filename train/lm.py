@@ -76,11 +76,22 @@ def encode_documents(tok: Any, texts: list[str]) -> list[np.ndarray]:
 
 
 def pack(docs: list[np.ndarray], context: int) -> Tensor:
-    """Documents end to end, cut into (N, context + 1) rows (inputs and next-token targets); the tail is dropped."""
+    """Documents end to end in rows of ``context + 1`` tokens (inputs and next-token targets), each row
+    starting at a document's ``<s>``: a document cut at the end of a row starts the next row again.
+
+    Rows that start mid-stream would show a document's first tokens almost always after other documents,
+    while the app (and the per-document perplexity) runs a prompt from ``<s>`` at position 0; scored alone,
+    such a model was 1.8 nats a token worse than after unrelated text (runs/gpt-tiny, first attempt).
+    """
     stream = np.concatenate(docs)
-    n = (len(stream) - 1) // context
-    idx = np.arange(n)[:, None] * context + np.arange(context + 1)[None, :]
-    return torch.from_numpy(stream[idx].astype(np.int64))
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    rows, s = [], 0
+    while s + context + 1 <= len(stream):
+        rows.append(stream[s : s + context + 1])
+        end = s + context + 1
+        cut = int(starts[np.searchsorted(starts, end, side="right") - 1])  # start of the document at `end`
+        s = cut if cut > s else end  # a document longer than a row goes on from where it was cut
+    return torch.from_numpy(np.stack(rows).astype(np.int64)) if rows else torch.zeros(0, context + 1, dtype=torch.long)
 
 
 def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int) -> Tensor:
