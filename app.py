@@ -9,13 +9,14 @@ before the model stack has loaded.
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import gradio as gr
 
 from models import limits
 from tabs import classify, generate, playground, positional, swin, translate, vision
-from tabs.common import FAST
+from tabs.common import FAST, configure
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground]  # in the order they appear
@@ -48,7 +49,13 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Attention Atlas: see what attention does inside Transformers.")
+    ap.add_argument("--model", action="append", default=[], metavar="DIR",
+                    help="also offer the model in this folder (a Hugging Face GPT-2 or LLaMA-family folder, or a "
+                         "project checkpoint); repeat for more. ATLAS_MODELS (comma-separated) does the same.")
+    args = ap.parse_args(argv)
+    configure([*args.model, *os.environ.get("ATLAS_MODELS", "").split(",")])
     demo = build_demo()
     # Host and port come from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; Gradio's default host is 127.0.0.1.
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.

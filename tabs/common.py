@@ -12,6 +12,7 @@ import os
 import tempfile
 import threading
 import uuid
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ class ModelStore:
                 ) from None
         else:
             try:
-                model = models.load(CHECKPOINTS / name)
+                model = models.load(CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name)
             except Exception as err:  # missing folder, bad hash, truncated file, bad config
                 raise ModelUnavailable(
                     f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
@@ -101,6 +102,52 @@ class ModelStore:
 
 IMAGENET_NAMES = ("vit_b_16", "swin_t")
 MODELS = ModelStore()
+
+
+# ------------------------------------------------------------------------------------ configured models
+@dataclass(frozen=True)
+class Configured:
+    """A model the server's configuration names (`python app.py --model DIR`, ATLAS_MODELS): never the UI."""
+
+    folder: Path
+    kind: str  # the tab that shows it: "generate" (so far)
+
+
+CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name) -> where it is
+CONFIG_PROBLEMS: list[str] = []  # entries that could not be added, said in the log and in their tab
+TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate"}  # config.json model_type / model
+
+
+def configure(entries: list[str]) -> None:
+    """Add the models named by the configuration; each entry is a local folder whose config.json says its
+    kind. A problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is
+    recorded in CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        folder = Path(entry).expanduser()
+        try:
+            meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            kind = TAB_OF_TYPE.get(meta.get("model_type") or meta.get("model"))
+        except (OSError, ValueError, AttributeError) as err:
+            kind, why = None, f"no readable config.json ({type(err).__name__})"
+        else:
+            why = f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported (gpt2, llama)"
+        name = folder.name
+        if kind is None:
+            problem = f"`{entry}`: {why}"
+        elif name in CONFIGURED or (CHECKPOINTS / name).exists() or name in IMAGENET_NAMES:
+            problem = f"`{entry}`: the name `{name}` is taken (by another entry or a shipped checkpoint)"
+        else:
+            CONFIGURED[name] = Configured(folder.resolve(), kind)
+            continue
+        CONFIG_PROBLEMS.append(problem)
+        print(f"[attention-atlas] model not added: {problem}", flush=True)
+
+
+def configured(kind: str) -> list[str]:
+    """The configured model names shown in one tab."""
+    return [name for name, c in CONFIGURED.items() if c.kind == kind]
 
 
 def get_model(name: str) -> Any:

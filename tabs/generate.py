@@ -52,18 +52,19 @@ def decoder_models() -> list[str]:
             meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if meta.get("model") == "GPT" or meta.get("model_type") == "gpt2":
+        if common.TAB_OF_TYPE.get(meta.get("model") or meta.get("model_type")) == "generate":
             found.append(folder.name)
-    return [DEFAULT, *[n for n in found if n != DEFAULT]]
+    return [DEFAULT, *[n for n in found if n != DEFAULT], *common.configured("generate")]
 
 
 def availability() -> str:
-    if (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
-        return ""
-    others = decoder_models()[1:]
-    return (f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in `checkpoints/` "
-            "yet. The tab works with any decoder checkpoint: "
-            + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
+    notes = [f"**Model not added:** {p}" for p in common.CONFIG_PROBLEMS]
+    if not (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
+        others = decoder_models()[1:]
+        notes.insert(0, f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in "
+                        "`checkpoints/` yet. The tab works with any decoder checkpoint: "
+                        + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
+    return "\n\n".join(notes)
 
 
 def build() -> None:

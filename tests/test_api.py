@@ -143,3 +143,48 @@ def test_head_roles_api(client) -> None:
     z = np.array(_figure_data(stripe)[0]["z"], dtype=float)
     assert z.shape == (61, 61) and np.allclose(np.triu(z, 1), 0)
     assert [len(t["y"]) for t in _figure_data(losses)] == [30, 30] and "strongest induction" in summary
+
+
+@pytest.fixture(scope="module")
+def configured_app(tmp_path_factory, tiny_checkpoints):
+    """`python app.py --model DIR` with a second folder in ATLAS_MODELS: two Hugging Face GPT-2 folders."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, app_env, free_port, wait_until_serving
+    from tests.tiny import tiny_gpt2_folder
+
+    base = tmp_path_factory.mktemp("configured")
+    refs = {name: tiny_gpt2_folder(base / name) for name in ("cli-gpt2", "env-gpt2")}
+    port = free_port()
+    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), ATLAS_MODELS=str(base / "env-gpt2"))
+    log = (base / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--model", str(base / "cli-gpt2")], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until_serving(url, proc)
+        yield url, base, refs
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        log.close()
+
+
+def test_generate_with_configured_models_matches_transformers(configured_app) -> None:
+    import torch
+    from gradio_client import Client
+    from transformers import PreTrainedTokenizerFast
+
+    url, base, refs = configured_app
+    client = Client(url, verbose=False)
+    for name, hf in refs.items():
+        out = client.predict("the cat sat on", 8, name, api_name="/generate")
+        npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(base / name / "tokenizer.json"))
+        ids = tok("the cat sat on", return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            want = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=hf.config.eos_token_id)[0]
+        with np.load(npz) as arrays:
+            assert list(arrays["tokens"]) == tok.convert_ids_to_tokens(want.tolist())
+        assert out[0] == tok.decode(want[ids.shape[1]:], skip_special_tokens=True)

@@ -225,3 +225,26 @@ def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpo
     assert result.tokens[0] != "<s>" and result.prompt_len == len(result.tokens) - len(result.steps)
     roles = tab.head_roles("my-gpt2", 10, 0)[0]
     assert [np.array(t.z).shape for t in roles.data] == [(3, 4)] * 4
+
+
+def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_path: Path, monkeypatch) -> None:
+    from tabs import generate as tab
+    from tests.tiny import tiny_gpt2_folder
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "CONFIGURED", {})
+    monkeypatch.setattr(common, "CONFIG_PROBLEMS", [])
+    tiny_gpt2_folder(tmp_path / "my-gpt2")
+    (tmp_path / "gpt-tiny").mkdir()  # the shipped checkpoint's name
+    shutil.copy(tmp_path / "my-gpt2" / "config.json", tmp_path / "gpt-tiny" / "config.json")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    common.configure([str(tmp_path / "my-gpt2"), "", str(tmp_path / "my-gpt2"), str(tmp_path / "gpt-tiny"),
+                      str(tmp_path / "bert"), str(tmp_path / "nowhere")])
+    assert list(common.CONFIGURED) == ["my-gpt2"] and common.configured("generate") == ["my-gpt2"]
+    problems = "\n".join(common.CONFIG_PROBLEMS)
+    assert len(common.CONFIG_PROBLEMS) == 4 and problems.count("is taken") == 2
+    assert "'bert' is not supported" in problems and "no readable config.json" in problems
+    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"] and "Model not added" in tab.availability()
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
