@@ -44,7 +44,8 @@ class BertConfig:
     dropout: float = 0.1  # embedding, residual and head dropout ("hidden_dropout_prob")
     attention_dropout: float = 0.1  # on the attention probabilities ("attention_probs_dropout_prob")
     n_classes: int = 2  # SST-2: 2; AG News: 4
-    pooling: str = "mean"  # "mean" over real tokens (how all-MiniLM-L6-v2 was trained) or "cls" ([CLS] state)
+    pooling: str = "mean"  # "mean" over real tokens (all-MiniLM-L6-v2), "cls" ([CLS] state) or "pooler"
+    # ("pooler": tanh(W h_[CLS] + b), BertForSequenceClassification's pooled output, Devlin et al. §3)
     pad_id: int = 0  # [PAD] in the WordPiece vocabulary
     max_len: int = MAX_TOKENS_MINILM  # input cap in tokens, [CLS] and [SEP] included (models/limits.py)
     origin: str = ""  # where the pretrained weights come from, with their licence (kept in config.json)
@@ -128,22 +129,30 @@ class BertClassifier(EncoderClassifier):
     def __init__(self, config: BertConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
-        if c.pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling must be 'cls' or 'mean', got {c.pooling!r}")
+        if c.pooling not in ("cls", "mean", "pooler"):
+            raise ValueError(f"pooling must be 'cls', 'mean' or 'pooler', got {c.pooling!r}")
         if c.max_len > c.max_positions:
             raise ValueError(f"max_len={c.max_len} exceeds max_positions={c.max_positions}")
         self.tokenizer = tokenizer  # models.tokenizer.JsonTokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.text: dict[str, Any] = {}
         self.bert = BertEncoder(c)
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooling == "pooler" else None
         self.drop = nn.Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.apply(_init_weights)
+
+    @property
+    def reads(self) -> str:
+        """What the head reads of the last layer: position 0 ("cls", the pooler too) or every token ("mean")."""
+        return "mean" if self.config.pooling == "mean" else "cls"
 
     def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
         states, weights = self.bert(ids, pad, need_weights=need_weights)
         x = states[-1]  # (B, N, D)
+        if self.pooler is not None:  # BertPooler: dense + tanh on the [CLS] state
+            return self.head(self.drop(torch.tanh(self.pooler(x[:, 0])))), weights
         # "mean" averages over real tokens, [CLS] and [SEP] included (sentence-transformers' mean pooling)
         return self.head(self.drop(pool(x, pad, self.config.pooling))), weights
 

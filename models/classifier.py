@@ -113,4 +113,5 @@ def classify_text(model: nn.Module, text: str | Sequence[int]) -> Classification
     probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
     labels = list(model.labels) if len(model.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
     attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
-    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice, pooling=c.pooling)
+    reads = getattr(model, "reads", c.pooling)  # the position(s) the head reads: "cls" or "mean"
+    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice, pooling=reads)

@@ -6,6 +6,8 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 - ``gpt2`` causal LMs -> ``models.gpt.GPT`` with ``recipe="gpt2"``. GPT-2 stores its projections as
   ``Conv1D`` (y = x W + b, W of shape (in, out)), the transpose of ``nn.Linear``'s, and its q, k and v as
   one (d, 3d) matrix ``c_attn``; both are undone here.
+- ``bert`` sequence classifiers (``BertForSequenceClassification``: its pooler and classifier, labels from
+  ``id2label``) -> ``models.bert.BertClassifier`` with ``pooling="pooler"``.
 - ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.gpt.GPT`` with ``recipe="llama"``, RoPE in
   Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
   ``num_key_value_heads``; RoPE scaling variants are refused.
@@ -40,7 +42,7 @@ def load_hf(folder: str | Path) -> Any:
     except (OSError, ValueError) as err:
         raise CheckpointError(config_path, f"unreadable: {err}") from None
     kind = hf.get("model_type")
-    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state}
+    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state, "bert": bert_classifier_from_state}
     if kind not in builders:
         raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
                                            f"{', '.join(builders)})")
@@ -53,6 +55,10 @@ def load_hf(folder: str | Path) -> Any:
 
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(folder / "tokenizer.json", "missing (the tokenizer is read from tokenizer.json)")
+    if kind == "bert":  # [CLS] text [SEP], as its tokenizer.json's post-processor adds them
+        model.tokenizer = JsonTokenizer(folder / "tokenizer.json", {}, model.config.max_len)
+        model.text = {}
+        return model.float().eval()
     tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit())
     tok.bos_id = _token_id(hf, "bos_token_id", tok.bos_id)
     tok.eos_id = _token_id(hf, "eos_token_id", tok.eos_id)
@@ -163,4 +169,32 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit LLaMA: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
+                               where: Path | str = "config.json") -> Any:
+    """``models.bert.BertClassifier`` (pooler pooling) from a ``BertForSequenceClassification`` folder."""
+    from models.bert import BertClassifier, config_from_hf, hf_to_ours
+
+    where = Path(where)
+    if "BertForSequenceClassification" not in (hf.get("architectures") or []):
+        raise CheckpointError(where, "a bert folder needs BertForSequenceClassification (a classification head)")
+    if hf.get("problem_type") not in (None, "single_label_classification"):
+        raise CheckpointError(where, f"problem_type {hf['problem_type']!r} is not supported (single-label)")
+    id2label = hf.get("id2label") or {}
+    n = len(id2label) or int(hf.get("num_labels", 2))
+    try:
+        config = config_from_hf(hf, n_classes=n, pooling="pooler", origin=f"Hugging Face folder {where.parent.name}")
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+    encoder, _ignored = hf_to_ours(state)  # the pooler and the classifier are read here, below
+    ours = {f"bert.{k}": v for k, v in encoder.items()}
+    ours.update({"pooler.weight": state["bert.pooler.dense.weight"], "pooler.bias": state["bert.pooler.dense.bias"],
+                 "head.weight": state["classifier.weight"], "head.bias": state["classifier.bias"]})
+    model = BertClassifier(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit BERT: missing {missing}, unexpected {unexpected}")
+    model.labels = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
     return model

@@ -12,6 +12,7 @@ from tabs.common import (
     MAX_TEXT_CHARS,
     VIEWS,
     attention_figure,
+    configured,
     controls_for,
     fit,
     get_model,
@@ -38,12 +39,12 @@ ENCODER = "Encoder self-attention"
 
 
 def build() -> None:
-    intro(INTRO, *CHECKPOINTS)
+    intro(INTRO, *CHECKPOINTS, kind="classify")
     with gr.Row():
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             task = gr.Radio(list(TASKS), value="SST-2 sentiment", label="task")
-            model = gr.Radio(list(TEXT_MODELS), value="trained from scratch", label="model")
+            model = gr.Radio([*TEXT_MODELS, *configured("classify")], value="trained from scratch", label="model")
             run = gr.Button("Classify", variant="primary")
     gr.Examples([[s, "SST-2 sentiment"] for s in sentences.SENTIMENT]
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])
@@ -66,8 +67,11 @@ def build() -> None:
 
 
 def checkpoint_name(task: str, model: str) -> str:
-    """The checkpoint behind the two choices; anything unknown (the API takes any string) falls back to the
-    first choice, so no input ever becomes part of a path."""
+    """The checkpoint behind the two choices: a configured model by its name (its own labels: the task is
+    ignored), else the task's checkpoint of the chosen family; anything unknown (the API takes any string)
+    falls back to the first choice, so no input ever becomes part of a path."""
+    if model in configured("classify"):
+        return model
     return TEXT_MODELS.get(model, "") + TASKS.get(task, "sst2")
 
 
@@ -75,7 +79,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
              head: str = "mean", view: str = "heatmap"):
     """Classify a text; return the probabilities, the highlighted text and the attention figures."""
     text = read_text(text)
-    name = checkpoint_name(task, model)
+    name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
     result = get_model(name).classify(text)
     amap = result.attention["encoder"]
     layer_u, head_u = controls_for(amap.layers, amap.heads)

@@ -110,12 +110,14 @@ class Configured:
     """A model the server's configuration names (`python app.py --model DIR`, ATLAS_MODELS): never the UI."""
 
     folder: Path
-    kind: str  # the tab that shows it: "generate" (so far)
+    kind: str  # the tab that shows it: "classify" or "generate"
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name) -> where it is
-CONFIG_PROBLEMS: list[str] = []  # entries that could not be added, said in the log and in their tab
-TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate"}  # config.json model_type / model
+CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+# config.json "model_type" (Hugging Face) or "model" (the project's checkpoints) -> the tab that shows it
+TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate", "bert": "classify",
+               "BertClassifier": "classify", "TextClassifier": "classify"}
 
 
 def configure(entries: list[str]) -> None:
@@ -132,7 +134,8 @@ def configure(entries: list[str]) -> None:
         except (OSError, ValueError, AttributeError) as err:
             kind, why = None, f"no readable config.json ({type(err).__name__})"
         else:
-            why = f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported (gpt2, llama)"
+            why = (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
+                   f"({', '.join(k for k in TAB_OF_TYPE if k.islower())})")
         name = folder.name
         if kind is None:
             problem = f"`{entry}`: {why}"
@@ -141,13 +144,18 @@ def configure(entries: list[str]) -> None:
         else:
             CONFIGURED[name] = Configured(folder.resolve(), kind)
             continue
-        CONFIG_PROBLEMS.append(problem)
+        CONFIG_PROBLEMS.append((kind, problem))
         print(f"[attention-atlas] model not added: {problem}", flush=True)
 
 
 def configured(kind: str) -> list[str]:
     """The configured model names shown in one tab."""
     return [name for name, c in CONFIGURED.items() if c.kind == kind]
+
+
+def configuration_notice(kind: str) -> str:
+    """The configured entries this tab could not add (and those no tab can), for its notice."""
+    return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
 
 
 def get_model(name: str) -> Any:
@@ -186,10 +194,12 @@ def checkpoint_status(*names: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- layout
-def intro(text: str, *checkpoints: str) -> None:
-    """The tab's intro paragraph, and a notice when one of its checkpoints is missing."""
+def intro(text: str, *checkpoints: str, kind: str = "") -> None:
+    """The tab's intro paragraph, and a notice when one of its checkpoints is missing or (for a tab that offers
+    configured models, ``kind``) a configured model could not be added."""
     gr.Markdown(text, elem_classes=["intro"])
-    status = checkpoint_status(*checkpoints)
+    status = "\n\n".join(x for x in (checkpoint_status(*checkpoints), configuration_notice(kind) if kind else "")
+                          if x)
     if status:
         gr.Markdown(status, elem_classes=["notice"])
 

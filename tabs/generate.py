@@ -58,7 +58,7 @@ def decoder_models() -> list[str]:
 
 
 def availability() -> str:
-    notes = [f"**Model not added:** {p}" for p in common.CONFIG_PROBLEMS]
+    notes = [common.configuration_notice("generate")] if common.CONFIG_PROBLEMS else []
     if not (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
         others = decoder_models()[1:]
         notes.insert(0, f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in "

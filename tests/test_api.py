@@ -154,10 +154,14 @@ def configured_app(tmp_path_factory, tiny_checkpoints):
     from tests.conftest import ROOT, app_env, free_port, wait_until_serving
     from tests.tiny import tiny_gpt2_folder
 
+    from tests.tiny import tiny_bert_classifier_folder
+
     base = tmp_path_factory.mktemp("configured")
     refs = {name: tiny_gpt2_folder(base / name) for name in ("cli-gpt2", "env-gpt2")}
+    refs["my-bert"] = tiny_bert_classifier_folder(base / "my-bert")
     port = free_port()
-    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), ATLAS_MODELS=str(base / "env-gpt2"))
+    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints),
+                  ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'}")
     log = (base / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--model", str(base / "cli-gpt2")], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
@@ -179,6 +183,8 @@ def test_generate_with_configured_models_matches_transformers(configured_app) ->
     url, base, refs = configured_app
     client = Client(url, verbose=False)
     for name, hf in refs.items():
+        if name == "my-bert":
+            continue
         out = client.predict("the cat sat on", 8, name, api_name="/generate")
         npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
         tok = PreTrainedTokenizerFast(tokenizer_file=str(base / name / "tokenizer.json"))
@@ -188,3 +194,22 @@ def test_generate_with_configured_models_matches_transformers(configured_app) ->
         with np.load(npz) as arrays:
             assert list(arrays["tokens"]) == tok.convert_ids_to_tokens(want.tolist())
         assert out[0] == tok.decode(want[ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_classify_with_a_configured_bert_matches_transformers(configured_app) -> None:
+    import torch
+    from gradio_client import Client
+    from transformers import PreTrainedTokenizerFast
+
+    url, base, refs = configured_app
+    client = Client(url, verbose=False)
+    text = "the film is warm and funny ."
+    out = client.predict(text, "AG News topic", "my-bert", api_name="/classify")  # the task is ignored
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(base / "my-bert" / "tokenizer.json"))
+    with torch.no_grad():
+        probs = torch.softmax(refs["my-bert"](**tok(text, return_tensors="pt")).logits[0], -1).numpy()
+    with np.load(npz) as arrays:
+        assert list(arrays["labels"]) == ["negative", "neutral", "positive"]
+        np.testing.assert_allclose(arrays["probs"], probs, atol=1e-4)
+    assert ["negative", "neutral", "positive"][int(np.argmax(probs))] in out[0]

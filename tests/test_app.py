@@ -241,10 +241,12 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
     common.configure([str(tmp_path / "my-gpt2"), "", str(tmp_path / "my-gpt2"), str(tmp_path / "gpt-tiny"),
                       str(tmp_path / "bert"), str(tmp_path / "nowhere")])
-    assert list(common.CONFIGURED) == ["my-gpt2"] and common.configured("generate") == ["my-gpt2"]
-    problems = "\n".join(common.CONFIG_PROBLEMS)
-    assert len(common.CONFIG_PROBLEMS) == 4 and problems.count("is taken") == 2
-    assert "'bert' is not supported" in problems and "no readable config.json" in problems
+    assert list(common.CONFIGURED) == ["my-gpt2", "bert"] and common.configured("generate") == ["my-gpt2"]
+    assert common.configured("classify") == ["bert"]
+    problems = "\n".join(p for _kind, p in common.CONFIG_PROBLEMS)
+    assert len(common.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
+    assert "no readable config.json" in problems
+    assert list(common.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
     assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"] and "Model not added" in tab.availability()
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"

@@ -137,3 +137,24 @@ def tiny_gpt2_folder(folder: Path):
     hf = GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(folder)
     return hf
+
+
+def tiny_bert_classifier_folder(folder: Path, labels: tuple[str, ...] = ("negative", "neutral", "positive")):
+    """A small random BertForSequenceClassification written by transformers with the tiny WordPiece
+    tokenizer.json, its head scaled so the probabilities are far from uniform. Returns the model."""
+    import torch
+    from transformers import BertConfig as HFBertConfig
+    from transformers import BertForSequenceClassification
+
+    tok = tiny_wordpiece(folder)
+    torch.manual_seed(0)
+    cfg = HFBertConfig(vocab_size=5 + len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=64, num_labels=len(labels),
+                       id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    cfg._attn_implementation = "eager"
+    hf = BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        hf.classifier.weight.mul_(40.0)
+    hf.save_pretrained(folder)
+    assert tok.is_file()
+    return hf
