@@ -19,6 +19,19 @@ from tests.e2e.helpers import wait_for_plots  # noqa: E402
 OUT = ROOT / "docs" / "screenshots"
 
 
+def generate_shots(page, panel, tab, shot) -> None:
+    """The Generate tab: a continuation, then the head roles on repeated random tokens."""
+    tab("Generate")
+    panel().get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3, timeout=120_000)
+    shot("generate", 2300)
+    panel().get_by_role("button", name="Repeated random tokens").click()
+    wait_for_plots(page, 7, timeout=120_000)
+    heading = panel().get_by_text("Head roles on repeated random tokens")
+    top = heading.bounding_box()["y"] + page.evaluate("window.scrollY")
+    shot("generate-head-roles", 1500, y=top - 20)
+
+
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
@@ -56,15 +69,8 @@ def main() -> None:
             wait_for_plots(page, 3, timeout=120_000)
             shot("classify", 1900)
 
-            tab("Generate")
-            panel().get_by_role("button", name="Generate", exact=True).click()
-            wait_for_plots(page, 3, timeout=120_000)
-            shot("generate", 2300)
-            panel().get_by_role("button", name="Repeated random tokens").click()
-            wait_for_plots(page, 7, timeout=120_000)
-            heading = panel().get_by_text("Head roles on repeated random tokens")
-            top = heading.bounding_box()["y"] + page.evaluate("window.scrollY")
-            shot("generate-head-roles", 1500, y=top - 20)
+            if (ROOT / "checkpoints" / "gpt-tiny").is_dir():  # the Generate tab's model ships with its issue
+                generate_shots(page, panel, tab, shot)
 
             tab("Vision")
             panel().locator("input[type=file]").set_input_files(str(ROOT / "examples/fashion/7-sneaker-t10k-9.png"))

@@ -147,14 +147,12 @@ def test_head_roles_api(client) -> None:
 
 @pytest.fixture(scope="module")
 def configured_app(tmp_path_factory, tiny_checkpoints):
-    """`python app.py --model DIR` with a second folder in ATLAS_MODELS: two Hugging Face GPT-2 folders."""
+    """`python app.py --model DIR` and ATLAS_MODELS: Hugging Face GPT-2 folders and a BERT classifier."""
     import subprocess
     import sys
 
     from tests.conftest import ROOT, app_env, free_port, wait_until_serving
-    from tests.tiny import tiny_gpt2_folder
-
-    from tests.tiny import tiny_bert_classifier_folder
+    from tests.tiny import tiny_bert_classifier_folder, tiny_gpt2_folder
 
     base = tmp_path_factory.mktemp("configured")
     refs = {name: tiny_gpt2_folder(base / name) for name in ("cli-gpt2", "env-gpt2")}

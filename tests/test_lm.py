@@ -105,3 +105,16 @@ def test_read_documents(tmp_path: Path) -> None:
     (tmp_path / "b.txt").write_text("one doc\n  \nanother doc\n")
     assert read_documents(tmp_path / "a.tsv") == ["first one", "second"]
     assert read_documents(tmp_path / "b.txt") == ["one doc", "another doc"]
+
+
+def test_lm_heads_bench_measures_a_model(tiny_checkpoints: Path, capsys) -> None:
+    """bench/lm_heads.py on the tiny random decoder: the copy test runs its trials and the scores are
+    attention averages (a random model copies nothing and has no strong heads)."""
+    spec = importlib.util.spec_from_file_location("lm_heads", ROOT / "bench" / "lm_heads.py")
+    heads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heads)
+    assert heads.main(["--checkpoint", str(tiny_checkpoints / "gpt-tiny"), "--trials", "3", "--n", "20"]) == 0
+    report = __import__("json").loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["trials"] == 3 and 0 <= report["copy_rate"] <= 1
+    assert 0 < report["induction_max"] < 0.5 and 0 < report["previous_token_max"] < 0.8
+    assert len(set(heads.COPY_WORDS)) == len(heads.COPY_WORDS) >= 100

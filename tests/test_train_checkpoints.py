@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIVE = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]  # trained from scratch
 MINILM = ["minilm-agnews", "minilm-sst2"]  # the pretrained encoder, fine-tuned
-LM = ["gpt-tiny"]  # the decoder-only language model trained here
+LM: list[str] = []  # the decoder-only language model trained here (gpt-tiny, not shipped yet)
 SHIPPED = FIVE + MINILM + LM
 MB = 1024 * 1024
 
@@ -133,50 +133,3 @@ def test_swin_window_attention_shapes() -> None:
         cols = -(-w.grid[1] // c.window)
         assert w.weights.shape == (rows * cols, c.heads[w.stage], c.window**2, c.window**2)
         assert rows_sum_to_one(w.weights)
-
-
-# ------------------------------------------------------------------------------------------------ gpt-tiny
-# Common English words of the test's own (never in the model's training recipe).
-COPY_WORDS = """time year people way day man thing woman life child world school state family student group
-country problem hand part place case week company system program question work government number night point
-home water room mother area money story fact month lot right study book eye job word business issue side kind
-head house service friend father power hour game line end member law car city community name president team
-minute idea kid body information back parent face others level office door health person art war history party
-result change morning reason research girl guy moment air teacher force education""".split()
-
-
-def test_gpt_tiny_copies_a_repeated_word_list() -> None:
-    """30 random common words, then the first 10 again: greedy decoding goes on with words 11-15 (induction)."""
-    import random
-
-    import models
-
-    existing("gpt-tiny")
-    model = models.load("gpt-tiny")
-    hits = 0
-    for seed in range(20):
-        words = random.Random(seed).sample(COPY_WORDS, 30)
-        result = model.generate(" ".join(words + words[:10]), max_new_tokens=24)
-        hits += result.text.split()[:5] == words[10:15]
-    assert hits >= 16, f"copied the next 5 words in {hits} of 20 trials"
-
-
-def test_gpt_tiny_has_induction_and_previous_token_heads() -> None:
-    """Scores computed here from the returned attention (not with models.analysis): BOS + 50 random
-    non-special tokens repeated twice, seeds 0-19, averaged."""
-    import models
-
-    existing("gpt-tiny")
-    model = models.load("gpt-tiny")
-    n, c = 50, model.config
-    induction, previous = [], []
-    for seed in range(20):
-        x = np.random.default_rng(seed).choice(np.arange(4, c.vocab_size), n, replace=False).tolist()
-        w = model.generate([c.bos_id, *x, *x], max_new_tokens=0).attention["decoder"].weights  # (L, H, T, T)
-        assert w.shape[-1] == 2 * n + 1
-        second = np.arange(n + 1, 2 * n + 1)
-        induction.append(w[:, :, second, second - n + 1].mean(-1))
-        i = np.arange(1, 2 * n + 1)
-        previous.append(w[:, :, i, i - 1].mean(-1))
-    assert np.mean(induction, 0).max() >= 0.5
-    assert np.mean(previous, 0).max() >= 0.8

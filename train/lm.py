@@ -13,8 +13,8 @@ lines and those SST-2 sentences; the test splits are never read here.
 
 Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022): with
 ``--repeat-share P`` about P of the training tokens are synthetic contexts ``<s> x x`` (or ``<s> x x x``),
-``x`` a span of 8-60 tokens drawn from the tokeniser's vocabulary by unigram frequency of the training text;
-the share is recorded in the checkpoint's metrics.json.
+``x`` a span of 8-60 pieces drawn uniformly from the tokeniser's ordinary pieces (``--span-sampling unigram``:
+by their frequency in the training text); the share is recorded in the checkpoint's metrics.json.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def pack(docs: list[np.ndarray], context: int) -> Tensor:
 
 
 def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int) -> Tensor:
-    """Synthetic ``<s> x x [x]`` rows (padded by further repeats of other spans to the context length)."""
+    """Synthetic ``<s> x x [x]`` rows (padded by further repeats of other spans to the context length); the
+    span's pieces are drawn with the probabilities ``unigram`` (zero for the specials)."""
     rng = np.random.default_rng(seed)
     rows = np.empty((n_rows, context + 1), dtype=np.int64)
     for r in range(n_rows):
@@ -109,10 +110,14 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int) ->
 
 class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
-                 batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device) -> None:
+                 batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device,
+                 span_sampling: str = "uniform") -> None:
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
         self.repeat_share, self.seed, self.device = repeat_share, seed, device
-        counts = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
+        if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
+            counts = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
+        else:  # every ordinary piece alike: each earlier occurrence is unambiguous (Olsson et al. 2022)
+            counts = np.ones(vocab)
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--repeat-share", type=float, default=0.08,
                     help="share of training tokens in synthetic repeated spans (at most 0.10)")
+    ap.add_argument("--span-sampling", choices=["uniform", "unigram"], default="uniform",
+                    help="how the synthetic spans' pieces are drawn: uniformly, or by their frequency in the text")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
@@ -222,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     train_docs = [doc for texts in corpus["train"].values() for doc in encode_documents(tok, texts)]
     val_docs = {name: encode_documents(tok, texts) for name, texts in corpus["val"].items()}
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
-                  cfg.seed, d.device)
+                  cfg.seed, d.device, span_sampling=args.span_sampling)
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -244,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                        "less the grouped hold-out (train.data.grouped_holdout)",
             "natural_tokens_per_epoch": natural,
             "synthetic_repeated_spans": {"share_of_training_tokens": args.repeat_share,
-                                         "construction": "<s> x x [x], x: 8-60 pieces drawn by unigram frequency"},
+                                         "construction": "<s> x x [x], x: 8-60 pieces drawn "
+                                         + ("uniformly" if args.span_sampling == "uniform" else "by frequency")},
         }
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",

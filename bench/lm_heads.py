@@ -1,0 +1,87 @@
+"""What a language model's heads can do, measured from its generated text and returned attention alone
+(none of the app's head-role code): the copy test and the best induction and previous-token scores.
+
+- Copy test: a prompt of 30 random common words (the list below, of this script's own; no training
+  recipe may use it), then the first 10 of them again; a trial passes when greedy decoding continues with
+  words 11-15. ``--trials`` seeded trials (default 20); ``copy_rate`` is the share that pass.
+- Head scores on ``<s>`` + N random non-special tokens repeated twice (N = 50, seeds 0..trials−1), averaged
+  over the seeds: induction = attention from each token i of the second copy to i − N + 1 (the token after
+  its earlier occurrence, Olsson et al. 2022); previous token = attention from i to i − 1.
+
+    python bench/lm_heads.py --checkpoint checkpoints/gpt-tiny
+
+Last stdout line: one JSON object with ``copy_rate``, ``induction_max`` (and its layer, head),
+``previous_token_max`` (and its layer, head). The targets of gpt-tiny's issue: copy_rate ≥ 0.8,
+induction_max ≥ 0.5, previous_token_max ≥ 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+COPY_WORDS = """time year people way day man thing woman life child world school state family student group
+country problem hand part place case week company system program question work government number night point
+home water room mother area money story fact month lot right study book eye job word business issue side kind
+head house service friend father power hour game line end member law car city community name president team
+minute idea kid body information back parent face others level office door health person art war history party
+result change morning reason research girl guy moment air teacher force education""".split()
+
+
+def copy_rate(model, trials: int = 20) -> float:
+    hits = 0
+    for seed in range(trials):
+        words = random.Random(seed).sample(COPY_WORDS, 30)
+        result = model.generate(" ".join(words + words[:10]), max_new_tokens=24)
+        hits += result.text.split()[:5] == words[10:15]
+    return hits / trials
+
+
+def head_scores(model, n: int = 50, trials: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """(induction, previous-token) scores per layer and head, averaged over ``trials`` seeds: (L, H) each."""
+    c, tok = model.config, model.tokenizer
+    special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
+    pool = np.array([i for i in range(c.vocab_size) if i not in special])
+    bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
+    induction, previous = [], []
+    second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
+    for seed in range(trials):
+        x = np.random.default_rng(seed).choice(pool, n, replace=False).tolist()
+        w = model.generate([bos, *x, *x], max_new_tokens=0).attention["decoder"].weights  # (L, H, T, T)
+        induction.append(w[:, :, second, second - n + 1].mean(-1))
+        previous.append(w[:, :, later, later - 1].mean(-1))
+    return np.mean(induction, 0), np.mean(previous, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", type=Path, default=ROOT / "checkpoints" / "gpt-tiny")
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--n", type=int, default=50, help="tokens per copy for the head scores")
+    args = ap.parse_args(argv)
+    import models
+
+    model = models.load(args.checkpoint)
+    rate = copy_rate(model, args.trials)
+    induction, previous = head_scores(model, args.n, args.trials)
+    (il, ih), (pl, ph) = (np.unravel_index(int(np.argmax(s)), s.shape) for s in (induction, previous))
+    report = {"checkpoint": str(args.checkpoint), "copy_rate": rate, "trials": args.trials, "n": args.n,
+              "induction_max": round(float(induction.max()), 4), "induction_head": [int(il), int(ih)],
+              "previous_token_max": round(float(previous.max()), 4), "previous_token_head": [int(pl), int(ph)]}
+    print(f"copy test {rate:.0%}; induction {induction.max():.3f} (layer {il} head {ih}); previous token "
+          f"{previous.max():.3f} (layer {pl} head {ph})", file=sys.stderr)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
