@@ -88,9 +88,15 @@ class ModelStore:
                     f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
                     f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
                 ) from None
+        elif name in CONFIGURED:
+            try:
+                model = models.load(CONFIGURED[name].folder)
+            except Exception as err:  # a folder the configuration named: unsupported, broken or gone
+                raise ModelUnavailable(f"The configured model `{name}` ({CONFIGURED[name].folder}) cannot be "
+                                       f"loaded: {err}. The other models keep working.") from None
         else:
             try:
-                model = models.load(CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name)
+                model = models.load(CHECKPOINTS / name)
             except Exception as err:  # missing folder, bad hash, truncated file, bad config
                 raise ModelUnavailable(
                     f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"

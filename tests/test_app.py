@@ -250,3 +250,7 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"] and "Model not added" in tab.availability()
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
+    from tabs.classify import classify
+
+    with pytest.raises(gr.Error, match=r"configured model `bert` .* cannot be loaded"):  # no weights there
+        classify("a fine film .", "SST-2 sentiment", "bert")
