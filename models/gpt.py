@@ -227,18 +227,17 @@ class GPT(nn.Module):
         else:
             angles = self.angles[start : start + t]
         x = self.drop(x)
-        out = Forward(logits=x)
+        attention, hidden = [], []
         for i, block in enumerate(self.blocks):
             if keep_hidden:
-                out.hidden.append(x)
+                hidden.append(x)
             x, w = block(x, angles, caches[i] if caches else None, need_weights,
                          None if head_mask is None else head_mask[i])
             if w is not None:
-                out.attention.append(w)
+                attention.append(w)
         if keep_hidden:
-            out.hidden.append(x)
-        out.logits = self.lm_head(self.norm(x))
-        return out
+            hidden.append(x)
+        return Forward(self.lm_head(self.norm(x)), attention, hidden)
 
     # ----------------------------------------------------------------------------------------- entry points
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:

@@ -106,7 +106,8 @@ class ModelStore:
         return model
 
 
-IMAGENET_NAMES = ("vit_b_16", "swin_t")
+IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
+IMAGENET_NAMES = tuple(IMAGENET.values())
 MODELS = ModelStore()
 
 

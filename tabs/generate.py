@@ -9,6 +9,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
+from models.outputs import AttentionMap
 from tabs import common
 from tabs.common import (
     FAST,
@@ -194,10 +195,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
         cand = vg.step_candidates([s.candidates for s in result.steps], np.array([s.probs for s in result.steps]),
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
-    w = amap.weights[:, :, :t, :t]
-    from models.outputs import AttentionMap
-
-    shown = AttentionMap(w, amap.queries[:t], amap.keys[:t])
+    shown = AttentionMap(amap.weights[:, :, :t, :t], amap.queries[:t], amap.keys[:t])
     title = "Decoder self-attention (causal)" + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
     return html, cand, attention_figure(shown, title, layer, parse_head(head), view)
 

@@ -10,6 +10,7 @@ from models import limits
 from tabs.common import (
     EXAMPLE_IMAGES,
     FAST,
+    IMAGENET,
     controls_for,
     fit,
     get_model,
@@ -30,7 +31,6 @@ converted the way the model was trained (Fashion-MNIST: grey, 28×28, dark backg
 drawn on exactly that image. For ViT the maps show where the CLS token, which makes the prediction, looks;
 *rollout* follows it through every layer. Click a patch of the image on the right to see where it looks.
 Swin attends only inside local windows: its maps stay within the highlighted window."""
-IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}
 MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 

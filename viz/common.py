@@ -250,6 +250,11 @@ def f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
 
 
+# Special tokens as the tokenizers spell them: drawn as tags, not as words.
+SPECIAL_TOKENS = frozenset({"<s>", "</s>", "<pad>", "<unk>", "<|endoftext|>", "[CLS]", "[SEP]", "[PAD]", "[UNK]",
+                            "[MASK]", "CLS"})
+
+
 def esc(text: str) -> str:
     """Escape a label for plotly: its text is pseudo-HTML (``<b>``, ``<br>``, ``<s>``...), so a token
     like ``</s>`` or ``<img ...>`` must be sent as entities to be drawn as the literal text."""

@@ -10,17 +10,16 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import ATTENTION_SCALE, Fig, base_layout, colorbar, esc, f32, shorten
+from viz.common import ATTENTION_SCALE, SPECIAL_TOKENS, Fig, base_layout, colorbar, esc, f32, shorten
 
 # White → orange: dark text stays readable on every cell (the lens writes each layer's guess in its cell).
 LENS_SCALE = [[0.0, "#ffffff"], [0.3, "#fdd0a2"], [0.7, "#fd8d3c"], [1.0, "#e6550d"]]
-_SPECIALS = {"<s>", "</s>", "<pad>", "<unk>", "<|endoftext|>"}
 
 
 def shown_token(token: str) -> str:
     """A token as text: SentencePiece's ▁ and byte-level BPE's Ġ / Ċ mark a space and a newline."""
     t = str(token)
-    if t in _SPECIALS:
+    if t in SPECIAL_TOKENS:
         return t
     return t.replace("▁", " ").replace("Ġ", " ").replace("Ċ", "↵")
 
@@ -45,7 +44,7 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
             style += ";border-bottom:3px solid #3182bd"
         if i >= upto:
             style += ";opacity:0.3"
-        if str(tok) in _SPECIALS:
+        if str(tok) in SPECIAL_TOKENS:
             style += ";font-family:monospace;font-size:0.85em;outline:1px dashed #999"
         tip = html.escape(f"{i} · {tok}: {val:.2f} bits" + (" (generated)" if i >= prompt_len else ""), quote=True)
         spans.append(f'<span title="{tip}" style="{style}">{html.escape(shown_token(tok), quote=False)}</span>')

@@ -9,12 +9,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.attention import heatmap_fig
-from viz.common import HEAD_COLORS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, shorten
+from viz.common import HEAD_COLORS, SPECIAL_TOKENS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, shorten
 
 # ----------------------------------------------------------------------------------------------------
 # Token highlight (HTML)
 
-_SPECIALS = {"<s>", "</s>", "<pad>", "<unk>", "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]", "CLS"}
 
 
 def _blue(t: float) -> tuple[int, int, int]:
@@ -49,10 +48,10 @@ def token_highlight(
     sentencepiece = any(str(t).startswith("▁") for t in tokens)
     for tok, val in zip(tokens, w):
         tok = str(tok)
-        if tok in _SPECIALS and not show_specials:
+        if tok in SPECIAL_TOKENS and not show_specials:
             continue
         shown, space = tok, " "
-        if tok in _SPECIALS:
+        if tok in SPECIAL_TOKENS:
             pass
         elif tok.startswith("▁"):
             shown = tok[1:] or "\u00a0"  # a lone ▁ is the space itself
@@ -64,7 +63,7 @@ def token_highlight(
         r, g, b = _blue(t)
         fg = "#fff" if t > 0.55 else "#111"
         style = f"background:rgb({r},{g},{b});color:{fg};padding:1px 3px;border-radius:3px;margin:1px 0"
-        if tok in _SPECIALS:
+        if tok in SPECIAL_TOKENS:
             style += ";font-family:monospace;font-size:0.85em;outline:1px dashed #999"
         tip = html.escape(f"{tok}: {val:.4f}", quote=True)
         spans.append(f'{space}<span title="{tip}" style="{style}">{html.escape(shown, quote=False)}</span>')
