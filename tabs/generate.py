@@ -135,8 +135,13 @@ def build() -> None:
 # ------------------------------------------------------------------------------------------------ handlers
 def _model(name: str | None):
     name = name or DEFAULT
-    if name not in decoder_models():  # the API takes any string: only names found under checkpoints/
-        raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(decoder_models())}.")
+    choices = decoder_models()
+    if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
+        raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
+    if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():  # never shipped, so nothing to restore
+        others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
+        raise gr.Error(f"`{DEFAULT}` is not there yet. Pick another decoder model ({others}) or add a Hugging "
+                       "Face GPT-2 or LLaMA-family folder with `python app.py --model DIR`.", duration=None)
     return get_model(name)
 
 

@@ -207,6 +207,8 @@ def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(common, "CHECKPOINTS", tmp_path)
     assert "`gpt-tiny`" in tab.availability() and "none is there now" in tab.availability()
     assert tab.decoder_models() == ["gpt-tiny"]
+    with pytest.raises(gr.Error, match="`gpt-tiny` is not there yet"):
+        tab.generate("hello")
 
 
 def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpoints: Path, tmp_path: Path,
