@@ -63,12 +63,17 @@ class BertEmbeddings(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:  # ids: (B, N) -> (B, N, D)
-        n = ids.size(1)
+        return self.embed(self.word(ids), token_types)
+
+    def embed(self, word: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """The rest of ``forward`` from word embeddings (B, N, D): positions, token types, LayerNorm, dropout."""
+        n = word.size(1)
         if n > self.position.num_embeddings:
             raise ValueError(f"sequence of {n} tokens exceeds the {self.position.num_embeddings} positions")
-        pos = torch.arange(n, device=ids.device)
-        types = torch.zeros_like(ids) if token_types is None else token_types
-        return self.drop(self.norm(self.word(ids) + self.position(pos) + self.token_type(types)))
+        pos = torch.arange(n, device=word.device)
+        types = torch.zeros(word.shape[:2], dtype=torch.long, device=word.device) if token_types is None \
+            else token_types
+        return self.drop(self.norm(word + self.position(pos) + self.token_type(types)))
 
 
 class BertLayer(nn.Module):
@@ -107,8 +112,13 @@ class BertEncoder(nn.Module):
         Returns (hidden states: embeddings output then each layer's output, L + 1 tensors (B, N, D);
         attention weights: L tensors (B, H, N, N), empty unless ``need_weights``).
         """
+        return self.forward_embedded(self.embeddings.word(ids), pad_mask, token_types, need_weights)
+
+    def forward_embedded(self, word: Tensor, pad_mask: Tensor | None = None, token_types: Tensor | None = None,
+                         need_weights: bool = False) -> tuple[list[Tensor], list[Tensor]]:
+        """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/attribution.py)."""
         mask = None if pad_mask is None or not bool(pad_mask.any()) else (~pad_mask)[:, None, None, :]
-        x = self.embeddings(ids, token_types)
+        x = self.embeddings.embed(word, token_types)
         states, weights = [x], []
         for layer in self.layers:
             x, w = layer(x, mask, need_weights)
@@ -147,9 +157,15 @@ class BertClassifier(EncoderClassifier):
         """What the head reads of the last layer: position 0 ("cls", the pooler too) or every token ("mean")."""
         return "mean" if self.config.pooling == "mean" else "cls"
 
+    def token_embeddings(self, ids: Tensor) -> Tensor:
+        return self.bert.embeddings.word(ids)  # (B, N, D), before positions, token types and LayerNorm
+
     def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
-        states, weights = self.bert(ids, pad, need_weights=need_weights)
+        return self._run_embedded(self.token_embeddings(ids), pad, need_weights)
+
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        states, weights = self.bert.forward_embedded(embeddings, pad, need_weights=need_weights)
         x = states[-1]  # (B, N, D)
         if self.pooler is not None:  # BertPooler: dense + tanh on the [CLS] state
             return self.head(self.drop(torch.tanh(self.pooler(x[:, 0])))), weights

@@ -62,6 +62,28 @@ class EncoderClassifier(nn.Module):
         """Class probabilities and attention for one text (or ids with specials included)."""
         return classify_text(self, text)
 
+    def token_embeddings(self, ids: Tensor) -> Tensor:
+        """ids (B, N) -> the word embeddings (B, N, D) before positions are added: the input that attribution
+        differentiates (models/attribution.py). Subclasses implement it."""
+        raise NotImplementedError
+
+    def forward_embedded(self, embeddings: Tensor, pad_mask: Tensor | None = None,
+                         need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """As ``forward_with_attention`` but from word embeddings (B, N, D) (``token_embeddings`` of the ids, or
+        any point on a path to them); pad_mask (B, N) True on padding (None: none).
+
+        Returns (logits (B, C), per-layer attention L × (B, H, N, N), empty unless ``need_weights``). The
+        weights are the very tensors the layers multiply the values with, not detached or stacked, so
+        ``torch.autograd.grad(logit, weights)`` gives ∂logit/∂A (Chefer et al. 2021). Nothing on the model
+        changes: concurrent requests can call it on the shared object.
+        """
+        pad = torch.zeros(embeddings.shape[:2], dtype=torch.bool, device=embeddings.device) if pad_mask is None \
+            else pad_mask
+        return self._run_embedded(embeddings, pad, need_weights)
+
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+        raise NotImplementedError
+
 
 class TextClassifier(EncoderClassifier):
     def __init__(self, config: ClassifierConfig, tokenizer: Any | None = None) -> None:
@@ -83,10 +105,16 @@ class TextClassifier(EncoderClassifier):
         self.norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.head = nn.Linear(c.d_model, c.n_classes)
 
+    def token_embeddings(self, ids: Tensor) -> Tensor:
+        return self.embed(ids)  # (B, N, D)
+
     def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
+        return self._run_embedded(self.embed(ids), pad, need_weights)
+
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         mask = None if not bool(pad.any()) else (~pad)[:, None, None, :]  # (B, 1, 1, N)
-        x = self.drop(self.positions(self.embed(ids)))
+        x = self.drop(self.positions(embeddings))
         weights = []
         for layer in self.layers:
             x, w = layer(x, mask, need_weights)

@@ -11,6 +11,8 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 - ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.gpt.GPT`` with ``recipe="llama"``, RoPE in
   Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
   ``num_key_value_heads``; RoPE scaling variants are refused.
+- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.vit.ViT`` with
+  the folder's ``preprocessor_config.json`` as its input preparation (``models.images.processor_spec``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def load_hf(folder: str | Path) -> Any:
     except (OSError, ValueError) as err:
         raise CheckpointError(config_path, f"unreadable: {err}") from None
     kind = hf.get("model_type")
-    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state, "bert": bert_classifier_from_state}
+    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state, "bert": bert_classifier_from_state,
+                "vit": vit_classifier_from_state}
     if kind not in builders:
         raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
                                            f"{', '.join(builders)})")
@@ -51,6 +54,8 @@ def load_hf(folder: str | Path) -> Any:
         model = builders[kind](hf, state, config_path)
     except KeyError as err:
         raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
+    if kind == "vit":
+        return _with_processor(model, folder).float().eval()
     from models.tokenizer import JsonTokenizer
 
     if not (folder / "tokenizer.json").is_file():
@@ -197,4 +202,59 @@ def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit BERT: missing {missing}, unexpected {unexpected}")
     model.labels = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
+    return model
+
+
+def _with_processor(model: Any, folder: Path) -> Any:
+    """Give an image classifier the preprocessing of the folder's ``preprocessor_config.json``."""
+    from models.images import processor_spec
+
+    path = folder / "preprocessor_config.json"
+    try:
+        pre = json.loads(path.read_text(encoding="utf-8"))
+        model.config.processor = processor_spec(pre, model.config.image_size)
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        raise CheckpointError(path, f"missing or not usable: {err}") from None
+    model.config.input = "processor"
+    return model
+
+
+def vit_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``models.vit.ViT`` from a ``ViTForImageClassification`` folder (CLS token read after the final LayerNorm),
+    without its preprocessing (``load_hf`` adds it)."""
+    from models.vit import ViT, ViTConfig
+
+    where = Path(where)
+    if "ViTForImageClassification" not in (hf.get("architectures") or []):
+        raise CheckpointError(where, "a vit folder needs ViTForImageClassification (a classification head)")
+    if hf.get("hidden_act", "gelu") != "gelu" or not hf.get("qkv_bias", True):
+        raise CheckpointError(where, "only the standard ViT block (exact GELU, q/k/v biases) is supported")
+    id2label = hf.get("id2label") or {}
+    n = len(id2label) or int(hf.get("num_labels", 2))
+    d = int(hf["hidden_size"])
+    config = ViTConfig(image_size=int(hf.get("image_size", 224)), in_channels=int(hf.get("num_channels", 3)),
+                       patch=int(hf.get("patch_size", 16)), dim=d, depth=int(hf["num_hidden_layers"]),
+                       heads=int(hf["num_attention_heads"]), mlp_dim=int(hf["intermediate_size"]), num_classes=n,
+                       dropout=0.0, attention_dropout=0.0, norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+                       input="processor")
+    s = {k.removeprefix("vit."): v for k, v in state.items()}
+    ours: dict[str, Tensor] = {
+        "cls_token": s["embeddings.cls_token"], "pos_embed": s["embeddings.position_embeddings"],
+        "patch_embed.weight": s["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.bias": s["embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": s["layernorm.weight"], "norm.bias": s["layernorm.bias"],
+        "head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]}
+    names = {"attention.attention.query": "attn.q_proj", "attention.attention.key": "attn.k_proj",
+             "attention.attention.value": "attn.v_proj", "attention.output.dense": "attn.out_proj",
+             "layernorm_before": "ln_1", "layernorm_after": "ln_2", "intermediate.dense": "mlp.0",
+             "output.dense": "mlp.3"}
+    for i in range(config.depth):
+        for theirs, mine in names.items():
+            for kind in ("weight", "bias"):
+                ours[f"blocks.{i}.{mine}.{kind}"] = s[f"encoder.layer.{i}.{theirs}.{kind}"]
+    labels = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
+    model = ViT(config, labels=labels)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit ViT: missing {missing}, unexpected {unexpected}")
     return model

@@ -9,7 +9,11 @@ Two kinds of input (docs/ARCHITECTURE.md §4):
   shorter side is ``resize`` pixels, centre-cropped to 224×224 and normalised with the ImageNet mean and
   standard deviation, as torchvision's ``ImageClassification`` weight transforms do.
 
-Both return the float tensor for the model and the uint8 array shown to the user, which is exactly what
+- ``"processor"``: a Hugging Face image classifier's own preprocessing, from its ``preprocessor_config.json``
+  (``processor_spec`` reads it): RGB as a uint8 tensor, resized with torchvision (antialiased) to the given
+  size, optionally centre-cropped, rescaled and normalised, as transformers' torchvision image processors do.
+
+All return the float tensor for the model and the uint8 array shown to the user, which is exactly what
 the model saw. Any PIL mode is accepted (RGBA and LA are composited on white, palette images with or
 without transparency, 16-bit and 32-bit integer greys, float, CMYK, YCbCr), animated images use their first
 frame, and the EXIF orientation is applied. Anything that cannot be used raises ``ValueError`` with a
@@ -268,11 +272,77 @@ def prepare_imagenet(
     return PreparedImage(tensor=t.unsqueeze(0), shown=shown, notice=notice)
 
 
+# ------------------------------------------------------------------------------ Hugging Face processors
+_PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def processor_spec(pre: dict, image_size: int) -> dict:
+    """The preprocessing a ``preprocessor_config.json`` describes, in plain terms: ``size`` [h, w] or
+    ``shortest_edge``, ``crop`` [h, w] or None, ``interpolation``, ``rescale`` factor or None, ``mean``/``std``
+    or None. Raises ``ValueError`` on what is not supported."""
+
+    def hw(value, default):
+        if value is None:
+            return default
+        if isinstance(value, int):
+            return [value, value]
+        if "height" in value and "width" in value:
+            return [int(value["height"]), int(value["width"])]
+        return None
+
+    size = pre.get("size")
+    spec: dict = {"size": None, "shortest_edge": None, "crop": None}
+    if pre.get("do_resize", True):
+        spec["size"] = hw(size, [image_size, image_size])
+        if spec["size"] is None:
+            if not isinstance(size, dict) or "shortest_edge" not in size:
+                raise ValueError(f"preprocessor size {size!r} is not supported")
+            spec["shortest_edge"] = int(size["shortest_edge"])
+    if pre.get("do_center_crop"):
+        spec["crop"] = hw(pre.get("crop_size"), [image_size, image_size])
+    resample = pre.get("resample", 2)
+    if resample not in (0, 2, 3):
+        raise ValueError(f"preprocessor resample {_PIL_RESAMPLE.get(resample, resample)!r} is not supported")
+    spec["interpolation"] = _PIL_RESAMPLE[resample]
+    spec["rescale"] = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else None
+    normalise = pre.get("do_normalize", True)
+    spec["mean"] = [float(v) for v in pre.get("image_mean", IMAGENET_MEAN)] if normalise else None
+    spec["std"] = [float(v) for v in pre.get("image_std", IMAGENET_STD)] if normalise else None
+    return spec
+
+
+def prepare_processor(image: ImageInput, spec: dict) -> PreparedImage:
+    """Any image -> what a Hugging Face image classifier expects (``spec`` from ``processor_spec``). The
+    resize is torchvision's v2 one on the uint8 tensor, as transformers' image processors run it (its uint8
+    kernel rounds a few pixels one level differently from the v1 float path)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    img, notice = open_image(image)
+    t = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.uint8).copy()).permute(2, 0, 1)  # (3, H, W) uint8
+    mode = InterpolationMode(spec["interpolation"])
+    if spec["size"] is not None:
+        t = TF.resize(t, spec["size"], interpolation=mode, antialias=True)
+    elif spec["shortest_edge"] is not None:
+        t = TF.resize(t, [spec["shortest_edge"]], interpolation=mode, antialias=True)
+    if spec["crop"] is not None:
+        t = TF.center_crop(t, spec["crop"])
+    shown = t.permute(1, 2, 0).numpy().copy()
+    x = t.to(torch.float32)
+    if spec["rescale"] is not None:
+        x = x * spec["rescale"]
+    if spec["mean"] is not None:
+        x = TF.normalize(x, spec["mean"], spec["std"])
+    return PreparedImage(tensor=x.unsqueeze(0), shown=shown, notice=notice)
+
+
 def prepare(image: ImageInput, kind: str, resize: int = 256, crop: int = 224,
-            interpolation: str = "bilinear") -> PreparedImage:
-    """Dispatch on the model's input kind: ``"fashion"`` or ``"imagenet"``."""
+            interpolation: str = "bilinear", processor: dict | None = None) -> PreparedImage:
+    """Dispatch on the model's input kind: ``"fashion"``, ``"imagenet"`` or ``"processor"`` (with its spec)."""
     if kind == "fashion":
         return prepare_fashion(image)
     if kind == "imagenet":
         return prepare_imagenet(image, resize=resize, crop=crop, interpolation=interpolation)
-    raise ValueError(f"unknown image input kind {kind!r} (expected 'fashion' or 'imagenet')")
+    if kind == "processor" and processor is not None:
+        return prepare_processor(image, processor)
+    raise ValueError(f"unknown image input kind {kind!r} (expected 'fashion', 'imagenet' or 'processor')")

@@ -141,3 +141,42 @@ class LogitLens:
     top_probs: np.ndarray  # (L, T) its probability
     target_probs: np.ndarray  # (L, T) probability of the token that actually comes next
     targets: list[str]  # (T,) that token (at the last position: the final layer's choice)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """How much each token or patch supports one class, by one method (models/attribution.py).
+
+    Signed: positive supports ``target``, negative speaks against it (attention, rollout and relevance are
+    never negative). Rankings (deletion curves, faithfulness) use the signed value and skip ``special``.
+    """
+
+    values: np.ndarray  # float32: text (N,) one per token, specials included; images (rows, cols) per patch
+    method: str  # a key of models.attribution.METHODS
+    target: int  # the class explained (the predicted one unless asked otherwise)
+    label: str  # its name
+    prob: float  # the model's probability of ``target`` on this input
+    tokens: list[str]  # text: the tokens as the model saw them; images: patch labels r0c0... row-major
+    special: np.ndarray  # bool, shaped as ``values``: positions never ranked or removed ([CLS], [SEP], <s>)
+    pooling: str = "cls"  # what the head reads: "cls" (position 0) or "mean" (every token); relevance and
+    # attention are read from there
+    grid: tuple[int, int] | None = None  # images: patch rows, cols (``values.shape``); text: None
+    patch: int = 0  # images: pixels per patch side on the image the model saw
+    completeness_gap: float | None = None  # integrated gradients: |Σ values − (f(x) − f(x′))| / |f(x) − f(x′)|
+    # on the target logit f, x′ the baseline (Sundararajan et al. 2017, Prop. 1); None for other methods
+    notice: str = ""
+
+
+@dataclass(frozen=True)
+class DeletionCurve:
+    """The target's probability as the top-ranked tokens or patches are removed (models/attribution.py)."""
+
+    fractions: np.ndarray  # (K,) share of the removable tokens/patches removed: 0 first, 1 last; K <= 10
+    removed: np.ndarray  # (K,) int: how many were removed
+    probs: np.ndarray  # (K,) probability of ``target`` with the top-``removed`` of the ranking removed
+    random: np.ndarray  # (K,) the same along seeded random orders (their mean): the baseline
+    auc: float  # trapezoidal area under ``probs`` over ``fractions`` (lower: the ranking found what matters)
+    random_auc: float  # the same for ``random``
+    method: str
+    target: int
+    label: str

@@ -170,7 +170,7 @@ def _download(url: str, dst: Path, timeout: float) -> None:
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)  # torch.hub's urlopen has no timeout argument; this bounds each read
     try:
-        torch.hub.download_url_to_file(url, str(dst), hash_prefix.group(1) if hash_prefix else None, progress=False)
+        torch.hub.download_url_to_file(url, str(dst), hash_prefix.group(1) if hash_prefix else None, progress=True)
     except (urllib.error.URLError, OSError, TimeoutError, RuntimeError) as e:
         raise WeightsUnavailableError(f"Downloading {url} failed: {e}") from e
     finally:

@@ -40,6 +40,7 @@ class ViTConfig:
     input: str = "fashion"  # "fashion" (grey 28×28, dark background) or "imagenet" (RGB crop)
     resize: int = 256  # imagenet only: shorter side before the centre crop (torchvision's ViT-B/16: 256)
     interpolation: str = "bilinear"  # imagenet only: resize interpolation (torchvision's ViT-B/16: bilinear)
+    processor: dict | None = None  # "processor" only: a Hugging Face folder's preprocessing (images.processor_spec)
 
     @property
     def grid(self) -> int:
@@ -110,22 +111,33 @@ class ViT(nn.Module):
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the attention
         of every block, (B, L, heads, 1+P, 1+P) from the explicit softmax; otherwise fused attention."""
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, P, D), patches row-major
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+P, D)
+        logits, attention = self.forward_embedded(self.embed_patches(x), need_weights)
+        return (logits, torch.stack(attention, dim=1)) if need_weights else logits
+
+    def embed_patches(self, x: Tensor) -> Tensor:
+        """x (B, C, H, W) normalised image -> patch embeddings (B, P, D), row-major (eq. 1, x_p E)."""
+        return self.patch_embed(x).flatten(2).transpose(1, 2)
+
+    def forward_embedded(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """The rest of ``forward`` from patch embeddings (B, P, D): (logits (B, classes), per-block attention
+        L × (B, heads, 1+P, 1+P), empty unless ``need_weights``). The weights are the tensors the blocks
+        multiply the values with, in the autograd graph (not stacked), so attribution can take ∂logit/∂A
+        (models/attribution.py) without hooks on the shared model."""
+        x = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, 1+P, D)
         x = self.drop(x + self.pos_embed)
         attention = []
         for block in self.blocks:
             x, weights = block(x, need_weights)
             if need_weights:
                 attention.append(weights)
-        logits = self.head(self.norm(x)[:, 0])  # class token (eq. 4)
-        return (logits, torch.stack(attention, dim=1)) if need_weights else logits
+        return self.head(self.norm(x)[:, 0]), attention  # class token (eq. 4)
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
         """Any image -> ImageResult with class probabilities and the encoder attention (L, H, 1+P, 1+P)."""
         cfg = self.config
-        prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation)
+        prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation,
+                           processor=cfg.processor)
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()

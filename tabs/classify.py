@@ -76,11 +76,11 @@ def checkpoint_name(task: str, model: str) -> str:
 
 
 def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained from scratch", layer: int = -1,
-             head: str = "mean", view: str = "heatmap"):
+             head: str = "mean", view: str = "heatmap", progress=gr.Progress()):
     """Classify a text; return the probabilities, the highlighted text and the attention figures."""
     text = read_text(text)
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
-    result = get_model(name).classify(text)
+    result = get_model(name, lambda done, what: progress(done, desc=what)).classify(text)  # Hub: fetched once
     amap = result.attention["encoder"]
     layer_u, head_u = controls_for(amap.layers, amap.heads)
     top = int(np.argmax(result.probs))

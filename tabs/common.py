@@ -61,16 +61,17 @@ class ModelStore:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str, progress: Any = None) -> Any:
+        """The model behind ``name``; ``progress(fraction, text)`` hears about a download on first use."""
         with self._guard:
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
             if name not in self._models:
-                self._models[name] = self._load(name)
+                self._models[name] = self._load(name, progress)
             return self._models[name]
 
     @staticmethod
-    def _load(name: str) -> Any:
+    def _load(name: str, progress: Any = None) -> Any:
         import models
         from models.packed import pack_linears
 
@@ -79,21 +80,30 @@ class ModelStore:
 
             torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
         if name in IMAGENET_NAMES:
+            from models.hub import offline
             from models.pretrained import load_imagenet
 
-            try:
-                model = load_imagenet(name)  # fails within seconds when the weights are not cached
+            try:  # downloads on first use where the network allows, failing within seconds where it does not
+                model = load_imagenet(name, download=not offline())
             except Exception as err:  # any failure here means "not available"
                 raise ModelUnavailable(
                     f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
                     f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
                 ) from None
-        elif name in CONFIGURED:
+        elif name in CONFIGURED or name in DOWNLOADABLE:
+            from models.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
+
+            entry = CONFIGURED.get(name) or DOWNLOADABLE[name]
+            where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
             try:
-                model = models.load(CONFIGURED[name].folder)
+                folder = entry.folder or fetch(entry.repo, entry.revision, progress)
+                check_size(folder_params(folder), name)  # from the safetensors headers, before loading
+                model = models.load(folder)
+            except (HubUnavailable, TooLarge) as err:
+                raise ModelUnavailable(f"{err} The other models keep working.") from None
             except Exception as err:  # a folder the configuration named: unsupported, broken or gone
-                raise ModelUnavailable(f"The configured model `{name}` ({CONFIGURED[name].folder}) cannot be "
-                                       f"loaded: {err}. The other models keep working.") from None
+                raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {err}. The "
+                                       "other models keep working.") from None
         else:
             try:
                 model = models.load(CHECKPOINTS / name)
@@ -102,8 +112,10 @@ class ModelStore:
                     f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
                     f" or rebuild it with {rebuild_hint(name)}. The other tabs keep working."
                 ) from None
-        pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
-        return model
+        device = run_device()
+        if device == "cpu":
+            pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+        return model.to(device)
 
 
 IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
@@ -112,47 +124,86 @@ MODELS = ModelStore()
 
 
 # ------------------------------------------------------------------------------------ configured models
+def run_device() -> str:
+    """Where the models run: ``ATLAS_DEVICE`` ("cpu", the default, or "cuda" where a GPU is present)."""
+    wanted = os.environ.get("ATLAS_DEVICE", "cpu").strip().lower() or "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    import torch
+
+    if wanted.startswith("cuda") and torch.cuda.is_available():
+        return wanted
+    print(f"[attention-atlas] ATLAS_DEVICE={wanted!r} is not available here; running on the CPU", flush=True)
+    return "cpu"
+
+
 @dataclass(frozen=True)
 class Configured:
-    """A model the server's configuration names (`python app.py --model DIR`, ATLAS_MODELS): never the UI."""
+    """A model the server's configuration names (`python app.py --model ENTRY`, ATLAS_MODELS): never the UI.
+    Either a local ``folder`` or a Hub ``repo`` (at ``revision``), fetched on first use."""
 
-    folder: Path
-    kind: str  # the tab that shows it: "classify" or "generate"
+    folder: Path | None
+    kind: str  # the tab that shows it: "classify", "generate" or "vision"
+    repo: str | None = None
+    revision: str | None = None
 
 
-CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name) -> where it is
+CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
+# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/hub.py).
+DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
+                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 # config.json "model_type" (Hugging Face) or "model" (the project's checkpoints) -> the tab that shows it
 TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate", "bert": "classify",
-               "BertClassifier": "classify", "TextClassifier": "classify"}
+               "BertClassifier": "classify", "TextClassifier": "classify", "vit": "vision", "ViT": "vision",
+               "Swin": "vision"}
 
 
 def configure(entries: list[str]) -> None:
-    """Add the models named by the configuration; each entry is a local folder whose config.json says its
-    kind. A problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is
-    recorded in CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
+    or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
+    problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
+    CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    from models.hub import parse_entry
+
     for entry in (e.strip() for e in entries):
         if not entry:
             continue
-        folder = Path(entry).expanduser()
         try:
-            meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-            kind = TAB_OF_TYPE.get(meta.get("model_type") or meta.get("model"))
-        except (OSError, ValueError, AttributeError) as err:
-            kind, why = None, f"no readable config.json ({type(err).__name__})"
-        else:
-            why = (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
-                   f"({', '.join(k for k in TAB_OF_TYPE if k.islower())})")
-        name = folder.name
-        if kind is None:
-            problem = f"`{entry}`: {why}"
-        elif name in CONFIGURED or (CHECKPOINTS / name).exists() or name in IMAGENET_NAMES:
-            problem = f"`{entry}`: the name `{name}` is taken (by another entry or a shipped checkpoint)"
-        else:
-            CONFIGURED[name] = Configured(folder.resolve(), kind)
+            hub = parse_entry(entry)
+        except ValueError as err:
+            _problem(None, f"`{entry}`: {err}")
             continue
-        CONFIG_PROBLEMS.append((kind, problem))
-        print(f"[attention-atlas] model not added: {problem}", flush=True)
+        if hub is not None:
+            kind, repo, revision = hub
+            name, found = repo, Configured(None, kind, repo, revision)
+        else:
+            folder = Path(entry).expanduser()
+            name, kind, why = folder.name, *_folder_kind(folder)
+            if kind is None:
+                _problem(None, f"`{entry}`: {why}")
+                continue
+            found = Configured(folder.resolve(), kind)
+        if name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or (CHECKPOINTS / name).exists():
+            _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
+        else:
+            CONFIGURED[name] = found
+
+
+def _folder_kind(folder: Path) -> tuple[str | None, str]:
+    """(the tab a folder's config.json names, or None; why not)."""
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        kind = TAB_OF_TYPE.get(meta.get("model_type") or meta.get("model"))
+    except (OSError, ValueError, AttributeError) as err:
+        return None, f"no readable config.json ({type(err).__name__})"
+    return kind, (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
+                  f"({', '.join(k for k in TAB_OF_TYPE if k.islower())})")
+
+
+def _problem(kind: str | None, problem: str) -> None:
+    CONFIG_PROBLEMS.append((kind, problem))
+    print(f"[attention-atlas] model not added: {problem}", flush=True)
 
 
 def configured(kind: str) -> list[str]:
@@ -165,10 +216,11 @@ def configuration_notice(kind: str) -> str:
     return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
 
 
-def get_model(name: str) -> Any:
-    """The model behind a name, or a gr.Error whose message says how to restore or rebuild it."""
+def get_model(name: str, progress: Any = None) -> Any:
+    """The model behind a name, or a gr.Error whose message says how to restore, rebuild or fetch it;
+    ``progress`` (a gr.Progress) shows a download on first use."""
     try:
-        return MODELS.get(name)
+        return MODELS.get(name, progress)
     except ModelUnavailable as err:
         raise gr.Error(str(err), duration=None) from None
 

@@ -55,7 +55,7 @@ def decoder_models() -> list[str]:
             continue
         if common.TAB_OF_TYPE.get(meta.get("model") or meta.get("model_type")) == "generate":
             found.append(folder.name)
-    return [DEFAULT, *[n for n in found if n != DEFAULT], *common.configured("generate")]
+    return [DEFAULT, *[n for n in found if n != DEFAULT], *common.DOWNLOADABLE, *common.configured("generate")]
 
 
 def availability() -> str:
@@ -133,7 +133,7 @@ def build() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ handlers
-def _model(name: str | None):
+def _model(name: str | None, progress=None):
     name = name or DEFAULT
     choices = decoder_models()
     if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
@@ -142,15 +142,16 @@ def _model(name: str | None):
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
         raise gr.Error(f"`{DEFAULT}` is not there yet. Pick another decoder model ({others}) or add a Hugging "
                        "Face GPT-2 or LLaMA-family folder with `python app.py --model DIR`.", duration=None)
-    return get_model(name)
+    report = None if progress is None else (lambda done, text: progress(done, desc=text))
+    return get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 
 
 def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
-             head: str = "mean", view: str = "heatmap"):
+             head: str = "mean", view: str = "heatmap", progress=gr.Progress()):
     """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens."""
     prompt = read_text(prompt)
-    net = _model(model)
+    net = _model(model, progress)
     if strategy not in ("greedy", "sample"):
         raise gr.Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
     new = max(1, min(int(max_new_tokens or 1), limits.MAX_NEW_TOKENS))
@@ -233,12 +234,12 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     return note, fig
 
 
-def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0):
+def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Progress()):
     """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
     repeated twice; the strongest induction head's attention and the loss on each copy."""
     from models.analysis import duplicate_token_score, first_token_share, induction_score, previous_token_score
 
-    net = _model(model)
+    net = _model(model, progress)
     n = int(np.clip(int(n or 50), 2, (net.context_limit() - 1) // 2))
     ids = net.repeated_tokens(n, seed=max(0, int(seed or 0)))
     loss, weights = net.token_losses(ids)

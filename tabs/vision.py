@@ -1,5 +1,6 @@
 """Vision: image classification with ViT and Swin (`checkpoints/vit-fashion`, `swin-fashion`; ImageNet ViT-B/16
-and Swin-T when torchvision's weights are cached), attention drawn over the image the model saw."""
+and Swin-T from torchvision's cache, downloaded on first use where the network allows; configured ViT folders),
+attention drawn over the image the model saw."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tabs.common import (
     EXAMPLE_IMAGES,
     FAST,
     IMAGENET,
+    configured,
     controls_for,
     fit,
     get_model,
@@ -43,7 +45,7 @@ def build() -> None:
                             type="filepath")
             gr.Examples([[p] for p in EXAMPLE_IMAGES], [image], label="Fashion-MNIST test images")
         with gr.Column(scale=1):
-            model = gr.Radio(MODELS, value="vit-fashion", label="model")
+            model = gr.Radio([*MODELS, *configured("vision")], value="vit-fashion", label="model")
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
             run = gr.Button("Classify image", variant="primary")
     notice = gr.Markdown()
@@ -69,13 +71,15 @@ def build() -> None:
 
 
 def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5, layer: int = -1,
-                   head: str = "mean", view: str = "CLS → patches"):
+                   head: str = "mean", view: str = "CLS → patches", progress=gr.Progress(track_tqdm=True)):
     """Classify an image; return the top classes and attention laid over what the model saw."""
     if not image:
         raise gr.Error("Please upload an image or pick an example.")
-    if model not in MODELS:  # the API accepts any string: never turn it into a path
-        raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(MODELS)}.")
-    net = get_model(IMAGENET.get(model, model))
+    choices = [*MODELS, *configured("vision")]
+    if model not in choices:  # the API accepts any string: never turn it into a path
+        raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
+    # the ImageNet weights download on first use where the network allows (torchvision's progress bar shows)
+    net = get_model(IMAGENET.get(model, model), lambda done, text: progress(done, desc=text))
     try:
         result = net.classify(image)
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which

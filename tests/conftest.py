@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Validate every plotly figure the tests build, in this process and in the app servers they launch
 # (the app itself skips validation for speed: viz.common.Fig.build).
 os.environ["ATLAS_VALIDATE_FIGURES"] = "1"
+# Nothing downloads in the tests (CI also sets HF_HUB_OFFLINE=1): the Hub and torchvision paths report "offline";
+# tests/test_hub.py turns this off for itself where it fakes the Hub.
+os.environ.setdefault("ATLAS_OFFLINE", "1")
 
 
 def free_port() -> int:

@@ -145,21 +145,28 @@ def test_head_roles_api(client) -> None:
     assert [len(t["y"]) for t in _figure_data(losses)] == [30, 30] and "strongest induction" in summary
 
 
+HUB_GPT2 = "atlas-test/hub-gpt2"
+
+
 @pytest.fixture(scope="module")
 def configured_app(tmp_path_factory, tiny_checkpoints):
-    """`python app.py --model DIR` and ATLAS_MODELS: Hugging Face GPT-2 folders and a BERT classifier."""
+    """`python app.py --model DIR` and ATLAS_MODELS: Hugging Face GPT-2 folders, a BERT and a ViT classifier,
+    and a Hub entry whose files are in the server's (offline) huggingface_hub cache."""
     import subprocess
     import sys
 
     from tests.conftest import ROOT, app_env, free_port, wait_until_serving
-    from tests.tiny import tiny_bert_classifier_folder, tiny_gpt2_folder
+    from tests.tiny import place_in_hub_cache, tiny_bert_classifier_folder, tiny_gpt2_folder, tiny_vit_classifier_folder
 
     base = tmp_path_factory.mktemp("configured")
     refs = {name: tiny_gpt2_folder(base / name) for name in ("cli-gpt2", "env-gpt2")}
     refs["my-bert"] = tiny_bert_classifier_folder(base / "my-bert")
+    refs["my-vit"] = tiny_vit_classifier_folder(base / "my-vit")
+    refs[HUB_GPT2] = tiny_gpt2_folder(base / "hub-source")
+    place_in_hub_cache(base / "hub-source", base / "hf" / "hub", HUB_GPT2)
     port = free_port()
-    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints),
-                  ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'}")
+    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), HF_HOME=str(base / "hf"), ATLAS_OFFLINE="1",
+                  ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'},{base / 'my-vit'},generate:{HUB_GPT2}")
     log = (base / "server.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--model", str(base / "cli-gpt2")], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
@@ -180,12 +187,12 @@ def test_generate_with_configured_models_matches_transformers(configured_app) ->
 
     url, base, refs = configured_app
     client = Client(url, verbose=False)
-    for name, hf in refs.items():
-        if name == "my-bert":
-            continue
+    for name in ("cli-gpt2", "env-gpt2", HUB_GPT2):
+        hf = refs[name]
         out = client.predict("the cat sat on", 8, name, api_name="/generate")
         npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(base / name / "tokenizer.json"))
+        folder = base / ("hub-source" if name == HUB_GPT2 else name)
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
         ids = tok("the cat sat on", return_tensors="pt")["input_ids"]
         with torch.no_grad():
             want = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=hf.config.eos_token_id)[0]
@@ -211,3 +218,36 @@ def test_classify_with_a_configured_bert_matches_transformers(configured_app) ->
         assert list(arrays["labels"]) == ["negative", "neutral", "positive"]
         np.testing.assert_allclose(arrays["probs"], probs, atol=1e-4)
     assert ["negative", "neutral", "positive"][int(np.argmax(probs))] in out[0]
+
+
+def test_classify_image_with_a_configured_vit_matches_transformers(configured_app, tmp_path) -> None:
+    import torch
+    from gradio_client import Client, handle_file
+    from transformers import ViTImageProcessor
+
+    from tests.test_vit_hf import photo
+
+    url, base, refs = configured_app
+    path = tmp_path / "photo.png"
+    photo(1).save(path)
+    out = Client(url, verbose=False).predict(handle_file(str(path)), "my-vit", 4, api_name="/classify_image")
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    pixels = ViTImageProcessor.from_pretrained(base / "my-vit")(photo(1), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        probs = torch.softmax(refs["my-vit"](pixel_values=pixels).logits[0], -1).numpy()
+    with np.load(npz) as arrays:
+        assert list(arrays["labels"]) == ["cat", "dog", "bird", "fish"]
+        np.testing.assert_allclose(arrays["probs"], probs, atol=1e-4)
+        assert arrays["encoder"].shape == (2, 4, 17, 17)
+
+
+def test_hub_model_not_in_the_cache_says_offline_quickly(configured_app) -> None:
+    import time
+
+    from gradio_client import Client
+
+    url, _, _ = configured_app
+    start = time.monotonic()
+    with pytest.raises(Exception, match="offline"):
+        Client(url, verbose=False).predict("the cat", 4, "openai-community/gpt2", api_name="/generate")
+    assert time.monotonic() - start < 5

@@ -249,7 +249,8 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     assert len(common.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
     assert "no readable config.json" in problems
     assert list(common.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
-    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"] and "Model not added" in tab.availability()
+    assert tab.decoder_models() == ["gpt-tiny", *common.DOWNLOADABLE, "my-gpt2"]
+    assert "Model not added" in tab.availability()
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
     from tabs.classify import classify

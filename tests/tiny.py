@@ -158,3 +158,38 @@ def tiny_bert_classifier_folder(folder: Path, labels: tuple[str, ...] = ("negati
     hf.save_pretrained(folder)
     assert tok.is_file()
     return hf
+
+
+def tiny_vit_classifier_folder(folder: Path, labels: tuple[str, ...] = ("cat", "dog", "bird", "fish")):
+    """A small random ViTForImageClassification written by transformers, with a preprocessor_config.json
+    (resize to 32×32, ImageNet-style normalisation), its head scaled so the probabilities are far from
+    uniform. Returns the model."""
+    import torch
+    from transformers import ViTConfig as HFViTConfig
+    from transformers import ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(0)
+    cfg = HFViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=64, num_labels=len(labels),
+                      id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    cfg._attn_implementation = "eager"
+    hf = ViTForImageClassification(cfg).eval()
+    with torch.no_grad():
+        hf.classifier.weight.mul_(40.0)
+    hf.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5, 0.4, 0.3],
+                      image_std=[0.2, 0.25, 0.3]).save_pretrained(folder)
+    return hf
+
+
+def place_in_hub_cache(folder: Path, cache: Path, repo: str, commit: str = "0123456789abcdef" * 2 + "01234567") -> Path:
+    """Copy a model folder into a huggingface_hub cache as the snapshot of ``repo`` at ``main`` (the layout
+    huggingface_hub writes: models--OWNER--NAME/snapshots/COMMIT/..., refs/main). Returns the snapshot folder."""
+    import shutil
+
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = root / "snapshots" / commit
+    shutil.copytree(folder, snapshot)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    return snapshot

@@ -14,7 +14,11 @@ lines and those SST-2 sentences; the test splits are never read here.
 Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022): with
 ``--repeat-share P`` about P of the training tokens are synthetic contexts ``<s> x x`` (or ``<s> x x x``),
 ``x`` a span of 8-60 pieces drawn uniformly from the tokeniser's ordinary pieces (``--span-sampling unigram``:
-by their frequency in the training text); the share is recorded in the checkpoint's metrics.json.
+by their frequency in the training text); the share is recorded in the checkpoint's metrics.json. With
+``--repeat-front F`` an epoch's synthetic rows are mixed into its first F of batches only (a burst of copying at
+the start of every epoch, so that the heads form early; the epoch's share stays P). Validation also reports
+``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random pieces against the first
+(near 0 before induction heads form, several nats after).
 """
 
 from __future__ import annotations
@@ -111,9 +115,9 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int) ->
 class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
                  batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device,
-                 span_sampling: str = "uniform") -> None:
+                 span_sampling: str = "uniform", repeat_front: float = 1.0) -> None:
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
-        self.repeat_share, self.seed, self.device = repeat_share, seed, device
+        self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
         if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
             counts = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
         else:  # every ordinary piece alike: each earlier occurrence is unambiguous (Olsson et al. 2022)
@@ -131,8 +135,11 @@ class LMTask:
         rows = pack([self.docs[i] for i in order], self.context)
         if self.repeat_share > 0:  # P of all tokens: n_syn / (n_nat + n_syn) = P
             n_syn = int(round(len(rows) * self.repeat_share / (1 - self.repeat_share)))
-            rows = torch.cat([rows, repeated_spans(n_syn, self.context, self.unigram, seed=self.seed * 1000 + epoch)])
+            syn = repeated_spans(n_syn, self.context, self.unigram, seed=self.seed * 1000 + epoch)
             rows = rows[torch.from_numpy(rng.permutation(len(rows)))]
+            n_front = max(n_syn, math.ceil(self.repeat_front * (len(rows) + n_syn)))  # rows of the mixed front
+            front = torch.cat([syn, rows[: n_front - n_syn]])
+            rows = torch.cat([front[torch.from_numpy(rng.permutation(len(front)))], rows[n_front - n_syn :]])
         batches = [rows[i : i + self.batch_size] for i in range(0, len(rows) - self.batch_size + 1, self.batch_size)]
         self._epoch = (epoch, batches)
         return batches
@@ -153,7 +160,21 @@ class LMTask:
             total_nll, total_n = total_nll + nll, total_n + n
         out["val_ppl"] = math.exp(total_nll / total_n)
         out["score"] = -math.log(out["val_ppl"])
+        out["val_copy_gain"] = copy_gain(model, self.unigram, self.device)
         return out
+
+
+@torch.no_grad()
+def copy_gain(model: nn.Module, unigram: np.ndarray, device: torch.device, n: int = 64, rows: int = 8) -> float:
+    """Mean NLL (nats per piece) on the first copy of ``<s> x x`` minus that on the second, ``x`` ``n`` pieces
+    drawn as the synthetic spans are (fixed seed): what the model gains by copying."""
+    was = model.training
+    model.eval()
+    span = torch.from_numpy(np.random.default_rng(12345).choice(len(unigram), size=(rows, n), p=unigram))
+    x = torch.cat([torch.full((rows, 1), BOS_ID), span, span], 1).to(device)
+    nll = -torch.log_softmax(model(x[:, :-1]).logits.float(), -1).gather(-1, x[:, 1:, None])[..., 0]
+    model.train(was)
+    return float(nll[:, :n].mean() - nll[:, n:].mean())
 
 
 @torch.no_grad()
@@ -205,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of training tokens in synthetic repeated spans (at most 0.10)")
     ap.add_argument("--span-sampling", choices=["uniform", "unigram"], default="uniform",
                     help="how the synthetic spans' pieces are drawn: uniformly, or by their frequency in the text")
+    ap.add_argument("--repeat-front", type=float, default=1.0,
+                    help="mix an epoch's synthetic rows into this first share of its batches (1: all through it)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
     if not 0 <= args.repeat_share <= 0.10:
         ap.error("--repeat-share must be between 0 and 0.10")
+    if not args.repeat_share <= args.repeat_front <= 1:
+        ap.error("--repeat-front must be between --repeat-share and 1")
     setup_threads(args.threads)
     d = setup_distributed(args.device)
     cfg = config_from_args(args)
@@ -229,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     train_docs = [doc for texts in corpus["train"].values() for doc in encode_documents(tok, texts)]
     val_docs = {name: encode_documents(tok, texts) for name, texts in corpus["val"].items()}
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
-                  cfg.seed, d.device, span_sampling=args.span_sampling)
+                  cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front)
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -252,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             "natural_tokens_per_epoch": natural,
             "synthetic_repeated_spans": {"share_of_training_tokens": args.repeat_share,
                                          "construction": "<s> x x [x], x: 8-60 pieces drawn "
-                                         + ("uniformly" if args.span_sampling == "uniform" else "by frequency")},
+                                         + ("uniformly" if args.span_sampling == "uniform" else "by frequency"),
+                                         "placed_in_first_share_of_each_epoch": args.repeat_front},
         }
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",
