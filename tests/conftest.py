@@ -81,3 +81,34 @@ def app_url(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoints: Path) ->
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+HUB_GPT2 = "atlas-test/hub-gpt2"
+
+
+@pytest.fixture(scope="session")
+def configured_app(tmp_path_factory, tiny_checkpoints):
+    """`python app.py --model DIR` and ATLAS_MODELS: Hugging Face GPT-2 folders, a BERT and a ViT classifier,
+    and a Hub entry whose files are in the server's (offline) huggingface_hub cache."""
+    from tests.tiny import place_in_hub_cache, tiny_bert_classifier_folder, tiny_gpt2_folder, tiny_vit_classifier_folder
+
+    base = tmp_path_factory.mktemp("configured")
+    refs = {name: tiny_gpt2_folder(base / name) for name in ("cli-gpt2", "env-gpt2")}
+    refs["my-bert"] = tiny_bert_classifier_folder(base / "my-bert")
+    refs["my-vit"] = tiny_vit_classifier_folder(base / "my-vit")
+    refs[HUB_GPT2] = tiny_gpt2_folder(base / "hub-source")
+    place_in_hub_cache(base / "hub-source", base / "hf" / "hub", HUB_GPT2)
+    port = free_port()
+    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), HF_HOME=str(base / "hf"), ATLAS_OFFLINE="1",
+                  ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'},{base / 'my-vit'},generate:{HUB_GPT2}")
+    log = (base / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--model", str(base / "cli-gpt2")], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until_serving(url, proc)
+        yield url, base, refs
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        log.close()
