@@ -63,9 +63,10 @@ def availability() -> str:
     if not (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
         others = decoder_models()[1:]
         notes.insert(0, f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in "
-                        "`checkpoints/` yet. The tab works with any decoder checkpoint there, or a Hugging Face "
-                        "GPT-2 or LLaMA-family folder given with `python app.py --model DIR` (README, \"Your own "
-                        "models\"): " + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
+                        "`checkpoints/` yet. The tab works with any decoder checkpoint there, the downloadable "
+                        "GPT-2 small and SmolLM2-135M, or a Hugging Face GPT-2 or LLaMA-family model given with "
+                        "`python app.py --model ENTRY` (README, \"Pretrained and your own models\"): "
+                        + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
     return "\n\n".join(notes)
 
 
