@@ -21,7 +21,7 @@ examples), and the model-randomisation sanity check (Adebayo et al. 2018, "Sanit
 embeddings), cumulatively, and the ρ between each randomised model's attributions (same target class) and the
 trained model's is reported per step; a method that explains the model should lose its correlation.
 
-    python bench/faithfulness.py [--limit N] [--models sst2,minilm-sst2,agnews,vit-fashion] [--sanity 50]
+    python bench/faithfulness.py [--limit N] [--models sst2,minilm-sst2,agnews,vit-fashion] [--sanity 30]
 
 The models are loaded with ``models.load`` and their large linear layers fp16-packed, as the app's model store
 serves them. Last stdout line: one JSON object, ``models`` -> name -> ``methods`` -> method -> metric ->
@@ -36,7 +36,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,10 @@ def bootstrap(values: Sequence[float], resamples: int, seed: int) -> dict[str, A
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, v.size, size=(resamples, v.size))].mean(1)
     lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"mean": round(float(v.mean()), 5), "ci": [round(float(min(lo, v.mean())), 5),
-                                                      round(float(max(hi, v.mean())), 5)]}
+    return {
+        "mean": round(float(v.mean()), 5),
+        "ci": [round(float(min(lo, v.mean())), 5), round(float(max(hi, v.mean())), 5)],
+    }
 
 
 def ranks(x: np.ndarray) -> np.ndarray:
@@ -120,6 +122,24 @@ def load_images(data_dir: Path, limit: int | None) -> tuple[np.ndarray, np.ndarr
     return x[:n], y[:n], float(split["train"][0].mean() / 255.0)
 
 
+def explain_all(
+    model: Any, inputs: list[Any], method: str, targets: list[int] | None, steps: int, batch: int
+) -> list[Any]:
+    """``explain_batch`` over every input, ``batch`` at a time, texts grouped by length (less padding)."""
+    from models import attribution as A
+
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]) if isinstance(inputs[i], list) else 0)
+    out: list[Any] = [None] * len(inputs)
+    for s in range(0, len(order), batch):
+        idx = order[s : s + batch]
+        got = A.explain_batch(
+            model, [inputs[i] for i in idx], method, None if targets is None else [targets[i] for i in idx], steps=steps
+        )
+        for i, a in zip(idx, got):
+            out[i] = a
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- model randomisation
 def randomisation_steps(model: Any) -> list[tuple[str, list[Any]]]:
     """Adebayo et al.'s cascade, top first: (step name, the modules and parameters it re-initialises)."""
@@ -127,8 +147,11 @@ def randomisation_steps(model: Any) -> list[tuple[str, list[Any]]]:
     from models.vit import ViT
 
     if isinstance(model, ViT):
-        head, layers, embed = [model.head, model.norm], list(model.blocks), [model.patch_embed, model.cls_token,
-                                                                              model.pos_embed]
+        head, layers, embed = (
+            [model.head, model.norm],
+            list(model.blocks),
+            [model.patch_embed, model.cls_token, model.pos_embed],
+        )
     elif isinstance(model, BertClassifier):
         head = [model.head] + ([model.pooler] if model.pooler is not None else [])
         layers, embed = list(model.bert.layers), [model.bert.embeddings]
@@ -157,25 +180,29 @@ def reinitialise(parts: list[Any], seed: int) -> None:
                         p.normal_(std=0.02)
 
 
-def sanity(model: Any, inputs: list[Any], trained: dict[str, list[Any]], steps: int, seed: int,
-           batch: int) -> dict[str, Any]:
+def sanity(
+    model: Any, inputs: list[Any], trained: dict[str, list[Any]], steps: int, seed: int, batch: int
+) -> dict[str, Any]:
     """Spearman's ρ of each cumulatively randomised model's attributions with the trained model's."""
     from models import attribution as A
 
     rand = copy.deepcopy(model)
     cascade = randomisation_steps(rand)
-    out: dict[str, Any] = {"examples": len(inputs), "steps": [name for name, _ in cascade],
-                           "spearman": {m: [] for m in A.METHODS}, "abs_spearman": {m: [] for m in A.METHODS}}
+    out: dict[str, Any] = {
+        "examples": len(inputs),
+        "steps": [name for name, _ in cascade],
+        "spearman": {m: [] for m in A.METHODS},
+        "abs_spearman": {m: [] for m in A.METHODS},
+    }
     for i, (name, parts) in enumerate(cascade):
         reinitialise(parts, seed + i)
         for method in A.METHODS:
             rhos = []
-            for s in range(0, len(inputs), batch):
-                ref = trained[method][s:s + batch]
-                got = A.explain_batch(rand, inputs[s:s + batch], method, [a.target for a in ref], steps=steps)
-                for a, b in zip(ref, got):
-                    keep = ~a.special.ravel()
-                    rhos.append(spearman(a.values.ravel()[keep], b.values.ravel()[keep]))
+            ref = trained[method]
+            got = explain_all(rand, inputs, method, [a.target for a in ref], steps, batch)
+            for a, b in zip(ref, got):
+                keep = ~a.special.ravel()
+                rhos.append(spearman(a.values.ravel()[keep], b.values.ravel()[keep]))
             out["spearman"][method].append(nanmean(rhos))
             out["abs_spearman"][method].append(nanmean(np.abs(rhos)))
         log(f"  sanity {name}: " + ", ".join(f"{m} {out['spearman'][m][-1]}" for m in A.METHODS))
@@ -191,9 +218,7 @@ def attributions(model: Any, inputs: list[Any], steps: int, batch: int, seed: in
     seconds: dict[str, float] = {}
     for method in A.METHODS:
         t0 = time.perf_counter()
-        attrs[method] = []
-        for s in range(0, len(inputs), batch):
-            attrs[method] += A.explain_batch(model, inputs[s:s + batch], method, steps=steps)
+        attrs[method] = explain_all(model, inputs, method, None, steps, batch)
         seconds[method] = round(time.perf_counter() - t0, 2)
     order = {m: [A.ranking(a) for a in attrs[m]] for m in A.METHODS}
     rng = np.random.default_rng(seed)
@@ -214,12 +239,16 @@ def agreement(attrs: dict[str, list[Any]], order: dict[str, list[np.ndarray]]) -
             return s[keep]
         return attrs[method][i].values.ravel()[keep]
 
-    return {f"{a}|{b}": nanmean([spearman(scores(a, i), scores(b, i)) for i in range(len(first))])
-            for k, a in enumerate(names) for b in names[k + 1:]}
+    return {
+        f"{a}|{b}": nanmean([spearman(scores(a, i), scores(b, i)) for i in range(len(first))])
+        for k, a in enumerate(names)
+        for b in names[k + 1 :]
+    }
 
 
-def eraser(model: Any, ids: list[list[int]], attrs: list[Any], order: dict[str, list[np.ndarray]],
-           resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+def eraser(
+    model: Any, ids: list[list[int]], attrs: list[Any], order: dict[str, list[np.ndarray]], resamples: int, seed: int
+) -> dict[str, dict[str, Any]]:
     """Comprehensiveness and sufficiency (AOPC over BINS) per ranking, with bootstrap intervals."""
     from models import attribution as A
 
@@ -244,13 +273,23 @@ def eraser(model: Any, ids: list[list[int]], attrs: list[Any], order: dict[str, 
     for method, (comp, suff) in per.items():
         comp_i = np.asarray(comp).reshape(len(ids), len(BINS)).mean(1)  # AOPC per example
         suff_i = np.asarray(suff).reshape(len(ids), len(BINS)).mean(1)
-        out[method] = {"comprehensiveness": bootstrap(comp_i, resamples, seed),
-                       "sufficiency": bootstrap(suff_i, resamples, seed)}
+        out[method] = {
+            "comprehensiveness": bootstrap(comp_i, resamples, seed),
+            "sufficiency": bootstrap(suff_i, resamples, seed),
+        }
     return out
 
 
-def curves(model: Any, x: Any, attrs: list[Any], order: dict[str, list[np.ndarray]], fill: Any, sigma: float | None,
-           resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+def curves(
+    model: Any,
+    x: Any,
+    attrs: list[Any],
+    order: dict[str, list[np.ndarray]],
+    fill: Any,
+    sigma: float | None,
+    resamples: int,
+    seed: int,
+) -> dict[str, dict[str, Any]]:
     """Deletion (to the mean pixel) and insertion (from the blurred copy) AUC, 10 points, per ranking."""
     import torch
 
@@ -264,12 +303,17 @@ def curves(model: Any, x: Any, attrs: list[Any], order: dict[str, list[np.ndarra
         for i, r in enumerate(ranked):
             counts = A.curve_counts(len(r), CURVE_POINTS)
             fr = counts / len(r)
-            batch = torch.stack([A.fill_patches(x[i], r[:k], patch, fill) for k in counts]
-                                + [A.fill_patches(canvas[i], r[:k], patch, x[i]) for k in counts])
+            batch = torch.stack(
+                [A.fill_patches(x[i], r[:k], patch, fill) for k in counts]
+                + [A.fill_patches(canvas[i], r[:k], patch, x[i]) for k in counts]
+            )
             p = A.probabilities(model, batch)[:, attrs[i].target].astype(np.float64)
             dele.append(float(np.trapezoid(p[: len(counts)], fr)))
-            ins.append(float(np.trapezoid(p[len(counts):], fr)))
-        out[method] = {"deletion_auc": bootstrap(dele, resamples, seed), "insertion_auc": bootstrap(ins, resamples, seed)}
+            ins.append(float(np.trapezoid(p[len(counts) :], fr)))
+        out[method] = {
+            "deletion_auc": bootstrap(dele, resamples, seed),
+            "insertion_auc": bootstrap(ins, resamples, seed),
+        }
     return out
 
 
@@ -301,8 +345,11 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     result["examples"] = len(inputs)
     result["accuracy"] = round(float(np.mean([a.target == int(y) for a, y in zip(first, labels)])), 4)
     gaps = [a.completeness_gap for a in attrs["integrated_gradients"]]
-    result["ig_completeness_gap"] = {"median": round(float(np.median(gaps)), 6), "max": round(float(np.max(gaps)), 6),
-                                     "share_over_1pct": round(float(np.mean(np.asarray(gaps) > 0.01)), 4)}
+    result["ig_completeness_gap"] = {
+        "median": round(float(np.median(gaps)), 6),
+        "max": round(float(np.max(gaps)), 6),
+        "share_over_1pct": round(float(np.mean(np.asarray(gaps) > 0.01)), 4),
+    }
     result["attribution_s"] = seconds
     t1 = time.perf_counter()
     if DATA[name] == "fashion":
@@ -315,13 +362,18 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     result["agreement"] = agreement(attrs, order)
     t2 = time.perf_counter()
     n_sanity = min(args.sanity, len(inputs))
-    result["sanity"] = sanity(plain, inputs[:n_sanity], {m: v[:n_sanity] for m, v in attrs.items()},
-                              args.steps, args.seed, args.batch) if n_sanity else {}
+    result["sanity"] = (
+        sanity(plain, inputs[:n_sanity], {m: v[:n_sanity] for m, v in attrs.items()}, args.steps, args.seed, args.batch)
+        if n_sanity
+        else {}
+    )
     result["sanity_s"] = round(time.perf_counter() - t2, 2)
     result["wall_s"] = round(time.perf_counter() - t0, 2)
     for method, s in scores.items():
-        log(f"  {method:22s} " + "  ".join(f"{k} {v['mean']:.4f} [{v['ci'][0]:.4f}, {v['ci'][1]:.4f}]"
-                                          for k, v in s.items()))
+        log(
+            f"  {method:22s} "
+            + "  ".join(f"{k} {v['mean']:.4f} [{v['ci'][0]:.4f}, {v['ci'][1]:.4f}]" for k, v in s.items())
+        )
     return result
 
 
@@ -331,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, from " + ", ".join(MODELS))
     ap.add_argument("--limit", type=int, default=None, help="at most this many examples per model (default all)")
-    ap.add_argument("--sanity", type=int, default=50, help="examples for the randomisation check (0: skip)")
+    ap.add_argument("--sanity", type=int, default=30, help="examples for the randomisation check (0: skip)")
     ap.add_argument("--steps", type=int, default=32, help="integrated-gradients steps")
     ap.add_argument("--batch", type=int, default=8, help="examples per batched attribution call")
     ap.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
@@ -347,8 +399,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         ap.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     t0 = time.perf_counter()
-    report: dict[str, Any] = {"limit": args.limit, "steps": args.steps, "bins": list(BINS),
-                              "sanity_examples": args.sanity, "threads": torch.get_num_threads(), "models": {}}
+    report: dict[str, Any] = {
+        "limit": args.limit,
+        "steps": args.steps,
+        "bins": list(BINS),
+        "sanity_examples": args.sanity,
+        "threads": torch.get_num_threads(),
+        "models": {},
+    }
     for name in names:
         if not (Path(args.checkpoints) / name / "config.json").is_file():
             log(f"{name}: no checkpoint in {args.checkpoints}, left out")

@@ -46,23 +46,28 @@ import torch
 from torch import Tensor, nn
 
 from models.analysis import pooled_rollout
-from models.outputs import Attribution, DeletionCurve
+from models.outputs import GRADIENT_METHODS, METHODS, METHODS_FOR, Attribution, DeletionCurve
 
-METHODS: dict[str, str] = {
-    "attention": "Attention (last layer)",
-    "rollout": "Attention rollout",
-    "relevance": "Gradient-weighted relevance (Chefer)",
-    "gradxinput": "Gradient × input",
-    "integrated_gradients": "Integrated gradients",
-}
-GRADIENT_METHODS: tuple[str, ...] = ("gradxinput", "integrated_gradients")
-# model class -> the methods it offers (readable without a model instance)
-METHODS_FOR: dict[str, tuple[str, ...]] = {
-    "TextClassifier": tuple(METHODS),
-    "BertClassifier": tuple(METHODS),
-    "ViT": tuple(METHODS),
-    "Swin": GRADIENT_METHODS,
-}
+__all__ = [
+    "GRADIENT_METHODS",
+    "METHODS",
+    "METHODS_FOR",
+    "Attribution",
+    "DeletionCurve",
+    "blur",
+    "curve_counts",
+    "delete_tokens",
+    "deletion_curve",
+    "deletion_curves",
+    "explain",
+    "explain_batch",
+    "fill_patches",
+    "gauss_legendre",
+    "mean_fill",
+    "methods_for",
+    "probabilities",
+    "ranking",
+]
 DEFAULT_STEPS = 32  # integrated-gradients steps
 MAX_POINTS = 10  # deletion-curve points
 _ACTIVATION_BUDGET = 1 << 22  # rows × tokens × width × layers per chunk of a batched gradient run
@@ -90,7 +95,8 @@ def _check(model: nn.Module, method: str) -> str:
     if method not in methods_for(model):
         raise ValueError(
             f"{type(model).__name__} offers {', '.join(methods_for(model))} only: its attention is local to "
-            f"windows, with no global attention to roll out or trace back ({method!r} asked)")
+            f"windows, with no global attention to roll out or trace back ({method!r} asked)"
+        )
     if model.training:
         raise ValueError("attribution needs the model in eval mode (dropout off)")
     return kind
@@ -153,8 +159,9 @@ def _special_ids(model: nn.Module) -> set[int]:
 def _prepare_text(model: nn.Module, text: str | Sequence[int]) -> _Text:
     from models.tokenizer import encode_input
 
-    ids, tokens, notice = encode_input(model.tokenizer if hasattr(model, "tokenizer") else None, text,
-                                       model.config.max_len, type(model).__name__)
+    ids, tokens, notice = encode_input(
+        model.tokenizer if hasattr(model, "tokenizer") else None, text, model.config.max_len, type(model).__name__
+    )
     if not ids:
         raise ValueError("nothing to explain: the input has no tokens")
     specials = _special_ids(model)
@@ -254,8 +261,9 @@ def _forward_logits(model: nn.Module, kind: str, x: Tensor, pad: Tensor | None) 
     return model(x)
 
 
-def _gradients(model: nn.Module, kind: str, x: Tensor, pad: Tensor | None, targets: Tensor,
-               rows: int) -> tuple[Tensor, Tensor]:
+def _gradients(
+    model: nn.Module, kind: str, x: Tensor, pad: Tensor | None, targets: Tensor, rows: int
+) -> tuple[Tensor, Tensor]:
     """(∂f_target/∂x (R, ...), logits (R, C)) for R input rows, ``rows`` at a time. ``pad`` (R, N) for text."""
     grads, logits = [], []
     with _autograd():
@@ -313,8 +321,9 @@ def _read(rows: Tensor, lengths: Sequence[int], pooling: str) -> list[np.ndarray
     return out
 
 
-def _text_attributions(model: nn.Module, items: list[_Text], method: str, targets: list[int | None], steps: int,
-                       batch_size: int | None) -> tuple[list[np.ndarray], list[int], list[float], list[float | None]]:
+def _text_attributions(
+    model: nn.Module, items: list[_Text], method: str, targets: list[int | None], steps: int, batch_size: int | None
+) -> tuple[list[np.ndarray], list[int], list[float], list[float | None]]:
     """(values per example (N,), targets, target probabilities, completeness gaps) for text inputs."""
     id_lists = [t.ids for t in items]
     lengths = [len(i) for i in id_lists]
@@ -328,8 +337,10 @@ def _text_attributions(model: nn.Module, items: list[_Text], method: str, target
         if method == "attention":
             values = _read(weights[:, -1].mean(1), lengths, pooling)  # last layer, heads averaged
         else:
-            values = [pooled_rollout(weights[i, :, :, :n, :n].double().cpu().numpy(), pooling).astype(np.float64)
-                      for i, n in enumerate(lengths)]
+            values = [
+                pooled_rollout(weights[i, :, :, :n, :n].double().cpu().numpy(), pooling).astype(np.float64)
+                for i, n in enumerate(lengths)
+            ]
         return values, tgt, _probs(logits, tgt), gaps
     with _autograd():
         emb = model.token_embeddings(ids).detach()  # (B, N, D)
@@ -360,8 +371,17 @@ def _text_attributions(model: nn.Module, items: list[_Text], method: str, target
         return values, tgt, probs, gaps
 
 
-def _integrate(model: nn.Module, kind: str, x: Tensor, base: Tensor, pad: Tensor | None, t: Tensor, steps: int,
-               rows: int, gaps: list[float | None]) -> tuple[list[np.ndarray], list[float]]:
+def _integrate(
+    model: nn.Module,
+    kind: str,
+    x: Tensor,
+    base: Tensor,
+    pad: Tensor | None,
+    t: Tensor,
+    steps: int,
+    rows: int,
+    gaps: list[float | None],
+) -> tuple[list[np.ndarray], list[float]]:
     """Integrated gradients of B inputs x against ``base`` (same shape), every (input, step) pair one row of a
     batched run. Fills ``gaps``; returns per-input attribution summed over the last axis (text) or per patch
     (images), and the target probabilities at x."""
@@ -379,18 +399,25 @@ def _integrate(model: nn.Module, kind: str, x: Tensor, base: Tensor, pad: Tensor
     avg = (g[: b * steps].view(b, steps, *x.shape[1:]) * w).sum(1)  # ∫ ∂f/∂x dα, (B, ...)
     contrib = (x - base) * avg
     per = contrib.sum(-1) if kind == "text" else _patch_sum(contrib, _grid(model)[1])
-    f_x = logits[b * steps: b * steps + b].gather(1, t[:, None])[:, 0]
-    f_base = logits[b * steps + b:].gather(1, t[:, None])[:, 0]
+    f_x = logits[b * steps : b * steps + b].gather(1, t[:, None])[:, 0]
+    f_base = logits[b * steps + b :].gather(1, t[:, None])[:, 0]
     for i in range(b):
         delta = float(f_x[i] - f_base[i])
         total = float(contrib[i].sum())
         gaps[i] = abs(total - delta) / max(abs(delta), 1e-12)
-    return [v.double().cpu().numpy() for v in per], _probs(logits[b * steps: b * steps + b], t.tolist())
+    return [v.double().cpu().numpy() for v in per], _probs(logits[b * steps : b * steps + b], t.tolist())
 
 
-def _image_attributions(model: nn.Module, kind: str, x: Tensor, method: str, targets: list[int | None],
-                        steps: int, blur_sigma: float | None, batch_size: int | None
-                        ) -> tuple[list[np.ndarray], list[int], list[float], list[float | None]]:
+def _image_attributions(
+    model: nn.Module,
+    kind: str,
+    x: Tensor,
+    method: str,
+    targets: list[int | None],
+    steps: int,
+    blur_sigma: float | None,
+    batch_size: int | None,
+) -> tuple[list[np.ndarray], list[int], list[float], list[float | None]]:
     """(values per image (rows, cols), targets, probabilities, gaps) for normalised images x (B, C, H, W)."""
     (rows_, cols), patch = _grid(model)
     n = 1 + rows_ * cols
@@ -444,22 +471,37 @@ def _probs(logits: Tensor, targets: Sequence[int]) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def explain_batch(model: nn.Module, inputs: Sequence[Any], method: str,
-                  targets: Sequence[int | None] | int | None = None, *, steps: int = DEFAULT_STEPS,
-                  blur_sigma: float | None = None, batch_size: int | None = None) -> list[Attribution]:
+def explain_batch(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    method: str,
+    targets: Sequence[int | None] | int | None = None,
+    *,
+    steps: int = DEFAULT_STEPS,
+    blur_sigma: float | None = None,
+    batch_size: int | None = None,
+) -> list[Attribution]:
     """``explain`` for several inputs in one batched run (texts of any lengths are padded; the result of
     each equals its ``explain`` alone up to float rounding). ``targets``: one per input, or one for all."""
     with torch.inference_mode(False):  # a caller's inference mode would make every tensor unusable for autograd
         return _explain_batch(model, inputs, method, targets, steps, blur_sigma, batch_size)
 
 
-def _explain_batch(model: nn.Module, inputs: Sequence[Any], method: str, targets: Sequence[int | None] | int | None,
-                   steps: int, blur_sigma: float | None, batch_size: int | None) -> list[Attribution]:
+def _explain_batch(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    method: str,
+    targets: Sequence[int | None] | int | None,
+    steps: int,
+    blur_sigma: float | None,
+    batch_size: int | None,
+) -> list[Attribution]:
     kind = _check(model, method)
     inputs = list(inputs)
     if not inputs:
         return []
-    tg: list[int | None] = list(targets) if isinstance(targets, Sequence) else [targets] * len(inputs)
+    one = targets is None or isinstance(targets, (int, np.integer))
+    tg: list[int | None] = [targets] * len(inputs) if one else [None if t is None else int(t) for t in targets]
     if len(tg) != len(inputs):
         raise ValueError(f"{len(tg)} targets for {len(inputs)} inputs")
     labels = list(getattr(model, "labels", []))
@@ -469,9 +511,20 @@ def _explain_batch(model: nn.Module, inputs: Sequence[Any], method: str, targets
         items = [_prepare_text(model, x) for x in inputs]
         values, tgt, probs, gaps = _text_attributions(model, items, method, tg, steps, batch_size)
         for it, v, t, p, gap in zip(items, values, tgt, probs, gaps):
-            out.append(Attribution(values=v.astype(np.float32), method=method, target=t, label=_label(labels, t),
-                                   prob=p, tokens=list(it.tokens), special=it.special.copy(), pooling=pooling,
-                                   completeness_gap=gap, notice=it.notice))
+            out.append(
+                Attribution(
+                    values=v.astype(np.float32),
+                    method=method,
+                    target=t,
+                    label=_label(labels, t),
+                    prob=p,
+                    tokens=list(it.tokens),
+                    special=it.special.copy(),
+                    pooling=pooling,
+                    completeness_gap=gap,
+                    notice=it.notice,
+                )
+            )
         return out
     prepared = [_prepare_image(model, x) for x in inputs]
     x = torch.stack([p[0] for p in prepared])
@@ -479,15 +532,35 @@ def _explain_batch(model: nn.Module, inputs: Sequence[Any], method: str, targets
     grid, patch = _grid(model)
     tokens = [f"r{r}c{c}" for r in range(grid[0]) for c in range(grid[1])]
     for (_, notice), v, t, p, gap in zip(prepared, values, tgt, probs, gaps):
-        out.append(Attribution(values=v.astype(np.float32), method=method, target=t, label=_label(labels, t),
-                               prob=p, tokens=list(tokens), special=np.zeros(grid, dtype=bool), pooling="cls",
-                               grid=grid, patch=patch, completeness_gap=gap, notice=notice))
+        out.append(
+            Attribution(
+                values=v.astype(np.float32),
+                method=method,
+                target=t,
+                label=_label(labels, t),
+                prob=p,
+                tokens=list(tokens),
+                special=np.zeros(grid, dtype=bool),
+                pooling="cls",
+                grid=grid,
+                patch=patch,
+                completeness_gap=gap,
+                notice=notice,
+            )
+        )
     return out
 
 
-def explain(model: nn.Module, ids_or_pixels: Any, method: str, target: int | None = None, *,
-            steps: int = DEFAULT_STEPS, blur_sigma: float | None = None, batch_size: int | None = None
-            ) -> Attribution:
+def explain(
+    model: nn.Module,
+    ids_or_pixels: Any,
+    method: str,
+    target: int | None = None,
+    *,
+    steps: int = DEFAULT_STEPS,
+    blur_sigma: float | None = None,
+    batch_size: int | None = None,
+) -> Attribution:
     """Attribution of one input toward ``target`` (default: the predicted class) by ``method`` (METHODS).
 
     ids_or_pixels: for a text classifier a text (tokenised and capped as ``classify`` does) or token ids with
@@ -496,8 +569,9 @@ def explain(model: nn.Module, ids_or_pixels: Any, method: str, target: int | Non
     steps; ``blur_sigma``: its image baseline's blur in pixels (default a tenth of the side); ``batch_size``:
     rows per batched forward/backward (default: sized to the model). Nothing on ``model`` changes.
     """
-    return explain_batch(model, [ids_or_pixels], method, [target], steps=steps, blur_sigma=blur_sigma,
-                         batch_size=batch_size)[0]
+    return explain_batch(
+        model, [ids_or_pixels], method, [target], steps=steps, blur_sigma=blur_sigma, batch_size=batch_size
+    )[0]
 
 
 def _label(labels: list[str], t: int) -> str:
@@ -548,10 +622,19 @@ def curve_counts(n: int, points: int = MAX_POINTS) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n, k)).astype(int))
 
 
-def deletion_curve(model: nn.Module, ids_or_pixels: Any, attribution: Attribution | None = None,
-                   method: str = "integrated_gradients", target: int | None = None, *, points: int = MAX_POINTS,
-                   mean_pixel: float | Sequence[float] | None = None, random_orders: int = 3, seed: int = 0,
-                   **explain_args: Any) -> DeletionCurve:
+def deletion_curve(
+    model: nn.Module,
+    ids_or_pixels: Any,
+    attribution: Attribution | None = None,
+    method: str = "integrated_gradients",
+    target: int | None = None,
+    *,
+    points: int = MAX_POINTS,
+    mean_pixel: float | Sequence[float] | None = None,
+    random_orders: int = 3,
+    seed: int = 0,
+    **explain_args: Any,
+) -> DeletionCurve:
     """The target's probability as the top-ranked tokens or patches are removed, against random orders.
 
     Text: the top-ranked tokens are deleted from the sequence (special tokens kept). Images: the top-ranked
@@ -560,29 +643,65 @@ def deletion_curve(model: nn.Module, ids_or_pixels: Any, attribution: Attributio
     baseline averages ``random_orders`` random orders drawn with ``seed``. ``attribution`` defaults to
     ``explain(model, ids_or_pixels, method, target, **explain_args)``; its target is the one followed.
     """
+    attr = attribution if attribution is not None else explain(model, ids_or_pixels, method, target, **explain_args)
+    return deletion_curves(
+        model, ids_or_pixels, [attr], points=points, mean_pixel=mean_pixel, random_orders=random_orders, seed=seed
+    )[0][0]
+
+
+def deletion_curves(
+    model: nn.Module,
+    ids_or_pixels: Any,
+    attributions: Sequence[Attribution],
+    *,
+    points: int = MAX_POINTS,
+    mean_pixel: float | Sequence[float] | None = None,
+    random_orders: int = 3,
+    seed: int = 0,
+) -> tuple[list[DeletionCurve], np.ndarray]:
+    """``deletion_curve`` for several attributions of one input (one per method, say) in one batched run, with
+    one random baseline shared by all: (curves, the first curve's ``random``). Each curve follows its own
+    attribution's target; every attribution must come from this input (same tokens or patch grid)."""
     if not 2 <= points <= MAX_POINTS:
         raise ValueError(f"points must be between 2 and {MAX_POINTS}, got {points}")
-    attr = attribution if attribution is not None else explain(model, ids_or_pixels, method, target, **explain_args)
-    order = ranking(attr)
+    attributions = list(attributions)
+    if not attributions:
+        return [], np.zeros(0, np.float32)
+    first = attributions[0]
+    if any(a.values.shape != first.values.shape for a in attributions):
+        raise ValueError("the attributions are not of one input (their shapes differ)")
     rng = np.random.default_rng(seed)
-    randoms = [rng.permutation(order) for _ in range(max(1, random_orders))]
-    counts = curve_counts(len(order), points)
-    orders = [order, *randoms]
+    allowed = ranking(first)  # the removable positions (non-special), in some order
+    randoms = [rng.permutation(np.sort(allowed)) for _ in range(max(1, random_orders))]
+    orders = [ranking(a) for a in attributions] + randoms
+    counts = curve_counts(len(allowed), points)
     if _kind(model) == "text":
         ids = _prepare_text(model, ids_or_pixels).ids
-        if len(ids) != attr.values.shape[0]:
-            raise ValueError(f"the attribution has {attr.values.shape[0]} tokens, the input {len(ids)}")
-        seqs = [delete_tokens(ids, o[:k]) for o in orders for k in counts]
-        probs = probabilities(model, seqs)[:, attr.target]
+        if len(ids) != first.values.shape[0]:
+            raise ValueError(f"the attribution has {first.values.shape[0]} tokens, the input {len(ids)}")
+        probs = probabilities(model, [delete_tokens(ids, o[:k]) for o in orders for k in counts])
     else:
         x = _prepare_image(model, ids_or_pixels)[0]
         fill = mean_fill(model, mean_pixel)
-        batch = torch.stack([fill_patches(x, o[:k], attr.patch, fill) for o in orders for k in counts])
-        probs = probabilities(model, batch)[:, attr.target]
-    probs = probs.reshape(len(orders), len(counts)).astype(np.float64)
-    fractions = counts / max(len(order), 1)
-    rand = probs[1:].mean(0)
-    return DeletionCurve(fractions=fractions.astype(np.float32), removed=counts.astype(np.int64),
-                         probs=probs[0].astype(np.float32), random=rand.astype(np.float32),
-                         auc=float(np.trapezoid(probs[0], fractions)), random_auc=float(np.trapezoid(rand, fractions)),
-                         method=attr.method, target=attr.target, label=attr.label)
+        probs = probabilities(
+            model, torch.stack([fill_patches(x, o[:k], first.patch, fill) for o in orders for k in counts])
+        )
+    probs = probs.reshape(len(orders), len(counts), -1).astype(np.float64)  # (orders, points, classes)
+    fractions = counts / max(len(allowed), 1)
+    curves = []
+    for i, a in enumerate(attributions):
+        mine, rand = probs[i, :, a.target], probs[len(attributions) :, :, a.target].mean(0)
+        curves.append(
+            DeletionCurve(
+                fractions=fractions.astype(np.float32),
+                removed=counts.astype(np.int64),
+                probs=mine.astype(np.float32),
+                random=rand.astype(np.float32),
+                auc=float(np.trapezoid(mine, fractions)),
+                random_auc=float(np.trapezoid(rand, fractions)),
+                method=a.method,
+                target=a.target,
+                label=a.label,
+            )
+        )
+    return curves, curves[0].random

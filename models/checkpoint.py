@@ -231,9 +231,10 @@ def load_checkpoint(
 
 
 def config_from_dict(cls: type, data: dict[str, Any], file: str | Path = CONFIG) -> Any:
-    """Build the dataclass ``cls`` from ``data``; unknown or missing keys raise CheckpointError."""
+    """Build the dataclass ``cls`` from ``data``; unknown or missing keys raise CheckpointError, except the
+    fields ``cls.OPTIONAL`` names (added after checkpoints were shipped: their defaults apply)."""
     fields = {f.name for f in dataclasses.fields(cls)}
-    unknown, missing = sorted(set(data) - fields), sorted(fields - set(data))
+    unknown, missing = sorted(set(data) - fields), sorted(fields - set(data) - set(getattr(cls, "OPTIONAL", ())))
     if unknown or missing:
         parts = [f"unknown keys {unknown}"] if unknown else []
         parts += [f"missing keys {missing}"] if missing else []

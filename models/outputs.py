@@ -143,6 +143,24 @@ class LogitLens:
     targets: list[str]  # (T,) that token (at the last position: the final layer's choice)
 
 
+# Attribution methods (models/attribution.py): id -> display name, importable without torch (the UI's choices)
+METHODS: dict[str, str] = {
+    "attention": "Attention (last layer)",
+    "rollout": "Attention rollout",
+    "relevance": "Gradient-weighted relevance (Chefer)",
+    "gradxinput": "Gradient × input",
+    "integrated_gradients": "Integrated gradients",
+}
+GRADIENT_METHODS: tuple[str, ...] = ("gradxinput", "integrated_gradients")
+# model class -> the methods it offers: Swin's attention is local to windows, nothing global to roll out or trace
+METHODS_FOR: dict[str, tuple[str, ...]] = {
+    "TextClassifier": tuple(METHODS),
+    "BertClassifier": tuple(METHODS),
+    "ViT": tuple(METHODS),
+    "Swin": GRADIENT_METHODS,
+}
+
+
 @dataclass(frozen=True)
 class Attribution:
     """How much each token or patch supports one class, by one method (models/attribution.py).
@@ -152,7 +170,7 @@ class Attribution:
     """
 
     values: np.ndarray  # float32: text (N,) one per token, specials included; images (rows, cols) per patch
-    method: str  # a key of models.attribution.METHODS
+    method: str  # a key of METHODS
     target: int  # the class explained (the predicted one unless asked otherwise)
     label: str  # its name
     prob: float  # the model's probability of ``target`` on this input

@@ -14,6 +14,7 @@ Fashion-MNIST model: 28×28 grey, patch 4 -> 7×7 = 49 patches plus the class to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ class ViTConfig:
     resize: int = 256  # imagenet only: shorter side before the centre crop (torchvision's ViT-B/16: 256)
     interpolation: str = "bilinear"  # imagenet only: resize interpolation (torchvision's ViT-B/16: bilinear)
     processor: dict | None = None  # "processor" only: a Hugging Face folder's preprocessing (images.processor_spec)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("processor",)  # newer than the shipped checkpoints: may be absent
 
     @property
     def grid(self) -> int:

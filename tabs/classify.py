@@ -8,30 +8,40 @@ import numpy as np
 
 from examples import sentences
 from tabs.common import (
+    EXPLANATIONS,
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
     attention_figure,
+    attribute,
     configured,
     controls_for,
+    deletion_plot,
     fit,
     get_model,
     intro,
     layer_head_view,
+    method_id,
     parse_head,
     read_text,
     save_npz,
     stats_figure,
+    target_index,
 )
+from viz import attribution as va
 from viz import images as vi
-from viz import text as vt
 
 TITLE = "Classify"
 INTRO = """**Sentiment (SST-2) or news topic (AG News) from a Transformer encoder**: a small one trained
 from scratch, or MiniLM, pretrained on a billion sentence pairs and fine-tuned here. The sentence is coloured by
 *attention rollout* (attention multiplied through all layers, Abnar & Zuidema 2020): roughly, which words reach
 the classifier. The "where each head looks" chart finds the classic pretrained patterns: heads that park on
-`[CLS]` or `[SEP]`, and heads that look at the previous or the next word (Clark et al. 2019)."""
+`[CLS]` or `[SEP]`, and heads that look at the previous or the next word (Clark et al. 2019).
+
+**Attention is not explanation** (Jain & Wallace 2019): it shows where the model looks, not what its answer
+depends on. Attribution (gradient × input, integrated gradients, gradient-weighted relevance) measures how the
+answer changes with each word, and the *deletion curve* tests every method on this very input: delete the words
+a method ranks highest and watch the class probability; the faster it falls, the more faithful the ranking."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
 CHECKPOINTS = tuple(prefix + task for prefix in TEXT_MODELS.values() for task in TASKS.values())
@@ -51,19 +61,26 @@ def build() -> None:
     with gr.Row():
         verdict = gr.Markdown()
         probs = gr.Plot(label="class probabilities")
+    with gr.Row():
+        explanation = gr.Dropdown(list(EXPLANATIONS.values()), value=EXPLANATIONS["rollout"],
+                                  label="explanation (colours the text)", scale=2)
+        target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
     highlight = gr.HTML(elem_classes=["highlight"])
+    curve = gr.Plot(label="deletion curve: every explanation on this input")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention")
     stats = gr.Plot(label="where each head looks")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, task, model, layer, head, view]
+    inputs = [text, task, model, layer, head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
-    run.click(classify, inputs, outputs, api_name="classify")
-    text.submit(classify, inputs, outputs, api_name=False)
+    for event in (run.click, text.submit):  # the answer first; then every method's deletion curve
+        event(classify, inputs, outputs, api_name="classify" if event == run.click else False).then(
+            deletion_plot, [state, explanation], [curve], api_name=False)
     for control in (layer, head, view):
-        control.change(draw_classification, [state, layer, head, view], [highlight, attn, stats], api_name=False,
+        control.change(draw_attention, [state, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
+    explanation.change(recolour, [state, explanation], [highlight, curve], api_name=False, show_progress="minimal")
 
 
 def checkpoint_name(task: str, model: str) -> str:
@@ -76,34 +93,53 @@ def checkpoint_name(task: str, model: str) -> str:
 
 
 def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained from scratch", layer: int = -1,
-             head: str = "mean", view: str = "heatmap", progress=gr.Progress()):
-    """Classify a text; return the probabilities, the highlighted text and the attention figures."""
+             head: str = "mean", view: str = "heatmap", explanation: str = "rollout", target: str = "",
+             progress=gr.Progress()):
+    """Classify a text; return the probabilities, the text coloured by the chosen explanation toward the target
+    class (the predicted one by default), and the attention figures."""
     text = read_text(text)
+    method = method_id(explanation)
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
-    result = get_model(name, lambda done, what: progress(done, desc=what)).classify(text)  # Hub: fetched once
+    net = get_model(name, lambda done, what: progress(done, desc=what))  # a Hub model is fetched once
+    result = net.classify(text)
     amap = result.attention["encoder"]
     layer_u, head_u = controls_for(amap.layers, amap.heads)
     top = int(np.argmax(result.probs))
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"
     if result.notice:
         verdict += f"\n\n{result.notice}"
-    npz = save_npz(name, encoder=amap.weights, tokens=amap.queries, probs=result.probs, labels=result.labels)
-    figs = draw_classification(result, amap.layers - 1, head, view)
+    state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
+             "attributions": {}}
+    attribution = attribute(state, method, progress)
+    npz = save_npz(name, encoder=amap.weights, tokens=amap.queries, probs=result.probs, labels=result.labels,
+                   attribution=attribution.values.astype(np.float32), attribution_method=method,
+                   attribution_target=attribution.label)
     return (verdict, fit(vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities")),
-            *figs, result, npz, layer_u, head_u)
+            colouring(attribution), *draw_attention(state, amap.layers - 1, head, view), state, npz, layer_u, head_u)
 
 
-def draw_classification(result, layer: int, head: str, view: str):
-    """The tokens coloured by what the classifier reads, the attention figure and where each head looks."""
-    if result is None:
-        return None, None, None
-    from models.analysis import pooled_rollout
+def draw_attention(state, layer: int, head: str, view: str):
+    """The attention figure and where each head looks, from the kept result (no model run)."""
+    if not state:
+        return None, None
+    amap = state["result"].attention["encoder"]
+    return attention_figure(amap, ENCODER, layer, parse_head(head), view), stats_figure(amap, ENCODER)
 
-    amap = result.attention["encoder"]
-    if result.pooling == "cls":
-        what = f"rollout from {amap.queries[0]} (the position the classifier reads)"
-    else:
-        what = "rollout averaged over every token (the classifier reads their mean)"
-    html = vt.token_highlight(amap.queries, pooled_rollout(amap.weights, result.pooling),
-                              title=f"Attention rollout: {what}")
-    return (html, attention_figure(amap, ENCODER, layer, parse_head(head), view), stats_figure(amap, ENCODER))
+
+def colouring(attribution) -> str:
+    """The text, sub-word pieces merged into words, coloured by one explanation toward its class."""
+    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    if attribution.method in ("rollout", "attention", "relevance"):
+        title += " · read from " + ("the position the classifier reads" if attribution.pooling == "cls"
+                                    else "every token (the classifier reads their mean)")
+    if attribution.completeness_gap is not None:
+        title += f" · completeness gap {attribution.completeness_gap:.2%}"
+    return va.signed_highlight(attribution.tokens, attribution.values, title=title)
+
+
+def recolour(state, explanation: str, progress=gr.Progress()):
+    """Another explanation: colour the text by it (each is computed once per input) and mark it on the curve."""
+    if not state:
+        return None, None
+    attribution = attribute(state, method_id(explanation), progress)
+    return colouring(attribution), deletion_plot(state, explanation, progress)

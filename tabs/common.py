@@ -21,6 +21,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
+from models.outputs import METHODS
 from viz import attention as va
 from viz import stats as vs
 from viz import swin as vw
@@ -338,3 +339,70 @@ def window_figure(result, block, head: str | int, query: tuple[int, int]):
              f"{' · shifted' if block.shift else ''}")
     return vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=h,
                                     image=result.image, patch=block.patch, title=title)
+
+
+# ------------------------------------------------------------------------------------------ explanations
+EXPLANATIONS = METHODS  # id -> display name, for the explanation choices of Classify and Vision
+
+
+def method_id(choice: str | None) -> str:
+    """An explanation id from its id or display name (the API takes either); anything else is refused."""
+    choice = (choice or "rollout").strip()
+    for key, shown in EXPLANATIONS.items():
+        if choice in (key, shown):
+            return key
+    raise gr.Error(f"Unknown explanation {choice!r}; choose one of {', '.join(EXPLANATIONS)}.")
+
+
+def target_index(target: str | None, labels: list[str]) -> int | None:
+    """The class to explain from its label name (case-insensitive); empty means the predicted class."""
+    target = (target or "").strip()
+    if not target:
+        return None
+    for i, label in enumerate(labels):
+        if target.lower() == str(label).lower():
+            return i
+    shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
+    raise gr.Error(f"Unknown class {target!r}; this model's classes are {shown}.")
+
+
+def attribute(state: dict, method: str, progress: Any = None):
+    """The explanation ``method`` of the kept input toward the kept target, computed once and kept in the
+    state. A model that does not offer it (Swin: gradient methods only) gets gradient × input, with a notice."""
+    from models.attribution import explain, methods_for
+
+    cache = state["attributions"]
+    if method not in cache:
+        net = get_model(state["model"])
+        offered = methods_for(net)
+        chosen = method if method in offered else offered[0]
+        if chosen not in cache:
+            if progress is not None and chosen == "integrated_gradients":
+                progress(0.5, desc="integrated gradients")
+            try:
+                cache[chosen] = explain(net, state["input"], chosen, target=state["target"])
+            except ValueError as err:
+                raise gr.Error(str(err)) from None
+        cache[method] = cache[chosen]
+    return cache[method]
+
+
+def deletion_plot(state: dict | None, explanation: str, progress: Any = None):
+    """Every offered explanation's deletion curve on the kept input, against a random order (computes the
+    explanations not asked for yet; the curves are kept in the state)."""
+    if not state:
+        return None
+    from models.attribution import deletion_curves, methods_for
+    from viz import attribution as vattr
+
+    net = get_model(state["model"])
+    methods = methods_for(net)
+    if "curves" not in state:
+        attributions = [attribute(state, m, progress) for m in methods]
+        state["curves"] = deletion_curves(net, state["input"], attributions)
+    curves, random = state["curves"]
+    removed = "patches" if curves[0].removed.size and state["attributions"][methods[0]].grid else "tokens"
+    chosen = EXPLANATIONS.get(method_id(explanation))
+    return fit(vattr.deletion_curves([(EXPLANATIONS[c.method], c.fractions, c.probs) for c in curves],
+                                     (curves[0].fractions, random), label=curves[0].label, removed=removed,
+                                     chosen=chosen))

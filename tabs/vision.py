@@ -10,19 +10,25 @@ import numpy as np
 from models import limits
 from tabs.common import (
     EXAMPLE_IMAGES,
+    EXPLANATIONS,
     FAST,
     IMAGENET,
+    attribute,
     configured,
     controls_for,
+    deletion_plot,
     fit,
     get_model,
     intro,
     layer_head_view,
+    method_id,
     parse_head,
     save_npz,
+    target_index,
     window_figure,
 )
 from viz import attention as va
+from viz import attribution as vattr
 from viz import images as vi
 from viz import stats as vs
 from viz import swin as vw
@@ -32,7 +38,12 @@ INTRO = """**Image classification with a Vision Transformer (ViT) or a Swin Tran
 converted the way the model was trained (Fashion-MNIST: grey, 28×28, dark background), and attention is
 drawn on exactly that image. For ViT the maps show where the CLS token, which makes the prediction, looks;
 *rollout* follows it through every layer. Click a patch of the image on the right to see where it looks.
-Swin attends only inside local windows: its maps stay within the highlighted window."""
+Swin attends only inside local windows: its maps stay within the highlighted window.
+
+**Attention is not explanation**: where the CLS token looks is not what the answer depends on. The
+*explanation* map shows one method's signed attribution (red supports the class, blue speaks against it), and
+the *deletion curve* tests every method on this image: grey out the patches a method ranks highest and watch
+the class probability; the faster it falls, the more faithful the ranking."""
 MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 
@@ -57,13 +68,21 @@ def build() -> None:
         seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
                         width=SHOWN_SIDE, elem_id="seen-image")
         query = gr.Plot(label="the clicked patch's attention")
+    with gr.Row():
+        explanation = gr.Dropdown(list(EXPLANATIONS.values()), value=EXPLANATIONS["rollout"],
+                                  label="explanation", scale=2)
+        target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
+    with gr.Row():
+        explained = gr.Plot(label="explanation over the image")
+        curve = gr.Plot(label="deletion curve: every explanation on this image")
     heads = gr.Plot(label="every head of the layer")
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    run.click(classify_image, [image, model, top_k, layer, head, view],
-              [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head],
-              api_name="classify_image")
+    run.click(classify_image, [image, model, top_k, layer, head, view, explanation, target],
+              [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained],
+              api_name="classify_image").then(deletion_plot, [state, explanation], [curve], api_name=False)
+    explanation.change(reexplain, [state, explanation], [explained, curve], api_name=False, show_progress="minimal")
     for control in (layer, head, view):
         control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
                        show_progress="hidden", **FAST)
@@ -71,15 +90,19 @@ def build() -> None:
 
 
 def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5, layer: int = -1,
-                   head: str = "mean", view: str = "CLS → patches", progress=gr.Progress(track_tqdm=True)):
-    """Classify an image; return the top classes and attention laid over what the model saw."""
+                   head: str = "mean", view: str = "CLS → patches", explanation: str = "rollout", target: str = "",
+                   progress=gr.Progress(track_tqdm=True)):
+    """Classify an image; return the top classes, attention laid over what the model saw and the chosen
+    explanation toward the target class (the predicted one by default)."""
     if not image:
         raise gr.Error("Please upload an image or pick an example.")
     choices = [*MODELS, *configured("vision")]
     if model not in choices:  # the API accepts any string: never turn it into a path
         raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
     # the ImageNet weights download on first use where the network allows (torchvision's progress bar shows)
-    net = get_model(IMAGENET.get(model, model), lambda done, text: progress(done, desc=text))
+    method = method_id(explanation)
+    name = IMAGENET.get(model, model)
+    net = get_model(name, lambda done, text: progress(done, desc=text))
     try:
         result = net.classify(image)
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which
@@ -90,12 +113,41 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
         arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
     else:
         arrays = {f"stage{w.stage}_block{w.block}": w.weights for w in result.windows}
-    npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels, **arrays)
     query = (result.grid[0] // 2, result.grid[1] // 2)
+    state = {"result": result, "query": query, "model": name, "input": image,
+             "target": target_index(target, result.labels), "attributions": {}}
+    attribution = attribute(state, method, progress)
+    npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels,
+                   attribution=attribution.values.astype(np.float32), attribution_method=attribution.method,
+                   attribution_target=attribution.label, **arrays)
     overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
+    notice = "\n\n".join(x for x in (result.notice, _offered(method, attribution)) if x)
     return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k))), overlay, grid_fig,
             draw_query(result, n_layers - 1, head, query), distance_figure(result), enlarge(result.image),
-            result.notice or "", {"result": result, "query": query}, npz, layer_u, head_u)
+            notice, state, npz, layer_u, head_u, explanation_figure(result, attribution))
+
+
+def _offered(asked: str, attribution) -> str:
+    if attribution.method == asked:
+        return ""
+    return (f"{EXPLANATIONS[asked]} is not offered for this model: Swin attends inside local windows only, so there "
+            f"is no global attention to roll out or trace; showing {EXPLANATIONS[attribution.method]}.")
+
+
+def explanation_figure(result, attribution):
+    """One explanation of the kept image, signed, over what the model saw."""
+    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    if attribution.completeness_gap is not None:
+        title += f" · completeness gap {attribution.completeness_gap:.2%}"
+    return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title))
+
+
+def reexplain(state: dict | None, explanation: str, progress=gr.Progress()):
+    """Another explanation: draw it (each is computed once per image) and mark it on the deletion curve."""
+    if not state:
+        return None, None
+    attribution = attribute(state, method_id(explanation), progress)
+    return explanation_figure(state["result"], attribution), deletion_plot(state, explanation, progress)
 
 
 def _depth(result) -> tuple[int, int]:
@@ -184,7 +236,7 @@ def on_image_click(state: dict | None, layer: int, head: str, evt: gr.SelectData
     result = state["result"]
     scale = enlarge(result.image).shape[0] / result.image.shape[0]
     query = result.patch_at(evt.index[1] / scale, evt.index[0] / scale)
-    return draw_query(result, layer, head, query), {"result": result, "query": query}
+    return draw_query(result, layer, head, query), {**state, "query": query}
 
 
 def redraw_image(state: dict | None, layer: int, head: str, view: str):

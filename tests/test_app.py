@@ -63,9 +63,9 @@ def test_long_text_is_truncated_with_a_notice(tiny_checkpoints: Path, monkeypatc
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
     verdict, *_rest, state, npz, _layer, _head = classify("good " * 10_000)
     assert "truncated" in verdict.lower()
-    assert len(state.tokens) <= 128
+    assert len(state["result"].tokens) <= 128
     with np.load(npz) as arrays:
-        assert arrays["encoder"].shape[-1] == len(state.tokens)
+        assert arrays["encoder"].shape[-1] == len(state["result"].tokens) == len(arrays["attribution"])
 
 
 def test_swin_windows_pads_the_grid_to_the_window() -> None:
@@ -112,14 +112,19 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
     _verdict, _probs, highlight, *_rest, state, _npz, _layer, _head = classify("a fine film .", "SST-2 sentiment",
                                                                              model)
-    assert state.pooling == pooling
-    label = f"rollout from {state.tokens[0]}" if pooling == "cls" else "rollout averaged over every token"
-    assert label in html.unescape(highlight)
-    shown = [float(v) for v in re.findall(r'title="[^"]*: (-?[0-9.]+)"', highlight)]
-    want = pooled_rollout(state.attention["encoder"].weights, pooling)
-    np.testing.assert_allclose(shown, want, atol=1e-4)
-    other = pooled_rollout(state.attention["encoder"].weights, "mean" if pooling == "cls" else "cls")
-    assert not np.allclose(shown, other, atol=1e-4)
+    from viz.attribution import merge_pieces
+
+    result = state["result"]
+    assert result.pooling == pooling
+    label = "the position the classifier reads" if pooling == "cls" else "every token (the classifier reads their mean)"
+    assert f"Attention rollout toward {result.labels[int(np.argmax(result.probs))]}" in html.unescape(highlight)
+    assert f"read from {label}" in html.unescape(highlight)
+    shown = [float(v) for v in re.findall(r'title="[^"]*: ([-+][0-9.e+-]+)"', highlight)]
+    want = pooled_rollout(result.attention["encoder"].weights, pooling)
+    np.testing.assert_allclose(state["attributions"]["rollout"].values, want, atol=1e-6)
+    np.testing.assert_allclose(shown, merge_pieces(result.tokens, want)[1], rtol=1e-3, atol=1e-6)  # words, summed
+    other = pooled_rollout(result.attention["encoder"].weights, "mean" if pooling == "cls" else "cls")
+    assert not np.allclose(shown, merge_pieces(result.tokens, other)[1], atol=1e-4)
 
 
 def test_the_model_store_serves_packed_layers(monkeypatch) -> None:
@@ -205,8 +210,8 @@ def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch)
     from tabs import generate as tab
 
     monkeypatch.setattr(common, "CHECKPOINTS", tmp_path)
-    assert "`gpt-tiny`" in tab.availability() and "none is there now" in tab.availability()
-    assert tab.decoder_models() == ["gpt-tiny"]
+    assert "`gpt-tiny`" in tab.availability() and "`openai-community/gpt2`" in tab.availability()
+    assert tab.decoder_models() == ["gpt-tiny", *common.DOWNLOADABLE]
     with pytest.raises(gr.Error, match="`gpt-tiny` is not there yet"):
         tab.generate("hello")
 
@@ -221,7 +226,7 @@ def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpo
     tiny_gpt2_folder(root / "my-gpt2")
     monkeypatch.setattr(common, "CHECKPOINTS", root)
     monkeypatch.setattr(common, "MODELS", common.ModelStore())
-    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2"]
+    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2", *common.DOWNLOADABLE]
     text, notice, *_rest = tab.generate("the cat sat", 5, "my-gpt2")
     result = _rest[4]["result"]
     assert result.tokens[0] != "<s>" and result.prompt_len == len(result.tokens) - len(result.steps)

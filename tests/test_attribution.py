@@ -33,8 +33,17 @@ DATA = ROOT.parent / "shared" / "data"
 
 def text_model(pooling: str = "cls", layers: int = 2, heads: int = 4, d: int = 32, classes: int = 3) -> TextClassifier:
     torch.manual_seed(0)
-    cfg = ClassifierConfig(vocab_size=40, n_classes=classes, d_model=d, n_heads=heads, n_layers=layers, d_ff=2 * d,
-                           dropout=0.0, pooling=pooling, max_len=32)
+    cfg = ClassifierConfig(
+        vocab_size=40,
+        n_classes=classes,
+        d_model=d,
+        n_heads=heads,
+        n_layers=layers,
+        d_ff=2 * d,
+        dropout=0.0,
+        pooling=pooling,
+        max_len=32,
+    )
     model = TextClassifier(cfg).eval()
     with torch.no_grad():  # a head that separates the classes, so gradients are not tiny
         model.head.weight.mul_(30.0)
@@ -43,8 +52,21 @@ def text_model(pooling: str = "cls", layers: int = 2, heads: int = 4, d: int = 3
 
 def bert_model(pooling: str = "mean") -> BertClassifier:
     torch.manual_seed(1)
-    model = BertClassifier(BertConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=32,
-                                      max_len=32, dropout=0.0, attention_dropout=0.0, n_classes=2, pooling=pooling))
+    model = BertClassifier(
+        BertConfig(
+            vocab_size=40,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=64,
+            max_positions=32,
+            max_len=32,
+            dropout=0.0,
+            attention_dropout=0.0,
+            n_classes=2,
+            pooling=pooling,
+        )
+    )
     with torch.no_grad():
         model.head.weight.mul_(30.0)
     return model.eval()
@@ -71,8 +93,14 @@ def images(n: int = 3, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(n, 1, 28, 28, generator=g, dtype=dtype)
 
 
-MODELS = {"text-cls": lambda: text_model("cls"), "text-mean": lambda: text_model("mean"), "bert": bert_model,
-          "bert-pooler": lambda: bert_model("pooler"), "vit": vit_model, "swin": swin_model}
+MODELS = {
+    "text-cls": lambda: text_model("cls"),
+    "text-mean": lambda: text_model("mean"),
+    "bert": bert_model,
+    "bert-pooler": lambda: bert_model("pooler"),
+    "vit": vit_model,
+    "swin": swin_model,
+}
 
 
 def inputs_for(name: str, dtype: torch.dtype = torch.float32) -> list:
@@ -160,10 +188,10 @@ def test_gradient_times_input_matches_central_differences(name: str) -> None:
         def scaled(i: int, s: float) -> torch.Tensor:
             e = emb.clone()
             r, c = divmod(i, cols)
-            e[:, r * p:(r + 1) * p, c * p:(c + 1) * p] *= s
+            e[:, r * p : (r + 1) * p, c * p : (c + 1) * p] *= s
             return e
-    fd = np.array([(_logit(model, scaled(i, 1 + h), 1) - _logit(model, scaled(i, 1 - h), 1)) / (2 * h)
-                   for i in units])
+
+    fd = np.array([(_logit(model, scaled(i, 1 + h), 1) - _logit(model, scaled(i, 1 - h), 1)) / (2 * h) for i in units])
     values = attr.values.ravel().astype(np.float64)
     assert np.abs(fd).max() > 1e-3  # not a vacuous comparison
     np.testing.assert_allclose(values, fd, rtol=1e-4, atol=1e-4 * np.abs(fd).max())
@@ -255,8 +283,11 @@ def test_shapes_labels_and_specials() -> None:
     img = vit_model()
     a = A.explain(img, images(1)[0], "rollout", target=4)
     assert a.values.shape == (7, 7) and a.grid == (7, 7) and a.patch == 4 and a.target == 4 and len(a.tokens) == 49
-    np.testing.assert_allclose(a.values.sum(), 1 - pooled_rollout(
-        img(images(1), need_weights=True)[1][0].detach().numpy(), "cls")[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        a.values.sum(),
+        1 - pooled_rollout(img(images(1), need_weights=True)[1][0].detach().numpy(), "cls")[0],
+        rtol=1e-5,
+    )
     with pytest.raises(ValueError, match="target class 7"):
         A.explain(model, TEXTS[0], "gradxinput", target=7)
     with pytest.raises(ValueError, match="unknown attribution method"):
@@ -301,8 +332,7 @@ def test_packed_model_gives_the_same_attributions_and_is_left_unchanged() -> Non
     assert all(p.grad is None for p in packed.parameters())
     assert all(torch.equal(before[k], v) for k, v in packed.state_dict().items())
     assert not packed.training
-    assert all(not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks
-               for m in packed.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks for m in packed.modules())
 
 
 def test_concurrent_requests_on_one_model_agree_with_sequential_ones() -> None:
@@ -347,6 +377,13 @@ def test_text_deletion_curve_deletes_top_tokens_and_keeps_specials() -> None:
     again = A.deletion_curve(model, ids, attr, seed=1)
     np.testing.assert_array_equal(curve.random, again.random)  # seeded
     assert curve.auc == pytest.approx(float(np.trapezoid(curve.probs, curve.fractions)), rel=1e-6)
+    # several methods in one run share one random baseline; each curve equals its own deletion_curve
+    attrs = [A.explain(model, ids, m) for m in A.METHODS]
+    curves, random = A.deletion_curves(model, ids, attrs, seed=1)
+    assert [c.method for c in curves] == list(A.METHODS)
+    np.testing.assert_array_equal(random, curves[-1].random)
+    np.testing.assert_allclose(random, curve.random, atol=1e-6)
+    np.testing.assert_allclose(curves[3].probs, curve.probs, atol=1e-6)  # gradxinput, as above
 
 
 def test_image_deletion_curve_fills_patches_with_the_mean_pixel() -> None:
@@ -370,9 +407,27 @@ def test_image_deletion_curve_fills_patches_with_the_mean_pixel() -> None:
 @pytest.mark.skipif(not (DATA / "sst2" / "dev.tsv").is_file(), reason="../shared/data is not there")
 def test_faithfulness_bench_runs_end_to_end(tiny_checkpoints: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "bench/faithfulness.py", "--checkpoints", str(tiny_checkpoints), "--data-dir", str(DATA),
-         "--limit", "4", "--sanity", "2", "--bootstrap", "50", "--steps", "8"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "bench/faithfulness.py",
+            "--checkpoints",
+            str(tiny_checkpoints),
+            "--data-dir",
+            str(DATA),
+            "--limit",
+            "4",
+            "--sanity",
+            "2",
+            "--bootstrap",
+            "50",
+            "--steps",
+            "8",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(report["models"]) == {"sst2", "minilm-sst2", "agnews", "vit-fashion"}
@@ -385,8 +440,38 @@ def test_faithfulness_bench_runs_end_to_end(tiny_checkpoints: Path) -> None:
             for key in keys:
                 lo, hi = m[key]["ci"]
                 assert lo <= m[key]["mean"] <= hi
-        assert set(r["agreement"]) == {f"{a}|{b}" for i, a in enumerate([*A.METHODS, "random"])
-                                       for b in [*A.METHODS, "random"][i + 1:]}
+        assert set(r["agreement"]) == {
+            f"{a}|{b}" for i, a in enumerate([*A.METHODS, "random"]) for b in [*A.METHODS, "random"][i + 1 :]
+        }
         assert r["sanity"]["steps"][0] == "head" and r["sanity"]["steps"][-1] == "embeddings"
         assert set(r["sanity"]["spearman"]) == set(A.METHODS)
     assert "wall_s" in report
+
+
+def test_rgb_imagenet_kind_vit_from_an_uploaded_image() -> None:
+    """Three channels, the ImageNet preprocessing (an uploaded uint8 photo), its normalisation for the fill."""
+    torch.manual_seed(5)
+    model = ViT(
+        ViTConfig(
+            image_size=32,
+            in_channels=3,
+            patch=8,
+            dim=32,
+            depth=2,
+            heads=4,
+            mlp_dim=64,
+            num_classes=5,
+            dropout=0.0,
+            input="imagenet",
+            resize=40,
+        )
+    ).eval()
+    photo = (np.random.default_rng(0).random((50, 60, 3)) * 255).astype(np.uint8)
+    for method in A.METHODS:
+        a = A.explain(model, photo, method)
+        assert a.values.shape == (4, 4) and np.isfinite(a.values).all()
+    a = A.explain(model, photo, "integrated_gradients")
+    assert a.completeness_gap < 0.01
+    assert torch.allclose(A.mean_fill(model, (0.485, 0.456, 0.406)), torch.zeros(3, 1, 1), atol=1e-7)
+    curve = A.deletion_curve(model, photo, a)
+    assert curve.removed[-1] == 16 and curve.probs[0] == pytest.approx(a.prob, abs=1e-5)
