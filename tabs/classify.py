@@ -62,7 +62,7 @@ def build() -> None:
         verdict = gr.Markdown()
         probs = gr.Plot(label="class probabilities")
     with gr.Row():
-        explanation = gr.Dropdown(list(EXPLANATIONS.values()), value=EXPLANATIONS["rollout"],
+        explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation (colours the text)", scale=2)
         target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
     highlight = gr.HTML(elem_classes=["highlight"])

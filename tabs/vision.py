@@ -69,7 +69,7 @@ def build() -> None:
                         width=SHOWN_SIDE, elem_id="seen-image")
         query = gr.Plot(label="the clicked patch's attention")
     with gr.Row():
-        explanation = gr.Dropdown(list(EXPLANATIONS.values()), value=EXPLANATIONS["rollout"],
+        explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation", scale=2)
         target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
     with gr.Row():

@@ -103,6 +103,51 @@ def test_positional_encoding_api(client) -> None:
     np.testing.assert_allclose(z[5, 1], np.cos(5.0), atol=1e-3)
 
 
+def _npz(out) -> str:
+    return next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+
+
+@pytest.mark.parametrize("model", ["trained from scratch", "MiniLM (pretrained, fine-tuned)"])
+def test_classify_api_every_explanation_and_a_target(client, model) -> None:
+    """explanation and target, appended at the end of /classify: every method, toward a chosen class."""
+    from models.outputs import METHODS
+
+    for method in METHODS:
+        out = client.predict("a warm , funny film .", "SST-2 sentiment", model, 0, "mean", "heatmap", method,
+                             "negative", api_name="/classify")
+        with np.load(_npz(out)) as arrays:
+            assert str(arrays["attribution_method"]) == method and str(arrays["attribution_target"]) == "negative"
+            assert arrays["attribution"].dtype == np.float32
+            assert arrays["attribution"].shape == (len(arrays["tokens"]),) and np.isfinite(arrays["attribution"]).all()
+        assert f"{METHODS[method]} toward negative" in out[2]
+    with pytest.raises(Exception, match="Unknown class 'sports'"):
+        client.predict("a film", "SST-2 sentiment", model, 0, "mean", "heatmap", "rollout", "sports",
+                       api_name="/classify")
+    with pytest.raises(Exception, match="lime is not in the list of choices"):  # Gradio checks the choice
+        client.predict("a film", "SST-2 sentiment", model, 0, "mean", "heatmap", "lime", "", api_name="/classify")
+
+
+def test_classify_image_api_every_explanation_and_a_target(client) -> None:
+    from gradio_client import handle_file
+
+    from models.outputs import METHODS
+    from tabs.common import EXAMPLE_IMAGES
+
+    for model, methods in (("vit-fashion", list(METHODS)), ("swin-fashion", ["gradxinput", "integrated_gradients"])):
+        for method in methods:
+            out = client.predict(handle_file(EXAMPLE_IMAGES[0]), model, 5, 0, "mean", "CLS → patches", method,
+                                 "Sneaker", api_name="/classify_image")
+            with np.load(_npz(out)) as arrays:
+                assert str(arrays["attribution_method"]) == method and str(arrays["attribution_target"]) == "Sneaker"
+                assert arrays["attribution"].ndim == 2 and np.isfinite(arrays["attribution"]).all()
+    # Swin has no global attention: asking for rollout explains by gradient × input and says so
+    out = client.predict(handle_file(EXAMPLE_IMAGES[0]), "swin-fashion", 5, 0, "mean", "CLS → patches", "rollout",
+                         "", api_name="/classify_image")
+    assert "not offered" in out[6]
+    with np.load(_npz(out)) as arrays:
+        assert str(arrays["attribution_method"]) == "gradxinput"
+
+
 def test_classify_api_with_the_pretrained_minilm(client) -> None:
     verdict, probs, html, _attn, shares = client.predict("the film is warm and funny .", "SST-2 sentiment",
                                                          "MiniLM (pretrained, fine-tuned)", api_name="/classify")[:5]
