@@ -29,6 +29,11 @@ SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down
 SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
 AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."
 PROMPT = "A man in a blue shirt is riding a bicycle down the"
+# About 30 MiniLM tokens ([CLS] and [SEP] included), and the largest input MiniLM reads (256 tokens).
+SST2_30 = ("a warm , funny and beautifully acted film about two sisters , though the ending drags a little and "
+           "the music is far too loud .")
+LONGEST = " ".join(["a warm , funny film , though the ending drags ."] * 40)
+MINILM = "MiniLM (pretrained, fine-tuned)"
 
 
 # ------------------------------------------------------------------------------------ the actions
@@ -59,6 +64,11 @@ ACTIONS: list[Action] = [
     Action("translate", "translate", lambda: (SENTENCE_20, 5)),
     Action("classify_sst2", "classify", lambda: (SST2, "SST-2 sentiment")),
     Action("classify_agnews", "classify", lambda: (AGNEWS, "AG News topic")),
+    Action("classify_minilm_30", "classify", lambda: (SST2_30, "SST-2 sentiment", MINILM)),
+    Action("classify_minilm_30_ig", "classify",
+           lambda: (SST2_30, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
+    Action("classify_minilm_256_ig", "classify",
+           lambda: (LONGEST, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
     Action("classify_image_vit_fashion", "classify_image", lambda: (_image(9), "vit-fashion")),
     Action("classify_image_swin_fashion", "classify_image", lambda: (_image(7), "swin-fashion")),
     Action("swin_windows", "swin_windows", lambda: (8, 4, 2, 3)),

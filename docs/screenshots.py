@@ -64,10 +64,15 @@ def main() -> None:
             shot("translate", 2000)
 
             tab("Classify")
-            panel().get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film .")
+            panel().get_by_label("MiniLM (pretrained, fine-tuned)").check()
+            panel().get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film , if too long .")
             panel().get_by_role("button", name="Classify", exact=True).click()
-            wait_for_plots(page, 3, timeout=120_000)
-            shot("classify", 1900)
+            wait_for_plots(page, 4, timeout=120_000)  # the deletion curve comes after the answer
+            panel().get_by_label("explanation (colours the text)").click()
+            page.get_by_role("option", name="Integrated gradients", exact=True).click()
+            page.wait_for_function("() => document.body.innerText.includes('Integrated gradients toward')",
+                                   timeout=120_000)
+            shot("classify", 2300)
 
             if (ROOT / "checkpoints" / "gpt-tiny").is_dir():  # the Generate tab's model ships with its issue
                 generate_shots(page, panel, tab, shot)
@@ -76,8 +81,8 @@ def main() -> None:
             panel().locator("input[type=file]").set_input_files(str(ROOT / "examples/fashion/7-sneaker-t10k-9.png"))
             page.wait_for_timeout(800)
             panel().get_by_role("button", name="Classify image", exact=True).click()
-            wait_for_plots(page, 5, timeout=120_000)
-            shot("vision", 1800)
+            wait_for_plots(page, 7, timeout=120_000)  # with the explanation and the deletion curve
+            shot("vision", 2300)
 
             tab("Swin windows")
             wait_for_plots(page, 5, timeout=60_000)

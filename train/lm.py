@@ -14,11 +14,11 @@ lines and those SST-2 sentences; the test splits are never read here.
 Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022): with
 ``--repeat-share P`` about P of the training tokens are synthetic contexts ``<s> x x`` (or ``<s> x x x``),
 ``x`` a span of 8-60 pieces drawn uniformly from the tokeniser's ordinary pieces (``--span-sampling unigram``:
-by their frequency in the training text); the share is recorded in the checkpoint's metrics.json. With
-``--repeat-front F`` an epoch's synthetic rows are mixed into its first F of batches only (a burst of copying at
-the start of every epoch, so that the heads form early; the epoch's share stays P). Validation also reports
-``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random pieces against the first
-(near 0 before induction heads form, several nats after).
+by their frequency in the training text; ``frequent``: uniformly from the 1,000 most frequent pieces); the share
+is recorded in the checkpoint's metrics.json. With ``--repeat-front F`` an epoch's synthetic rows are mixed into
+its first F of batches only (a burst of copying at the start of every epoch, so that the heads form early; the
+epoch's share stays P). Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64
+repeated random pieces against the first (near 0 before induction heads form, several nats after).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from train.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_sentencepiece
 DEFAULTS = TrainConfig(epochs=20, lr=2e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=200,
                        label_smoothing=0.0, log_every=50)
 AGNEWS_VAL, SST2_VAL = 1000, 1000
+FREQUENT = 1000  # --span-sampling frequent: spans drawn uniformly from this many most frequent pieces
 
 
 def load_corpus(data_dir: Path) -> dict[str, dict[str, list[str]]]:
@@ -118,10 +119,15 @@ class LMTask:
                  span_sampling: str = "uniform", repeat_front: float = 1.0) -> None:
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
         self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
-        if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
-            counts = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
-        else:  # every ordinary piece alike: each earlier occurrence is unambiguous (Olsson et al. 2022)
-            counts = np.ones(vocab)
+        counts = np.ones(vocab)  # "uniform": every ordinary piece alike, earlier occurrences unambiguous
+        if span_sampling in ("unigram", "frequent"):
+            freq = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
+            freq[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0
+            if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
+                counts = freq
+            else:  # uniformly among the FREQUENT most frequent pieces: embeddings the text trains well, words' pieces
+                counts = np.zeros(vocab)
+                counts[np.argsort(-freq, kind="stable")[:FREQUENT]] = 1.0
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
@@ -224,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--repeat-share", type=float, default=0.08,
                     help="share of training tokens in synthetic repeated spans (at most 0.10)")
-    ap.add_argument("--span-sampling", choices=["uniform", "unigram"], default="uniform",
-                    help="how the synthetic spans' pieces are drawn: uniformly, or by their frequency in the text")
+    ap.add_argument("--span-sampling", choices=["uniform", "unigram", "frequent"], default="uniform",
+                    help="how the synthetic spans' pieces are drawn: uniformly, by their frequency in the text, or "
+                         f"uniformly among the {FREQUENT} most frequent pieces")
     ap.add_argument("--repeat-front", type=float, default=1.0,
                     help="mix an epoch's synthetic rows into this first share of its batches (1: all through it)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
@@ -277,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             "natural_tokens_per_epoch": natural,
             "synthetic_repeated_spans": {"share_of_training_tokens": args.repeat_share,
                                          "construction": "<s> x x [x], x: 8-60 pieces drawn "
-                                         + ("uniformly" if args.span_sampling == "uniform" else "by frequency"),
+                                         + {"uniform": "uniformly from the ordinary pieces", "unigram": "by frequency",
+                                            "frequent": f"uniformly from the {FREQUENT} most frequent pieces"}[
+                                             args.span_sampling],
                                          "placed_in_first_share_of_each_epoch": args.repeat_front},
         }
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "

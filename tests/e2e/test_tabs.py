@@ -85,6 +85,15 @@ def test_classify_tab_renders_html_as_text(page) -> None:
     before = plot_signature(page)
     _pick(page, "head (or fusion of heads)", "1")
     wait_for_change(page, before)
+    # The deletion curve follows the answer: every explanation a line, and a random order.
+    _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
+    curve = next(f for f in figures(page) if any((t["name"] or "").startswith("random order") for t in f))
+    assert len(curve) == 6 and all(max(t["x"]) == 1 for t in curve)
+    # Another explanation recolours the text (signed: integrated gradients can speak against the class).
+    colours = page.locator(".atlas-highlight").inner_html()
+    _pick(page, "explanation (colours the text)", "Integrated gradients")
+    expect(page.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=30_000)
+    assert page.locator(".atlas-highlight").inner_html() != colours
     screenshot(page, "classify")
     # The pretrained encoder: same figures, WordPiece tokens with [CLS] and [SEP].
     _panel(page).get_by_label("MiniLM (pretrained, fine-tuned)").check()
@@ -124,6 +133,12 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     before = plot_signature(page)
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
+    _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
+    _wait_for_title(page, lambda t: t.startswith("Attention rollout toward"))
+    before = plot_signature(page)
+    _pick(page, "explanation", "Gradient × input")
+    wait_for_change(page, before)
+    _wait_for_title(page, lambda t: t.startswith("Gradient × input toward"))
     screenshot(page, "vision-vit")
     _panel(page).get_by_label("swin-fashion").check()
     before = plot_signature(page)
