@@ -64,7 +64,7 @@ def build() -> None:
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation (colours the text)", scale=2)
-        target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
+        target = gr.Textbox("", label="explain the class (empty: the predicted one)", scale=1)
     highlight = gr.HTML(elem_classes=["highlight"])
     curve = gr.Plot(label="deletion curve: every explanation on this input")
     layer, head, view = layer_head_view(VIEWS, "heatmap")

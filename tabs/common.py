@@ -366,6 +366,16 @@ def target_index(target: str | None, labels: list[str]) -> int | None:
     raise gr.Error(f"Unknown class {target!r}; this model's classes are {shown}.")
 
 
+IG_TOKEN_BUDGET = 2048  # integrated-gradients steps × tokens per request: 32 steps up to 64 tokens, 8 at 256
+
+
+def ig_steps(tokens: int) -> int:
+    """Integrated-gradients steps for an input of ``tokens`` tokens in the app: 32 (the method's default) up to
+    64 tokens, fewer for longer inputs so that a request stays within seconds on a CPU (at least 8; the
+    completeness gap shown beside the colouring says how close the sum came)."""
+    return int(np.clip(IG_TOKEN_BUDGET // max(int(tokens), 1), 8, 32))
+
+
 def attribute(state: dict, method: str, progress: Any = None):
     """The explanation ``method`` of the kept input toward the kept target, computed once and kept in the
     state. A model that does not offer it (Swin: gradient methods only) gets gradient × input, with a notice."""
@@ -377,10 +387,11 @@ def attribute(state: dict, method: str, progress: Any = None):
         offered = methods_for(net)
         chosen = method if method in offered else offered[0]
         if chosen not in cache:
+            steps = ig_steps(len(state["result"].attention["encoder"].keys)) if state["result"].attention else 32
             if progress is not None and chosen == "integrated_gradients":
-                progress(0.5, desc="integrated gradients")
+                progress(0.5, desc=f"integrated gradients, {steps} steps")
             try:
-                cache[chosen] = explain(net, state["input"], chosen, target=state["target"])
+                cache[chosen] = explain(net, state["input"], chosen, target=state["target"], steps=steps)
             except ValueError as err:
                 raise gr.Error(str(err)) from None
         cache[method] = cache[chosen]

@@ -71,7 +71,7 @@ def build() -> None:
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation", scale=2)
-        target = gr.Textbox(label="explain the class (empty: the predicted one)", scale=1)
+        target = gr.Textbox("", label="explain the class (empty: the predicted one)", scale=1)
     with gr.Row():
         explained = gr.Plot(label="explanation over the image")
         curve = gr.Plot(label="deletion curve: every explanation on this image")
