@@ -56,15 +56,17 @@ def load_hf(folder: str | Path) -> Any:
         raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
     if kind == "vit":
         return _with_processor(model, folder).float().eval()
-    from models.tokenizer import JsonTokenizer
+    from models.tokenizer import JsonTokenizer, folder_tokenizer
 
-    if not (folder / "tokenizer.json").is_file():
-        raise CheckpointError(folder / "tokenizer.json", "missing (the tokenizer is read from tokenizer.json)")
-    if kind == "bert":  # [CLS] text [SEP], as its tokenizer.json's post-processor adds them
-        model.tokenizer = JsonTokenizer(folder / "tokenizer.json", {}, model.config.max_len)
+    try:  # tokenizer.json, or BERT's vocab.txt / GPT-2's vocab.json + merges.txt
+        pipeline = folder_tokenizer(folder, kind)
+    except (FileNotFoundError, ValueError, OSError) as err:
+        raise CheckpointError(folder / "tokenizer.json", f"no usable tokenizer: {err}") from None
+    if kind == "bert":  # [CLS] text [SEP], as its post-processor adds them
+        model.tokenizer = JsonTokenizer(folder / "tokenizer.json", {}, model.config.max_len, tokenizer=pipeline)
         model.text = {}
         return model.float().eval()
-    tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit())
+    tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit(), tokenizer=pipeline)
     tok.bos_id = _token_id(hf, "bos_token_id", tok.bos_id)
     tok.eos_id = _token_id(hf, "eos_token_id", tok.eos_id)
     tok.adds_bos = False  # the prompt is encoded as transformers encodes it

@@ -157,11 +157,11 @@ class JsonTokenizer(Tokenizer):
     """A Hugging Face ``tokenizers`` tokenizer.json (WordPiece for MiniLM, [CLS]/[SEP] added by it)."""
 
     def __init__(self, path: str | Path, text: dict[str, Any] | None = None,
-                 max_tokens: int = MAX_TOKENS_MINILM) -> None:
+                 max_tokens: int = MAX_TOKENS_MINILM, tokenizer: Any = None) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         super().__init__(text, max_tokens)
-        self.tk = HFTokenizer.from_file(str(path))
+        self.tk = tokenizer if tokenizer is not None else HFTokenizer.from_file(str(path))
         self.tk.no_truncation()
         self.tk.no_padding()
 
@@ -223,3 +223,54 @@ def load_tokenizer(folder: str | Path, text: dict[str, Any] | None = None) -> To
     from models.checkpoint import CheckpointError
 
     raise CheckpointError(folder / "tokenizer.model", f"no tokenizer.model or tokenizer.json in {folder}")
+
+
+def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
+    """A Hugging Face folder's tokenizer as a ``tokenizers.Tokenizer``: its tokenizer.json, or else the older
+    files, assembled into the pipeline those files mean: BERT's ``vocab.txt`` (BERT normaliser with the
+    folder's ``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars``, BERT pre-tokeniser, WordPiece,
+    ``[CLS] … [SEP]``) or GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE, no specials added). Raises
+    ``FileNotFoundError`` naming what is missing."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE, WordPiece
+
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    try:
+        options = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        options = {}
+    if model_type == "bert" and (folder / "vocab.txt").is_file():
+        lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        vocab = {tok: i for i, tok in enumerate(t.rstrip("\r") for t in lines) if tok}
+        names = {k: str(options.get(f"{k}_token", f"[{k.upper()}]")) for k in ("unk", "cls", "sep", "pad", "mask")}
+        tk = HFTokenizer(WordPiece(vocab, unk_token=names["unk"]))
+        tk.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=bool(options.get("tokenize_chinese_chars", True)),
+            strip_accents=options.get("strip_accents"), lowercase=bool(options.get("do_lower_case", True)))
+        tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tk.decoder = decoders.WordPiece(prefix="##")
+        tk.add_special_tokens([n for n in names.values() if n in vocab])
+        cls, sep = names["cls"], names["sep"]
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, vocab.get(cls, 2)), (sep, vocab.get(sep, 3))])
+        return tk
+    if model_type == "gpt2" and (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        merges = [tuple(line.split(" ")) for line in (folder / "merges.txt").read_text(encoding="utf-8").split("\n")
+                  if line and not line.startswith("#version") and len(line.split(" ")) == 2]
+        tk = HFTokenizer(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
+                             fuse_unk=False))
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(options.get("add_prefix_space", False)))
+        tk.decoder = decoders.ByteLevel()
+        end = str(options.get("eos_token") or "<|endoftext|>")
+        if end in vocab:
+            tk.add_special_tokens([end])
+        return tk
+    wanted = {"bert": "vocab.txt", "gpt2": "vocab.json and merges.txt"}.get(model_type)
+    raise FileNotFoundError("no tokenizer.json" + (f" (nor {wanted})" if wanted else ""))
