@@ -412,7 +412,7 @@ def deletion_plot(state: dict | None, explanation: str, progress: Any = None):
         attributions = [attribute(state, m, progress) for m in methods]
         state["curves"] = deletion_curves(net, state["input"], attributions)
     curves, random = state["curves"]
-    removed = "patches" if curves[0].removed.size and state["attributions"][methods[0]].grid else "tokens"
+    removed = "patches" if state["attributions"][methods[0]].grid else "tokens"
     chosen = EXPLANATIONS.get(method_id(explanation))
     return fit(vattr.deletion_curves([(EXPLANATIONS[c.method], c.fractions, c.probs) for c in curves],
                                      (curves[0].fractions, random), label=curves[0].label, removed=removed,

@@ -99,9 +99,9 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     choices = [*MODELS, *configured("vision")]
     if model not in choices:  # the API accepts any string: never turn it into a path
         raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
-    # the ImageNet weights download on first use where the network allows (torchvision's progress bar shows)
     method = method_id(explanation)
     name = IMAGENET.get(model, model)
+    # the ImageNet weights download on first use where the network allows (torchvision's progress bar shows)
     net = get_model(name, lambda done, text: progress(done, desc=text))
     try:
         result = net.classify(image)
