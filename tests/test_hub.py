@@ -34,6 +34,12 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "hf" / "hub"
 
 
+def downloads_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both switches off for this test (CI exports HF_HUB_OFFLINE=1); the network itself stays faked."""
+    monkeypatch.setenv("ATLAS_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+
 def test_entries() -> None:
     assert hub.parse_entry("generate:openai-community/gpt2") == ("generate", "openai-community/gpt2", None)
     assert hub.parse_entry("vision:google/vit-base-patch16-224@v1.0") == ("vision", "google/vit-base-patch16-224",
@@ -84,8 +90,7 @@ def test_unreachable_hub_reports_offline_within_five_seconds(cache: Path, monkey
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    monkeypatch.setenv("ATLAS_OFFLINE", "0")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    downloads_on(monkeypatch)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
     start = time.monotonic()
@@ -164,7 +169,7 @@ def test_faked_download_reports_progress_and_lands_in_the_cache(cache: Path, gpt
     calls: list[str] = []
     fake_hub(monkeypatch, folder, 1000, calls)
     (folder / "pytorch_model.bin").write_bytes(b"pickle")  # never fetched
-    monkeypatch.setenv("ATLAS_OFFLINE", "0")
+    downloads_on(monkeypatch)
     heard: list[tuple[float, str]] = []
     path = hub.fetch(REPO, progress=lambda done, what: heard.append((done, what)))
     assert calls == [f"metadata {REPO}", f"download {REPO}"]
@@ -184,7 +189,7 @@ def test_oversized_model_is_refused_before_downloading(cache: Path, gpt2_folder,
     folder, _ = gpt2_folder
     calls: list[str] = []
     fake_hub(monkeypatch, folder, 7_000_000_000, calls)
-    monkeypatch.setenv("ATLAS_OFFLINE", "0")
+    downloads_on(monkeypatch)
     with pytest.raises(hub.TooLarge, match="7,000 M parameters, over this server's limit of 400 M"):
         hub.fetch("big/llm")
     assert calls == ["metadata big/llm"]  # nothing downloaded
@@ -206,7 +211,7 @@ def test_repository_without_safetensors_is_refused(cache: Path, monkeypatch: pyt
 
     monkeypatch.setattr(huggingface_hub.HfApi, "get_safetensors_metadata", metadata)
     monkeypatch.setattr(hub, "reachable", lambda endpoint, timeout: None)
-    monkeypatch.setenv("ATLAS_OFFLINE", "0")
+    downloads_on(monkeypatch)
     with pytest.raises(hub.HubUnavailable, match="only pickled .bin files"):
         hub.fetch("old/bin-only")
 
