@@ -65,16 +65,16 @@ def build() -> None:
         probs = gr.Plot(label="top classes")
         overlay = gr.Plot(label="attention over the image")
     with gr.Row():
-        seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
-                        width=SHOWN_SIDE, elem_id="seen-image")
-        query = gr.Plot(label="the clicked patch's attention")
-    with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation", scale=2)
         target = gr.Textbox("", label="explain the class (empty: the predicted one)", scale=1)
     with gr.Row():
         explained = gr.Plot(label="explanation over the image")
         curve = gr.Plot(label="deletion curve: every explanation on this image")
+    with gr.Row():
+        seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
+                        width=SHOWN_SIDE, elem_id="seen-image")
+        query = gr.Plot(label="the clicked patch's attention")
     heads = gr.Plot(label="every head of the layer")
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()

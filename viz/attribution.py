@@ -117,6 +117,6 @@ def deletion_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], random
     fig.update_xaxes(title=dict(text=f"share of the {removed} removed (highest-ranked first)"), tickformat=".0%",
                      range=[-0.02, 1.02])
     fig.update_yaxes(title=dict(text=f"P({html.escape(label)})"), tickformat=".0%", range=[-0.02, 1.02])
-    fig.update_layout(legend=dict(orientation="h", x=0, y=-0.22, xanchor="left", yanchor="top"),
+    fig.update_layout(legend=dict(orientation="h", x=0, y=-0.3, xanchor="left", yanchor="top"),
                       margin=dict(b=150))
     return fig.build()
