@@ -506,49 +506,21 @@ def _explain_batch(
         raise ValueError(f"{len(tg)} targets for {len(inputs)} inputs")
     labels = list(getattr(model, "labels", []))
     pooling = _reads(model)
-    out = []
     if kind == "text":
         items = [_prepare_text(model, x) for x in inputs]
         values, tgt, probs, gaps = _text_attributions(model, items, method, tg, steps, batch_size)
-        for it, v, t, p, gap in zip(items, values, tgt, probs, gaps):
-            out.append(
-                Attribution(
-                    values=v.astype(np.float32),
-                    method=method,
-                    target=t,
-                    label=_label(labels, t),
-                    prob=p,
-                    tokens=list(it.tokens),
-                    special=it.special.copy(),
-                    pooling=pooling,
-                    completeness_gap=gap,
-                    notice=it.notice,
-                )
-            )
-        return out
-    prepared = [_prepare_image(model, x) for x in inputs]
-    x = torch.stack([p[0] for p in prepared])
-    values, tgt, probs, gaps = _image_attributions(model, kind, x, method, tg, steps, blur_sigma, batch_size)
-    grid, patch = _grid(model)
-    tokens = [f"r{r}c{c}" for r in range(grid[0]) for c in range(grid[1])]
-    for (_, notice), v, t, p, gap in zip(prepared, values, tgt, probs, gaps):
-        out.append(
-            Attribution(
-                values=v.astype(np.float32),
-                method=method,
-                target=t,
-                label=_label(labels, t),
-                prob=p,
-                tokens=list(tokens),
-                special=np.zeros(grid, dtype=bool),
-                pooling="cls",
-                grid=grid,
-                patch=patch,
-                completeness_gap=gap,
-                notice=notice,
-            )
-        )
-    return out
+        where = [dict(tokens=list(it.tokens), special=it.special.copy(), pooling=pooling, notice=it.notice)
+                 for it in items]
+    else:
+        prepared = [_prepare_image(model, x) for x in inputs]
+        x = torch.stack([p[0] for p in prepared])
+        values, tgt, probs, gaps = _image_attributions(model, kind, x, method, tg, steps, blur_sigma, batch_size)
+        grid, patch = _grid(model)
+        tokens = [f"r{r}c{c}" for r in range(grid[0]) for c in range(grid[1])]
+        where = [dict(tokens=list(tokens), special=np.zeros(grid, dtype=bool), pooling="cls", grid=grid, patch=patch,
+                      notice=notice) for _, notice in prepared]
+    return [Attribution(values=v.astype(np.float32), method=method, target=t, label=_label(labels, t), prob=p,
+                        completeness_gap=gap, **w) for v, t, p, gap, w in zip(values, tgt, probs, gaps, where)]
 
 
 def explain(

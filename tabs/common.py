@@ -97,9 +97,9 @@ class ModelStore:
             entry = CONFIGURED.get(name) or DOWNLOADABLE[name]
             where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
             try:
-                folder = entry.folder or fetch(entry.repo, entry.revision, progress)
-                check_size(folder_params(folder), name)  # from the safetensors headers, before loading
-                model = models.load(folder)
+                if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
+                    check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading
+                model = models.load(entry.folder or fetch(entry.repo, entry.revision, progress))
             except (HubUnavailable, TooLarge) as err:
                 raise ModelUnavailable(f"{err} The other models keep working.") from None
             except Exception as err:  # a folder the configuration named: unsupported, broken or gone
