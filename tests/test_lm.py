@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.lm import pack, perplexity_sums, read_documents, repeated_spans
+from train.lm import CopyRows, LMTask, pack, perplexity_sums, read_documents, repeated_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("lm_baseline", ROOT / "bench" / "lm_baseline.py")
@@ -77,6 +77,52 @@ def test_packing_and_synthetic_spans() -> None:
                 break
     else:
         raise AssertionError(f"no repeated span in {block}")
+
+
+def test_copy_warmup_opens_the_first_epoch_and_synthetic_tokens_are_counted() -> None:
+    rng = np.random.default_rng(0)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(400)]
+    warm = CopyRows(context=12, lengths=(3, 5), warmup_steps=5, warmup_batch=4)
+    args = dict(context=16, batch_size=8, repeat_share=0.10, vocab=50, seed=0, device=torch.device("cpu"))
+    task, plain = LMTask(docs, {}, **args, copy=warm), LMTask(docs, {}, **args)
+    first, second = task.train_batches(0), task.train_batches(1)
+    assert all(b.shape == (4, 13) for b in first[:5])
+    assert all(torch.equal(a, b) for a, b in zip(first[5:], plain.train_batches(0), strict=True))
+    assert all(b.shape == (8, 17) for b in first[5:] + second)
+    assert not any(bool((b == 3).any()) for b in first[:5])  # no document in the warm-up: spans only
+    # by hand: a text row holds a </s> (every document is shorter than a row), a synthetic row none
+    def synthetic_tokens(batches: list[torch.Tensor]) -> int:
+        return sum(int((~(b == 3).any(1)).sum()) * (b.size(1) - 1) for b in batches)
+
+    n1, n2 = len(first), len(second)
+    syn, total = task.token_counts(n1 + 3)
+    assert syn == synthetic_tokens(first + second[:3])
+    assert total == 5 * 4 * 12 + (n1 - 5 + 3) * 8 * 16
+    text_syn, _ = task.token_counts(n1 + n2)
+    assert text_syn - synthetic_tokens(first[:5]) == synthetic_tokens(first[5:] + second) > 0
+    share = synthetic_tokens(second) / sum(b[:, 1:].numel() for b in second)
+    assert share == pytest.approx(0.10, abs=0.03)  # within an epoch, the --repeat-share
+
+
+def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    rng = np.random.default_rng(1)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(200)]
+    args = dict(context=16, batch_size=8, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
+    task = LMTask(docs, {}, **args, copy=CopyRows(per_batch=3, context=12, lengths=(3, 5), weight=0.5))
+    plain = LMTask(docs, {}, **args)
+    batches = task.train_batches(0)
+    assert all(torch.equal(t, p) for (t, _), p in zip(batches, plain.train_batches(0), strict=True))
+    assert all(s.shape == (3, 13) and not bool((s == 3).any()) for _, s in batches)
+    syn, total = task.token_counts(4)
+    assert (syn, total) == (4 * 3 * 12, 4 * (3 * 12 + 8 * 16))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=1, n_heads=2)).eval()
+    text, short = batches[0]
+    with torch.no_grad():
+        both, alone = task.loss(model, (text, short), 0, 0.0), [task.loss(model, t, 0, 0.0) for t in (text, short)]
+    assert float(both) == pytest.approx(float(alone[0] + 0.5 * alone[1]))
 
 
 def test_perplexity_sums_score_every_piece_after_bos() -> None:

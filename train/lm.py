@@ -11,14 +11,18 @@ lines, SST-2 ``train.tsv`` without the grouped hold-out (``train.data.grouped_ho
 and every phrase of them). Model selection on the per-token perplexity of Multi30k ``val.en``, those AG News
 lines and those SST-2 sentences; the test splits are never read here.
 
-Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022): with
-``--repeat-share P`` about P of the training tokens are synthetic contexts ``<s> x x`` (or ``<s> x x x``),
-``x`` a span of 8-60 pieces drawn uniformly from the tokeniser's ordinary pieces (``--span-sampling unigram``:
-by their frequency in the training text; ``frequent``: uniformly from the 1,000 most frequent pieces); the share
-is recorded in the checkpoint's metrics.json. With ``--repeat-front F`` an epoch's synthetic rows are mixed into
-its first F of batches only (a burst of copying at the start of every epoch, so that the heads form early; the
-epoch's share stays P). Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64
-repeated random pieces against the first (near 0 before induction heads form, several nats after).
+Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022), and
+in a time quadratic in the context length (arXiv:2511.01033). Two kinds of synthetic rows ``<s> x x [x]`` (x a
+span of pieces drawn uniformly from the tokeniser's ordinary pieces; ``--span-sampling unigram``: by their
+frequency in the training text; ``frequent``: uniformly from the 1,000 most frequent pieces):
+- ``--repeat-share P``: about P of an epoch's rows of ``--context`` tokens, spans of 8-60 pieces (``--repeat-front
+  F`` mixes them into the epoch's first F of batches only);
+- ``--copy-rows R``: R short rows of ``--copy-context`` tokens (spans ``--copy-spans``) join every text batch, their
+  mean loss weighted ``--copy-weight`` beside the text's, so that the copying gradient is not drowned by the text
+  although these rows are few of the tokens; ``--copy-warmup STEPS`` opens the run with batches of them alone.
+The share of synthetic tokens the model saw is counted and recorded in the checkpoint's metrics.json (at most
+10 %). Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random
+pieces against the first (near 0 before induction heads form, several nats after).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,25 +104,45 @@ def pack(docs: list[np.ndarray], context: int) -> Tensor:
     return torch.from_numpy(np.stack(rows).astype(np.int64)) if rows else torch.zeros(0, context + 1, dtype=torch.long)
 
 
-def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int) -> Tensor:
+def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
+                   lengths: tuple[int, int] = (8, 60)) -> Tensor:
     """Synthetic ``<s> x x [x]`` rows (padded by further repeats of other spans to the context length); the
-    span's pieces are drawn with the probabilities ``unigram`` (zero for the specials)."""
+    span's ``lengths[0]``-``lengths[1]`` pieces are drawn with the probabilities ``unigram`` (zero for the specials)."""
     rng = np.random.default_rng(seed)
     rows = np.empty((n_rows, context + 1), dtype=np.int64)
     for r in range(n_rows):
         out: list[int] = []
         while len(out) < context + 1:
-            span = rng.choice(len(unigram), size=int(rng.integers(8, 61)), p=unigram).tolist()
+            span = rng.choice(len(unigram), size=int(rng.integers(lengths[0], lengths[1] + 1)), p=unigram).tolist()
             out += [BOS_ID] + span * int(rng.integers(2, 4))
         rows[r] = out[: context + 1]
     return torch.from_numpy(rows)
 
 
+@dataclass(frozen=True)
+class CopyRows:
+    """Short synthetic rows (``<s> x x [x]`` of ``context`` tokens, spans of ``lengths`` pieces) beside the text.
+
+    Induction heads take a time quadratic in the context length to form on repeated spans (arXiv:2511.01033),
+    so they are taught on short rows: ``per_batch`` of them join every text batch, their mean loss weighted by
+    ``weight`` beside the text's (so that they steer the gradient although they are few of the tokens), and
+    ``warmup_steps`` batches of ``warmup_batch`` of them alone may open the run."""
+
+    per_batch: int = 0
+    context: int = 48
+    lengths: tuple[int, int] = (4, 20)
+    weight: float = 1.0
+    warmup_steps: int = 0
+    warmup_batch: int = 32
+
+
 class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
                  batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device,
-                 span_sampling: str = "uniform", repeat_front: float = 1.0) -> None:
+                 span_sampling: str = "uniform", repeat_front: float = 1.0,
+                 copy: CopyRows | None = None) -> None:
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
+        self.copy = copy or CopyRows()
         self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
         counts = np.ones(vocab)  # "uniform": every ordinary piece alike, earlier occurrences unambiguous
         if span_sampling in ("unigram", "frequent"):
@@ -131,26 +156,66 @@ class LMTask:
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
-        self._epoch: tuple[int, list[Tensor]] | None = None
+        self._epoch: tuple[int, list[Tensor], list[int]] | None = None
 
     def train_batches(self, epoch: int) -> list[Tensor]:
+        return self._batches(epoch)[0]
+
+    def _batches(self, epoch: int) -> tuple[list[Tensor], list[int]]:
+        """The epoch's batches and the number of synthetic tokens (targets) in each."""
         if self._epoch is not None and self._epoch[0] == epoch:
-            return self._epoch[1]
+            return self._epoch[1], self._epoch[2]
         rng = np.random.default_rng((self.seed, epoch))
         order = rng.permutation(len(self.docs))
         rows = pack([self.docs[i] for i in order], self.context)
+        synthetic = torch.zeros(len(rows), dtype=torch.bool)
         if self.repeat_share > 0:  # P of all tokens: n_syn / (n_nat + n_syn) = P
             n_syn = int(round(len(rows) * self.repeat_share / (1 - self.repeat_share)))
             syn = repeated_spans(n_syn, self.context, self.unigram, seed=self.seed * 1000 + epoch)
             rows = rows[torch.from_numpy(rng.permutation(len(rows)))]
             n_front = max(n_syn, math.ceil(self.repeat_front * (len(rows) + n_syn)))  # rows of the mixed front
             front = torch.cat([syn, rows[: n_front - n_syn]])
-            rows = torch.cat([front[torch.from_numpy(rng.permutation(len(front)))], rows[n_front - n_syn :]])
-        batches = [rows[i : i + self.batch_size] for i in range(0, len(rows) - self.batch_size + 1, self.batch_size)]
-        self._epoch = (epoch, batches)
-        return batches
+            mix = torch.from_numpy(rng.permutation(len(front)))
+            rows = torch.cat([front[mix], rows[n_front - n_syn :]])
+            rest = torch.zeros(len(rows) - len(front), dtype=torch.bool)
+            synthetic = torch.cat([(torch.arange(len(front)) < n_syn)[mix], rest])
+        bs = self.batch_size
+        starts = range(0, len(rows) - bs + 1, bs)
+        batches = [rows[i : i + bs] for i in starts]
+        counts = [int(synthetic[i : i + bs].sum()) * self.context for i in starts]
+        c = self.copy
+        if c.per_batch:  # (text, short synthetic rows) pairs
+            syn = repeated_spans(len(batches) * c.per_batch, c.context, self.unigram,
+                                 seed=self.seed * 1000 + 500 + epoch, lengths=c.lengths)
+            batches = [(b, s) for b, s in zip(batches, syn.split(c.per_batch), strict=True)]
+            counts = [n + c.per_batch * c.context for n in counts]
+        if epoch == 0 and c.warmup_steps:  # the copy warm-up opens the first epoch
+            syn = repeated_spans(c.warmup_steps * c.warmup_batch, c.context, self.unigram,
+                                 seed=self.seed * 1000 + 999, lengths=c.lengths)
+            batches = list(syn.split(c.warmup_batch)) + batches
+            counts = [c.warmup_batch * c.context] * c.warmup_steps + counts
+        self._epoch = (epoch, batches, counts)
+        return batches, counts
 
-    def loss(self, model: nn.Module, batch: Tensor, step: int, label_smoothing: float) -> Tensor:
+    def token_counts(self, step: int) -> tuple[int, int]:
+        """(synthetic, all) training tokens (targets) of the first ``step`` batches of a run on one process: the
+        share of synthetic repeated spans the model actually saw."""
+        syn = total = epoch = 0
+        while step > 0:
+            batches, counts = self._batches(epoch)
+            n = min(step, len(batches))
+            syn += sum(counts[:n])
+            total += sum(sum(t[:, 1:].numel() for t in (b if isinstance(b, tuple) else (b,))) for b in batches[:n])
+            step -= n
+            epoch += 1
+        return syn, total
+
+    def loss(self, model: nn.Module, batch: Tensor | tuple[Tensor, Tensor], step: int,
+             label_smoothing: float) -> Tensor:
+        if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
+            text, syn = batch
+            return (self.loss(model, text, step, label_smoothing)
+                    + self.copy.weight * self.loss(model, syn, step, label_smoothing))
         batch = batch.to(self.device)
         logits = model(batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
@@ -215,6 +280,28 @@ def perplexity_sums(model: nn.Module, docs: list[np.ndarray], context: int, devi
     return nll, n
 
 
+def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, last_step: int) -> dict[str, Any]:
+    """How many of the training tokens were synthetic repeated spans, up to the shipped weights and in all."""
+    spans = {"uniform": "uniformly from the ordinary pieces", "unigram": "by frequency",
+             "frequent": f"uniformly from the {FREQUENT} most frequent pieces"}[args.span_sampling]
+    out: dict[str, Any] = {}
+    for name, step in (("up_to_shipped_weights", best_step), ("whole_run", last_step)):
+        syn, total = task.token_counts(step)
+        out[name] = {"steps": step, "synthetic_tokens": syn, "training_tokens": total,
+                     "share_of_training_tokens": round(syn / max(1, total), 4)}
+    out["construction"] = f"<s> x x [x], x: 8-60 pieces drawn {spans}"
+    out["share_within_text_epochs"] = args.repeat_share
+    out["placed_in_first_share_of_each_epoch"] = args.repeat_front
+    c = task.copy
+    if c.per_batch:
+        out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
+                             f"pieces) in every batch, their mean loss weighted {c.weight} beside the text's")
+    if c.warmup_steps:
+        out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
+                              f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -235,6 +322,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"uniformly among the {FREQUENT} most frequent pieces")
     ap.add_argument("--repeat-front", type=float, default=1.0,
                     help="mix an epoch's synthetic rows into this first share of its batches (1: all through it)")
+    ap.add_argument("--copy-rows", type=int, default=0, help="short synthetic rows joining every text batch")
+    ap.add_argument("--copy-context", type=int, default=48, help="tokens per short synthetic row")
+    ap.add_argument("--copy-spans", type=int, nargs=2, default=(4, 20), metavar=("MIN", "MAX"),
+                    help="pieces per repeated span in the short rows")
+    ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
+    ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
+                    help="open the run with this many batches of short synthetic rows only")
+    ap.add_argument("--copy-warmup-batch", type=int, default=32, help="rows per copy warm-up batch")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
@@ -261,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     train_docs = [doc for texts in corpus["train"].values() for doc in encode_documents(tok, texts)]
     val_docs = {name: encode_documents(tok, texts) for name, texts in corpus["val"].items()}
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
-                  cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front)
+                  cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
+                  copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
+                                args.copy_warmup, args.copy_warmup_batch))
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -282,16 +379,14 @@ def main(argv: list[str] | None = None) -> int:
             "sources": "Multi30k train.en; AG News train.tsv less 1,000 held-out lines (seed 0); SST-2 train.tsv "
                        "less the grouped hold-out (train.data.grouped_holdout)",
             "natural_tokens_per_epoch": natural,
-            "synthetic_repeated_spans": {"share_of_training_tokens": args.repeat_share,
-                                         "construction": "<s> x x [x], x: 8-60 pieces drawn "
-                                         + {"uniform": "uniformly from the ordinary pieces", "unigram": "by frequency",
-                                            "frequent": f"uniformly from the {FREQUENT} most frequent pieces"}[
-                                             args.span_sampling],
-                                         "placed_in_first_share_of_each_epoch": args.repeat_front},
+            "synthetic_repeated_spans": synthetic_record(task, args, int(info["step"]), result.step),
         }
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",
                                 **info["metrics"]}
+        share = record["data"]["synthetic_repeated_spans"]["up_to_shipped_weights"]["share_of_training_tokens"]
+        if share > 0.10:
+            print(f"warning: {share:.1%} of the shipped weights' training tokens were synthetic (more than 10 %)")
         save_checkpoint(args.out, model, labels=[], text=text, extra_files={"tokenizer.model": tok_path},
                         metrics={"training": record})
         print(json.dumps({"checkpoint": str(args.out), "best_epoch": info["epoch"], **info["metrics"]}))
