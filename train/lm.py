@@ -12,9 +12,9 @@ and every phrase of them). Model selection on the per-token perplexity of Multi3
 lines and those SST-2 sentences; the test splits are never read here.
 
 Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022), and
-in a time quadratic in the context length (arXiv:2511.01033). Two kinds of synthetic rows ``<s> x x [x]`` (x a
-span of pieces drawn uniformly from the tokeniser's ordinary pieces; ``--span-sampling unigram``: by their
-frequency in the training text; ``frequent``: uniformly from the 1,000 most frequent pieces):
+in a time quadratic in the context length (in a minimal model, arXiv:2511.01033). Two kinds of synthetic rows
+``<s> x x [x]`` (x a span of pieces drawn uniformly from the tokeniser's ordinary pieces; ``--span-sampling
+unigram``: by their frequency in the training text; ``frequent``: uniformly from the 1,000 most frequent pieces):
 - ``--repeat-share P``: about P of an epoch's rows of ``--context`` tokens, spans of 8-60 pieces (``--repeat-front
   F`` mixes them into the epoch's first F of batches only);
 - ``--copy-rows R``: R short rows of ``--copy-context`` tokens (spans ``--copy-spans``) join every text batch, their
@@ -123,7 +123,7 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
 class CopyRows:
     """Short synthetic rows (``<s> x x [x]`` of ``context`` tokens, spans of ``lengths`` pieces) beside the text.
 
-    Induction heads take a time quadratic in the context length to form on repeated spans (arXiv:2511.01033),
+    Induction heads take a time quadratic in the context length to form (in a minimal model, arXiv:2511.01033),
     so they are taught on short rows: ``per_batch`` of them join every text batch, their mean loss weighted by
     ``weight`` beside the text's (so that they steer the gradient although they are few of the tokens), and
     ``warmup_steps`` batches of ``warmup_batch`` of them alone may open the run."""
@@ -156,13 +156,14 @@ class LMTask:
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
-        self._epoch: tuple[int, list[Tensor], list[int]] | None = None
+        self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
 
-    def train_batches(self, epoch: int) -> list[Tensor]:
+    def train_batches(self, epoch: int) -> list[Tensor | tuple[Tensor, Tensor]]:
         return self._batches(epoch)[0]
 
-    def _batches(self, epoch: int) -> tuple[list[Tensor], list[int]]:
-        """The epoch's batches and the number of synthetic tokens (targets) in each."""
+    def _batches(self, epoch: int) -> tuple[list[Tensor | tuple[Tensor, Tensor]], list[int]]:
+        """The epoch's batches (with ``--copy-rows``: (text, short rows) pairs) and the number of synthetic
+        tokens (targets) in each."""
         if self._epoch is not None and self._epoch[0] == epoch:
             return self._epoch[1], self._epoch[2]
         rng = np.random.default_rng((self.seed, epoch))
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--repeat-share must be between 0 and 0.10")
     if not args.repeat_share <= args.repeat_front <= 1:
         ap.error("--repeat-front must be between --repeat-share and 1")
+    short, text = args.copy_rows * args.copy_context, args.batch_size * args.context
+    if (args.repeat_share * text + short) / (text + short) > 0.10:
+        ap.error("--repeat-share with --copy-rows makes more than 10 % of every batch's tokens synthetic")
     setup_threads(args.threads)
     d = setup_distributed(args.device)
     cfg = config_from_args(args)
