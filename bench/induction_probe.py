@@ -1,7 +1,7 @@
 """How fast a decoder of gpt-tiny's shape learns to copy: train it on synthetic repeated spans alone
 (``train.lm.repeated_spans``: ``<s> x x [x]`` rows, spans drawn uniformly from the ordinary pieces) and measure,
-every ``--every`` steps, the best induction and previous-token scores at N = 50 (bench/lm_heads.py's
-definitions, ``--seeds`` seeds) and the loss. A probe for choosing a training recipe, not a shipped model.
+every ``--every`` steps, the best induction and previous-token scores at N = 50 (``bench/lm_heads.head_scores``,
+``--seeds`` seeds) and the loss. A probe for choosing a training recipe, not a shipped model.
 
     python bench/induction_probe.py --context 32 --spans 4 10 --steps 2000
     python bench/induction_probe.py --context 64 --spans 4 31 --init runs/gpt-tiny3/best.pt   # from a text model
@@ -20,24 +20,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def head_scores(model, pool: np.ndarray, bos: int, n: int = 50, seeds: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """(induction, previous-token) scores (L, H) on ``bos`` + n random pieces of ``pool`` twice, as
-    bench/lm_heads.py computes them from a checkpoint's generate()."""
-    import torch
-
-    induction, previous = [], []
-    i, j = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
-    with torch.no_grad():
-        for seed in range(seeds):
-            x = np.random.default_rng(seed).choice(pool, n, replace=False).tolist()
-            w = torch.stack(model(torch.tensor([[bos, *x, *x]]), need_weights=True).attention)[:, 0].numpy()
-            induction.append(w[:, :, i, i - n + 1].mean(-1))
-            previous.append(w[:, :, j, j - 1].mean(-1))
-    return np.mean(induction, 0), np.mean(previous, 0)
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
+    from lm_heads import head_scores
 
     from models.gpt import GPT, GPTConfig
     from train.lm import repeated_spans
@@ -91,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         if step % args.every == 0 or step == args.steps - 1:
             model.eval()
-            induction, previous = head_scores(model, np.arange(4, args.vocab), BOS_ID, args.n, args.seeds)
+            induction, previous = head_scores(model, args.n, args.seeds)
             model.train()
             il, ih = np.unravel_index(int(np.argmax(induction)), induction.shape)
             print(json.dumps({"step": step, "tokens": (step + 1) * rows * args.context,

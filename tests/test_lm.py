@@ -166,28 +166,17 @@ def test_lm_heads_bench_measures_a_model(tiny_checkpoints: Path, capsys) -> None
     assert len(set(heads.COPY_WORDS)) == len(heads.COPY_WORDS) >= 100
 
 
-def test_induction_probe_scores_as_lm_heads_and_reports_each_measurement(tiny_checkpoints: Path, capsys) -> None:
+def test_induction_probe_reports_each_measurement(capsys) -> None:
     import json
 
-    import models
-
-    def module(name: str):
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    probe, heads = module("induction_probe"), module("lm_heads")
-    lm = models.load(tiny_checkpoints / "gpt-tiny")
-    c, tok = lm.config, lm.tokenizer
-    special = {c.bos_id, c.eos_id, c.pad_id, tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id}
-    pool = np.array([i for i in range(c.vocab_size) if i not in special])
-    ours, theirs = probe.head_scores(lm, pool, tok.bos_id, n=20, seeds=3), heads.head_scores(lm, n=20, trials=3)
-    for a, b in zip(ours, theirs, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    spec = importlib.util.spec_from_file_location("induction_probe", ROOT / "bench" / "induction_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
     assert probe.main(["--steps", "3", "--every", "2", "--vocab", "64", "--d-model", "32", "--layers", "2",
                        "--heads", "2", "--kv-heads", "1", "--n", "20", "--seeds", "2", "--tokens-per-step", "128",
                        "--context", "16", "--spans", "2", "5"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [r["step"] for r in lines] == [0, 2] and [r["tokens"] for r in lines] == [128, 384]
-    assert all(0 <= r["induction"] <= 1 and 0 <= r["previous_token"] <= 1 for r in lines)
+    # an untrained model: attention about uniform over the ~20-40 keys, no head near a role
+    assert all(0 < r["induction"] < 0.3 and 0 < r["previous_token"] < 0.3 for r in lines)
+    assert lines[0]["loss"] == pytest.approx(math.log(64), abs=0.3)
