@@ -12,6 +12,12 @@ Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). Wi
 through the one explicit ``scaled_dot_product`` and returns its weights; otherwise the fused kernel. A
 ``KVCache`` per layer makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
+
+``smear_keys`` (off unless a checkpoint's config turns it on; the project's gpt-tiny does): each key/value head's
+key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix of its own position-encoded key and its
+predecessor's, α one scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
+2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
+heads form within a small training budget; the attention weights returned stay the model's real ones.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class GPTConfig:
     bos_id: int = 1  # put first in every prompt of the project's own models
     eos_id: int = 2  # generation stops after it
     pad_id: int = 0
+    smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -113,6 +120,8 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
         self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
         self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
+        # smear_keys: the logit α of each key/value head's own-key share σ(α); 0 starts at an even mix
+        self.smear = nn.Parameter(torch.zeros(c.kv_heads)) if c.smear_keys else None
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -123,6 +132,8 @@ class CausalSelfAttention(nn.Module):
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
         if angles is not None:  # angles of the T new positions, after any cached ones
             q, k = rotate(q, angles, c.rope_layout), rotate(k, angles, c.rope_layout)
+        if self.smear is not None:
+            k = self._smear(k, cache)
         if cache is not None:
             if cache.k is not None and cache.v is not None:
                 k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
@@ -141,6 +152,17 @@ class CausalSelfAttention(nn.Module):
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
             out = out * head_mask.to(out.dtype)[None, :, None, None]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), weights
+
+    def _smear(self, k: Tensor, cache: KVCache | None) -> Tensor:
+        """k (B, Hkv, T, d) -> σ(α)·k_j + (1 − σ(α))·k_{j−1}; the key before position 0 is zero, and during
+        incremental decoding the cache keeps the newest unsmeared key."""
+        assert self.smear is not None
+        before = cache.last_key if cache is not None and cache.last_key is not None else k.new_zeros(k[:, :, :1].shape)
+        prev = torch.cat([before, k[:, :, :-1]], dim=2)
+        if cache is not None:
+            cache.last_key = k[:, :, -1:]
+        own = torch.sigmoid(self.smear).to(k.dtype)[None, :, None, None]
+        return own * k + (1 - own) * prev
 
 
 class FeedForward(nn.Module):

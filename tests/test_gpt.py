@@ -77,7 +77,10 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
 @pytest.mark.parametrize("config", [LLAMA, GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32,
                                                      n_layers=2, n_heads=4, rope_layout="half"),
                                     GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2,
-                                              n_heads=4)], ids=["llama-gqa", "llama-half", "gpt2"])
+                                              n_heads=4),
+                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
+                                              n_heads=6, n_kv_heads=2, smear_keys=True)],
+                         ids=["llama-gqa", "llama-half", "gpt2", "llama-smeared-keys"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -96,6 +99,33 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
         assert w.shape == (2, config.n_heads, 20, 20)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, config.n_heads, 20), atol=1e-5, rtol=0)
         assert float(torch.triu(w, 1).abs().max()) == 0.0  # causal: nothing above the diagonal
+
+
+def test_smeared_keys_mix_each_key_with_its_predecessor() -> None:
+    """Layer 0's weights with smear_keys, against the same softmax(QKᵀ/√d)·V written out with numpy."""
+    c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                  smear_keys=True)
+    torch.manual_seed(1)
+    model = GPT(c).eval()
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.smear.copy_(torch.tensor([2.0, -1.0]))
+        ids = torch.randint(3, 64, (1, 9))
+        got = model(ids, need_weights=True).attention[0][0].numpy()
+        x = model.blocks[0].norm1(model.embed(ids))[0]
+        from models.gpt import rotate
+
+        angles = model.angles[:9]
+        q = rotate(attn.q_proj(x).view(9, 4, 8).transpose(0, 1), angles, c.rope_layout).numpy()
+        k = rotate(attn.k_proj(x).view(9, 2, 8).transpose(0, 1), angles, c.rope_layout).numpy()
+    for h in range(4):
+        own = 1 / (1 + np.exp(-[2.0, -1.0][h // 2]))
+        kh = k[h // 2]
+        smeared = own * kh + (1 - own) * np.vstack([np.zeros((1, 8)), kh[:-1]])
+        s = q[h] @ smeared.T / np.sqrt(8) + np.triu(np.full((9, 9), -np.inf), 1)
+        ref = np.exp(s - s.max(1, keepdims=True))
+        np.testing.assert_allclose(got[h], ref / ref.sum(1, keepdims=True), atol=1e-5)
+    assert GPT(LLAMA).blocks[0].attn.smear is None  # off unless the config says so
 
 
 def test_grouped_query_heads_share_their_keys() -> None:
