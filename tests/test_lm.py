@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.lm import CopyRows, LMTask, pack, perplexity_sums, read_documents, repeated_spans
+from train.lm import CopyRows, LMTask, copied_targets, pack, perplexity_sums, read_documents, repeated_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("lm_baseline", ROOT / "bench" / "lm_baseline.py")
@@ -120,9 +120,23 @@ def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=1, n_heads=2)).eval()
     text, short = batches[0]
+    keep = copied_targets(short)
     with torch.no_grad():
-        both, alone = task.loss(model, (text, short), 0, 0.0), [task.loss(model, t, 0, 0.0) for t in (text, short)]
-    assert float(both) == pytest.approx(float(alone[0] + 0.5 * alone[1]))
+        both, text_loss = task.loss(model, (text, short), 0, 0.0), task.loss(model, text, 0, 0.0)
+        nll = -torch.log_softmax(model(short[:, :-1]).logits, -1).gather(-1, short[:, 1:, None])[..., 0]
+    # the short rows' loss is the mean over the pieces copying predicts, weighted 0.5
+    assert float(both) == pytest.approx(float(text_loss + 0.5 * nll[keep].mean()), rel=1e-5)
+
+
+def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:
+    row = torch.tensor([[2, 10, 11, 12, 10, 11, 12, 10, 11, 2, 20, 21, 20, 21, 10]])
+    #                   <s> x = 10 11 12, three copies (cut)   <s> y = 20 21, twice; then 10 (after 21, new)
+    got = copied_targets(row)[0].tolist()  # target p + 1 predicted from the prefix up to p
+    assert got == [False, False, False, False, True, True, True, True,  # 10 (2nd copy's first) is not
+                   False, False, False, False, True, False]
+    rows = repeated_spans(50, 64, np.full(60, 1 / 56) * (np.arange(60) >= 4), seed=3, lengths=(4, 31))
+    keep = copied_targets(rows)
+    assert 0.2 < float(keep.float().mean()) < 0.6  # about the repeats' share of a row
 
 
 def test_perplexity_sums_score_every_piece_after_bos() -> None:

@@ -119,13 +119,29 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
     return torch.from_numpy(rows)
 
 
+def copied_targets(rows: Tensor) -> Tensor:
+    """(R, C + 1) synthetic rows -> (R, C) bool: which next-token targets copying predicts, i.e. whose pair
+    (previous piece, piece) already occurred since the row's last ``<s>``. In ``<s> x x [x]`` that is every
+    piece of the second and third copies but the second copy's first (after x's last piece, which came only
+    once before); the first copy is random and predicts nothing."""
+    x = rows.long()
+    segment = torch.cumsum(x == BOS_ID, dim=1)  # which <s> a piece follows
+    prev, cur, seg = x[:, :-1], x[:, 1:], segment[:, 1:]
+    same = (prev[:, :, None] == prev[:, None, :]) & (cur[:, :, None] == cur[:, None, :])
+    same &= seg[:, :, None] == seg[:, None, :]
+    earlier = torch.ones(same.shape[1:], dtype=torch.bool, device=x.device).tril(-1)  # pair q strictly before p
+    return (same & earlier).any(-1)
+
+
 @dataclass(frozen=True)
 class CopyRows:
     """Short synthetic rows (``<s> x x [x]`` of ``context`` tokens, spans of ``lengths`` pieces) beside the text.
 
     Induction heads take a time quadratic in the context length to form (in a minimal model, arXiv:2511.01033),
     so they are taught on short rows: ``per_batch`` of them join every text batch, their mean loss weighted by
-    ``weight`` beside the text's (so that they steer the gradient although they are few of the tokens), and
+    ``weight`` beside the text's (so that they steer the gradient although they are few of the tokens) and
+    taken on the copied pieces only (``copied_targets``: learning to predict the random first copy would only
+    pull the model's next-token distribution towards uniform, against the text), and
     ``warmup_steps`` batches of ``warmup_batch`` of them alone may open the run."""
 
     per_batch: int = 0
@@ -215,8 +231,11 @@ class LMTask:
              label_smoothing: float) -> Tensor:
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
-            return (self.loss(model, text, step, label_smoothing)
-                    + self.copy.weight * self.loss(model, syn, step, label_smoothing))
+            syn = syn.to(self.device)
+            logits = model(syn[:, :-1]).logits
+            keep = copied_targets(syn)
+            copied = F.cross_entropy(logits[keep].float(), syn[:, 1:][keep], label_smoothing=label_smoothing)
+            return self.loss(model, text, step, label_smoothing) + self.copy.weight * copied
         batch = batch.to(self.device)
         logits = model(batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
@@ -292,13 +311,15 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
         syn, total = task.token_counts(step)
         out[name] = {"steps": step, "synthetic_tokens": syn, "training_tokens": total,
                      "share_of_training_tokens": round(syn / max(1, total), 4)}
-    out["construction"] = f"<s> x x [x], x: 8-60 pieces drawn {spans}"
-    out["share_within_text_epochs"] = args.repeat_share
-    out["placed_in_first_share_of_each_epoch"] = args.repeat_front
+    out["construction"] = f"<s> x x [x] (x repeated two or three times), x's pieces drawn {spans}"
+    if args.repeat_share:
+        out["rows_among_the_text"] = (f"rows of {args.context} tokens, spans of 8-60 pieces, {args.repeat_share:.0%} "
+                                      f"of each epoch's rows, in its first {args.repeat_front:.0%} of batches")
     c = task.copy
     if c.per_batch:
         out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
-                             f"pieces) in every batch, their mean loss weighted {c.weight} beside the text's")
+                             f"pieces) in every batch, their mean loss on the copied pieces (train.lm.copied_targets) "
+                             f"weighted {c.weight} beside the text's")
     if c.warmup_steps:
         out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
                               f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
