@@ -13,9 +13,9 @@ through the one explicit ``scaled_dot_product`` and returns its weights; otherwi
 ``KVCache`` per layer makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
 
-``smear_keys`` (off unless a checkpoint's config turns it on; the project's gpt-tiny does): each key/value head's
+``smear_keys`` (off unless a checkpoint's config turns it on; gpt-tiny's recipe does): each key/value head's
 key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix of its own position-encoded key and its
-predecessor's, α one scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
+predecessor's, α one learned scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
 2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
 heads form within a small training budget; the attention weights returned stay the model's real ones.
 """
@@ -120,8 +120,12 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
         self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
         self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
-        # smear_keys: the logit α of each key/value head's own-key share σ(α); 0 starts at an even mix
-        self.smear = nn.Parameter(torch.zeros(c.kv_heads)) if c.smear_keys else None
+        # smear_keys: the logit α of each key/value head's own-key share σ(α), spread at the start from 0.95 (a
+        # plain key, so that positional heads such as previous-token heads stay sharp) to 0.05 (the predecessor's
+        # key: an induction head's match); at an even mix a head aiming one token back splits between two
+        self.smear = None
+        if c.smear_keys:
+            self.smear = nn.Parameter(torch.linspace(3.0, -3.0, c.kv_heads) if c.kv_heads > 1 else torch.zeros(1))
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:

@@ -108,6 +108,8 @@ def test_smeared_keys_mix_each_key_with_its_predecessor() -> None:
     torch.manual_seed(1)
     model = GPT(c).eval()
     attn = model.blocks[0].attn
+    # fresh, the key/value heads span plain keys to nearly the predecessor's
+    torch.testing.assert_close(torch.sigmoid(attn.smear.detach()), torch.tensor([0.9526, 0.0474]), atol=1e-4, rtol=0)
     with torch.no_grad():
         attn.smear.copy_(torch.tensor([2.0, -1.0]))
         ids = torch.randint(3, 64, (1, 9))
