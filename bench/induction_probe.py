@@ -29,10 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=32, help="tokens per synthetic row")
     ap.add_argument("--spans", type=int, nargs=2, default=(4, 10), metavar=("MIN", "MAX"), help="pieces per span")
+    ap.add_argument("--pool", type=int, default=0, help="pieces per span's own pool (0: all; train.lm.repeated_spans)")
     ap.add_argument("--tokens-per-step", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--recipe", choices=["llama", "gpt2"], default="llama", help="models/gpt.py recipe")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(recipe="llama", vocab_size=args.vocab, max_len=max(256, 2 * args.n + 1),
+    model = GPT(GPTConfig(recipe=args.recipe, vocab_size=args.vocab, max_len=max(256, 2 * args.n + 1),
                           d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads,
                           dropout=args.dropout, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
                           smear_keys=args.smear_keys))
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = args.lr * min(1.0, (step + 1) / 100)
-        b = repeated_spans(rows, args.context, uniform, seed=10_000 + step, lengths=tuple(args.spans))
+        b = repeated_spans(rows, args.context, uniform, seed=10_000 + step, lengths=tuple(args.spans), pool=args.pool)
         loss = F.cross_entropy(model(b[:, :-1]).logits.reshape(-1, args.vocab).float(), b[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()

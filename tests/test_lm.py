@@ -79,6 +79,25 @@ def test_packing_and_synthetic_spans() -> None:
         raise AssertionError(f"no repeated span in {block}")
 
 
+def test_pooled_spans_repeat_pieces_within_a_span_and_copy_it_exactly() -> None:
+    unigram = np.zeros(200)
+    unigram[4:] = 1 / 196
+    rows = repeated_spans(30, 127, unigram, seed=1, lengths=(12, 20), pool=6)
+    blocks = 0
+    for row in rows.tolist():
+        starts = [i for i, t in enumerate(row) if t == 2] + [len(row)]
+        for a, b in zip(starts[:-2], starts[1:-1], strict=True):  # whole <s> x x [x] blocks (the last may be cut)
+            block = row[a + 1 : b]
+            k = next(k for k in (2, 3) if len(block) % k == 0 and block == block[: len(block) // k] * k
+                     and 12 <= len(block) // k <= 20)
+            span = block[: len(block) // k]
+            assert len(set(span)) <= 6 < len(span)  # a piece recurs: one piece alone does not say where to go on
+            blocks += 1
+    assert blocks >= 30
+    plain = repeated_spans(30, 127, unigram, seed=1, lengths=(12, 20))
+    assert len(set(plain[0, 1:13].tolist())) > 6  # without a pool the pieces come from all 196
+
+
 def test_copy_warmup_opens_the_first_epoch_and_synthetic_tokens_are_counted() -> None:
     rng = np.random.default_rng(0)
     docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(400)]

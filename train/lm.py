@@ -105,15 +105,24 @@ def pack(docs: list[np.ndarray], context: int) -> Tensor:
 
 
 def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
-                   lengths: tuple[int, int] = (8, 60)) -> Tensor:
+                   lengths: tuple[int, int] = (8, 60), pool: int = 0) -> Tensor:
     """Synthetic ``<s> x x [x]`` rows (padded by further repeats of other spans to the context length); the
-    span's ``lengths[0]``-``lengths[1]`` pieces are drawn with the probabilities ``unigram`` (zero for the specials)."""
+    span's ``lengths[0]``-``lengths[1]`` pieces are drawn with the probabilities ``unigram`` (zero for the specials).
+    With ``pool`` > 0 each span draws uniformly from its own ``pool`` pieces (themselves drawn with ``unigram``), so
+    that a piece recurs within the span and only the two pieces before a target say where the copy goes on: a
+    match on one piece is ambiguous and the model needs the previous piece at every position (a previous-token
+    head) to copy."""
     rng = np.random.default_rng(seed)
     rows = np.empty((n_rows, context + 1), dtype=np.int64)
     for r in range(n_rows):
         out: list[int] = []
         while len(out) < context + 1:
-            span = rng.choice(len(unigram), size=int(rng.integers(lengths[0], lengths[1] + 1)), p=unigram).tolist()
+            size = int(rng.integers(lengths[0], lengths[1] + 1))
+            if pool:
+                pieces = rng.choice(len(unigram), size=pool, replace=False, p=unigram)
+                span = rng.choice(pieces, size=size).tolist()
+            else:
+                span = rng.choice(len(unigram), size=size, p=unigram).tolist()
             out += [BOS_ID] + span * int(rng.integers(2, 4))
         rows[r] = out[: context + 1]
     return torch.from_numpy(rows)
@@ -150,6 +159,7 @@ class CopyRows:
     weight: float = 1.0
     warmup_steps: int = 0
     warmup_batch: int = 32
+    pool: int = 0  # pieces per span's own pool (repeated_spans): ambiguous one-piece matches
 
 
 class LMTask:
@@ -203,12 +213,12 @@ class LMTask:
         c = self.copy
         if c.per_batch:  # (text, short synthetic rows) pairs
             syn = repeated_spans(len(batches) * c.per_batch, c.context, self.unigram,
-                                 seed=self.seed * 1000 + 500 + epoch, lengths=c.lengths)
+                                 seed=self.seed * 1000 + 500 + epoch, lengths=c.lengths, pool=c.pool)
             batches = [(b, s) for b, s in zip(batches, syn.split(c.per_batch), strict=True)]
             counts = [n + c.per_batch * c.context for n in counts]
         if epoch == 0 and c.warmup_steps:  # the copy warm-up opens the first epoch
             syn = repeated_spans(c.warmup_steps * c.warmup_batch, c.context, self.unigram,
-                                 seed=self.seed * 1000 + 999, lengths=c.lengths)
+                                 seed=self.seed * 1000 + 999, lengths=c.lengths, pool=c.pool)
             batches = list(syn.split(c.warmup_batch)) + batches
             counts = [c.warmup_batch * c.context] * c.warmup_steps + counts
         self._epoch = (epoch, batches, counts)
@@ -318,7 +328,7 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
     c = task.copy
     if c.per_batch:
         out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
-                             f"pieces) in every batch, their mean loss on the copied pieces (train.lm.copied_targets) "
+                             f"pieces{f', each from its own {c.pool} pieces' if c.pool else ''}) in every batch, their mean loss on the copied pieces (train.lm.copied_targets) "
                              f"weighted {c.weight} beside the text's")
     if c.warmup_steps:
         out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
@@ -352,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-context", type=int, default=48, help="tokens per short synthetic row")
     ap.add_argument("--copy-spans", type=int, nargs=2, default=(4, 20), metavar=("MIN", "MAX"),
                     help="pieces per repeated span in the short rows")
+    ap.add_argument("--copy-pool", type=int, default=0,
+                    help="short rows' spans each draw from their own POOL pieces, so copying needs the previous piece")
     ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
     ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
                     help="open the run with this many batches of short synthetic rows only")
@@ -387,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
-                                args.copy_warmup, args.copy_warmup_batch))
+                                args.copy_warmup, args.copy_warmup_batch, args.copy_pool))
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
