@@ -327,9 +327,10 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                       f"of each epoch's rows, in its first {args.repeat_front:.0%} of batches")
     c = task.copy
     if c.per_batch:
+        pooled = f", each from its own {c.pool} pieces" if c.pool else ""
         out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
-                             f"pieces{f', each from its own {c.pool} pieces' if c.pool else ''}) in every batch, their mean loss on the copied pieces (train.lm.copied_targets) "
-                             f"weighted {c.weight} beside the text's")
+                             f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
+                             f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
     if c.warmup_steps:
         out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
                               f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
