@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--smear-keys", action="store_true", help="models/gpt.py smear_keys (Olsson et al. 2022)")
+    ap.add_argument("--qkv-bias", action="store_true", help="models/gpt.py qkv_bias (LLaMA recipe)")
     ap.add_argument("--n", type=int, default=50, help="tokens per copy for the head scores")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--init", type=Path, default=None, help="a train.lm state or best.pt of the same shape")
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT(GPTConfig(recipe=args.recipe, vocab_size=args.vocab, max_len=max(256, 2 * args.n + 1),
                           d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads,
                           dropout=args.dropout, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
-                          smear_keys=args.smear_keys))
+                          smear_keys=args.smear_keys, qkv_bias=args.qkv_bias))
     if args.init is not None:
         model.load_state_dict(load_state(args.init)["model"])
     uniform = np.ones(args.vocab)

@@ -60,6 +60,7 @@ class GPTConfig:
     eos_id: int = 2  # generation stops after it
     pad_id: int = 0
     smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
+    qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -116,9 +117,12 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.c = c
         bias = c.recipe == "gpt2"
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)
-        self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
-        self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=bias)
+        # a query/key bias is a content-free direction that RoPE turns into a purely positional score, e.g. one
+        # token back (a previous-token head); without one the residual stream has to learn such a direction
+        qkv = bias or c.qkv_bias
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=qkv)
+        self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
+        self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
         # smear_keys: the logit α of each key/value head's own-key share σ(α), spread at the start from 0.95 (a
         # plain key, so that positional heads such as previous-token heads stay sharp) to 0.05 (the predecessor's

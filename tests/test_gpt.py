@@ -75,12 +75,12 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
 
 
 @pytest.mark.parametrize("config", [LLAMA, GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32,
-                                                     n_layers=2, n_heads=4, rope_layout="half"),
+                                                     n_layers=2, n_heads=4, rope_layout="half", qkv_bias=True),
                                     GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2,
                                               n_heads=4),
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
                                               n_heads=6, n_kv_heads=2, smear_keys=True)],
-                         ids=["llama-gqa", "llama-half", "gpt2", "llama-smeared-keys"])
+                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -128,6 +128,28 @@ def test_smeared_keys_mix_each_key_with_its_predecessor() -> None:
         ref = np.exp(s - s.max(1, keepdims=True))
         np.testing.assert_allclose(got[h], ref / ref.sum(1, keepdims=True), atol=1e-5)
     assert GPT(LLAMA).blocks[0].attn.smear is None  # off unless the config says so
+
+
+def test_query_key_biases_alone_make_a_previous_token_head() -> None:
+    """With qkv_bias the LLaMA recipe can score by position alone: q = b_q, k = b_k for every token, and RoPE
+    turns b_qᵀ R(j − i) b_k into a peak one token back when b_q is b_k turned by one position backwards."""
+    c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=1, n_heads=4, qkv_bias=True)
+    model = GPT(c).eval()
+    attn = model.blocks[0].attn
+    assert attn.o_proj.bias is None and GPT(LLAMA).blocks[0].attn.k_proj.bias is None
+    from models.gpt import rotate
+    from models.positional import rope_angles
+
+    key = torch.ones(1, 4, 1, 8)
+    query = 60 * rotate(key, rope_angles(1, 8, offset=-1), c.rope_layout)  # b_k turned one position back
+    with torch.no_grad():
+        attn.q_proj.weight.zero_()
+        attn.k_proj.weight.zero_()
+        attn.q_proj.bias.copy_(query.flatten())
+        attn.k_proj.bias.copy_(key.flatten())
+        w = model(torch.randint(3, 64, (2, 12)), need_weights=True).attention[0]  # (B, H, T, T)
+    i = torch.arange(1, 12)
+    assert float(w[:, :, i, i - 1].min()) > 0.95  # every head, every token, whatever the tokens are
 
 
 def test_grouped_query_heads_share_their_keys() -> None:

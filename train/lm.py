@@ -352,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--smear-keys", action="store_true",
                     help="mix each key with its predecessor's (Olsson et al. 2022): induction heads in one layer")
+    ap.add_argument("--qkv-bias", action="store_true",
+                    help="query/key/value biases (models/gpt.py qkv_bias): a content-free direction, positional heads")
     ap.add_argument("--repeat-share", type=float, default=0.08,
                     help="share of training tokens in synthetic repeated spans (at most 0.10)")
     ap.add_argument("--span-sampling", choices=["uniform", "unigram", "frequent"], default="uniform",
@@ -405,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
                      n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads, dropout=args.dropout,
-                     bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys)
+                     bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys,
+                     qkv_bias=args.qkv_bias)
     model = GPT(mcfg).to(d.device)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc="lm")
     if result.finished and d.main:
