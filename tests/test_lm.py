@@ -4,6 +4,7 @@ against hand-computed probabilities."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.lm import CopyRows, LMTask, copied_targets, pack, perplexity_sums, read_documents, repeated_spans
+from train.lm import (CopyRows, LMTask, copied_targets, pack, perplexity_sums, read_documents, repeated_spans,
+                      repeated_text)
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("lm_baseline", ROOT / "bench" / "lm_baseline.py")
@@ -145,6 +147,39 @@ def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
         nll = -torch.log_softmax(model(short[:, :-1]).logits, -1).gather(-1, short[:, 1:, None])[..., 0]
     # the short rows' loss is the mean over the pieces copying predicts, weighted 0.5
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll[keep].mean()), rel=1e-5)
+
+
+def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    rng = np.random.default_rng(2)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(1, 40))), 3]) for _ in range(300)]
+    short = {tuple(d.tolist()) for d in docs if 4 <= len(d) - 2 <= 12}
+    rows = repeated_text(docs, 40, 63, seed=4, lengths=(4, 12))
+    assert rows.shape == (40, 64)
+    blocks = 0
+    for row in rows.tolist():
+        cuts = [i + 1 for i, t in enumerate(row) if t == 3]  # after each </s>
+        pieces = [tuple(row[a:b]) for a, b in zip([0, *cuts], cuts, strict=False)]  # whole <s> d </s>
+        assert pieces and all(d in short for d in pieces)  # a document of 4-12 pieces, as it is in the text
+        runs = [len(list(g)) for _, g in itertools.groupby(pieces)]
+        assert all(n in (2, 3) for n in runs[:-1])  # each document two or three times running (the last may be cut)
+        blocks += len(runs) - 1
+    assert blocks >= 60
+    with pytest.raises(ValueError, match="no training document"):
+        repeated_text([np.array([2, 11, 3])], 1, 16, seed=0)
+
+    args = dict(context=16, batch_size=8, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
+    task = LMTask(docs, {}, **args, copy=CopyRows(per_batch=2, context=20, lengths=(4, 8), weight=0.5, source="text"))
+    text, rows = task.train_batches(0)[0]
+    assert rows.shape == (2, 21) and int(rows[0, 0]) == 2
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=20, d_model=16, n_layers=1, n_heads=2)).eval()
+    with torch.no_grad():
+        both, text_loss = task.loss(model, (text, rows), 0, 0.0), task.loss(model, text, 0, 0.0)
+        nll = -torch.log_softmax(model(rows[:, :-1]).logits, -1).gather(-1, rows[:, 1:, None])[..., 0]
+    # every target counts, the first copy too: it is text
+    assert float(both) == pytest.approx(float(text_loss + 0.5 * nll.mean()), rel=1e-5)
 
 
 def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:

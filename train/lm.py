@@ -128,6 +128,26 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
     return torch.from_numpy(rows)
 
 
+def repeated_text(docs: list[np.ndarray], n_rows: int, context: int, seed: int,
+                  lengths: tuple[int, int] = (4, 31)) -> Tensor:
+    """Short rows of real documents, each repeated: ``<s> d </s> <s> d </s> [<s> d </s>]``, then the next
+    document, ``d`` a random training document of ``lengths[0]``-``lengths[1]`` pieces. A row is packed text in
+    which a document happens to come again, so every target is one the text also has (a document's start after
+    ``<s>``, ``</s>`` at its end); only the repeats ask for copying, and until a model copies they are ordinary
+    text to predict, not random pieces that pull its next-token distribution towards uniform."""
+    short = [d for d in docs if lengths[0] <= len(d) - 2 <= lengths[1]]  # length without <s> and </s>
+    if not short:
+        raise ValueError(f"no training document has {lengths[0]}-{lengths[1]} pieces for the short copy rows")
+    rng = np.random.default_rng(seed)
+    rows = np.empty((n_rows, context + 1), dtype=np.int64)
+    for r in range(n_rows):
+        out: list[int] = []
+        while len(out) < context + 1:
+            out += short[int(rng.integers(len(short)))].tolist() * int(rng.integers(2, 4))
+        rows[r] = out[: context + 1]
+    return torch.from_numpy(rows)
+
+
 def copied_targets(rows: Tensor) -> Tensor:
     """(R, C + 1) synthetic rows -> (R, C) bool: which next-token targets copying predicts, i.e. whose pair
     (previous piece, piece) already occurred since the row's last ``<s>``. In ``<s> x x [x]`` that is every
@@ -160,6 +180,9 @@ class CopyRows:
     warmup_steps: int = 0
     warmup_batch: int = 32
     pool: int = 0  # pieces per span's own pool (repeated_spans): ambiguous one-piece matches
+    # "random": spans of pieces drawn as the long synthetic spans are, the loss on the copied pieces only;
+    # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text)
+    source: str = "random"
 
 
 class LMTask:
@@ -212,17 +235,21 @@ class LMTask:
         counts = [int(synthetic[i : i + bs].sum()) * self.context for i in starts]
         c = self.copy
         if c.per_batch:  # (text, short synthetic rows) pairs
-            syn = repeated_spans(len(batches) * c.per_batch, c.context, self.unigram,
-                                 seed=self.seed * 1000 + 500 + epoch, lengths=c.lengths, pool=c.pool)
+            syn = self._short_rows(len(batches) * c.per_batch, seed=self.seed * 1000 + 500 + epoch)
             batches = [(b, s) for b, s in zip(batches, syn.split(c.per_batch), strict=True)]
             counts = [n + c.per_batch * c.context for n in counts]
         if epoch == 0 and c.warmup_steps:  # the copy warm-up opens the first epoch
-            syn = repeated_spans(c.warmup_steps * c.warmup_batch, c.context, self.unigram,
-                                 seed=self.seed * 1000 + 999, lengths=c.lengths, pool=c.pool)
+            syn = self._short_rows(c.warmup_steps * c.warmup_batch, seed=self.seed * 1000 + 999)
             batches = list(syn.split(c.warmup_batch)) + batches
             counts = [c.warmup_batch * c.context] * c.warmup_steps + counts
         self._epoch = (epoch, batches, counts)
         return batches, counts
+
+    def _short_rows(self, n: int, seed: int) -> Tensor:
+        c = self.copy
+        if c.source == "text":
+            return repeated_text(self.docs, n, c.context, seed, lengths=c.lengths)
+        return repeated_spans(n, c.context, self.unigram, seed, lengths=c.lengths, pool=c.pool)
 
     def token_counts(self, step: int) -> tuple[int, int]:
         """(synthetic, all) training tokens (targets) of the first ``step`` batches of a run on one process: the
@@ -243,7 +270,9 @@ class LMTask:
             text, syn = batch
             syn = syn.to(self.device)
             logits = model(syn[:, :-1]).logits
-            keep = copied_targets(syn)
+            keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
+            if self.copy.source == "random":
+                keep = copied_targets(syn)
             copied = F.cross_entropy(logits[keep].float(), syn[:, 1:][keep], label_smoothing=label_smoothing)
             return self.loss(model, text, step, label_smoothing) + self.copy.weight * copied
         batch = batch.to(self.device)
@@ -327,10 +356,16 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                       f"of each epoch's rows, in its first {args.repeat_front:.0%} of batches")
     c = task.copy
     if c.per_batch:
-        pooled = f", each from its own {c.pool} pieces" if c.pool else ""
-        out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
-                             f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
-                             f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
+        if c.source == "text":
+            out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens in every batch: <s> d </s> <s> d </s> "
+                                 f"[<s> d </s>], d a random training document of {c.lengths[0]}-{c.lengths[1]} pieces "
+                                 f"(train.lm.repeated_text; all of a row's tokens counted as synthetic), their mean "
+                                 f"loss on every target weighted {c.weight} beside the text's")
+        else:
+            pooled = f", each from its own {c.pool} pieces" if c.pool else ""
+            out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
+                                 f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
+                                 f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
     if c.warmup_steps:
         out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
                               f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
@@ -367,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="pieces per repeated span in the short rows")
     ap.add_argument("--copy-pool", type=int, default=0,
                     help="short rows' spans each draw from their own POOL pieces, so copying needs the previous piece")
+    ap.add_argument("--copy-source", choices=["random", "text"], default="random",
+                    help="short rows of random pieces (loss on the copies only) or of short documents repeated")
     ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
     ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
                     help="open the run with this many batches of short synthetic rows only")
@@ -402,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
-                                args.copy_warmup, args.copy_warmup_batch, args.copy_pool))
+                                args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
+                                args.copy_source))
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
