@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from train.lm import (CopyRows, LMTask, copied_targets, pack, perplexity_sums, read_documents, repeated_spans,
-                      repeated_text)
+from train.lm import (
+    CopyRows,
+    LMTask,
+    copied_targets,
+    pack,
+    perplexity_sums,
+    read_documents,
+    repeated_spans,
+    repeated_text,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("lm_baseline", ROOT / "bench" / "lm_baseline.py")
