@@ -15,8 +15,10 @@ import torch
 
 from train.lm import (
     CopyRows,
+    HeadFreeze,
     LMTask,
     copied_targets,
+    head_scores,
     pack,
     perplexity_sums,
     read_documents,
@@ -188,6 +190,48 @@ def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
         nll = -torch.log_softmax(model(rows[:, :-1]).logits, -1).gather(-1, rows[:, 1:, None])[..., 0]
     # every target counts, the first copy too: it is text
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll.mean()), rel=1e-5)
+
+
+def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -> None:
+    from models.gpt import GPT, GPTConfig, rotate
+    from models.positional import rope_angles
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=120, max_len=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, smear_keys=True,
+                    qkv_bias=True)
+    model = GPT(cfg)
+    q, k = slice(24, 32), slice(8, 16)  # d_head 8: query head 3's rows, and those of key/value head 1 it reads
+    attn = model.blocks[0].attn
+    with torch.no_grad():  # head 3 a previous-token head by its biases alone (as in tests/test_gpt.py)
+        key = torch.ones(1, 1, 1, 8)
+        attn.q_proj.weight[q] = 0
+        attn.k_proj.weight[k] = 0
+        attn.q_proj.bias[q] = 60 * rotate(key, rope_angles(1, 8, offset=-1), cfg.rope_layout).flatten()
+        attn.k_proj.bias[k] = key.flatten()
+        attn.smear[1] = 12.0  # its own key, unmixed
+    _, previous = head_scores(model, n=20, seeds=range(3))
+    assert previous[0, 3] > 0.95 and np.delete(previous[0], 3).max() < 0.5  # the scores find that head alone
+    before = {name: v.clone() for name, v in model.state_dict().items()}
+    HeadFreeze(model, layer=0, head=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(5):
+        x = torch.randint(4, 120, (4, 33))
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).logits.reshape(-1, 120), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    _, now = head_scores(model, n=20, seeds=range(3))  # a forward pass: the frozen values come back before it
+    after = model.state_dict()
+    a = "blocks.0.attn."
+    for name, frozen, free in (("q_proj.weight", q, slice(0, 24)), ("q_proj.bias", q, slice(0, 24)),
+                               ("k_proj.weight", k, slice(0, 8)), ("k_proj.bias", k, slice(0, 8)),
+                               ("smear", slice(1, 2), slice(0, 1))):
+        assert torch.equal(after[a + name][frozen], before[a + name][frozen]), name
+        assert not torch.equal(after[a + name][free], before[a + name][free]), name
+    assert torch.equal(after["blocks.0.norm1.weight"], before["blocks.0.norm1.weight"])
+    for name in ("embed.weight", a + "v_proj.weight", a + "o_proj.weight", "blocks.1.attn.q_proj.weight"):
+        assert not torch.equal(after[name], before[name])  # what the head writes, and everything else, trains
+    assert now[0, 3] > 0.95
 
 
 def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:

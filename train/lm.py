@@ -162,6 +162,63 @@ def copied_targets(rows: Tensor) -> Tensor:
     return (same & earlier).any(-1)
 
 
+@torch.no_grad()
+def head_scores(model: nn.Module, n: int = 50, seeds: range = range(10)) -> tuple[np.ndarray, np.ndarray]:
+    """(induction, previous-token) scores per layer and head, (L, H) each, of a bare models.gpt.GPT, with the
+    definitions of bench/lm_heads.py: ``<s>`` + ``n`` random ordinary pieces twice, attention from each piece of
+    the second copy to the one after its earlier occurrence, and from every piece to the one before it."""
+    was = model.training
+    model.eval()
+    first = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1  # the specials are the first ids
+    device = next(model.parameters()).device
+    induction, previous = [], []
+    second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
+    for seed in seeds:
+        x = (np.random.default_rng(seed).choice(model.config.vocab_size - first, n, replace=False) + first).tolist()
+        w = torch.stack(model(torch.tensor([[BOS_ID, *x, *x]], device=device), need_weights=True).attention)[:, 0]
+        w = w.float().cpu().numpy()  # (L, H, T, T)
+        induction.append(w[:, :, second, second - n + 1].mean(-1))
+        previous.append(w[:, :, later, later - 1].mean(-1))
+    model.train(was)
+    return np.mean(induction, 0), np.mean(previous, 0)
+
+
+class HeadFreeze:
+    """Keeps one head's attention pattern as training found it: the head's query rows, its key/value head's key
+    rows and smear logit (and their biases), and the block's input norm stay at their values from then on.
+
+    An induction head that the copy warm-up teaches in layer 0 reads only the embeddings; the text then
+    reshapes everything and, with few repeats in it, unlearns the head within a few hundred steps (runs/gpt-tiny4,
+    gpt-tiny5), or keeps it only at the price of copy rows weighted against the text (gpt-tiny10). Frozen, its
+    query-key match of a piece with the piece before an earlier occurrence stays; what it writes (values and
+    output) goes on training, with the short rows. Gradients of the frozen entries are zeroed and, before every
+    forward pass of the block, their values restored where the last optimiser step (weight decay, momentum)
+    moved them."""
+
+    def __init__(self, model: nn.Module, layer: int, head: int) -> None:
+        c, block = model.config, model.blocks[layer]
+        attn, d = block.attn, c.d_head
+        g = head // (c.n_heads // c.kv_heads)  # the key/value head this query head reads
+        rows = [(attn.q_proj, slice(head * d, (head + 1) * d)), (attn.k_proj, slice(g * d, (g + 1) * d))]
+        self.frozen = [(m.weight, r) for m, r in rows] + [(m.bias, r) for m, r in rows if m.bias is not None]
+        self.frozen.append((block.norm1.weight, slice(None)))
+        if attn.smear is not None:
+            self.frozen.append((attn.smear, slice(g, g + 1)))
+        self.values = [p.detach()[r].clone() for p, r in self.frozen]
+        for p, r in self.frozen:
+            keep = torch.ones_like(p)
+            keep[r] = 0
+            p.register_hook(lambda grad, keep=keep: grad * keep)
+        block.register_forward_pre_hook(lambda *_: self.restore())
+        self.layer, self.head = layer, head
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for (p, r), v in zip(self.frozen, self.values, strict=True):
+            if not torch.equal(p[r], v):  # once a step: a second forward pass (the short rows) may not write again,
+                p[r] = v  # since backward needs the weights the first one saw
+
+
 @dataclass(frozen=True)
 class CopyRows:
     """Short synthetic rows (``<s> x x [x]`` of ``context`` tokens, spans of ``lengths`` pieces) beside the text.
@@ -183,6 +240,7 @@ class CopyRows:
     # "random": spans of pieces drawn as the long synthetic spans are, the loss on the copied pieces only;
     # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text)
     source: str = "random"
+    freeze: bool = False  # after the warm-up, keep its best induction head's query and key as they are (HeadFreeze)
 
 
 class LMTask:
@@ -205,6 +263,8 @@ class LMTask:
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
+        self.freeze_file: Path | None = None  # with copy.freeze: which head was frozen, kept for --resume
+        self.frozen: HeadFreeze | None = None
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
 
     def train_batches(self, epoch: int) -> list[Tensor | tuple[Tensor, Tensor]]:
@@ -266,6 +326,8 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: Tensor | tuple[Tensor, Tensor], step: int,
              label_smoothing: float) -> Tensor:
+        if self.copy.freeze and self.frozen is None and step >= self.copy.warmup_steps:
+            self.freeze_head(getattr(model, "module", model), step)
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
@@ -279,6 +341,23 @@ class LMTask:
         logits = model(batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
                                label_smoothing=label_smoothing)
+
+    def freeze_head(self, model: nn.Module, step: int) -> None:
+        """Freeze the head with the best induction score (HeadFreeze), the same one again on --resume."""
+        if self.freeze_file is not None and self.freeze_file.is_file():
+            info = json.loads(self.freeze_file.read_text())
+        else:
+            induction, previous = head_scores(model)
+            layer, head = np.unravel_index(int(np.argmax(induction)), induction.shape)
+            info = {"layer": int(layer), "head": int(head), "step": step,
+                    "induction_score": round(float(induction[layer, head]), 4),
+                    "previous_token_score": round(float(previous[layer, head]), 4)}
+            if self.freeze_file is not None:
+                self.freeze_file.write_text(json.dumps(info) + "\n")
+        self.frozen = HeadFreeze(model, info["layer"], info["head"])
+        self.frozen_info = info
+        print(f"froze layer {info['layer']} head {info['head']}'s query and key at step {info['step']} "
+              f"(induction {info['induction_score']})")
 
     @torch.no_grad()
     def validate(self, model: nn.Module) -> dict[str, float]:
@@ -407,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
     ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
                     help="open the run with this many batches of short synthetic rows only")
+    ap.add_argument("--copy-freeze", action="store_true",
+                    help="after the copy warm-up, keep its best induction head's query and key (train.lm.HeadFreeze)")
     ap.add_argument("--copy-warmup-batch", type=int, default=32, help="rows per copy warm-up batch")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
@@ -440,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
-                                args.copy_source))
+                                args.copy_source, args.copy_freeze))
+    task.freeze_file = Path(args.run_dir) / "frozen_head.json"
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -464,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
             "natural_tokens_per_epoch": natural,
             "synthetic_repeated_spans": synthetic_record(task, args, int(info["step"]), result.step),
         }
+        if task.frozen is not None:
+            record["frozen_head"] = {**task.frozen_info, "what": "its query rows, its key/value head's key rows and "
+                                     "smear logit (with biases) and the block's input norm, kept from that step on "
+                                     "(train.lm.HeadFreeze)"}
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",
                                 **info["metrics"]}
