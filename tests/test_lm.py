@@ -234,6 +234,29 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -
     assert now[0, 3] > 0.95
 
 
+def test_a_warmup_of_the_first_layers_leaves_the_later_blocks_untrained() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    rng = np.random.default_rng(3)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(200)]
+    args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
+    task = LMTask(docs, {}, **args, copy=CopyRows(context=12, lengths=(3, 5), warmup_steps=2, warmup_batch=4,
+                                                  warmup_layers=1))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2))
+    batches = task.train_batches(0)
+
+    def grads(step: int) -> dict[str, float]:
+        model.zero_grad()
+        task.loss(model, batches[step], step, 0.0).backward()
+        return {n: float(p.grad.abs().sum()) for n, p in model.named_parameters() if p.grad is not None}
+
+    warm, text = grads(0), grads(2)  # in the warm-up, then the first text batch
+    assert warm["embed.weight"] > 0 and warm["blocks.0.attn.q_proj.weight"] > 0 and warm["norm.weight"] > 0
+    assert all(v == 0 for n, v in warm.items() if n.startswith("blocks.1."))
+    assert all(v > 0 for n, v in text.items() if n.startswith("blocks.1."))
+
+
 def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:
     row = torch.tensor([[2, 10, 11, 12, 10, 11, 12, 10, 11, 2, 20, 21, 20, 21, 10]])
     #                   <s> x = 10 11 12, three copies (cut)   <s> y = 20 21, twice; then 10 (after 21, new)

@@ -241,6 +241,7 @@ class CopyRows:
     # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text)
     source: str = "random"
     freeze: bool = False  # after the warm-up, keep its best induction head's query and key as they are (HeadFreeze)
+    warmup_layers: int = 0  # > 0: the warm-up trains only the embeddings, these first blocks and the final norm
 
 
 class LMTask:
@@ -265,6 +266,8 @@ class LMTask:
         self.natural_tokens = sum(len(d) for d in train_docs)
         self.freeze_file: Path | None = None  # with copy.freeze: which head was frozen, kept for --resume
         self.frozen: HeadFreeze | None = None
+        self.warming = False  # in the copy warm-up (with copy.warmup_layers: the later blocks get no gradient)
+        self._warm_hooks = False
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
 
     def train_batches(self, epoch: int) -> list[Tensor | tuple[Tensor, Tensor]]:
@@ -326,8 +329,15 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: Tensor | tuple[Tensor, Tensor], step: int,
              label_smoothing: float) -> Tensor:
+        net = getattr(model, "module", model)
+        self.warming = step < self.copy.warmup_steps
+        if self.warming and self.copy.warmup_layers and not self._warm_hooks:
+            for block in net.blocks[self.copy.warmup_layers :]:
+                for p in block.parameters():
+                    p.register_hook(lambda grad: grad * 0 if self.warming else grad)
+            self._warm_hooks = True
         if self.copy.freeze and self.frozen is None and step >= self.copy.warmup_steps:
-            self.freeze_head(getattr(model, "module", model), step)
+            self.freeze_head(net, step)
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
@@ -448,6 +458,9 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
     if c.warmup_steps:
         out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
                               f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
+        if c.warmup_layers:
+            out["copy_warmup"] += (f"; only the embeddings, the first {c.warmup_layers} block(s) and the final norm "
+                                   "trained in it")
     return out
 
 
@@ -488,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="open the run with this many batches of short synthetic rows only")
     ap.add_argument("--copy-freeze", action="store_true",
                     help="after the copy warm-up, keep its best induction head's query and key (train.lm.HeadFreeze)")
+    ap.add_argument("--copy-warmup-layers", type=int, default=0, metavar="K",
+                    help="the warm-up trains only the embeddings, the first K blocks and the final norm (0: all)")
     ap.add_argument("--copy-warmup-batch", type=int, default=32, help="rows per copy warm-up batch")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
@@ -521,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
-                                args.copy_source, args.copy_freeze))
+                                args.copy_source, args.copy_freeze, args.copy_warmup_layers))
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
 
     torch.manual_seed(cfg.seed)
