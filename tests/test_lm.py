@@ -234,27 +234,36 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -
     assert now[0, 3] > 0.95
 
 
-def test_a_warmup_of_the_first_layers_leaves_the_later_blocks_untrained() -> None:
+def test_a_warmup_after_text_batches_trains_only_the_named_parameters_on_the_copies() -> None:
     from models.gpt import GPT, GPTConfig
 
     rng = np.random.default_rng(3)
     docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(200)]
     args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
-    task = LMTask(docs, {}, **args, copy=CopyRows(context=12, lengths=(3, 5), warmup_steps=2, warmup_batch=4,
-                                                  warmup_layers=1))
+    copy = CopyRows(context=12, lengths=(3, 5), warmup_steps=2, warmup_batch=4, warmup_at=3,
+                    warmup_only=("blocks.0.attn",))
+    task, plain = LMTask(docs, {}, **args, copy=copy), LMTask(docs, {}, **args)
+    batches, text = task.train_batches(0), plain.train_batches(0)
+    assert all(torch.equal(a, b) for a, b in zip(batches[:3] + batches[5:], text, strict=True))
+    assert [tuple(b.shape) for b in batches[3:5]] == [(4, 13)] * 2  # the warm-up after three text batches
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2))
-    batches = task.train_batches(0)
 
-    def grads(step: int) -> dict[str, float]:
+    def grads(step: int) -> tuple[float, dict[str, float]]:
         model.zero_grad()
-        task.loss(model, batches[step], step, 0.0).backward()
-        return {n: float(p.grad.abs().sum()) for n, p in model.named_parameters() if p.grad is not None}
+        loss = task.loss(model, batches[step], step, 0.0)
+        loss.backward()
+        return float(loss.detach()), {n: float(p.grad.abs().sum()) for n, p in model.named_parameters() if p.grad is not None}
 
-    warm, text = grads(0), grads(2)  # in the warm-up, then the first text batch
-    assert warm["embed.weight"] > 0 and warm["blocks.0.attn.q_proj.weight"] > 0 and warm["norm.weight"] > 0
-    assert all(v == 0 for n, v in warm.items() if n.startswith("blocks.1."))
-    assert all(v > 0 for n, v in text.items() if n.startswith("blocks.1."))
+    _, before = grads(2)
+    loss, warm = grads(3)
+    _, after = grads(5)
+    assert all(v > 0 for v in before.values()) and all(v > 0 for v in after.values())
+    assert {n for n, v in warm.items() if v > 0} == {n for n in warm if n.startswith("blocks.0.attn.")}
+    with torch.no_grad():  # in the warm-up the loss is on the copied pieces alone
+        rows = batches[3]
+        nll = -torch.log_softmax(model(rows[:, :-1]).logits, -1).gather(-1, rows[:, 1:, None])[..., 0]
+    assert loss == pytest.approx(float(nll[copied_targets(rows)].mean()), rel=1e-5)
 
 
 def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:

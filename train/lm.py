@@ -19,7 +19,10 @@ unigram``: by their frequency in the training text; ``frequent``: uniformly from
   F`` mixes them into the epoch's first F of batches only);
 - ``--copy-rows R``: R short rows of ``--copy-context`` tokens (spans ``--copy-spans``) join every text batch, their
   mean loss weighted ``--copy-weight`` beside the text's, so that the copying gradient is not drowned by the text
-  although these rows are few of the tokens; ``--copy-warmup STEPS`` opens the run with batches of them alone.
+  although these rows are few of the tokens (``--copy-source text``: short documents repeated instead);
+  ``--copy-warmup STEPS`` puts batches of them alone at the start (or after ``--copy-warmup-at`` text batches),
+  training only ``--copy-warmup-only`` parameters if given, and ``--copy-freeze`` then keeps the induction head
+  they taught (``HeadFreeze``).
 The share of synthetic tokens the model saw is counted and recorded in the checkpoint's metrics.json (at most
 10 %). Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random
 pieces against the first (near 0 before induction heads form, several nats after).
@@ -228,7 +231,8 @@ class CopyRows:
     ``weight`` beside the text's (so that they steer the gradient although they are few of the tokens) and
     taken on the copied pieces only (``copied_targets``: learning to predict the random first copy would only
     pull the model's next-token distribution towards uniform, against the text), and
-    ``warmup_steps`` batches of ``warmup_batch`` of them alone may open the run."""
+    ``warmup_steps`` batches of ``warmup_batch`` of them alone may open the run (or come after ``warmup_at`` text
+    batches), their loss too on the copied pieces only, and training only the parameters named by ``warmup_only``."""
 
     per_batch: int = 0
     context: int = 48
@@ -241,7 +245,8 @@ class CopyRows:
     # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text)
     source: str = "random"
     freeze: bool = False  # after the warm-up, keep its best induction head's query and key as they are (HeadFreeze)
-    warmup_layers: int = 0  # > 0: the warm-up trains only the embeddings, these first blocks and the final norm
+    warmup_only: tuple[str, ...] = ()  # parameter-name prefixes the warm-up trains (empty: all of them)
+    warmup_at: int = 0  # text batches before the warm-up (first epoch)
 
 
 class LMTask:
@@ -266,7 +271,7 @@ class LMTask:
         self.natural_tokens = sum(len(d) for d in train_docs)
         self.freeze_file: Path | None = None  # with copy.freeze: which head was frozen, kept for --resume
         self.frozen: HeadFreeze | None = None
-        self.warming = False  # in the copy warm-up (with copy.warmup_layers: the later blocks get no gradient)
+        self.warming = False  # in the copy warm-up (with copy.warmup_only: the other parameters get no gradient)
         self._warm_hooks = False
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
 
@@ -301,10 +306,11 @@ class LMTask:
             syn = self._short_rows(len(batches) * c.per_batch, seed=self.seed * 1000 + 500 + epoch)
             batches = [(b, s) for b, s in zip(batches, syn.split(c.per_batch), strict=True)]
             counts = [n + c.per_batch * c.context for n in counts]
-        if epoch == 0 and c.warmup_steps:  # the copy warm-up opens the first epoch
+        if epoch == 0 and c.warmup_steps:  # the copy warm-up, after the first warmup_at text batches
             syn = self._short_rows(c.warmup_steps * c.warmup_batch, seed=self.seed * 1000 + 999)
-            batches = list(syn.split(c.warmup_batch)) + batches
-            counts = [c.warmup_batch * c.context] * c.warmup_steps + counts
+            at = c.warmup_at
+            batches = batches[:at] + list(syn.split(c.warmup_batch)) + batches[at:]
+            counts = counts[:at] + [c.warmup_batch * c.context] * c.warmup_steps + counts[at:]
         self._epoch = (epoch, batches, counts)
         return batches, counts
 
@@ -329,14 +335,14 @@ class LMTask:
 
     def loss(self, model: nn.Module, batch: Tensor | tuple[Tensor, Tensor], step: int,
              label_smoothing: float) -> Tensor:
-        net = getattr(model, "module", model)
-        self.warming = step < self.copy.warmup_steps
-        if self.warming and self.copy.warmup_layers and not self._warm_hooks:
-            for block in net.blocks[self.copy.warmup_layers :]:
-                for p in block.parameters():
+        c, net = self.copy, getattr(model, "module", model)
+        self.warming = c.warmup_at <= step < c.warmup_at + c.warmup_steps
+        if self.warming and c.warmup_only and not self._warm_hooks:
+            for name, p in net.named_parameters():
+                if not name.startswith(c.warmup_only):
                     p.register_hook(lambda grad: grad * 0 if self.warming else grad)
             self._warm_hooks = True
-        if self.copy.freeze and self.frozen is None and step >= self.copy.warmup_steps:
+        if c.freeze and self.frozen is None and step >= c.warmup_at + c.warmup_steps:
             self.freeze_head(net, step)
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
@@ -348,6 +354,10 @@ class LMTask:
             copied = F.cross_entropy(logits[keep].float(), syn[:, 1:][keep], label_smoothing=label_smoothing)
             return self.loss(model, text, step, label_smoothing) + self.copy.weight * copied
         batch = batch.to(self.device)
+        if self.warming:  # short rows alone: the copied pieces only, as beside the text
+            logits = model(batch[:, :-1]).logits
+            keep = copied_targets(batch)
+            return F.cross_entropy(logits[keep].float(), batch[:, 1:][keep], label_smoothing=label_smoothing)
         logits = model(batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
                                label_smoothing=label_smoothing)
@@ -456,11 +466,11 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                  f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
                                  f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
     if c.warmup_steps:
-        out["copy_warmup"] = (f"the first {c.warmup_steps} batches: {c.warmup_batch} such rows alone, "
-                              f"{c.warmup_steps * c.warmup_batch * c.context:,} tokens")
-        if c.warmup_layers:
-            out["copy_warmup"] += (f"; only the embeddings, the first {c.warmup_layers} block(s) and the final norm "
-                                   "trained in it")
+        out["copy_warmup"] = (f"batches {c.warmup_at + 1}-{c.warmup_at + c.warmup_steps}: {c.warmup_batch} such rows "
+                              f"alone, {c.warmup_steps * c.warmup_batch * c.context:,} tokens, the loss on the copied "
+                              "pieces")
+        if c.warmup_only:
+            out["copy_warmup"] += f"; only the parameters {', '.join(c.warmup_only)}* trained in it"
     return out
 
 
@@ -501,8 +511,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="open the run with this many batches of short synthetic rows only")
     ap.add_argument("--copy-freeze", action="store_true",
                     help="after the copy warm-up, keep its best induction head's query and key (train.lm.HeadFreeze)")
-    ap.add_argument("--copy-warmup-layers", type=int, default=0, metavar="K",
-                    help="the warm-up trains only the embeddings, the first K blocks and the final norm (0: all)")
+    ap.add_argument("--copy-warmup-at", type=int, default=0, metavar="STEPS",
+                    help="text batches before the copy warm-up (within the first epoch)")
+    ap.add_argument("--copy-warmup-only", nargs="+", default=(), metavar="PREFIX",
+                    help="the warm-up trains only parameters whose names start so (blocks.0.attn: the first attention)")
     ap.add_argument("--copy-warmup-batch", type=int, default=32, help="rows per copy warm-up batch")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
@@ -536,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
-                                args.copy_source, args.copy_freeze, args.copy_warmup_layers))
+                                args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
+                                args.copy_warmup_at))
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
 
     torch.manual_seed(cfg.seed)
