@@ -240,12 +240,17 @@ def test_a_warmup_after_text_batches_trains_only_the_named_parameters_on_the_cop
     rng = np.random.default_rng(3)
     docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(200)]
     args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
-    copy = CopyRows(context=12, lengths=(3, 5), warmup_steps=2, warmup_batch=4, warmup_at=3,
+    copy = CopyRows(per_batch=1, context=12, lengths=(3, 5), warmup_steps=2, warmup_batch=4, warmup_at=3,
                     warmup_only=("blocks.0.attn",))
     task, plain = LMTask(docs, {}, **args, copy=copy), LMTask(docs, {}, **args)
     batches, text = task.train_batches(0), plain.train_batches(0)
-    assert all(torch.equal(a, b) for a, b in zip(batches[:3] + batches[5:], text, strict=True))
-    assert [tuple(b.shape) for b in batches[3:5]] == [(4, 13)] * 2  # the warm-up after three text batches
+    # three text batches alone, the warm-up, then text with a short row each (and so in later epochs)
+    assert all(torch.equal(a, b) for a, b in zip(batches[:3], text, strict=False))
+    assert [tuple(b.shape) for b in batches[3:5]] == [(4, 13)] * 2
+    assert all(torch.equal(a[0], b) and a[1].shape == (1, 13) for a, b in zip(batches[5:], text[3:], strict=True))
+    assert all(isinstance(b, tuple) for b in task.train_batches(1))
+    syn, total = task.token_counts(7)
+    assert (syn, total) == (2 * 4 * 12 + 2 * 12, 5 * 4 * 16 + 2 * 4 * 12 + 2 * 12)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2))
 
@@ -253,12 +258,13 @@ def test_a_warmup_after_text_batches_trains_only_the_named_parameters_on_the_cop
         model.zero_grad()
         loss = task.loss(model, batches[step], step, 0.0)
         loss.backward()
-        return float(loss.detach()), {n: float(p.grad.abs().sum()) for n, p in model.named_parameters() if p.grad is not None}
+        named = model.named_parameters()
+        return float(loss.detach()), {n: float(p.grad.abs().sum()) for n, p in named if p.grad is not None}
 
     _, before = grads(2)
     loss, warm = grads(3)
     _, after = grads(5)
-    assert all(v > 0 for v in before.values()) and all(v > 0 for v in after.values())
+    assert all(v > 0 for v in before.values()) and all(v > 0 for v in after.values())  # all train, but in the warm-up
     assert {n for n, v in warm.items() if v > 0} == {n for n in warm if n.startswith("blocks.0.attn.")}
     with torch.no_grad():  # in the warm-up the loss is on the copied pieces alone
         rows = batches[3]

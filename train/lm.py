@@ -302,10 +302,12 @@ class LMTask:
         batches = [rows[i : i + bs] for i in starts]
         counts = [int(synthetic[i : i + bs].sum()) * self.context for i in starts]
         c = self.copy
-        if c.per_batch:  # (text, short synthetic rows) pairs
-            syn = self._short_rows(len(batches) * c.per_batch, seed=self.seed * 1000 + 500 + epoch)
-            batches = [(b, s) for b, s in zip(batches, syn.split(c.per_batch), strict=True)]
-            counts = [n + c.per_batch * c.context for n in counts]
+        if c.per_batch:  # (text, short synthetic rows) pairs, from the warm-up on
+            alone = c.warmup_at if epoch == 0 and c.warmup_steps else 0  # text batches before it stay plain
+            syn = self._short_rows((len(batches) - alone) * c.per_batch, seed=self.seed * 1000 + 500 + epoch)
+            pairs = [(b, s) for b, s in zip(batches[alone:], syn.split(c.per_batch), strict=True)]
+            batches = batches[:alone] + pairs
+            counts = counts[:alone] + [n + c.per_batch * c.context for n in counts[alone:]]
         if epoch == 0 and c.warmup_steps:  # the copy warm-up, after the first warmup_at text batches
             syn = self._short_rows(c.warmup_steps * c.warmup_batch, seed=self.seed * 1000 + 999)
             at = c.warmup_at
