@@ -183,6 +183,9 @@ def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
     task = LMTask(docs, {}, **args, copy=CopyRows(per_batch=2, context=20, lengths=(4, 8), weight=0.5, source="text"))
     text, rows = task.train_batches(0)[0]
     assert rows.shape == (2, 21) and int(rows[0, 0]) == 2
+    warm = LMTask(docs, {}, **args, copy=CopyRows(per_batch=2, context=20, lengths=(4, 8), source="text",
+                                                   warmup_steps=1, warmup_batch=3)).train_batches(0)[0]
+    assert warm.shape == (3, 21) and not bool((warm == 3).any())  # a warm-up of random spans: no document in it
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=20, d_model=16, n_layers=1, n_heads=2)).eval()
     with torch.no_grad():

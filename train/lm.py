@@ -242,7 +242,8 @@ class CopyRows:
     warmup_batch: int = 32
     pool: int = 0  # pieces per span's own pool (repeated_spans): ambiguous one-piece matches
     # "random": spans of pieces drawn as the long synthetic spans are, the loss on the copied pieces only;
-    # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text)
+    # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text);
+    # the warm-up's rows are random spans either way
     source: str = "random"
     freeze: bool = False  # after the warm-up, keep its best induction head's query and key as they are (HeadFreeze)
     warmup_only: tuple[str, ...] = ()  # parameter-name prefixes the warm-up trains (empty: all of them)
@@ -309,16 +310,16 @@ class LMTask:
             batches = batches[:alone] + pairs
             counts = counts[:alone] + [n + c.per_batch * c.context for n in counts[alone:]]
         if epoch == 0 and c.warmup_steps:  # the copy warm-up, after the first warmup_at text batches
-            syn = self._short_rows(c.warmup_steps * c.warmup_batch, seed=self.seed * 1000 + 999)
+            syn = self._short_rows(c.warmup_steps * c.warmup_batch, seed=self.seed * 1000 + 999, source="random")
             at = c.warmup_at
             batches = batches[:at] + list(syn.split(c.warmup_batch)) + batches[at:]
             counts = counts[:at] + [c.warmup_batch * c.context] * c.warmup_steps + counts[at:]
         self._epoch = (epoch, batches, counts)
         return batches, counts
 
-    def _short_rows(self, n: int, seed: int) -> Tensor:
+    def _short_rows(self, n: int, seed: int, source: str | None = None) -> Tensor:
         c = self.copy
-        if c.source == "text":
+        if (source or c.source) == "text":
             return repeated_text(self.docs, n, c.context, seed, lengths=c.lengths)
         return repeated_spans(n, c.context, self.unigram, seed, lengths=c.lengths, pool=c.pool)
 
