@@ -272,6 +272,7 @@ class LMTask:
         self.natural_tokens = sum(len(d) for d in train_docs)
         self.freeze_file: Path | None = None  # with copy.freeze: which head was frozen, kept for --resume
         self.frozen: HeadFreeze | None = None
+        self.frozen_info: dict[str, Any] = {}
         self.warming = False  # in the copy warm-up (with copy.warmup_only: the other parameters get no gradient)
         self._warm_hooks = False
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
@@ -352,10 +353,10 @@ class LMTask:
             syn = syn.to(self.device)
             logits = model(syn[:, :-1]).logits
             keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
-            if self.copy.source == "random":
+            if c.source == "random":
                 keep = copied_targets(syn)
             copied = F.cross_entropy(logits[keep].float(), syn[:, 1:][keep], label_smoothing=label_smoothing)
-            return self.loss(model, text, step, label_smoothing) + self.copy.weight * copied
+            return self.loss(model, text, step, label_smoothing) + c.weight * copied
         batch = batch.to(self.device)
         if self.warming:  # short rows alone: the copied pieces only, as beside the text
             logits = model(batch[:, :-1]).logits
@@ -469,9 +470,9 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                  f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
                                  f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
     if c.warmup_steps:
-        out["copy_warmup"] = (f"batches {c.warmup_at + 1}-{c.warmup_at + c.warmup_steps}: {c.warmup_batch} such rows "
-                              f"alone, {c.warmup_steps * c.warmup_batch * c.context:,} tokens, the loss on the copied "
-                              "pieces")
+        out["copy_warmup"] = (f"batches {c.warmup_at + 1}-{c.warmup_at + c.warmup_steps}: {c.warmup_batch} rows of "
+                              f"random spans alone, {c.warmup_steps * c.warmup_batch * c.context:,} tokens, the loss "
+                              "on the copied pieces")
         if c.warmup_only:
             out["copy_warmup"] += f"; only the parameters {', '.join(c.warmup_only)}* trained in it"
     return out
@@ -511,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="short rows of random pieces (loss on the copies only) or of short documents repeated")
     ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
     ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
-                    help="open the run with this many batches of short synthetic rows only")
+                    help="this many batches of short random-span rows alone, at the start or after --copy-warmup-at")
     ap.add_argument("--copy-freeze", action="store_true",
                     help="after the copy warm-up, keep its best induction head's query and key (train.lm.HeadFreeze)")
     ap.add_argument("--copy-warmup-at", type=int, default=0, metavar="STEPS",
