@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from train.lm import head_scores  # noqa: E402  (bench/induction_probe.py imports it from here too)
+
 COPY_WORDS = """time year people way day man thing woman life child world school state family student group
 country problem hand part place case week company system program question work government number night point
 home water room mother area money story fact month lot right study book eye job word business issue side kind
@@ -44,22 +46,6 @@ def copy_rate(model, trials: int = 20) -> float:
         result = model.generate(" ".join(words + words[:10]), max_new_tokens=24)
         hits += result.text.split()[:5] == words[10:15]
     return hits / trials
-
-
-def head_scores(model, n: int = 50, trials: int = 20) -> tuple[np.ndarray, np.ndarray]:
-    """(induction, previous-token) scores per layer and head, averaged over ``trials`` seeds: (L, H) each."""
-    c, tok = model.config, model.tokenizer
-    special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-    pool = np.array([i for i in range(c.vocab_size) if i not in special])
-    bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
-    induction, previous = [], []
-    second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
-    for seed in range(trials):
-        x = np.random.default_rng(seed).choice(pool, n, replace=False).tolist()
-        w = model.generate([bos, *x, *x], max_new_tokens=0).attention["decoder"].weights  # (L, H, T, T)
-        induction.append(w[:, :, second, second - n + 1].mean(-1))
-        previous.append(w[:, :, later, later - 1].mean(-1))
-    return np.mean(induction, 0), np.mean(previous, 0)
 
 
 def main(argv: list[str] | None = None) -> int:

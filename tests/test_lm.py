@@ -212,7 +212,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -
         attn.q_proj.bias[q] = 60 * rotate(key, rope_angles(1, 8, offset=-1), cfg.rope_layout).flatten()
         attn.k_proj.bias[k] = key.flatten()
         attn.smear[1] = 12.0  # its own key, unmixed
-    _, previous = head_scores(model, n=20, seeds=range(3))
+    _, previous = head_scores(model, n=20, trials=3)
     assert previous[0, 3] > 0.95 and np.delete(previous[0], 3).max() < 0.5  # the scores find that head alone
     before = {name: v.clone() for name, v in model.state_dict().items()}
     HeadFreeze(model, layer=0, head=3)
@@ -223,7 +223,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -
         opt.zero_grad()
         loss.backward()
         opt.step()
-    _, now = head_scores(model, n=20, seeds=range(3))  # a forward pass: the frozen values come back before it
+    _, now = head_scores(model, n=20, trials=3)  # a forward pass: the frozen values come back before it
     after = model.state_dict()
     a = "blocks.0.attn."
     for name, frozen, free in (("q_proj.weight", q, slice(0, 24)), ("q_proj.bias", q, slice(0, 24)),

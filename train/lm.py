@@ -166,20 +166,22 @@ def copied_targets(rows: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def head_scores(model: nn.Module, n: int = 50, seeds: range = range(10)) -> tuple[np.ndarray, np.ndarray]:
-    """(induction, previous-token) scores per layer and head, (L, H) each, of a bare models.gpt.GPT, with the
-    definitions of bench/lm_heads.py: ``<s>`` + ``n`` random ordinary pieces twice, attention from each piece of
-    the second copy to the one after its earlier occurrence, and from every piece to the one before it."""
+def head_scores(model: Any, n: int = 50, trials: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """(induction, previous-token) scores per layer and head of a models.gpt.GPT, (L, H) each, averaged over
+    ``trials`` seeds (0, 1, ...): ``<s>`` + ``n`` random non-special tokens twice; induction = attention from each
+    token i of the second copy to i − n + 1 (the token after its earlier occurrence, Olsson et al. 2022), previous
+    token = attention from i to i − 1. bench/lm_heads.py reports these; ``--copy-freeze`` picks its head by them."""
     was = model.training
     model.eval()
-    first = max(PAD_ID, UNK_ID, BOS_ID, EOS_ID) + 1  # the specials are the first ids
-    device = next(model.parameters()).device
+    c, tok = model.config, model.tokenizer
+    special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
+    pool = np.array([i for i in range(c.vocab_size) if i not in special])
+    bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
     induction, previous = [], []
     second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
-    for seed in seeds:
-        x = (np.random.default_rng(seed).choice(model.config.vocab_size - first, n, replace=False) + first).tolist()
-        w = torch.stack(model(torch.tensor([[BOS_ID, *x, *x]], device=device), need_weights=True).attention)[:, 0]
-        w = w.float().cpu().numpy()  # (L, H, T, T)
+    for seed in range(trials):
+        x = np.random.default_rng(seed).choice(pool, n, replace=False).tolist()
+        w = model.generate([bos, *x, *x], max_new_tokens=0).attention["decoder"].weights  # (L, H, T, T)
         induction.append(w[:, :, second, second - n + 1].mean(-1))
         previous.append(w[:, :, later, later - 1].mean(-1))
     model.train(was)
@@ -213,7 +215,6 @@ class HeadFreeze:
             keep[r] = 0
             p.register_hook(lambda grad, keep=keep: grad * keep)
         block.register_forward_pre_hook(lambda *_: self.restore())
-        self.layer, self.head = layer, head
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -371,7 +372,7 @@ class LMTask:
         if self.freeze_file is not None and self.freeze_file.is_file():
             info = json.loads(self.freeze_file.read_text())
         else:
-            induction, previous = head_scores(model)
+            induction, previous = head_scores(model, trials=10)
             layer, head = np.unravel_index(int(np.argmax(induction)), induction.shape)
             info = {"layer": int(layer), "head": int(head), "step": step,
                     "induction_score": round(float(induction[layer, head]), 4),
