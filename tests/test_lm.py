@@ -21,9 +21,11 @@ from train.lm import (
     head_scores,
     pack,
     perplexity_sums,
+    phrase_groups,
     read_documents,
     repeated_spans,
     repeated_text,
+    training_documents,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,6 +307,53 @@ def test_perplexity_sums_score_every_piece_after_bos() -> None:
             lw = torch.log_softmax(model(w[:, :-1]).logits[0], -1)
         second -= float(lw.gather(1, w[0, 1:, None]).sum())
     assert nll == pytest.approx(float(first) + second, rel=1e-5)
+
+
+def test_phrase_groups_put_each_phrase_with_the_longest_line_holding_it() -> None:
+    texts = ["a good film", "good film", "film", "the plot is thin", "plot", "the plot", "lm", "good", "",
+             "is thin", "thin ice"]
+    assert phrase_groups(texts) == [0, 0, 0, 3, 3, 3, 6, 0, 8, 3, 10]  # whole words only: "lm" is not in "film"
+
+
+class _Pieces:  # a stand-in tokeniser: one piece per word (ids from 10), <s> 2 and </s> 3
+    bos_id, eos_id = 2, 3
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.sp = self
+
+    def normalize(self, t: str) -> str:
+        return t
+
+    def encode(self, t: str) -> list[int]:
+        return [self.ids.setdefault(w, 10 + len(self.ids)) for w in t.split()]
+
+
+def test_grouped_documents_are_packed_together_and_oversampled_lines_repeat() -> None:
+    sources = {"multi30k": ["m0", "m1", "m2", "m3"], "agnews": ["n0", "n1"],
+               "sst2": ["s0 s1 s2", "s1 s2", "s0", "t0 t1", "t1", "u0"]}
+    docs, groups = training_documents(_Pieces(), sources, {"agnews": 3}, group_phrases=True)
+    assert len(docs) == 4 + 3 * 2 + 6 and [len(d) for d in docs[-6:]] == [5, 4, 3, 4, 3, 3]
+    assert len(set(groups[:10])) == 10  # every Multi30k line and every copy of an AG News line alone
+    assert docs[4].tolist() == docs[6].tolist() == docs[8].tolist() and groups[4] != groups[6]
+    sst = groups[10:]
+    assert sst[0] == sst[1] == sst[2] and sst[3] == sst[4] and len({sst[0], sst[3], sst[5]}) == 3
+    plain_docs, plain_groups = training_documents(_Pieces(), sources)
+    assert len(plain_docs) == 12 and len(set(plain_groups)) == 12
+
+    # one row per document: rows of 1 + 2 pieces + </s>... the documents' order is the rows' order
+    tagged = [np.array([2, 100 + i, 3]) for i in range(len(docs))]
+    task = LMTask(tagged, {}, context=2, batch_size=1, repeat_share=0, vocab=200, seed=0,
+                  device=torch.device("cpu"), groups=groups)
+    orders = []
+    for epoch in range(3):
+        order = [int(b[0, 1]) - 100 for b in task.train_batches(epoch)]
+        assert sorted(order) == list(range(len(docs)))
+        runs = [groups[i] for i in order]
+        # a group's documents one after another: each group id occurs in one run
+        assert len([g for k, g in enumerate(runs) if k == 0 or runs[k - 1] != g]) == len(set(groups))
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
 
 
 def test_read_documents(tmp_path: Path) -> None:

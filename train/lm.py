@@ -75,6 +75,47 @@ def load_corpus(data_dir: Path) -> dict[str, dict[str, list[str]]]:
             "val": {"multi30k": m_val, "agnews": ag_val.texts, "sst2": sst_val.texts}}
 
 
+def phrase_groups(texts: list[str]) -> list[int]:
+    """For each line, the index of the longest line that holds it as a run of whole words (itself if none).
+
+    SST-2's training file holds each sentence and many of its phrases as lines of their own; lines with the
+    same index are one sentence's. ``--group-phrases`` packs them together, so that the text itself repeats
+    spans a few dozen tokens apart, as natural text does, and rewards copying from the context (an induction
+    head) with real pieces and no loss weighting."""
+    words = [t.split() for t in texts]
+    padded = [f" {' '.join(w)} " for w in words]
+    freq: dict[str, int] = {}
+    holders: dict[str, list[int]] = {}
+    for i, w in enumerate(words):
+        for x in set(w):
+            freq[x] = freq.get(x, 0) + 1
+            holders.setdefault(x, []).append(i)
+    root = list(range(len(texts)))
+    for i, w in enumerate(words):
+        if w:  # candidates: the lines holding its rarest word
+            for j in holders[min(set(w), key=lambda x: (freq[x], x))]:
+                if len(words[j]) > len(words[root[i]]) and padded[i] in padded[j]:
+                    root[i] = j
+    return root
+
+
+def training_documents(tok: Any, sources: dict[str, list[str]], oversample: dict[str, int] | None = None,
+                       group_phrases: bool = False) -> tuple[list[np.ndarray], list[int]]:
+    """(documents, a group id per document) of the training sources: every line of a source ``oversample[source]``
+    times (each copy a document and a group of its own), SST-2's lines grouped by sentence (``phrase_groups``) if
+    ``group_phrases``, every other line alone."""
+    docs: list[np.ndarray] = []
+    groups: list[int] = []
+    for name, texts in sources.items():
+        own = phrase_groups(texts) if group_phrases and name == "sst2" else list(range(len(texts)))
+        encoded = encode_documents(tok, texts)
+        for _ in range((oversample or {}).get(name, 1)):
+            base = len(groups)
+            docs += encoded
+            groups += [base + g for g in own]
+    return docs, groups
+
+
 def read_documents(path: str | Path) -> list[str]:
     """One document per line of a text file (plain or .gz); a .tsv gives its first column, header skipped."""
     lines = read_lines(path)
@@ -255,8 +296,11 @@ class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
                  batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device,
                  span_sampling: str = "uniform", repeat_front: float = 1.0,
-                 copy: CopyRows | None = None) -> None:
+                 copy: CopyRows | None = None, groups: list[int] | None = None) -> None:
+        """``groups``: a group id per training document; documents of one group are packed one after another
+        (in an order of their own each epoch), groups in a random order (None: every document alone)."""
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
+        self.groups = groups
         self.copy = copy or CopyRows()
         self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
         counts = np.ones(vocab)  # "uniform": every ordinary piece alike, earlier occurrences unambiguous
@@ -288,6 +332,11 @@ class LMTask:
             return self._epoch[1], self._epoch[2]
         rng = np.random.default_rng((self.seed, epoch))
         order = rng.permutation(len(self.docs))
+        if self.groups is not None:  # groups in a random order, each group's documents in a random order
+            members: dict[int, list[int]] = {}
+            for i in order:
+                members.setdefault(self.groups[i], []).append(int(i))
+            order = [i for g in rng.permutation(list(members)) for i in members[int(g)]]
         rows = pack([self.docs[i] for i in order], self.context)
         synthetic = torch.zeros(len(rows), dtype=torch.bool)
         if self.repeat_share > 0:  # P of all tokens: n_syn / (n_nat + n_syn) = P
@@ -521,9 +570,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-warmup-only", nargs="+", default=(), metavar="PREFIX",
                     help="the warm-up trains only parameters whose names start so (blocks.0.attn: the first attention)")
     ap.add_argument("--copy-warmup-batch", type=int, default=32, help="rows per copy warm-up batch")
+    ap.add_argument("--group-phrases", action="store_true",
+                    help="pack each SST-2 sentence's phrases together (train.lm.phrase_groups): the text repeats spans")
+    ap.add_argument("--oversample", nargs="+", default=(), metavar="SOURCE=K",
+                    help="every line of SOURCE (multi30k, agnews, sst2) K times an epoch, e.g. agnews=2")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
+    try:
+        oversample = {k: int(v) for k, v in (o.split("=") for o in args.oversample)}
+    except ValueError:
+        ap.error("--oversample takes SOURCE=K, K a whole number")
+    if not set(oversample) <= {"multi30k", "agnews", "sst2"} or min(oversample.values(), default=1) < 1:
+        ap.error("--oversample takes SOURCE=K for multi30k, agnews or sst2, K at least 1")
     if not 0 <= args.repeat_share <= 0.10:
         ap.error("--repeat-share must be between 0 and 0.10")
     if not args.repeat_share <= args.repeat_front <= 1:
@@ -547,14 +606,15 @@ def main(argv: list[str] | None = None) -> int:
         train_sentencepiece(lines, tok_path, args.vocab)
     text = {"lowercase": False}
     tok = SentencePieceTokenizer(tok_path, text)
-    train_docs = [doc for texts in corpus["train"].values() for doc in encode_documents(tok, texts)]
+    train_docs, groups = training_documents(tok, corpus["train"], oversample, args.group_phrases)
     val_docs = {name: encode_documents(tok, texts) for name, texts in corpus["val"].items()}
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
-                                args.copy_warmup_at))
+                                args.copy_warmup_at),
+                  groups=groups if args.group_phrases else None)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
 
     torch.manual_seed(cfg.seed)
@@ -577,6 +637,11 @@ def main(argv: list[str] | None = None) -> int:
             "sources": "Multi30k train.en; AG News train.tsv less 1,000 held-out lines (seed 0); SST-2 train.tsv "
                        "less the grouped hold-out (train.data.grouped_holdout)",
             "natural_tokens_per_epoch": natural,
+            "oversampled": {k: f"every line {v} times an epoch" for k, v in oversample.items()},
+            "packing": ("documents shuffled each epoch"
+                        + ("; SST-2 lines grouped by sentence (train.lm.phrase_groups: a phrase goes with the longest "
+                           "line holding it), a group's lines one after another in a shuffled order"
+                           if args.group_phrases else "")),
             "synthetic_repeated_spans": synthetic_record(task, args, int(info["step"]), result.step),
         }
         if task.frozen is not None:
