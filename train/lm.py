@@ -9,7 +9,9 @@ an epoch, shuffled, are packed end to end into fixed contexts of ``--context`` t
 several documents. Training text: Multi30k ``train.en``, AG News ``train.tsv`` without its 1,000 held-out
 lines, SST-2 ``train.tsv`` without the grouped hold-out (``train.data.grouped_holdout``: 1,000 whole sentences
 and every phrase of them). Model selection on the per-token perplexity of Multi30k ``val.en``, those AG News
-lines and those SST-2 sentences; the test splits are never read here.
+lines and those SST-2 sentences; the test splits are never read here. ``--oversample agnews=2`` reads every
+AG News line twice an epoch; ``--group-phrases`` packs SST-2's phrases with their sentence's other lines
+(``phrase_groups``), so that the text itself repeats spans, real pieces that reward copying from the context.
 
 Induction heads form in two-layer models and sooner with repeated spans in the data (Olsson et al. 2022), and
 in a time quadratic in the context length (in a minimal model, arXiv:2511.01033). Two kinds of synthetic rows
