@@ -18,6 +18,7 @@ from train.lm import (
     HeadFreeze,
     LMTask,
     copied_targets,
+    frequent_words,
     head_scores,
     pack,
     perplexity_sums,
@@ -25,6 +26,7 @@ from train.lm import (
     read_documents,
     repeated_spans,
     repeated_text,
+    repeated_words,
     training_documents,
 )
 
@@ -354,6 +356,38 @@ def test_grouped_documents_are_packed_together_and_oversampled_lines_repeat() ->
         assert len([g for k, g in enumerate(runs) if k == 0 or runs[k - 1] != g]) == len(set(groups))
         orders.append(order)
     assert orders[0] != orders[1] != orders[2]
+
+
+def test_word_rows_repeat_lists_of_frequent_words_and_join_from_an_epoch() -> None:
+    texts = ["The dog and the cat", "the dog ran", "a cat, the dog"]
+    assert frequent_words(texts, 3) == ["the", "dog", "and"]  # 4, 3, then 1-1-1 ties alphabetically; "cat," not a word
+    words = [np.array([10]), np.array([11, 12]), np.array([13, 14, 15])]  # one word's pieces each
+    rows = repeated_words(words, 30, 40, seed=1, lengths=(4, 9))
+    assert rows.shape == (30, 41) and bool(rows[:, 0].eq(2).all())
+    for row in rows.tolist():
+        block = row[1 : row.index(2, 1)] if 2 in row[1:] else None
+        if block is None:
+            continue
+        for k in (3, 2):
+            span = block[: len(block) // k]
+            if len(block) % k == 0 and span * k == block:
+                break
+        else:
+            raise AssertionError(block)
+        i, pieces = 0, [w.tolist() for w in words]
+        while i < len(span):  # the span is whole words, 4-9 pieces or one word past 4
+            w = next(p for p in pieces if span[i : i + len(p)] == p)
+            i += len(w)
+        assert 4 <= len(span) <= 9 + 2
+    docs = [np.array([2, 20 + i % 7, 21, 3]) for i in range(300)]
+    late = CopyRows(per_batch=2, context=12, lengths=(4, 6), source="words", from_epoch=2)
+    task = LMTask(docs, {}, context=16, batch_size=4, repeat_share=0, vocab=40, seed=0, device=torch.device("cpu"),
+                  copy=late, words=words)
+    first, second = task.train_batches(0), task.train_batches(1)
+    assert all(isinstance(b, torch.Tensor) for b in first) and all(isinstance(b, tuple) for b in second)
+    assert all(b[1].shape == (2, 13) and set(b[1].flatten().tolist()) <= {2, 10, 11, 12, 13, 14, 15} for b in second)
+    syn, total = task.token_counts(len(first) + 3)
+    assert syn == 3 * 2 * 12 and total == (len(first) + 3) * 4 * 16 + 3 * 2 * 12
 
 
 def test_read_documents(tmp_path: Path) -> None:

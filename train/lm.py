@@ -194,6 +194,36 @@ def repeated_text(docs: list[np.ndarray], n_rows: int, context: int, seed: int,
     return torch.from_numpy(rows)
 
 
+def frequent_words(texts: list[str], n: int) -> list[str]:
+    """The ``n`` most frequent words (whitespace-separated, letters only, 3+ of them, lower-cased) of ``texts``,
+    ties broken alphabetically."""
+    counts: dict[str, int] = {}
+    for t in texts:
+        for w in t.lower().split():
+            if len(w) >= 3 and w.isalpha():
+                counts[w] = counts.get(w, 0) + 1
+    return sorted(counts, key=lambda w: (-counts[w], w))[:n]
+
+
+def repeated_words(words: list[np.ndarray], n_rows: int, context: int, seed: int,
+                   lengths: tuple[int, int] = (4, 31)) -> Tensor:
+    """Synthetic ``<s> x x [x]`` rows whose span x is a list of random words (``words``: each word's pieces, as
+    the tokeniser writes it after a space) of ``lengths[0]``-``lengths[1]`` pieces: real words the text trains,
+    in an order the text never predicts, so only copying from the first copy predicts the second."""
+    rng = np.random.default_rng(seed)
+    rows = np.empty((n_rows, context + 1), dtype=np.int64)
+    for r in range(n_rows):
+        out: list[int] = []
+        while len(out) < context + 1:
+            size = int(rng.integers(lengths[0], lengths[1] + 1))
+            span: list[int] = []
+            while len(span) < size:
+                span += words[int(rng.integers(len(words)))].tolist()
+            out += [BOS_ID] + span * int(rng.integers(2, 4))
+        rows[r] = out[: context + 1]
+    return torch.from_numpy(rows)
+
+
 def copied_targets(rows: Tensor) -> Tensor:
     """(R, C + 1) synthetic rows -> (R, C) bool: which next-token targets copying predicts, i.e. whose pair
     (previous piece, piece) already occurred since the row's last ``<s>``. In ``<s> x x [x]`` that is every
@@ -287,22 +317,25 @@ class CopyRows:
     pool: int = 0  # pieces per span's own pool (repeated_spans): ambiguous one-piece matches
     # "random": spans of pieces drawn as the long synthetic spans are, the loss on the copied pieces only;
     # "text": short documents repeated (repeated_text), the loss on every target (the first copy is text);
+    # "words": lists of frequent words repeated (repeated_words), the loss on the copied pieces only;
     # the warm-up's rows are random spans either way
     source: str = "random"
     freeze: bool = False  # after the warm-up, keep its best induction head's query and key as they are (HeadFreeze)
     warmup_only: tuple[str, ...] = ()  # parameter-name prefixes the warm-up trains (empty: all of them)
     warmup_at: int = 0  # text batches before the warm-up (first epoch)
+    from_epoch: int = 1  # the first epoch (1-based) whose text batches the short rows join
 
 
 class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
                  batch_size: int, repeat_share: float, vocab: int, seed: int, device: torch.device,
                  span_sampling: str = "uniform", repeat_front: float = 1.0,
-                 copy: CopyRows | None = None, groups: list[int] | None = None) -> None:
+                 copy: CopyRows | None = None, groups: list[int] | None = None,
+                 words: list[np.ndarray] | None = None) -> None:
         """``groups``: a group id per training document; documents of one group are packed one after another
         (in an order of their own each epoch), groups in a random order (None: every document alone)."""
         self.docs, self.val_docs, self.context, self.batch_size = train_docs, val_docs, context, batch_size
-        self.groups = groups
+        self.groups, self.words = groups, words  # words: pieces of each word of the "words" short rows
         self.copy = copy or CopyRows()
         self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
         counts = np.ones(vocab)  # "uniform": every ordinary piece alike, earlier occurrences unambiguous
@@ -356,7 +389,7 @@ class LMTask:
         batches = [rows[i : i + bs] for i in starts]
         counts = [int(synthetic[i : i + bs].sum()) * self.context for i in starts]
         c = self.copy
-        if c.per_batch:  # (text, short synthetic rows) pairs, from the warm-up on
+        if c.per_batch and epoch + 1 >= c.from_epoch:  # (text, short synthetic rows) pairs, from the warm-up on
             alone = c.warmup_at if epoch == 0 and c.warmup_steps else 0  # text batches before it stay plain
             syn = self._short_rows((len(batches) - alone) * c.per_batch, seed=self.seed * 1000 + 500 + epoch)
             pairs = [(b, s) for b, s in zip(batches[alone:], syn.split(c.per_batch), strict=True)]
@@ -374,6 +407,10 @@ class LMTask:
         c = self.copy
         if (source or c.source) == "text":
             return repeated_text(self.docs, n, c.context, seed, lengths=c.lengths)
+        if (source or c.source) == "words":
+            if not self.words:
+                raise ValueError("--copy-source words needs the word list (LMTask words)")
+            return repeated_words(self.words, n, c.context, seed, lengths=c.lengths)
         return repeated_spans(n, c.context, self.unigram, seed, lengths=c.lengths, pool=c.pool)
 
     def token_counts(self, step: int) -> tuple[int, int]:
@@ -405,7 +442,7 @@ class LMTask:
             syn = syn.to(self.device)
             logits = model(syn[:, :-1]).logits
             keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
-            if c.source == "random":
+            if c.source != "text":
                 keep = copied_targets(syn)
             copied = F.cross_entropy(logits[keep].float(), syn[:, 1:][keep], label_smoothing=label_smoothing)
             return self.loss(model, text, step, label_smoothing) + c.weight * copied
@@ -511,7 +548,12 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                       f"of each epoch's rows, in its first {args.repeat_front:.0%} of batches")
     c = task.copy
     if c.per_batch:
-        if c.source == "text":
+        if c.source == "words":
+            out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens in every batch: <s> x x [x], x a list of "
+                                 f"random words ({c.lengths[0]}-{c.lengths[1]} pieces) from the training text's "
+                                 f"{args.copy_words:,} most frequent (train.lm.repeated_words), their mean loss on "
+                                 f"the copied pieces (train.lm.copied_targets) weighted {c.weight} beside the text's")
+        elif c.source == "text":
             out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens in every batch: <s> d </s> <s> d </s> "
                                  f"[<s> d </s>], d a random training document of {c.lengths[0]}-{c.lengths[1]} pieces "
                                  f"(train.lm.repeated_text; all of a row's tokens counted as synthetic), their mean "
@@ -521,6 +563,8 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
             out["short_rows"] = (f"{c.per_batch} rows of {c.context} tokens (spans of {c.lengths[0]}-{c.lengths[1]} "
                                  f"pieces{pooled}) in every batch, their mean loss on the copied pieces "
                                  f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
+        if c.from_epoch > 1:
+            out["short_rows"] = out["short_rows"].replace("in every batch", f"in every batch from epoch {c.from_epoch}")
     if c.warmup_steps:
         out["copy_warmup"] = (f"batches {c.warmup_at + 1}-{c.warmup_at + c.warmup_steps}: {c.warmup_batch} rows of "
                               f"random spans alone, {c.warmup_steps * c.warmup_batch * c.context:,} tokens, the loss "
@@ -560,8 +604,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="pieces per repeated span in the short rows")
     ap.add_argument("--copy-pool", type=int, default=0,
                     help="short rows' spans each draw from their own POOL pieces, so copying needs the previous piece")
-    ap.add_argument("--copy-source", choices=["random", "text"], default="random",
-                    help="short rows of random pieces (loss on the copies only) or of short documents repeated")
+    ap.add_argument("--copy-source", choices=["random", "text", "words"], default="random",
+                    help="short rows of random pieces (loss on the copies only), of short documents repeated, or "
+                         "of lists of frequent words repeated (loss on the copies only)")
+    ap.add_argument("--copy-words", type=int, default=2000,
+                    help="--copy-source words: the training text's this many most frequent words")
+    ap.add_argument("--copy-rows-from-epoch", type=int, default=1, metavar="E",
+                    help="the short rows join the text batches from epoch E (1-based) on")
     ap.add_argument("--copy-weight", type=float, default=1.0, help="weight of the short rows' mean loss")
     ap.add_argument("--copy-warmup", type=int, default=0, metavar="STEPS",
                     help="this many batches of short random-span rows alone, at the start or after --copy-warmup-at")
@@ -609,14 +658,18 @@ def main(argv: list[str] | None = None) -> int:
     text = {"lowercase": False}
     tok = SentencePieceTokenizer(tok_path, text)
     train_docs, groups = training_documents(tok, corpus["train"], oversample, args.group_phrases)
+    words = None
+    if args.copy_source == "words":  # each word's pieces as the tokeniser writes it after a space
+        lines = [t for texts in corpus["train"].values() for t in texts]
+        words = [np.array(tok.sp.encode(w), dtype=np.int64) for w in frequent_words(lines, args.copy_words)]
     val_docs = {name: encode_documents(tok, texts) for name, texts in corpus["val"].items()}
     task = LMTask(train_docs, val_docs, args.context, args.batch_size, args.repeat_share, tok.vocab_size,
                   cfg.seed, d.device, span_sampling=args.span_sampling, repeat_front=args.repeat_front,
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
-                                args.copy_warmup_at),
-                  groups=groups if args.group_phrases else None)
+                                args.copy_warmup_at, args.copy_rows_from_epoch),
+                  groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
 
     torch.manual_seed(cfg.seed)
