@@ -199,12 +199,12 @@ def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll.mean()), rel=1e-5)
 
 
-def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -> None:
+def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp_path: Path) -> None:
     from models.gpt import GPT, GPTConfig, rotate
     from models.positional import rope_angles
 
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=120, max_len=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, smear_keys=True,
+    cfg = GPTConfig(vocab_size=120, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, smear_keys=True,
                     qkv_bias=True)
     model = GPT(cfg)
     q, k = slice(24, 32), slice(8, 16)  # d_head 8: query head 3's rows, and those of key/value head 1 it reads
@@ -239,6 +239,24 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains() -
     for name in ("embed.weight", a + "v_proj.weight", a + "o_proj.weight", "blocks.1.attn.q_proj.weight"):
         assert not torch.equal(after[name], before[name])  # what the head writes, and everything else, trains
     assert now[0, 3] > 0.95
+
+    # --freeze-previous: at its step the task freezes the head with the best previous-token score (and on
+    # --resume the same one again, from the file)
+    docs = [np.array([2, *torch.randint(4, 120, (12,)).tolist(), 3]) for _ in range(40)]
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.blocks[0].attn.load_state_dict({k[len(a):]: v for k, v in before.items() if k.startswith(a)})
+        model.blocks[0].norm1.weight.copy_(before["blocks.0.norm1.weight"])
+    for _ in range(2):
+        task = LMTask(docs, {}, context=32, batch_size=4, repeat_share=0, vocab=120, seed=0, device=torch.device("cpu"))
+        task.freeze_previous_at, task.freeze_previous_file = 3, tmp_path / "frozen_previous_head.json"
+        batch = task.train_batches(0)[0]
+        task.loss(model, batch, 2, 0.0)
+        assert task.frozen_previous is None
+        task.loss(model, batch, 3, 0.0)
+        assert task.frozen_previous is not None and task.frozen is None
+        assert (task.frozen_previous_info["layer"], task.frozen_previous_info["head"]) == (0, 3)
+        assert task.frozen_previous_info["previous_token_score"] > 0.95 and task.freeze_previous_file.is_file()
 
 
 def test_a_warmup_after_text_batches_trains_only_the_named_parameters_on_the_copies() -> None:

@@ -353,6 +353,10 @@ class LMTask:
         self.freeze_file: Path | None = None  # with copy.freeze: which head was frozen, kept for --resume
         self.frozen: HeadFreeze | None = None
         self.frozen_info: dict[str, Any] = {}
+        self.freeze_previous_at = 0  # from this step on, the best previous-token head frozen (0: never)
+        self.freeze_previous_file: Path | None = None
+        self.frozen_previous: HeadFreeze | None = None
+        self.frozen_previous_info: dict[str, Any] = {}
         self.warming = False  # in the copy warm-up (with copy.warmup_only: the other parameters get no gradient)
         self._warm_hooks = False
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
@@ -437,6 +441,8 @@ class LMTask:
             self._warm_hooks = True
         if c.freeze and self.frozen is None and step >= c.warmup_at + c.warmup_steps:
             self.freeze_head(net, step)
+        if self.freeze_previous_at and self.frozen_previous is None and step >= self.freeze_previous_at:
+            self.freeze_head(net, step, kind="previous")
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
@@ -455,22 +461,29 @@ class LMTask:
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
                                label_smoothing=label_smoothing)
 
-    def freeze_head(self, model: nn.Module, step: int) -> None:
-        """Freeze the head with the best induction score (HeadFreeze), the same one again on --resume."""
-        if self.freeze_file is not None and self.freeze_file.is_file():
-            info = json.loads(self.freeze_file.read_text())
+    def freeze_head(self, model: nn.Module, step: int, kind: str = "induction") -> None:
+        """Freeze the head with the best induction (or, ``kind="previous"``, previous-token) score (HeadFreeze),
+        the same one again on --resume."""
+        path = self.freeze_file if kind == "induction" else self.freeze_previous_file
+        if path is not None and path.is_file():
+            info = json.loads(path.read_text())
         else:
             induction, previous = head_scores(model, trials=10)
-            layer, head = np.unravel_index(int(np.argmax(induction)), induction.shape)
+            layer, head = np.unravel_index(int(np.argmax(induction if kind == "induction" else previous)),
+                                           induction.shape)
             info = {"layer": int(layer), "head": int(head), "step": step,
                     "induction_score": round(float(induction[layer, head]), 4),
                     "previous_token_score": round(float(previous[layer, head]), 4)}
-            if self.freeze_file is not None:
-                self.freeze_file.write_text(json.dumps(info) + "\n")
-        self.frozen = HeadFreeze(model, info["layer"], info["head"])
-        self.frozen_info = info
+            if path is not None:
+                path.write_text(json.dumps(info) + "\n")
+        freeze = HeadFreeze(model, info["layer"], info["head"])
+        if kind == "induction":
+            self.frozen, self.frozen_info = freeze, info
+        else:
+            self.frozen_previous, self.frozen_previous_info = freeze, info
+        score = info["induction_score" if kind == "induction" else "previous_token_score"]
         print(f"froze layer {info['layer']} head {info['head']}'s query and key at step {info['step']} "
-              f"(induction {info['induction_score']})")
+              f"({kind} {score})")
 
     @torch.no_grad()
     def validate(self, model: nn.Module) -> dict[str, float]:
@@ -625,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="pack each SST-2 sentence's phrases together (train.lm.phrase_groups): the text repeats spans")
     ap.add_argument("--oversample", nargs="+", default=(), metavar="SOURCE=K",
                     help="every line of SOURCE (multi30k, agnews, sst2) K times an epoch, e.g. agnews=2")
+    ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
+                    help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
@@ -671,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.copy_warmup_at, args.copy_rows_from_epoch),
                   groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
+    task.freeze_previous_at = args.freeze_previous
+    task.freeze_previous_file = Path(args.run_dir) / "frozen_previous_head.json"
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -703,6 +720,11 @@ def main(argv: list[str] | None = None) -> int:
             record["frozen_head"] = {**task.frozen_info, "what": "its query rows, its key/value head's key rows and "
                                      "smear logit (with biases) and the block's input norm, kept from that step on "
                                      "(train.lm.HeadFreeze)"}
+        if task.frozen_previous is not None:
+            record["frozen_previous_token_head"] = {
+                **task.frozen_previous_info, "what": "the head with the best previous-token score at that step: its "
+                "query rows, its key/value head's key rows and smear logit (with biases) and the block's input norm, "
+                "kept from then on (train.lm.HeadFreeze)"}
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",
                                 **info["metrics"]}
