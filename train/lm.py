@@ -21,10 +21,11 @@ unigram``: by their frequency in the training text; ``frequent``: uniformly from
   F`` mixes them into the epoch's first F of batches only);
 - ``--copy-rows R``: R short rows of ``--copy-context`` tokens (spans ``--copy-spans``) join every text batch, their
   mean loss weighted ``--copy-weight`` beside the text's, so that the copying gradient is not drowned by the text
-  although these rows are few of the tokens (``--copy-source text``: short documents repeated instead);
+  although these rows are few of the tokens (``--copy-source text``: short documents repeated instead; ``words``:
+  lists of the text's frequent words; ``--copy-rows-from-epoch E``: from epoch E on);
   ``--copy-warmup STEPS`` puts batches of them alone at the start (or after ``--copy-warmup-at`` text batches),
   training only ``--copy-warmup-only`` parameters if given, and ``--copy-freeze`` then keeps the induction head
-  they taught (``HeadFreeze``).
+  they taught (``HeadFreeze``); ``--freeze-previous STEP`` keeps the best previous-token head from that step on.
 The share of synthetic tokens the model saw is counted and recorded in the checkpoint's metrics.json (at most
 10 %). Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random
 pieces against the first (near 0 before induction heads form, several nats after).
