@@ -160,16 +160,24 @@ def repeated_spans(n_rows: int, context: int, unigram: np.ndarray, seed: int,
     match on one piece is ambiguous and the model needs the previous piece at every position (a previous-token
     head) to copy."""
     rng = np.random.default_rng(seed)
+
+    def draw(size: int) -> list[int]:
+        if pool:
+            pieces = rng.choice(len(unigram), size=pool, replace=False, p=unigram)
+            return rng.choice(pieces, size=size).tolist()
+        return rng.choice(len(unigram), size=size, p=unigram).tolist()
+
+    return _span_rows(n_rows, context, rng, lengths, draw)
+
+
+def _span_rows(n_rows: int, context: int, rng: np.random.Generator, lengths: tuple[int, int],
+               draw: Any) -> Tensor:
+    """Rows of ``<s> x x [x]`` blocks, x = ``draw(size)`` for a size drawn from ``lengths``, cut at the context."""
     rows = np.empty((n_rows, context + 1), dtype=np.int64)
     for r in range(n_rows):
         out: list[int] = []
         while len(out) < context + 1:
-            size = int(rng.integers(lengths[0], lengths[1] + 1))
-            if pool:
-                pieces = rng.choice(len(unigram), size=pool, replace=False, p=unigram)
-                span = rng.choice(pieces, size=size).tolist()
-            else:
-                span = rng.choice(len(unigram), size=size, p=unigram).tolist()
+            span = draw(int(rng.integers(lengths[0], lengths[1] + 1)))
             out += [BOS_ID] + span * int(rng.integers(2, 4))
         rows[r] = out[: context + 1]
     return torch.from_numpy(rows)
@@ -212,17 +220,14 @@ def repeated_words(words: list[np.ndarray], n_rows: int, context: int, seed: int
     the tokeniser writes it after a space) of ``lengths[0]``-``lengths[1]`` pieces: real words the text trains,
     in an order the text never predicts, so only copying from the first copy predicts the second."""
     rng = np.random.default_rng(seed)
-    rows = np.empty((n_rows, context + 1), dtype=np.int64)
-    for r in range(n_rows):
-        out: list[int] = []
-        while len(out) < context + 1:
-            size = int(rng.integers(lengths[0], lengths[1] + 1))
-            span: list[int] = []
-            while len(span) < size:
-                span += words[int(rng.integers(len(words)))].tolist()
-            out += [BOS_ID] + span * int(rng.integers(2, 4))
-        rows[r] = out[: context + 1]
-    return torch.from_numpy(rows)
+
+    def draw(size: int) -> list[int]:
+        span: list[int] = []
+        while len(span) < size:
+            span += words[int(rng.integers(len(words)))].tolist()
+        return span
+
+    return _span_rows(n_rows, context, rng, lengths, draw)
 
 
 def copied_targets(rows: Tensor) -> Tensor:
