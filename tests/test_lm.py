@@ -3,6 +3,7 @@ against hand-computed probabilities."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import math
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from train.lm import (
     CopyRows,
@@ -161,6 +163,36 @@ def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
         nll = -torch.log_softmax(model(short[:, :-1]).logits, -1).gather(-1, short[:, 1:, None])[..., 0]
     # the short rows' loss is the mean over the pieces copying predicts, weighted 0.5
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll[keep].mean()), rel=1e-5)
+
+
+def test_short_rows_train_only_the_named_parameters_and_pass_their_gradient_through_the_rest() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    rng = np.random.default_rng(4)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(100)]
+    args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
+    copy = CopyRows(per_batch=2, context=12, lengths=(3, 5), weight=0.5)
+    text, short = LMTask(docs, {}, **args, copy=copy).train_batches(0)[0]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
+
+    def grads(batch, train_only=()) -> tuple[float, dict[str, Tensor]]:
+        model.zero_grad()
+        task = LMTask(docs, {}, **args, copy=dataclasses.replace(copy, train_only=train_only))
+        loss = task.loss(model, batch, 0, 0.0)
+        loss.backward()
+        return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    text_loss, text_only = grads(text)
+    full_loss, full = grads((text, short))
+    loss, restricted = grads((text, short), ("embed", "blocks.0"))
+    assert loss == pytest.approx(full_loss, rel=1e-6) and loss > text_loss  # the same forward pass and loss
+    for name, g in restricted.items():
+        if name.startswith(("embed", "blocks.0")):  # the rows' gradient, through block 1 and the final norm
+            assert torch.allclose(g, full[name], atol=1e-6) and not torch.allclose(g, text_only[name], atol=1e-6)
+        else:  # the text's gradient alone
+            assert torch.allclose(g, text_only[name], atol=1e-7), name
+    assert not torch.allclose(full["blocks.1.attn.q_proj.weight"], text_only["blocks.1.attn.q_proj.weight"])
 
 
 def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:

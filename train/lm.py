@@ -330,6 +330,9 @@ class CopyRows:
     warmup_only: tuple[str, ...] = ()  # parameter-name prefixes the warm-up trains (empty: all of them)
     warmup_at: int = 0  # text batches before the warm-up (first epoch)
     from_epoch: int = 1  # the first epoch (1-based) whose text batches the short rows join
+    # parameter-name prefixes the short rows beside the text train (empty: all of them); the others are detached
+    # in the rows' forward pass, so that the rows' gradient still flows through them but only the text moves them
+    train_only: tuple[str, ...] = ()
 
 
 class LMTask:
@@ -452,7 +455,11 @@ class LMTask:
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
-            logits = model(syn[:, :-1]).logits
+            if c.train_only:  # the other parameters detached: they pass the rows' gradient on but get none of it
+                params = {n: p if n.startswith(c.train_only) else p.detach() for n, p in net.named_parameters()}
+                logits = torch.func.functional_call(net, params, (syn[:, :-1],)).logits
+            else:
+                logits = model(syn[:, :-1]).logits
             keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
             if c.source != "text":
                 keep = copied_targets(syn)
@@ -584,6 +591,9 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                  f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
         if c.from_epoch > 1:
             out["short_rows"] = out["short_rows"].replace("in every batch", f"in every batch from epoch {c.from_epoch}")
+        if c.train_only:
+            out["short_rows"] += (f"; their loss trains only the parameters {', '.join(c.train_only)}* (the others "
+                                  "pass its gradient on and learn from the text alone)")
     if c.warmup_steps:
         out["copy_warmup"] = (f"batches {c.warmup_at + 1}-{c.warmup_at + c.warmup_steps}: {c.warmup_batch} rows of "
                               f"random spans alone, {c.warmup_steps * c.warmup_batch * c.context:,} tokens, the loss "
@@ -644,6 +654,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="pack each SST-2 sentence's phrases together (train.lm.phrase_groups): the text repeats spans")
     ap.add_argument("--oversample", nargs="+", default=(), metavar="SOURCE=K",
                     help="every line of SOURCE (multi30k, agnews, sst2) K times an epoch, e.g. agnews=2")
+    ap.add_argument("--copy-train", nargs="+", default=(), metavar="PREFIX",
+                    help="the short rows beside the text train only parameters whose names start so (embed "
+                         "blocks.0: the embeddings and the first block); the rest learns from the text alone")
     ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
                     help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
@@ -689,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
-                                args.copy_warmup_at, args.copy_rows_from_epoch),
+                                args.copy_warmup_at, args.copy_rows_from_epoch, tuple(args.copy_train)),
                   groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
     task.freeze_previous_at = args.freeze_previous
