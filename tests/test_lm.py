@@ -165,7 +165,7 @@ def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll[keep].mean()), rel=1e-5)
 
 
-def test_short_rows_train_only_the_named_parameters_and_pass_their_gradient_through_the_rest() -> None:
+def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_patterns_to_the_text() -> None:
     from models.gpt import GPT, GPTConfig
 
     rng = np.random.default_rng(4)
@@ -176,9 +176,10 @@ def test_short_rows_train_only_the_named_parameters_and_pass_their_gradient_thro
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
 
-    def grads(batch, train_only=()) -> tuple[float, dict[str, Tensor]]:
+    def grads(batch, train_only=(), fixed_patterns_from=0) -> tuple[float, dict[str, Tensor]]:
         model.zero_grad()
-        task = LMTask(docs, {}, **args, copy=dataclasses.replace(copy, train_only=train_only))
+        rows = dataclasses.replace(copy, train_only=train_only, fixed_patterns_from=fixed_patterns_from)
+        task = LMTask(docs, {}, **args, copy=rows)
         loss = task.loss(model, batch, 0, 0.0)
         loss.backward()
         return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -193,6 +194,16 @@ def test_short_rows_train_only_the_named_parameters_and_pass_their_gradient_thro
         else:  # the text's gradient alone
             assert torch.allclose(g, text_only[name], atol=1e-7), name
     assert not torch.allclose(full["blocks.1.attn.q_proj.weight"], text_only["blocks.1.attn.q_proj.weight"])
+    # layers from 1 on with their patterns out of the rows' gradient: their queries and keys learn from the text
+    # alone, their values from both, and the layers below no longer get the rows' gradient through those queries
+    fixed_loss, fixed = grads((text, short), fixed_patterns_from=1)
+    assert fixed_loss == pytest.approx(full_loss, rel=1e-6)
+    for name in ("blocks.1.attn.q_proj.weight", "blocks.1.attn.k_proj.weight"):
+        assert torch.allclose(fixed[name], text_only[name], atol=1e-7)
+    for name in ("blocks.1.attn.v_proj.weight", "blocks.0.attn.q_proj.weight", "blocks.0.ff.up.weight"):
+        assert not torch.allclose(fixed[name], text_only[name], atol=1e-6), name
+    assert not torch.allclose(fixed["blocks.0.ff.up.weight"], full["blocks.0.ff.up.weight"], atol=1e-6)
+    assert not any(h for m in model.modules() for h in m._forward_hooks.values())  # the hooks are gone again
 
 
 def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:

@@ -34,9 +34,11 @@ pieces against the first (near 0 before induction heads form, several nats after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,6 +335,10 @@ class CopyRows:
     # parameter-name prefixes the short rows beside the text train (empty: all of them); the others are detached
     # in the rows' forward pass, so that the rows' gradient still flows through them but only the text moves them
     train_only: tuple[str, ...] = ()
+    # layers from this one on (0: none) keep their attention patterns out of the short rows' gradient: their
+    # queries and keys are detached in the rows' forward pass, so the rows can move neither those layers' query/key
+    # weights nor, through them, what the layers below write; only what those heads write (values, outputs)
+    fixed_patterns_from: int = 0
 
 
 class LMTask:
@@ -455,11 +461,8 @@ class LMTask:
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
-            if c.train_only:  # the other parameters detached: they pass the rows' gradient on but get none of it
-                params = {n: p if n.startswith(c.train_only) else p.detach() for n, p in net.named_parameters()}
-                logits = torch.func.functional_call(net, params, (syn[:, :-1],)).logits
-            else:
-                logits = model(syn[:, :-1]).logits
+            with self._fixed_patterns(net):
+                logits = self._rows_logits(net, model, syn)
             keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
             if c.source != "text":
                 keep = copied_targets(syn)
@@ -473,6 +476,27 @@ class LMTask:
         logits = model(batch[:, :-1]).logits
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1),
                                label_smoothing=label_smoothing)
+
+    def _rows_logits(self, net: nn.Module, model: nn.Module, rows: Tensor) -> Tensor:
+        c = self.copy
+        if not c.train_only:
+            return model(rows[:, :-1]).logits
+        # the other parameters detached: they pass the rows' gradient on but get none of it
+        params = {n: p if n.startswith(c.train_only) else p.detach() for n, p in net.named_parameters()}
+        return torch.func.functional_call(net, params, (rows[:, :-1],)).logits
+
+    @contextlib.contextmanager
+    def _fixed_patterns(self, net: nn.Module) -> Iterator[None]:
+        """While the short rows' forward pass runs: the queries and keys of layers ``fixed_patterns_from`` and up
+        detached (CopyRows.fixed_patterns_from)."""
+        start = self.copy.fixed_patterns_from
+        hooks = [proj.register_forward_hook(lambda _m, _i, out: out.detach())
+                 for block in (net.blocks[start:] if start else []) for proj in (block.attn.q_proj, block.attn.k_proj)]
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
 
     def freeze_head(self, model: nn.Module, step: int, kind: str = "induction") -> None:
         """Freeze the head with the best induction (or, ``kind="previous"``, previous-token) score (HeadFreeze),
@@ -591,6 +615,9 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
                                  f"(train.lm.copied_targets) weighted {c.weight} beside the text's")
         if c.from_epoch > 1:
             out["short_rows"] = out["short_rows"].replace("in every batch", f"in every batch from epoch {c.from_epoch}")
+        if c.fixed_patterns_from:
+            out["short_rows"] += (f"; the queries and keys of layers {c.fixed_patterns_from} and up detached in the "
+                                  "rows' forward pass (where those heads look is learned from the text alone)")
         if c.train_only:
             out["short_rows"] += (f"; their loss trains only the parameters {', '.join(c.train_only)}* (the others "
                                   "pass its gradient on and learn from the text alone)")
@@ -657,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-train", nargs="+", default=(), metavar="PREFIX",
                     help="the short rows beside the text train only parameters whose names start so (embed "
                          "blocks.0: the embeddings and the first block); the rest learns from the text alone")
+    ap.add_argument("--copy-fixed-patterns", type=int, default=0, metavar="LAYER",
+                    help="the short rows' gradient moves no attention pattern of layers LAYER and up (their queries "
+                         "and keys detached in the rows' pass): where those heads look is learned from the text alone")
     ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
                     help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
@@ -702,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
                   copy=CopyRows(args.copy_rows, args.copy_context, tuple(args.copy_spans), args.copy_weight,
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
-                                args.copy_warmup_at, args.copy_rows_from_epoch, tuple(args.copy_train)),
+                                args.copy_warmup_at, args.copy_rows_from_epoch, tuple(args.copy_train),
+                                args.copy_fixed_patterns),
                   groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
     task.freeze_previous_at = args.freeze_previous
