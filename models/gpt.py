@@ -17,7 +17,9 @@ output before the output projection, so a head is switched off per call, never b
 key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix of its own position-encoded key and its
 predecessor's, α one learned scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
 2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
-heads form within a small training budget; the attention weights returned stay the model's real ones.
+heads form within a small training budget; the attention weights returned stay the model's real ones. ``smear_from``
+keeps plain keys below that layer, so that heads there (a previous-token head, say) never read what an induction
+head above them copied.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class GPTConfig:
     eos_id: int = 2  # generation stops after it
     pad_id: int = 0
     smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
+    smear_from: int = 0  # with smear_keys: the first layer whose keys are smeared (the layers below keep plain keys)
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:
@@ -113,7 +116,7 @@ def rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig) -> None:
+    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.c = c
         bias = c.recipe == "gpt2"
@@ -128,7 +131,7 @@ class CausalSelfAttention(nn.Module):
         # plain key, so that positional heads such as previous-token heads stay sharp) to 0.05 (the predecessor's
         # key: an induction head's match); at an even mix a head aiming one token back splits between two
         self.smear = None
-        if c.smear_keys:
+        if c.smear_keys and layer >= c.smear_from:
             self.smear = nn.Parameter(torch.linspace(3.0, -3.0, c.kv_heads) if c.kv_heads > 1 else torch.zeros(1))
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
@@ -191,11 +194,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: GPTConfig) -> None:
+    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if c.recipe == "gpt2" else \
             (lambda: RMSNorm(c.d_model, c.norm_eps))
-        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c), norm(), FeedForward(c)
+        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c, layer), norm(), FeedForward(c)
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
@@ -224,7 +227,7 @@ class GPT(nn.Module):
         self.labels: list[str] = []
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.recipe == "gpt2" else RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:

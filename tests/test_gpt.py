@@ -79,8 +79,10 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
                                     GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2,
                                               n_heads=4),
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
-                                              n_heads=6, n_kv_heads=2, smear_keys=True)],
-                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys"])
+                                              n_heads=6, n_kv_heads=2, smear_keys=True),
+                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=3,
+                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_from=2)],
+                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys", "smeared-from-layer-2"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -95,6 +97,9 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
                             + [model(ids[:, t : t + 1], caches).logits for t in range(12, 20)], 1)
     torch.testing.assert_close(explicit.logits, fused, atol=1e-5, rtol=0)
     torch.testing.assert_close(stepped, fused, atol=1e-5, rtol=0)
+    if config.smear_keys:  # smeared keys in the layers from smear_from up only
+        assert [b.attn.smear is not None for b in model.blocks] == [i >= config.smear_from
+                                                                    for i in range(config.n_layers)]
     for w in explicit.attention:
         assert w.shape == (2, config.n_heads, 20, 20)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, config.n_heads, 20), atol=1e-5, rtol=0)

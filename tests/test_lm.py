@@ -176,9 +176,10 @@ def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_pat
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
 
-    def grads(batch, train_only=(), fixed_patterns_from=0) -> tuple[float, dict[str, Tensor]]:
+    def grads(batch, train_only=(), fixed_patterns_from=0, below=0) -> tuple[float, dict[str, Tensor]]:
         model.zero_grad()
-        rows = dataclasses.replace(copy, train_only=train_only, fixed_patterns_from=fixed_patterns_from)
+        rows = dataclasses.replace(copy, train_only=train_only, fixed_patterns_from=fixed_patterns_from,
+                                   fixed_patterns_below=below)
         task = LMTask(docs, {}, **args, copy=rows)
         loss = task.loss(model, batch, 0, 0.0)
         loss.backward()
@@ -203,6 +204,13 @@ def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_pat
     for name in ("blocks.1.attn.v_proj.weight", "blocks.0.attn.q_proj.weight", "blocks.0.ff.up.weight"):
         assert not torch.allclose(fixed[name], text_only[name], atol=1e-6), name
     assert not torch.allclose(fixed["blocks.0.ff.up.weight"], full["blocks.0.ff.up.weight"], atol=1e-6)
+    # and the layers below 1 (layer 0): its queries and keys from the text alone, layer 1's from both
+    below_loss, below = grads((text, short), below=1)
+    assert below_loss == pytest.approx(full_loss, rel=1e-6)
+    for name in ("blocks.0.attn.q_proj.weight", "blocks.0.attn.k_proj.weight"):
+        assert torch.allclose(below[name], text_only[name], atol=1e-7)
+    for name in ("blocks.1.attn.q_proj.weight", "blocks.0.attn.v_proj.weight"):
+        assert not torch.allclose(below[name], text_only[name], atol=1e-6), name
     assert not any(h for m in model.modules() for h in m._forward_hooks.values())  # the hooks are gone again
 
 

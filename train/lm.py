@@ -339,6 +339,7 @@ class CopyRows:
     # queries and keys are detached in the rows' forward pass, so the rows can move neither those layers' query/key
     # weights nor, through them, what the layers below write; only what those heads write (values, outputs)
     fixed_patterns_from: int = 0
+    fixed_patterns_below: int = 0  # the same for the layers below this one (0: none)
 
 
 class LMTask:
@@ -487,11 +488,12 @@ class LMTask:
 
     @contextlib.contextmanager
     def _fixed_patterns(self, net: nn.Module) -> Iterator[None]:
-        """While the short rows' forward pass runs: the queries and keys of layers ``fixed_patterns_from`` and up
-        detached (CopyRows.fixed_patterns_from)."""
-        start = self.copy.fixed_patterns_from
+        """While the short rows' forward pass runs: the queries and keys of layers ``fixed_patterns_from`` and up,
+        and of those below ``fixed_patterns_below``, detached (CopyRows)."""
+        start, below = self.copy.fixed_patterns_from, self.copy.fixed_patterns_below
+        fixed = [b for i, b in enumerate(net.blocks) if (start and i >= start) or i < below]
         hooks = [proj.register_forward_hook(lambda _m, _i, out: out.detach())
-                 for block in (net.blocks[start:] if start else []) for proj in (block.attn.q_proj, block.attn.k_proj)]
+                 for block in fixed for proj in (block.attn.q_proj, block.attn.k_proj)]
         try:
             yield
         finally:
@@ -618,6 +620,9 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
         if c.fixed_patterns_from:
             out["short_rows"] += (f"; the queries and keys of layers {c.fixed_patterns_from} and up detached in the "
                                   "rows' forward pass (where those heads look is learned from the text alone)")
+        if c.fixed_patterns_below:
+            out["short_rows"] += (f"; the queries and keys of the layers below {c.fixed_patterns_below} detached in "
+                                  "the rows' forward pass (where those heads look is learned from the text alone)")
         if c.train_only:
             out["short_rows"] += (f"; their loss trains only the parameters {', '.join(c.train_only)}* (the others "
                                   "pass its gradient on and learn from the text alone)")
@@ -645,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--smear-keys", action="store_true",
                     help="mix each key with its predecessor's (Olsson et al. 2022): induction heads in one layer")
+    ap.add_argument("--smear-from", type=int, default=0, metavar="LAYER",
+                    help="--smear-keys from this layer up only (the layers below keep plain keys)")
     ap.add_argument("--qkv-bias", action="store_true",
                     help="query/key/value biases (models/gpt.py qkv_bias): a content-free direction, positional heads")
     ap.add_argument("--repeat-share", type=float, default=0.08,
@@ -687,6 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-fixed-patterns", type=int, default=0, metavar="LAYER",
                     help="the short rows' gradient moves no attention pattern of layers LAYER and up (their queries "
                          "and keys detached in the rows' pass): where those heads look is learned from the text alone")
+    ap.add_argument("--copy-fixed-below", type=int, default=0, metavar="LAYER",
+                    help="as --copy-fixed-patterns for the layers below LAYER (with --smear-from: the rows teach only "
+                         "the smeared layers where to look)")
     ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
                     help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
@@ -733,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
                                 args.copy_warmup_at, args.copy_rows_from_epoch, tuple(args.copy_train),
-                                args.copy_fixed_patterns),
+                                args.copy_fixed_patterns, args.copy_fixed_below),
                   groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
     task.freeze_previous_at = args.freeze_previous
@@ -743,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
                      n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads, dropout=args.dropout,
                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys,
-                     qkv_bias=args.qkv_bias)
+                     smear_from=args.smear_from, qkv_bias=args.qkv_bias)
     model = GPT(mcfg).to(d.device)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc="lm")
     if result.finished and d.main:
