@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -63,6 +63,7 @@ class GPTConfig:
     pad_id: int = 0
     smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
     smear_from: int = 0  # with smear_keys: the first layer whose keys are smeared (the layers below keep plain keys)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from",)  # newer than some saved checkpoints: may be absent
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:

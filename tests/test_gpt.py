@@ -4,6 +4,7 @@ outputs through the explicit and the fused path; generation, ablation and the lo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +259,16 @@ def test_llama_folder_matches_transformers(tmp_path: Path) -> None:
         want = hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)[0].tolist()
     got = ours.generate(ids[0].tolist(), max_new_tokens=8)
     assert got.ids == want[: len(got.ids)]
+
+
+def test_a_config_saved_before_smear_from_loads_with_every_layer_smeared() -> None:
+    from models.checkpoint import CheckpointError, config_from_dict
+
+    saved = dataclasses.asdict(GPTConfig(vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4,
+                                         smear_keys=True))
+    del saved["smear_from"]  # checkpoints written before the field existed
+    config = config_from_dict(GPTConfig, saved)
+    assert config.smear_from == 0
+    assert all(b.attn.smear is not None for b in GPT(config).blocks)
+    with pytest.raises(CheckpointError, match="missing keys"):  # the other fields stay required
+        config_from_dict(GPTConfig, {k: v for k, v in saved.items() if k != "qkv_bias"})
