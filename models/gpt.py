@@ -18,8 +18,8 @@ key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix
 predecessor's, α one learned scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
 2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
 heads form within a small training budget; the attention weights returned stay the model's real ones. ``smear_from``
-keeps plain keys below that layer, so that heads there (a previous-token head, say) never read what an induction
-head above them copied.
+keeps plain keys below that layer: induction heads then form there or above, and the heads below (a previous-token
+head, say) never read what they copied.
 """
 
 from __future__ import annotations
