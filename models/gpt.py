@@ -75,6 +75,8 @@ class GPTConfig:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rope_layout not in ("interleaved", "half"):
             raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
+        if not 0 <= self.smear_from < self.n_layers:
+            raise ValueError(f"smear_from={self.smear_from} is not a layer of {self.n_layers}")
 
     @property
     def kv_heads(self) -> int:

@@ -272,3 +272,5 @@ def test_a_config_saved_before_smear_from_loads_with_every_layer_smeared() -> No
     assert all(b.attn.smear is not None for b in GPT(config).blocks)
     with pytest.raises(CheckpointError, match="missing keys"):  # the other fields stay required
         config_from_dict(GPTConfig, {k: v for k, v in saved.items() if k != "qkv_bias"})
+    with pytest.raises(CheckpointError, match="smear_from=2 is not a layer of 2"):  # would smear no layer at all
+        config_from_dict(GPTConfig, {**saved, "smear_from": 2})
