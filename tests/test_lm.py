@@ -214,6 +214,40 @@ def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_pat
     assert not any(h for m in model.modules() for h in m._forward_hooks.values())  # the hooks are gone again
 
 
+def test_open_heads_keep_their_queries_and_keys_in_the_short_rows_gradient() -> None:
+    """--copy-open-heads: in a fixed layer, the named query heads and the key/value heads they read learn from the
+    rows as well; the layer's other heads from the text alone; from step --copy-open-from on."""
+    from models.gpt import GPT, GPTConfig
+
+    rng = np.random.default_rng(4)
+    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(100)]
+    args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
+    copy = CopyRows(per_batch=2, context=12, lengths=(3, 5), weight=0.5)
+    text, short = LMTask(docs, {}, **args, copy=copy).train_batches(0)[0]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, dropout=0.0))
+
+    def grads(batch, step=0, **rows) -> dict[str, Tensor]:
+        model.zero_grad()
+        LMTask(docs, {}, **args, copy=dataclasses.replace(copy, **rows)).loss(model, batch, step, 0.0).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    text_only, full = grads(text), grads((text, short))
+    fixed = dict(fixed_patterns_from=1, open_heads=((1, 3),), open_from=5)
+    opened, before = grads((text, short), 5, **fixed), grads((text, short), 4, **fixed)
+    d = model.config.d_head
+    for kind, units, open_unit in (("q", 4, 3), ("k", 2, 1)):  # query head 3 reads key/value head 3 // 2 = 1
+        name = f"blocks.1.attn.{kind}_proj.weight"
+        for u in range(units):
+            rows = slice(u * d, (u + 1) * d)
+            assert torch.allclose(before[name][rows], text_only[name][rows], atol=1e-7)  # not open yet at step 4
+            if u == open_unit:  # the rows' gradient as with nothing fixed (layer 1 is the last)
+                assert torch.allclose(opened[name][rows], full[name][rows], atol=1e-6)
+                assert not torch.allclose(opened[name][rows], text_only[name][rows], atol=1e-6)
+            else:
+                assert torch.allclose(opened[name][rows], text_only[name][rows], atol=1e-7), (name, u)
+
+
 def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
     from models.gpt import GPT, GPTConfig
 
@@ -493,3 +527,12 @@ def test_induction_probe_reports_each_measurement(capsys) -> None:
     # an untrained model: attention about uniform over the ~20-40 keys, no head near a role
     assert all(0 < r["induction"] < 0.3 and 0 < r["previous_token"] < 0.3 for r in lines)
     assert lines[0]["loss"] == pytest.approx(math.log(64), abs=0.3)
+
+
+@pytest.mark.parametrize("heads", [["3.9"], ["4.0"], ["three"]])
+def test_open_heads_outside_the_model_are_refused(heads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from train import lm
+
+    with pytest.raises(SystemExit):
+        lm.main(["--layers", "4", "--heads", "8", "--copy-open-heads", *heads])
+    assert "--copy-open-heads" in capsys.readouterr().err

@@ -340,6 +340,10 @@ class CopyRows:
     # weights nor, through them, what the layers below write; only what those heads write (values, outputs)
     fixed_patterns_from: int = 0
     fixed_patterns_below: int = 0  # the same for the layers below this one (0: none)
+    # (layer, query head) pairs of those fixed layers whose query rows, and their key/value head's key rows, stay in
+    # the rows' gradient: the rows may teach an induction head where to look, not its neighbours in the layer
+    open_heads: tuple[tuple[int, int], ...] = ()
+    open_from: int = 0  # the first step at which open_heads are open
 
 
 class LMTask:
@@ -462,7 +466,7 @@ class LMTask:
         if isinstance(batch, tuple):  # text, then short synthetic rows: their mean losses, weighted
             text, syn = batch
             syn = syn.to(self.device)
-            with self._fixed_patterns(net):
+            with self._fixed_patterns(net, step):
                 logits = self._rows_logits(net, model, syn)
             keep = torch.ones_like(syn[:, 1:], dtype=torch.bool)  # "text": every target is one of a document
             if c.source != "text":
@@ -487,13 +491,24 @@ class LMTask:
         return torch.func.functional_call(net, params, (rows[:, :-1],)).logits
 
     @contextlib.contextmanager
-    def _fixed_patterns(self, net: nn.Module) -> Iterator[None]:
+    def _fixed_patterns(self, net: nn.Module, step: int = 0) -> Iterator[None]:
         """While the short rows' forward pass runs: the queries and keys of layers ``fixed_patterns_from`` and up,
-        and of those below ``fixed_patterns_below``, detached (CopyRows)."""
+        and of those below ``fixed_patterns_below``, detached, but for ``open_heads`` from step ``open_from``
+        (CopyRows)."""
         start, below = self.copy.fixed_patterns_from, self.copy.fixed_patterns_below
-        fixed = [b for i, b in enumerate(net.blocks) if (start and i >= start) or i < below]
-        hooks = [proj.register_forward_hook(lambda _m, _i, out: out.detach())
-                 for block in fixed for proj in (block.attn.q_proj, block.attn.k_proj)]
+        model = getattr(net, "module", net)
+        c, hooks = model.config, []
+        for i, block in enumerate(model.blocks):
+            if not ((start and i >= start) or i < below):
+                continue
+            heads = [h for layer, h in self.copy.open_heads if layer == i and step >= self.copy.open_from]
+            kv = {h // (c.n_heads // c.kv_heads) for h in heads}  # the key/value heads those query heads read
+            for proj, units in ((block.attn.q_proj, heads), (block.attn.k_proj, kv)):
+                keep = torch.zeros(proj.out_features, dtype=torch.bool, device=proj.weight.device)
+                for u in units:
+                    keep[u * c.d_head:(u + 1) * c.d_head] = True
+                hooks.append(proj.register_forward_hook(
+                    lambda _m, _i, out, keep=keep: torch.where(keep, out, out.detach())))
         try:
             yield
         finally:
@@ -623,6 +638,11 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
         if c.fixed_patterns_below:
             out["short_rows"] += (f"; the queries and keys of the layers below {c.fixed_patterns_below} detached in "
                                   "the rows' forward pass (where those heads look is learned from the text alone)")
+        if c.open_heads:
+            heads = ", ".join(f"layer {i} head {h}" for i, h in c.open_heads)
+            out["short_rows"] += (f"; but for the query rows of {heads}"
+                                  + " and their key/value heads' key rows (where the rows teach those heads to look)"
+                                  + (f", from step {c.open_from}" if c.open_from else ""))
         if c.train_only:
             out["short_rows"] += (f"; their loss trains only the parameters {', '.join(c.train_only)}* (the others "
                                   "pass its gradient on and learn from the text alone)")
@@ -697,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-fixed-below", type=int, default=0, metavar="LAYER",
                     help="as --copy-fixed-patterns for the layers below LAYER (with --smear-from: the rows teach only "
                          "the smeared layers where to look)")
+    ap.add_argument("--copy-open-heads", nargs="+", default=(), metavar="LAYER.HEAD",
+                    help="with --copy-fixed-patterns/--copy-fixed-below: these query heads (and their key/value "
+                         "heads' keys) stay in the rows' gradient, e.g. 3.6 3.7")
+    ap.add_argument("--copy-open-from", type=int, default=0, metavar="STEP",
+                    help="the first step at which --copy-open-heads are open")
     ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
                     help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
@@ -708,6 +733,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--oversample takes SOURCE=K, K a whole number")
     if not set(oversample) <= {"multi30k", "agnews", "sst2"} or min(oversample.values(), default=1) < 1:
         ap.error("--oversample takes SOURCE=K for multi30k, agnews or sst2, K at least 1")
+    try:
+        open_heads = tuple((int(a), int(b)) for a, b in (h.split(".") for h in args.copy_open_heads))
+    except ValueError:
+        ap.error("--copy-open-heads takes LAYER.HEAD, e.g. 3.7")
+    if any(not (0 <= i < args.layers and 0 <= h < args.heads) for i, h in open_heads):
+        ap.error(f"--copy-open-heads: a model of {args.layers} layers and {args.heads} heads has no such head")
     if not 0 <= args.repeat_share <= 0.10:
         ap.error("--repeat-share must be between 0 and 0.10")
     if not args.repeat_share <= args.repeat_front <= 1:
@@ -743,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.copy_warmup, args.copy_warmup_batch, args.copy_pool,
                                 args.copy_source, args.copy_freeze, tuple(args.copy_warmup_only),
                                 args.copy_warmup_at, args.copy_rows_from_epoch, tuple(args.copy_train),
-                                args.copy_fixed_patterns, args.copy_fixed_below),
+                                args.copy_fixed_patterns, args.copy_fixed_below, open_heads, args.copy_open_from),
                   groups=groups if args.group_phrases else None, words=words)
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
     task.freeze_previous_at = args.freeze_previous
