@@ -529,10 +529,10 @@ def test_induction_probe_reports_each_measurement(capsys) -> None:
     assert lines[0]["loss"] == pytest.approx(math.log(64), abs=0.3)
 
 
-@pytest.mark.parametrize("heads", [["3.9"], ["4.0"], ["three"]])
-def test_open_heads_outside_the_model_are_refused(heads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("heads", [["3.9"], ["4.0"], ["three"], ["0.7"]])
+def test_open_heads_outside_the_fixed_layers_are_refused(heads: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from train import lm
 
-    with pytest.raises(SystemExit):
-        lm.main(["--layers", "4", "--heads", "8", "--copy-open-heads", *heads])
+    with pytest.raises(SystemExit):  # layer 0 is not fixed: its patterns learn from the rows anyway
+        lm.main(["--layers", "4", "--heads", "8", "--copy-fixed-patterns", "1", "--copy-open-heads", *heads])
     assert "--copy-open-heads" in capsys.readouterr().err

@@ -739,6 +739,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--copy-open-heads takes LAYER.HEAD, e.g. 3.7")
     if any(not (0 <= i < args.layers and 0 <= h < args.heads) for i, h in open_heads):
         ap.error(f"--copy-open-heads: a model of {args.layers} layers and {args.heads} heads has no such head")
+    fixed = {i for i in range(args.layers)
+             if (args.copy_fixed_patterns and i >= args.copy_fixed_patterns) or i < args.copy_fixed_below}
+    if any(i not in fixed for i, _ in open_heads):
+        ap.error("--copy-open-heads names heads of layers whose patterns the rows may move anyway (see "
+                 "--copy-fixed-patterns, --copy-fixed-below)")
     if not 0 <= args.repeat_share <= 0.10:
         ap.error("--repeat-share must be between 0 and 0.10")
     if not args.repeat_share <= args.repeat_front <= 1:
