@@ -165,15 +165,21 @@ def test_short_copy_rows_join_every_batch_and_weigh_in_the_loss() -> None:
     assert float(both) == pytest.approx(float(text_loss + 0.5 * nll[keep].mean()), rel=1e-5)
 
 
-def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_patterns_to_the_text() -> None:
-    from models.gpt import GPT, GPTConfig
-
+def _rows_setup() -> tuple[list[np.ndarray], dict, CopyRows, Tensor, Tensor]:
+    """Short documents, LMTask arguments, two short rows a batch, and the first (text, rows) batch; seeds torch."""
     rng = np.random.default_rng(4)
     docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(100)]
     args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
     copy = CopyRows(per_batch=2, context=12, lengths=(3, 5), weight=0.5)
     text, short = LMTask(docs, {}, **args, copy=copy).train_batches(0)[0]
     torch.manual_seed(0)
+    return docs, args, copy, text, short
+
+
+def test_short_rows_train_only_the_named_parameters_or_leave_later_attention_patterns_to_the_text() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    docs, args, copy, text, short = _rows_setup()
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=2, dropout=0.0))
 
     def grads(batch, train_only=(), fixed_patterns_from=0, below=0) -> tuple[float, dict[str, Tensor]]:
@@ -219,12 +225,7 @@ def test_open_heads_keep_their_queries_and_keys_in_the_short_rows_gradient() -> 
     rows as well; the layer's other heads from the text alone; from step --copy-open-from on."""
     from models.gpt import GPT, GPTConfig
 
-    rng = np.random.default_rng(4)
-    docs = [np.array([2, *rng.integers(10, 50, int(rng.integers(3, 10))), 3]) for _ in range(100)]
-    args = dict(context=16, batch_size=4, repeat_share=0.0, vocab=50, seed=0, device=torch.device("cpu"))
-    copy = CopyRows(per_batch=2, context=12, lengths=(3, 5), weight=0.5)
-    text, short = LMTask(docs, {}, **args, copy=copy).train_batches(0)[0]
-    torch.manual_seed(0)
+    docs, args, copy, text, short = _rows_setup()
     model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, dropout=0.0))
 
     def grads(batch, step=0, **rows) -> dict[str, Tensor]:
