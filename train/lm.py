@@ -345,6 +345,10 @@ class CopyRows:
     open_heads: tuple[tuple[int, int], ...] = ()
     open_from: int = 0  # the first step at which open_heads are open
 
+    def fixes(self, layer: int) -> bool:
+        """Whether the short rows' pass detaches ``layer``'s queries and keys (fixed_patterns_from/below)."""
+        return bool(self.fixed_patterns_from and layer >= self.fixed_patterns_from) or layer < self.fixed_patterns_below
+
 
 class LMTask:
     def __init__(self, train_docs: list[np.ndarray], val_docs: dict[str, list[np.ndarray]], context: int,
@@ -495,11 +499,10 @@ class LMTask:
         """While the short rows' forward pass runs: the queries and keys of layers ``fixed_patterns_from`` and up,
         and of those below ``fixed_patterns_below``, detached, but for ``open_heads`` from step ``open_from``
         (CopyRows)."""
-        start, below = self.copy.fixed_patterns_from, self.copy.fixed_patterns_below
         model = getattr(net, "module", net)
         c, hooks = model.config, []
         for i, block in enumerate(model.blocks):
-            if not ((start and i >= start) or i < below):
+            if not self.copy.fixes(i):
                 continue
             heads = [h for layer, h in self.copy.open_heads if layer == i and step >= self.copy.open_from]
             kv = {h // (c.n_heads // c.kv_heads) for h in heads}  # the key/value heads those query heads read
@@ -739,9 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--copy-open-heads takes LAYER.HEAD, e.g. 3.7")
     if any(not (0 <= i < args.layers and 0 <= h < args.heads) for i, h in open_heads):
         ap.error(f"--copy-open-heads: a model of {args.layers} layers and {args.heads} heads has no such head")
-    fixed = {i for i in range(args.layers)
-             if (args.copy_fixed_patterns and i >= args.copy_fixed_patterns) or i < args.copy_fixed_below}
-    if any(i not in fixed for i, _ in open_heads):
+    fixing = CopyRows(fixed_patterns_from=args.copy_fixed_patterns, fixed_patterns_below=args.copy_fixed_below)
+    if not all(fixing.fixes(i) for i, _ in open_heads):
         ap.error("--copy-open-heads names heads of layers whose patterns the rows may move anyway (see "
                  "--copy-fixed-patterns, --copy-fixed-below)")
     if not 0 <= args.repeat_share <= 0.10:
