@@ -63,7 +63,8 @@ class GPTConfig:
     pad_id: int = 0
     smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
     smear_from: int = 0  # with smear_keys: the first layer whose keys are smeared (the layers below keep plain keys)
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from",)  # newer than some saved checkpoints: may be absent
+    logit_scale: bool = False  # a learned logit scale e^g per query head (see the module docstring)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from", "logit_scale")  # newer than some saved checkpoints
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:
@@ -118,6 +119,21 @@ def rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+class HeadScale(nn.Module):
+    """(…, H·d) queries -> each head's d entries times e^g, g (H,) learned, from 0, at most ln 100."""
+
+    MAX = math.log(100.0)
+
+    def __init__(self, n_heads: int, d_head: int) -> None:
+        super().__init__()
+        self.d_head = d_head
+        self.log_scale = nn.Parameter(torch.zeros(n_heads))
+
+    def forward(self, q: Tensor) -> Tensor:
+        scale = self.log_scale.clamp(max=self.MAX).exp().to(q.dtype)
+        return q * scale.repeat_interleave(self.d_head)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, c: GPTConfig, layer: int = 0) -> None:
         super().__init__()
@@ -136,12 +152,16 @@ class CausalSelfAttention(nn.Module):
         self.smear = None
         if c.smear_keys and layer >= c.smear_from:
             self.smear = nn.Parameter(torch.linspace(3.0, -3.0, c.kv_heads) if c.kv_heads > 1 else torch.zeros(1))
+        self.q_scale = HeadScale(c.n_heads, c.d_head) if c.logit_scale else None
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys."""
         c, (b, t, _) = self.c, x.shape
-        q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
+        q = self.q_proj(x)
+        if self.q_scale is not None:  # scaling a head's query scales its logits
+            q = self.q_scale(q)
+        q = q.view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
         if angles is not None:  # angles of the T new positions, after any cached ones

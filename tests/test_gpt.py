@@ -82,8 +82,11 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
                                               n_heads=6, n_kv_heads=2, smear_keys=True),
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=3,
-                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_from=2)],
-                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys", "smeared-from-layer-2"])
+                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_from=2),
+                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
+                                              n_heads=6, n_kv_heads=2, logit_scale=True)],
+                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys", "smeared-from-layer-2",
+                              "logit-scale"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -96,6 +99,14 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
         caches = [KVCache() for _ in model.blocks]
         stepped = torch.cat([model(ids[:, :12], caches).logits]
                             + [model(ids[:, t : t + 1], caches).logits for t in range(12, 20)], 1)
+    if config.logit_scale:  # scales away from their start, so that the three paths apply them alike
+        with torch.no_grad():
+            for b in model.blocks:
+                b.attn.q_scale.log_scale.uniform_(-1.0, 2.0)
+            fused, explicit = model(ids).logits, model(ids, need_weights=True)
+            caches = [KVCache() for _ in model.blocks]
+            stepped = torch.cat([model(ids[:, :12], caches).logits]
+                                + [model(ids[:, t : t + 1], caches).logits for t in range(12, 20)], 1)
     torch.testing.assert_close(explicit.logits, fused, atol=1e-5, rtol=0)
     torch.testing.assert_close(stepped, fused, atol=1e-5, rtol=0)
     if config.smear_keys:  # smeared keys in the layers from smear_from up only
@@ -156,6 +167,40 @@ def test_query_key_biases_alone_make_a_previous_token_head() -> None:
         w = model(torch.randint(3, 64, (2, 12)), need_weights=True).attention[0]  # (B, H, T, T)
     i = torch.arange(1, 12)
     assert float(w[:, :, i, i - 1].min()) > 0.95  # every head, every token, whatever the tokens are
+
+
+def test_a_learned_logit_scale_multiplies_each_heads_logits() -> None:
+    """logit_scale: head h's logits times e^g_h, against the same model without it whose query rows of h (weights
+    and bias) are multiplied by that factor instead; from the start (g = 0) the two models are one; capped at 100."""
+    import math
+
+    from train.loop import TrainConfig, make_optimizer
+
+    base = dict(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                qkv_bias=True)
+    torch.manual_seed(3)
+    scaled = GPT(GPTConfig(**base, logit_scale=True)).eval()
+    plain = GPT(GPTConfig(**base)).eval()
+    plain.load_state_dict({k: v for k, v in scaled.state_dict().items() if "q_scale" not in k})
+    ids = torch.randint(3, 64, (2, 15))
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(ids).logits, plain(ids).logits, atol=1e-6, rtol=0)
+        factors = torch.tensor([[3.0, 1.0, 0.5, 1000.0], [1.0, 7.0, 1.0, 1.0]])  # 1000: capped at 100
+        for b, f, pb in zip(scaled.blocks, factors, plain.blocks, strict=True):
+            b.attn.q_scale.log_scale.copy_(f.log())
+            rows = f.clamp(max=100.0).repeat_interleave(8)[:, None]
+            pb.attn.q_proj.weight.mul_(rows)
+            pb.attn.q_proj.bias.mul_(rows[:, 0])
+        got, want = scaled(ids, need_weights=True), plain(ids, need_weights=True)
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
+    for a, b in zip(got.attention, want.attention, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert float(got.attention[0][:, 3].amax(-1).mean()) > float(got.attention[0][:, 2].amax(-1).mean())
+    assert math.isclose(scaled.blocks[0].attn.q_scale.MAX, math.log(100.0))
+    groups = make_optimizer(scaled, TrainConfig(weight_decay=0.1)).param_groups  # the scales are never decayed
+    undecayed = {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert all(id(b.attn.q_scale.log_scale) in undecayed for b in scaled.blocks)
+    assert GPT(LLAMA).blocks[0].attn.q_scale is None  # off unless the config says so
 
 
 def test_grouped_query_heads_share_their_keys() -> None:
@@ -266,9 +311,9 @@ def test_a_config_saved_before_smear_from_loads_with_every_layer_smeared() -> No
 
     saved = dataclasses.asdict(GPTConfig(vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4,
                                          smear_keys=True))
-    del saved["smear_from"]  # checkpoints written before the field existed
+    del saved["smear_from"], saved["logit_scale"]  # checkpoints written before the fields existed
     config = config_from_dict(GPTConfig, saved)
-    assert config.smear_from == 0
+    assert config.smear_from == 0 and not config.logit_scale
     assert all(b.attn.smear is not None for b in GPT(config).blocks)
     with pytest.raises(CheckpointError, match="missing keys"):  # the other fields stay required
         config_from_dict(GPTConfig, {k: v for k, v in saved.items() if k != "qkv_bias"})

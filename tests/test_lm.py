@@ -4,6 +4,7 @@ against hand-computed probabilities."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import math
@@ -226,7 +227,8 @@ def test_open_heads_keep_their_queries_and_keys_in_the_short_rows_gradient() -> 
     from models.gpt import GPT, GPTConfig
 
     docs, args, copy, text, short = _rows_setup()
-    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, dropout=0.0))
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, dropout=0.0,
+                          logit_scale=True))
 
     def grads(batch, step=0, **rows) -> dict[str, Tensor]:
         model.zero_grad()
@@ -247,6 +249,11 @@ def test_open_heads_keep_their_queries_and_keys_in_the_short_rows_gradient() -> 
                 assert not torch.allclose(opened[name][rows], text_only[name][rows], atol=1e-6)
             else:
                 assert torch.allclose(opened[name][rows], text_only[name][rows], atol=1e-7), (name, u)
+    # the learned logit scales (models/gpt.py logit_scale) likewise: the open head's from both, the rest from the text
+    scale = "blocks.1.attn.q_scale.log_scale"
+    close = functools.partial(torch.allclose, rtol=1e-4, atol=1e-10)  # small at the start: logits near 0
+    assert close(before[scale], text_only[scale]) and close(opened[scale][:3], text_only[scale][:3])
+    assert close(opened[scale][3], full[scale][3]) and not close(opened[scale][3], text_only[scale][3])
 
 
 def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
@@ -291,7 +298,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp
 
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=120, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, smear_keys=True,
-                    qkv_bias=True)
+                    qkv_bias=True, logit_scale=True)
     model = GPT(cfg)
     q, k = slice(24, 32), slice(8, 16)  # d_head 8: query head 3's rows, and those of key/value head 1 it reads
     attn = model.blocks[0].attn
@@ -318,7 +325,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp
     a = "blocks.0.attn."
     for name, frozen, free in (("q_proj.weight", q, slice(0, 24)), ("q_proj.bias", q, slice(0, 24)),
                                ("k_proj.weight", k, slice(0, 8)), ("k_proj.bias", k, slice(0, 8)),
-                               ("smear", slice(1, 2), slice(0, 1))):
+                               ("smear", slice(1, 2), slice(0, 1)), ("q_scale.log_scale", slice(3, 4), slice(0, 3))):
         assert torch.equal(after[a + name][frozen], before[a + name][frozen]), name
         assert not torch.equal(after[a + name][free], before[a + name][free]), name
     assert torch.equal(after["blocks.0.norm1.weight"], before["blocks.0.norm1.weight"])

@@ -290,6 +290,8 @@ class HeadFreeze:
         self.frozen.append((block.norm1.weight, slice(None)))
         if attn.smear is not None:
             self.frozen.append((attn.smear, slice(g, g + 1)))
+        if attn.q_scale is not None:
+            self.frozen.append((attn.q_scale.log_scale, slice(head, head + 1)))
         self.values = [p.detach()[r].clone() for p, r in self.frozen]
         for p, r in self.frozen:
             keep = torch.ones_like(p)
@@ -506,8 +508,11 @@ class LMTask:
                 continue
             heads = [h for layer, h in self.copy.open_heads if layer == i and step >= self.copy.open_from]
             kv = {h // (c.n_heads // c.kv_heads) for h in heads}  # the key/value heads those query heads read
-            for proj, units in ((block.attn.q_proj, heads), (block.attn.k_proj, kv)):
-                keep = torch.zeros(proj.out_features, dtype=torch.bool, device=proj.weight.device)
+            attn = block.attn
+            query = attn.q_scale if attn.q_scale is not None else attn.q_proj  # the queries as the logits see them
+            for proj, width, units in ((query, attn.q_proj.out_features, heads),
+                                       (attn.k_proj, attn.k_proj.out_features, kv)):
+                keep = torch.zeros(width, dtype=torch.bool, device=attn.q_proj.weight.device)
                 for u in units:
                     keep[u * c.d_head:(u + 1) * c.d_head] = True
                 hooks.append(proj.register_forward_hook(
@@ -677,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--smear-keys from this layer up only (the layers below keep plain keys)")
     ap.add_argument("--qkv-bias", action="store_true",
                     help="query/key/value biases (models/gpt.py qkv_bias): a content-free direction, positional heads")
+    ap.add_argument("--logit-scale", action="store_true",
+                    help="a learned, undecayed logit scale per query head (models/gpt.py logit_scale): a head sharpens "
+                         "without growing its weights")
     ap.add_argument("--repeat-share", type=float, default=0.08,
                     help="share of training tokens in synthetic repeated spans (at most 0.10)")
     ap.add_argument("--span-sampling", choices=["uniform", "unigram", "frequent"], default="uniform",
@@ -791,7 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
                      n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads, dropout=args.dropout,
                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys,
-                     smear_from=args.smear_from, qkv_bias=args.qkv_bias)
+                     smear_from=args.smear_from, qkv_bias=args.qkv_bias,
+                     logit_scale=args.logit_scale)
     model = GPT(mcfg).to(d.device)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc="lm")
     if result.finished and d.main:
