@@ -510,9 +510,8 @@ class LMTask:
             kv = {h // (c.n_heads // c.kv_heads) for h in heads}  # the key/value heads those query heads read
             attn = block.attn
             query = attn.q_scale if attn.q_scale is not None else attn.q_proj  # the queries as the logits see them
-            for proj, width, units in ((query, attn.q_proj.out_features, heads),
-                                       (attn.k_proj, attn.k_proj.out_features, kv)):
-                keep = torch.zeros(width, dtype=torch.bool, device=attn.q_proj.weight.device)
+            for proj, n, units in ((query, c.n_heads, heads), (attn.k_proj, c.kv_heads, kv)):
+                keep = torch.zeros(n * c.d_head, dtype=torch.bool, device=attn.q_proj.weight.device)
                 for u in units:
                     keep[u * c.d_head:(u + 1) * c.d_head] = True
                 hooks.append(proj.register_forward_hook(
@@ -799,8 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
                      n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads, dropout=args.dropout,
                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys,
-                     smear_from=args.smear_from, qkv_bias=args.qkv_bias,
-                     logit_scale=args.logit_scale)
+                     smear_from=args.smear_from, qkv_bias=args.qkv_bias, logit_scale=args.logit_scale)
     model = GPT(mcfg).to(d.device)
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc="lm")
     if result.finished and d.main:
