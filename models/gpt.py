@@ -19,7 +19,9 @@ predecessor's, α one learned scalar per key/value head (the "smeared key" archi
 2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
 heads form within a small training budget; the attention weights returned stay the model's real ones. ``smear_from``
 keeps plain keys below that layer: induction heads then form there or above, and the heads below (a previous-token
-head, say) never read what they copied.
+head, say) never read what they copied. ``smear_weight`` scales the predecessor's share, (1 − σ(α))·w: 1 as
+learned, 0 plain keys, so that training can use the smear as scaffolding and take it away again (``train.lm
+--smear-anneal``), leaving an induction head that has to read a previous-token head below it.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ class GPTConfig:
     pad_id: int = 0
     smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
     smear_from: int = 0  # with smear_keys: the first layer whose keys are smeared (the layers below keep plain keys)
+    smear_weight: float = 1.0  # with smear_keys: the predecessor's share times this (0: plain keys)
     logit_scale: bool = False  # a learned logit scale e^g per query head (see the module docstring)
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from", "logit_scale")  # newer than some saved checkpoints
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from", "smear_weight", "logit_scale")  # newer than some checkpoints
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:
@@ -78,6 +81,8 @@ class GPTConfig:
             raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
         if not 0 <= self.smear_from < self.n_layers:
             raise ValueError(f"smear_from={self.smear_from} is not a layer of {self.n_layers}")
+        if not 0 <= self.smear_weight <= 1:
+            raise ValueError(f"smear_weight must be in [0, 1], got {self.smear_weight}")
 
     @property
     def kv_heads(self) -> int:
@@ -188,15 +193,15 @@ class CausalSelfAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), weights
 
     def _smear(self, k: Tensor, cache: KVCache | None) -> Tensor:
-        """k (B, Hkv, T, d) -> σ(α)·k_j + (1 − σ(α))·k_{j−1}; the key before position 0 is zero, and during
-        incremental decoding the cache keeps the newest unsmeared key."""
+        """k (B, Hkv, T, d) -> (1 − m)·k_j + m·k_{j−1}, m = (1 − σ(α))·smear_weight; the key before position 0 is
+        zero, and during incremental decoding the cache keeps the newest unsmeared key."""
         assert self.smear is not None
         before = cache.last_key if cache is not None and cache.last_key is not None else k.new_zeros(k[:, :, :1].shape)
         prev = torch.cat([before, k[:, :, :-1]], dim=2)
         if cache is not None:
             cache.last_key = k[:, :, -1:]
-        own = torch.sigmoid(self.smear).to(k.dtype)[None, :, None, None]
-        return own * k + (1 - own) * prev
+        mix = ((1 - torch.sigmoid(self.smear)) * self.c.smear_weight).to(k.dtype)[None, :, None, None]
+        return (1 - mix) * k + mix * prev
 
 
 class FeedForward(nn.Module):

@@ -84,9 +84,11 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=3,
                                               n_heads=6, n_kv_heads=2, smear_keys=True, smear_from=2),
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
-                                              n_heads=6, n_kv_heads=2, logit_scale=True)],
+                                              n_heads=6, n_kv_heads=2, logit_scale=True),
+                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
+                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_weight=0.4)],
                          ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys", "smeared-from-layer-2",
-                              "logit-scale"])
+                              "logit-scale", "smear-weight"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
@@ -113,10 +115,12 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
         assert float(torch.triu(w, 1).abs().max()) == 0.0  # causal: nothing above the diagonal
 
 
-def test_smeared_keys_mix_each_key_with_its_predecessor() -> None:
-    """Layer 0's weights with smear_keys, against the same softmax(QKᵀ/√d)·V written out with numpy."""
+@pytest.mark.parametrize("weight", [1.0, 0.3])
+def test_smeared_keys_mix_each_key_with_its_predecessor(weight: float) -> None:
+    """Layer 0's weights with smear_keys (the predecessor's share times smear_weight), against the same
+    softmax(QKᵀ/√d)·V written out with numpy."""
     c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                  smear_keys=True)
+                  smear_keys=True, smear_weight=weight)
     torch.manual_seed(1)
     model = GPT(c).eval()
     attn = model.blocks[0].attn
@@ -133,13 +137,32 @@ def test_smeared_keys_mix_each_key_with_its_predecessor() -> None:
         q = rotate(attn.q_proj(x).view(9, 4, 8).transpose(0, 1), angles, c.rope_layout).numpy()
         k = rotate(attn.k_proj(x).view(9, 2, 8).transpose(0, 1), angles, c.rope_layout).numpy()
     for h in range(4):
-        own = 1 / (1 + np.exp(-[2.0, -1.0][h // 2]))
+        mix = (1 - 1 / (1 + np.exp(-[2.0, -1.0][h // 2]))) * weight
         kh = k[h // 2]
-        smeared = own * kh + (1 - own) * np.vstack([np.zeros((1, 8)), kh[:-1]])
+        smeared = (1 - mix) * kh + mix * np.vstack([np.zeros((1, 8)), kh[:-1]])
         s = q[h] @ smeared.T / np.sqrt(8) + np.triu(np.full((9, 9), -np.inf), 1)
         ref = np.exp(s - s.max(1, keepdims=True))
         np.testing.assert_allclose(got[h], ref / ref.sum(1, keepdims=True), atol=1e-5)
     assert GPT(LLAMA).blocks[0].attn.smear is None  # off unless the config says so
+
+
+def test_smear_weight_zero_is_the_same_model_with_plain_keys() -> None:
+    """smear_weight 0 (what train.lm --smear-anneal ends with) computes exactly what the same weights compute
+    without smeared keys, whatever the learned mixes; values outside [0, 1] are refused."""
+    c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                  smear_keys=True, smear_weight=0.0)
+    torch.manual_seed(2)
+    smeared = GPT(c).eval()
+    plain = GPT(dataclasses.replace(c, smear_keys=False)).eval()
+    missing, unexpected = plain.load_state_dict(smeared.state_dict(), strict=False)
+    assert not missing and unexpected == ["blocks.0.attn.smear", "blocks.1.attn.smear"]
+    ids = torch.randint(3, 64, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(smeared(ids).logits, plain(ids).logits, atol=1e-6, rtol=0)
+        smeared.config.smear_weight = 1.0  # the config is shared by the blocks: the smear is back
+        assert not torch.allclose(smeared(ids).logits, plain(ids).logits, atol=1e-3)
+    with pytest.raises(ValueError, match="smear_weight"):
+        GPTConfig(smear_keys=True, smear_weight=1.5)
 
 
 def test_query_key_biases_alone_make_a_previous_token_head() -> None:
@@ -303,9 +326,9 @@ def test_a_config_saved_before_smear_from_loads_with_every_layer_smeared() -> No
 
     saved = dataclasses.asdict(GPTConfig(vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4,
                                          smear_keys=True))
-    del saved["smear_from"], saved["logit_scale"]  # checkpoints written before the fields existed
+    del saved["smear_from"], saved["smear_weight"], saved["logit_scale"]  # written before the fields existed
     config = config_from_dict(GPTConfig, saved)
-    assert config.smear_from == 0 and not config.logit_scale
+    assert config.smear_from == 0 and config.smear_weight == 1.0 and not config.logit_scale
     assert all(b.attn.smear is not None for b in GPT(config).blocks)
     with pytest.raises(CheckpointError, match="missing keys"):  # the other fields stay required
         config_from_dict(GPTConfig, {k: v for k, v in saved.items() if k != "qkv_bias"})

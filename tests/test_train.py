@@ -421,3 +421,28 @@ def test_train_lm_ships_a_decoder_with_smeared_keys_and_its_record(data_dir: Pat
     assert spans["share_of_training_tokens"] == round(spans["synthetic_tokens"] / spans["training_tokens"], 4) <= 0.10
     with pytest.raises(SystemExit):  # more than 10 % of every batch synthetic is refused
         lm.main([*argv[:-2], "--copy-rows", "4", "--threads", "1"])
+
+
+def test_train_lm_smear_anneal_leaves_plain_keys_and_says_so(data_dir: Path, tmp_path: Path) -> None:
+    """--smear-anneal START END: the predecessor's share falls to nothing by END; the checkpoint's config holds
+    the weight its best step was trained with (0 here: plain keys), and the record says how it came about."""
+    import models
+    from train import lm
+
+    out, run = tmp_path / "lm", tmp_path / "run"
+    argv = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
+            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--smear-keys", "--smear-anneal", "0", "2", "--repeat-share", "0", "--train-limit", "64", "--epochs",
+            "2", "--warmup-steps", "2", "--threads", "1"]
+    assert lm.main(argv) == 0
+    model = models.load(out)
+    assert model.config.smear_keys and model.config.smear_weight == 0.0
+    record = json.loads((out / "metrics.json").read_text())["training"]
+    assert "from 1 at step 0 to 0 at step 2" in record["smear_anneal"]
+    assert record["smear_anneal"].endswith("0 in these weights")
+    assert all(b.attn.smear is not None for b in model.blocks)  # kept, but weighted 0 (tests/test_gpt.py)
+    task = lm.LMTask.__new__(lm.LMTask)  # the schedule alone: linear from START to END
+    task.smear_anneal = (10, 20)
+    assert [task.smear_weight(s) for s in (0, 10, 15, 19, 20, 500)] == [1.0, 1.0, 0.5, 0.1, 0.0, 0.0]
+    with pytest.raises(SystemExit):  # needs --smear-keys
+        lm.main([a for a in argv if a != "--smear-keys"])

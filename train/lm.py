@@ -383,6 +383,8 @@ class LMTask:
         self.freeze_previous_file: Path | None = None
         self.frozen_previous: HeadFreeze | None = None
         self.frozen_previous_info: dict[str, Any] = {}
+        # (start, end) steps: smear_weight falls linearly from 1 at start to 0 at end (None: the smear as learned)
+        self.smear_anneal: tuple[int, int] | None = None
         self.warming = False  # in the copy warm-up (with copy.warmup_only: the other parameters get no gradient)
         self._warm_hooks = False
         self._epoch: tuple[int, list[Tensor | tuple[Tensor, Tensor]], list[int]] | None = None
@@ -456,9 +458,18 @@ class LMTask:
             epoch += 1
         return syn, total
 
+    def smear_weight(self, step: int) -> float:
+        """models/gpt.py smear_weight at ``step`` under ``smear_anneal``."""
+        if self.smear_anneal is None:
+            return 1.0
+        start, end = self.smear_anneal
+        return min(1.0, max(0.0, (end - step) / (end - start)))
+
     def loss(self, model: nn.Module, batch: Tensor | tuple[Tensor, Tensor], step: int,
              label_smoothing: float) -> Tensor:
         c, net = self.copy, getattr(model, "module", model)
+        if self.smear_anneal is not None:  # the config is shared by every block: validation sees it too
+            net.config.smear_weight = self.smear_weight(step)
         self.warming = c.warmup_at <= step < c.warmup_at + c.warmup_steps
         if self.warming and c.warmup_only and not self._warm_hooks:
             for name, p in net.named_parameters():
@@ -679,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="mix each key with its predecessor's (Olsson et al. 2022): induction heads in one layer")
     ap.add_argument("--smear-from", type=int, default=0, metavar="LAYER",
                     help="--smear-keys from this layer up only (the layers below keep plain keys)")
+    ap.add_argument("--smear-anneal", type=int, nargs=2, default=None, metavar=("START", "END"),
+                    help="with --smear-keys: the predecessor's share of each key falls linearly to nothing between "
+                         "these steps (models/gpt.py smear_weight): smeared keys as scaffolding, plain keys after END")
     ap.add_argument("--qkv-bias", action="store_true",
                     help="query/key/value biases (models/gpt.py qkv_bias): a content-free direction, positional heads")
     ap.add_argument("--logit-scale", action="store_true",
@@ -753,6 +767,8 @@ def main(argv: list[str] | None = None) -> int:
     if not all(fixing.fixes(i) for i, _ in open_heads):
         ap.error("--copy-open-heads names heads of layers whose patterns the rows may move anyway (see "
                  "--copy-fixed-patterns, --copy-fixed-below)")
+    if args.smear_anneal is not None and not (args.smear_keys and 0 <= args.smear_anneal[0] < args.smear_anneal[1]):
+        ap.error("--smear-anneal START END needs --smear-keys and 0 <= START < END")
     if not 0 <= args.repeat_share <= 0.10:
         ap.error("--repeat-share must be between 0 and 0.10")
     if not args.repeat_share <= args.repeat_front <= 1:
@@ -793,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     task.freeze_file = Path(args.run_dir) / "frozen_head.json"
     task.freeze_previous_at = args.freeze_previous
     task.freeze_previous_file = Path(args.run_dir) / "frozen_previous_head.json"
+    task.smear_anneal = tuple(args.smear_anneal) if args.smear_anneal else None
 
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(recipe="llama", vocab_size=tok.vocab_size, max_len=args.context, d_model=args.d_model,
@@ -804,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.finished and d.main:
         state, info = load_best(args.run_dir)
         model.load_state_dict(state)
+        model.config.smear_weight = task.smear_weight(int(info["step"]))  # as the best weights were trained
         from models.checkpoint import save_checkpoint
 
         cmd = ["python", "-m", "train.lm", *(argv if argv is not None else sys.argv[1:])]
@@ -830,6 +848,11 @@ def main(argv: list[str] | None = None) -> int:
                 **task.frozen_previous_info, "what": "the head with the best previous-token score at that step: its "
                 "query rows, its key/value head's key rows and smear logit (with biases) and the block's input norm, "
                 "kept from then on (train.lm.HeadFreeze)"}
+        if task.smear_anneal is not None:
+            start, end = task.smear_anneal
+            record["smear_anneal"] = (f"smeared keys' predecessor share times a weight falling linearly from 1 at step "
+                                      f"{start} to 0 at step {end} (models/gpt.py smear_weight); "
+                                      f"{model.config.smear_weight:g} in these weights")
         record["validation"] = {"split": "Multi30k val.en (1,014), 1,000 held-out AG News train lines, 1,000 "
                                          "grouped-held-out SST-2 sentences; perplexity per piece, </s> included",
                                 **info["metrics"]}
