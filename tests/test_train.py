@@ -423,6 +423,48 @@ def test_train_lm_ships_a_decoder_with_smeared_keys_and_its_record(data_dir: Pat
         lm.main([*argv[:-2], "--copy-rows", "4", "--threads", "1"])
 
 
+def test_lm_heads_bench_scores_heads_on_the_training_texts_frequent_or_rare_pieces(data_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """bench/lm_heads.py --pieces: the head scores' random tokens come from the training text's most frequent
+    pieces (counted here independently, AG News lines twice as --oversample says) or from all the others."""
+    import importlib.util
+    from collections import Counter
+
+    import models
+    from train import lm
+
+    out, run = tmp_path / "lm", tmp_path / "run"
+    assert lm.main(["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60",
+                    "--context", "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4",
+                    "--repeat-share", "0", "--train-limit", "64", "--epochs", "1", "--threads", "1"]) == 0
+    spec = importlib.util.spec_from_file_location("lm_heads", ROOT / "bench" / "lm_heads.py")
+    heads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heads)
+    model = models.load(out)
+    tok = model.tokenizer
+    counts: Counter[int] = Counter()
+    for source, lines in lm.load_corpus(data_dir)["train"].items():
+        for line in lines:
+            for piece in tok.sp.encode(tok.normalize(line)):
+                counts[piece] += 2 if source == "agnews" else 1
+    special = {lm.PAD_ID, lm.UNK_ID, lm.BOS_ID, lm.EOS_ID}
+    ranked = sorted((i for i in range(model.config.vocab_size) if i not in special), key=lambda i: (-counts[i], i))
+    top = heads.training_pieces(model, "frequent", data_dir, ["agnews=2"], n=10)
+    assert top.tolist() == ranked[:10]
+    rare = heads.training_pieces(model, "rare", data_dir, ["agnews=2"], n=10)
+    assert set(rare) | set(top) == set(range(model.config.vocab_size)) and not set(rare) & set(top)
+
+    seen: list[list[int]] = []
+    generate = model.generate
+    model.generate = lambda ids, **kw: seen.append(list(ids)) or generate(ids, **kw)
+    induction, previous = lm.head_scores(model, 5, 3, top)
+    assert len(seen) == 3 and all(set(ids[1:]) <= set(top.tolist()) for ids in seen)
+    assert induction.shape == previous.shape == (2, 4)
+    seen.clear()
+    lm.head_scores(model, 5, 3, rare)
+    assert all(not set(ids[1:]) & (set(top.tolist()) | special) for ids in seen)
+
+
 def test_train_lm_smear_anneal_leaves_plain_keys_and_says_so(data_dir: Path, tmp_path: Path) -> None:
     """--smear-anneal START END: the predecessor's share falls to nothing by END; the checkpoint's config holds
     the weight its best step was trained with (0 here: plain keys), and the record says how it came about."""

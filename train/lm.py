@@ -205,6 +205,18 @@ def repeated_text(docs: list[np.ndarray], n_rows: int, context: int, seed: int,
     return torch.from_numpy(rows)
 
 
+def piece_counts(docs: list[np.ndarray], vocab: int) -> np.ndarray:
+    """How often each piece occurs in ``docs`` (float64, (vocab,)), the special pieces counted as 0."""
+    freq = np.bincount(np.concatenate(docs), minlength=vocab).astype(np.float64)
+    freq[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0
+    return freq
+
+
+def frequent_pieces(docs: list[np.ndarray], vocab: int, n: int = FREQUENT) -> np.ndarray:
+    """The ``n`` most frequent ordinary pieces of ``docs``, most frequent first (``--span-sampling frequent``)."""
+    return np.argsort(-piece_counts(docs, vocab), kind="stable")[:n]
+
+
 def frequent_words(texts: list[str], n: int) -> list[str]:
     """The ``n`` most frequent words (whitespace-separated, letters only, 3+ of them, lower-cased) of ``texts``,
     ties broken alphabetically."""
@@ -247,16 +259,19 @@ def copied_targets(rows: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def head_scores(model: Any, n: int = 50, trials: int = 20) -> tuple[np.ndarray, np.ndarray]:
+def head_scores(model: Any, n: int = 50, trials: int = 20,
+                pieces: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(induction, previous-token) scores per layer and head of a models.gpt.GPT, (L, H) each, averaged over
     ``trials`` seeds (0, 1, ...): ``<s>`` + ``n`` random non-special tokens twice; induction = attention from each
     token i of the second copy to i − n + 1 (the token after its earlier occurrence, Olsson et al. 2022), previous
-    token = attention from i to i − 1. bench/lm_heads.py reports these; ``--copy-freeze`` picks its head by them."""
+    token = attention from i to i − 1. ``pieces``: draw the tokens from these ids only (default: every
+    non-special id). bench/lm_heads.py reports these; ``--copy-freeze`` picks its head by them."""
     was = model.training
     model.eval()
     c, tok = model.config, model.tokenizer
     special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-    pool = np.array([i for i in range(c.vocab_size) if i not in special])
+    ids = range(c.vocab_size) if pieces is None else pieces
+    pool = np.array([int(i) for i in ids if i not in special])
     bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
     induction, previous = [], []
     second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
@@ -365,14 +380,11 @@ class LMTask:
         self.copy = copy or CopyRows()
         self.repeat_share, self.repeat_front, self.seed, self.device = repeat_share, repeat_front, seed, device
         counts = np.ones(vocab)  # "uniform": every ordinary piece alike, earlier occurrences unambiguous
-        if span_sampling in ("unigram", "frequent"):
-            freq = np.bincount(np.concatenate(train_docs), minlength=vocab).astype(np.float64)
-            freq[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0
-            if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
-                counts = freq
-            else:  # uniformly among the FREQUENT most frequent pieces: embeddings the text trains well, words' pieces
-                counts = np.zeros(vocab)
-                counts[np.argsort(-freq, kind="stable")[:FREQUENT]] = 1.0
+        if span_sampling == "unigram":  # as frequent as in the text: spans repeat common pieces within themselves
+            counts = piece_counts(train_docs, vocab)
+        elif span_sampling == "frequent":  # uniformly among the FREQUENT most frequent: embeddings the text trains well
+            counts = np.zeros(vocab)
+            counts[frequent_pieces(train_docs, vocab)] = 1.0
         counts[[PAD_ID, UNK_ID, BOS_ID, EOS_ID]] = 0  # spans of ordinary pieces only
         self.unigram = counts / counts.sum()
         self.natural_tokens = sum(len(d) for d in train_docs)
