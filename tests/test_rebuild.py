@@ -37,21 +37,42 @@ def test_every_shipped_checkpoint_has_an_entry() -> None:
     assert SHIPPED and sorted(ENTRIES) == SHIPPED
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_entry_is_the_recorded_command_with_local_paths(name: str) -> None:
-    recorded = json.loads((ROOT / "checkpoints" / name / "metrics.json").read_text())["training"]["command"]
+def same_command(name: str, recorded: str, command: str, extra: frozenset[str] = frozenset()) -> None:
+    """``command`` is ``recorded`` with local paths (and perhaps the ``extra`` flags)."""
     module, want = flags(recorded)
-    want.pop("--resume", None)  # a run resumed under the same flags; its rebuild starts from scratch
-    entry = ENTRIES[name]
-    got_module, got = flags(entry["command"])
+    got_module, got = flags(command)
     assert got_module == module and (ROOT / (module.replace(".", "/") + ".py")).is_file()
     for flag, values in want.items():  # every recorded flag, with its value unless it is a path
         assert flag in got, f"{name}: {flag} {' '.join(values)} is missing"
         if flag not in PATH_FLAGS:
             assert got[flag] == values, f"{name}: {flag} {got[flag]} but trained with {values}"
-    assert set(got) - set(want) <= {"--data-dir"}, f"{name}: flags it was not trained with"
+    assert set(got) - set(want) <= {"--data-dir"} | extra, f"{name}: flags it was not trained with"
     assert got["--data-dir"] == ["../shared/data"]
     assert got["--out"] == [f"checkpoints/{name}"] and got["--run-dir"] == [f"runs/{name}"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_run_resumed_under_other_flags_lists_its_earlier_commands_first(name: str) -> None:
+    record = json.loads((ROOT / "checkpoints" / name / "metrics.json").read_text())["training"]
+    if "commands" not in record:
+        assert "--resume" not in flags(ENTRIES[name]["command"])[1]
+        return
+    needs = [n[n.index("python -m train."):] for n in ENTRIES[name]["needs"] if "python -m train." in n]
+    earlier = record["commands"][:-1]
+    assert record["commands"][-1]["command"] == record["command"] and len(needs) >= len(earlier)
+    for then, need in zip(earlier, needs):  # in order, each in the same run folder (a stop flag allowed)
+        same_command(name, then["command"], need, frozenset({"--stop-after"}))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_entry_is_the_recorded_command_with_local_paths(name: str) -> None:
+    record = json.loads((ROOT / "checkpoints" / name / "metrics.json").read_text())["training"]
+    recorded = record["command"]
+    if "commands" not in record:  # a run resumed under the same flags; its rebuild starts from scratch
+        recorded = shlex.join(w for w in shlex.split(recorded) if w != "--resume")
+    entry = ENTRIES[name]
+    same_command(name, recorded, entry["command"])
+    got = flags(entry["command"])[1]
     for flag in PATH_FLAGS & set(got):
         for path in got[flag]:
             assert path.startswith(("../shared/data", "checkpoints/", "runs/")), f"{name}: {flag} {path}"

@@ -465,6 +465,55 @@ def test_lm_heads_bench_scores_heads_on_the_training_texts_frequent_or_rare_piec
     assert all(not set(ids[1:]) & (set(top.tolist()) | special) for ids in seen)
 
 
+def test_train_lm_resumed_with_other_flags_records_every_command(data_dir: Path, tmp_path: Path) -> None:
+    """A run resumed with changed flags: the record's "commands" lists each command with the step it started
+    from, "command" is the last one (checkpoints/rebuild.json replays them in order)."""
+    from train import lm
+
+    out, run = tmp_path / "lm", tmp_path / "run"
+    base = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
+            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--copy-rows", "1",
+            "--copy-context", "8", "--copy-spans", "2", "3", "--repeat-share", "0", "--train-limit", "64",
+            "--warmup-steps", "2", "--threads", "1"]
+    first = [*base, "--span-sampling", "frequent", "--epochs", "1"]
+    assert lm.main(first) == 0
+    steps = json.loads((out / "metrics.json").read_text())["training"]["steps"]
+    assert "commands" not in json.loads((out / "metrics.json").read_text())["training"]  # one command: no list
+    second = [*base, "--span-sampling", "uniform", "--epochs", "2", "--resume"]
+    assert lm.main(second) == 0
+    record = json.loads((out / "metrics.json").read_text())["training"]
+    assert record["commands"] == [{"command": "python -m train.lm " + " ".join(first), "from_step": 0},
+                                  {"command": "python -m train.lm " + " ".join(second), "from_step": steps}]
+    assert record["command"] == record["commands"][-1]["command"] and record["steps"] == 2 * steps
+    assert "earlier command" in record["data"]["synthetic_repeated_spans"]["flags"]  # the spans changed mid-run
+
+
+def test_train_lm_select_last_ships_the_final_weights_and_a_spent_budget_trains_no_further(
+        data_dir: Path, tmp_path: Path) -> None:
+    """--select last: the checkpoint holds the weights the run ended with (its resumable state), and the record
+    says it is not the best validation epoch; a run resumed with its time budget used up takes no step."""
+    from safetensors.torch import load_file
+
+    from train import lm
+
+    out, run = tmp_path / "lm", tmp_path / "run"
+    argv = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
+            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--repeat-share", "0",
+            "--train-limit", "64", "--epochs", "3", "--log-every", "1", "--time-budget", "0.0001", "--threads", "1"]
+    assert lm.main(argv) == 0
+    first = json.loads((out / "metrics.json").read_text())["training"]
+    assert first["steps"] < 3 * 36  # the budget (6 ms) ran out long before the three epochs
+    assert lm.main([*argv, "--resume", "--select", "last"]) == 0
+    record = json.loads((out / "metrics.json").read_text())["training"]
+    assert record["steps"] == first["steps"] and record["history"] == first["history"]
+    assert record["selection"] == (f"the last weights (epoch {record['history'][-1]['epoch']}, step "
+                                   f"{first['steps']}), not the best validation epoch ({record['best_epoch']})")
+    final = loop.load_state(run / "state.pt")["model"]
+    shipped = {k: v.float() for k, v in load_file(next(out.glob("*.safetensors"))).items()}
+    assert shipped.keys() <= final.keys() and shipped
+    assert all(torch.allclose(shipped[k], final[k].float(), atol=1e-3) for k in shipped)
+
+
 def test_train_lm_smear_anneal_leaves_plain_keys_and_says_so(data_dir: Path, tmp_path: Path) -> None:
     """--smear-anneal START END: the predecessor's share falls to nothing by END; the checkpoint's config holds
     the weight its best step was trained with (0 here: plain keys), and the record says how it came about."""

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIVE = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]  # trained from scratch
 MINILM = ["minilm-agnews", "minilm-sst2"]  # the pretrained encoder, fine-tuned
-LM: list[str] = []  # the decoder-only language model trained here (gpt-tiny, not shipped yet)
+LM = ["gpt-tiny"]  # the decoder-only language model trained here
 SHIPPED = FIVE + MINILM + LM
 MB = 1024 * 1024
 

@@ -56,6 +56,7 @@ from train.loop import (
     cleanup_distributed,
     config_from_args,
     load_best,
+    load_state,
     setup_distributed,
     setup_threads,
     train,
@@ -685,6 +686,18 @@ def synthetic_record(task: LMTask, args: argparse.Namespace, best_step: int, las
     return out
 
 
+def run_commands(run_dir: Path, command: str, resume: bool) -> list[dict[str, Any]]:
+    """Every command that trained this run, each with the step it started from, kept in RUN_DIR/commands.json:
+    a ``--resume`` may change flags, and the model's record then holds them all."""
+    path, state = run_dir / "commands.json", run_dir / "state.pt"
+    earlier = json.loads(path.read_text()) if resume and path.is_file() else []
+    step = int(load_state(state)["step"]) if resume and state.is_file() else 0
+    commands = [*earlier, {"command": command, "from_step": step}]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(commands, indent=1) + "\n")
+    return commands
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -760,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the first step at which --copy-open-heads are open")
     ap.add_argument("--freeze-previous", type=int, default=0, metavar="STEP",
                     help="at this step, freeze the head with the best previous-token score (train.lm.HeadFreeze)")
+    ap.add_argument("--select", choices=["best", "last"], default="best",
+                    help="the checkpoint's weights: the epoch with the best validation score, or the run's last")
     ap.add_argument("--train-limit", type=int, default=None, help="use only this many lines per source (tests)")
     add_train_args(ap, DEFAULTS)
     args = ap.parse_args(argv)
@@ -829,15 +844,24 @@ def main(argv: list[str] | None = None) -> int:
                      bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, smear_keys=args.smear_keys,
                      smear_from=args.smear_from, qkv_bias=args.qkv_bias, logit_scale=args.logit_scale)
     model = GPT(mcfg).to(d.device)
+    cmd = ["python", "-m", "train.lm", *(argv if argv is not None else sys.argv[1:])]
+    commands = run_commands(Path(args.run_dir), " ".join(cmd), args.resume) if d.main else []
     result = train(model, task, cfg, args.run_dir, resume=args.resume, d=d, desc="lm")
     if result.finished and d.main:
-        state, info = load_best(args.run_dir)
-        model.load_state_dict(state)
+        if args.select == "best":
+            state, info = load_best(args.run_dir)
+            model.load_state_dict(state)
+        else:  # the weights as the run ended, with the last validation
+            last = result.history[-1]
+            info = {"epoch": last["epoch"], "step": result.step,
+                    "metrics": {k: v for k, v in last.items() if k not in ("epoch", "step", "train_loss", "seconds")}}
         model.config.smear_weight = task.smear_weight(int(info["step"]))  # as the best weights were trained
         from models.checkpoint import save_checkpoint
 
-        cmd = ["python", "-m", "train.lm", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)
+        if args.select == "last":
+            record["selection"] = (f"the last weights (epoch {info['epoch']}, step {info['step']:,}), not the best "
+                                   f"validation epoch ({result.best_epoch})")
         natural = task.natural_tokens
         record["data"] = {
             "train": {k: f"{len(v):,} lines" for k, v in corpus["train"].items()},
@@ -851,6 +875,11 @@ def main(argv: list[str] | None = None) -> int:
                            if args.group_phrases else "")),
             "synthetic_repeated_spans": synthetic_record(task, args, int(info["step"]), result.step),
         }
+        if len(commands) > 1:
+            record["commands"] = commands  # "command" is the last of them
+            record["data"]["synthetic_repeated_spans"]["flags"] = (
+                "construction and short_rows say what the last command's flags set; each earlier command (see "
+                "commands) set its own up to the next one's from_step")
         if task.frozen is not None:
             record["frozen_head"] = {**task.frozen_info, "what": "its query rows, its key/value head's key rows and "
                                      "smear logit (with biases) and the block's input norm, kept from that step on "

@@ -405,6 +405,9 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, r
     stop = False
     autocast = torch.autocast(d.device.type, dtype=torch.bfloat16) if cfg.bf16 else contextlib.nullcontext()
     while epoch < epochs and step < total and not stop:
+        if step > 0 and out_of_time():  # resumed with its time budget used up: nothing more to train
+            log(f"time budget of {cfg.time_budget_s:.0f}s used up before step {step + 1}")
+            break
         batches = task.train_batches(epoch)
         mine = batches[d.rank::d.world][:steps_per_epoch]
         model.train()
