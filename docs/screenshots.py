@@ -26,7 +26,8 @@ def generate_shots(page, panel, tab, shot) -> None:
     wait_for_plots(page, 3, timeout=120_000)
     shot("generate", 2300)
     panel().get_by_role("button", name="Repeated random tokens").click()
-    wait_for_plots(page, 7, timeout=120_000)
+    wait_for_plots(page, 6, timeout=120_000)  # the three of the continuation, then roles, stripe and losses
+    panel().get_by_text("strongest previous token").wait_for(timeout=120_000)  # the summary line
     heading = panel().get_by_text("Head roles on repeated random tokens")
     top = heading.bounding_box()["y"] + page.evaluate("window.scrollY")
     shot("generate-head-roles", 1500, y=top - 20)
