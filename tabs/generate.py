@@ -62,8 +62,10 @@ def availability() -> str:
     notes = [common.configuration_notice("generate")] if common.CONFIG_PROBLEMS else []
     if not (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
         others = decoder_models()[1:]
-        notes.insert(0, f"**Not there yet:** `{DEFAULT}`, the decoder the project trains and ships, is not in "
-                        "`checkpoints/` yet. The tab works with any decoder checkpoint there, the downloadable "
+        notes.insert(0, f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
+                        f"missing: restore it with `git checkout -- checkpoints/{DEFAULT}` (the commands that rebuild "
+                        "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, the "
+                        "downloadable "
                         "GPT-2 small and SmolLM2-135M, or a Hugging Face GPT-2 or LLaMA-family model given with "
                         "`python app.py --model ENTRY` (README, \"Pretrained and your own models\"): "
                         + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
@@ -139,10 +141,11 @@ def _model(name: str | None, progress=None):
     choices = decoder_models()
     if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
         raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
-    if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():  # never shipped, so nothing to restore
+    if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
-        raise gr.Error(f"`{DEFAULT}` is not there yet. Pick another decoder model ({others}) or add a Hugging "
-                       "Face GPT-2 or LLaMA-family folder with `python app.py --model DIR`.", duration=None)
+        raise gr.Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
+                       f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
+                       "with `python app.py --model DIR`.", duration=None)
     report = None if progress is None else (lambda done, text: progress(done, desc=text))
     return get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 

@@ -210,9 +210,10 @@ def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch)
     from tabs import generate as tab
 
     monkeypatch.setattr(common, "CHECKPOINTS", tmp_path)
-    assert "`gpt-tiny`" in tab.availability() and "`openai-community/gpt2`" in tab.availability()
+    notice = tab.availability()
+    assert "`git checkout -- checkpoints/gpt-tiny`" in notice and "`openai-community/gpt2`" in notice
     assert tab.decoder_models() == ["gpt-tiny", *common.DOWNLOADABLE]
-    with pytest.raises(gr.Error, match="`gpt-tiny` is not there yet"):
+    with pytest.raises(gr.Error, match="`checkpoints/gpt-tiny` is missing: restore it with `git checkout"):
         tab.generate("hello")
 
 
