@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -55,6 +56,25 @@ def app_env(port: int, **extra: str) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def serving(env: dict[str, str], log_path: Path, *args: str) -> Iterator[str]:
+    """`python app.py ARGS` as a user would start it, with ``env``; yields its URL once it serves a page."""
+    port = int(env["GRADIO_SERVER_PORT"])
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            wait_until_serving(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every shipped model, tiny and randomly initialised, in the real checkpoint format."""
@@ -66,21 +86,10 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoints: Path) -> Iterator[str]:
     """Start `python app.py` as a user would, on a free loopback port, over the tiny checkpoints."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("app") / "server.log").open("w")
-    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), TORCH_HOME=str(tmp_path_factory.mktemp("torch")))
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_until_serving(url, proc)
+    env = app_env(free_port(), ATLAS_CHECKPOINTS=str(tiny_checkpoints),
+                  TORCH_HOME=str(tmp_path_factory.mktemp("torch")))
+    with serving(env, tmp_path_factory.mktemp("app") / "server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 HUB_GPT2 = "atlas-test/hub-gpt2"
@@ -98,17 +107,7 @@ def configured_app(tmp_path_factory, tiny_checkpoints):
     refs["my-vit"] = tiny_vit_classifier_folder(base / "my-vit")
     refs[HUB_GPT2] = tiny_gpt2_folder(base / "hub-source")
     place_in_hub_cache(base / "hub-source", base / "hf" / "hub", HUB_GPT2)
-    port = free_port()
-    env = app_env(port, ATLAS_CHECKPOINTS=str(tiny_checkpoints), HF_HOME=str(base / "hf"), ATLAS_OFFLINE="1",
+    env = app_env(free_port(), ATLAS_CHECKPOINTS=str(tiny_checkpoints), HF_HOME=str(base / "hf"), ATLAS_OFFLINE="1",
                   ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'},{base / 'my-vit'},generate:{HUB_GPT2}")
-    log = (base / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "app.py", "--model", str(base / "cli-gpt2")], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_until_serving(url, proc)
+    with serving(env, base / "server.log", "--model", str(base / "cli-gpt2")) as url:
         yield url, base, refs
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        log.close()

@@ -860,8 +860,9 @@ def main(argv: list[str] | None = None) -> int:
 
         record = training_record(result, model, d, cfg, cmd)
         if args.select == "last":
-            record["selection"] = (f"the last weights (epoch {info['epoch']}, step {info['step']:,}), not the best "
-                                   f"validation epoch ({result.best_epoch})")
+            best = ("also the best validation epoch" if info["epoch"] == result.best_epoch
+                    else f"not the best validation epoch ({result.best_epoch})")
+            record["selection"] = f"the last weights (epoch {info['epoch']}, step {info['step']:,}), {best}"
         natural = task.natural_tokens
         record["data"] = {
             "train": {k: f"{len(v):,} lines" for k, v in corpus["train"].items()},

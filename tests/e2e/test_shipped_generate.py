@@ -5,15 +5,13 @@ browser drew."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import ROOT, app_env, free_port, wait_until_serving
+from tests.conftest import app_env, free_port, serving
 
 from .helpers import figures, open_tab, screenshot, wait_for_plots
 from .test_tabs import _panel, _wait_for_title
@@ -24,17 +22,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python app.py` as shipped: every model from checkpoints/."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("shipped") / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=app_env(port), stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        wait_until_serving(f"http://127.0.0.1:{port}/", proc)
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        log.close()
+    with serving(app_env(free_port()), tmp_path_factory.mktemp("shipped") / "server.log") as url:
+        yield url
 
 
 def test_generate_opens_on_gpt_tiny_and_draws_its_induction_stripe(page) -> None:
