@@ -1,0 +1,424 @@
+"""Why a head attends: one pre-softmax attention score split into the parts of the residual stream.
+
+The residual stream entering a layer is a sum of parts: the token embedding, the position embedding (models
+with learned or sinusoidal positions), every earlier head's output (through its slice of the output
+projection), every earlier feed-forward block's output, and the constant terms (biases, LayerNorm shifts)
+gathered as ``bias``. The query of position i and the key of position j are affine in that stream once each
+LayerNorm / RMSNorm is frozen at the scale it computed on the real input (Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits", §"Freezing attention patterns"; the standard simplification of
+TransformerLens' ``decompose_resid``), so
+
+    s_ij = q_i · k_j / √d_k = Σ_a Σ_b q_i(a) · k_j(b) / √d_k
+
+exactly, one term per (query part a, key part b). Post-norm layers (BERT, post-norm classifiers) freeze each
+LayerNorm on the way, so every part keeps being carried through them. RoPE rotates every part of q_i by
+position i and every part of k_j by position j (linear), so the same split holds for LLaMA-family models;
+``content`` is the score with the rotation removed (both at offset 0) and ``by_offset`` the score the same
+q_i and k_j would get at every offset i − j (RoFormer §3.4.2: RoPE scores depend on the offset only).
+
+Only the positions asked about are split (i, j, and j − 1 for smeared keys); the stream itself is computed
+for all positions, in float64, from the model's own modules. The whole row of scores comes from the same
+walk, so softmax(row) reproduces the attention the model returns (tests/test_decompose.py, every family).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+BIAS = "bias"
+
+
+# ------------------------------------------------------------------------------------------ the stream
+class Stream:
+    """The residual stream: ``total`` (T, D) at every position and its ``parts`` (C, P, D) at the P positions
+    ``at``, float64; the parts sum to ``total[at]``. Part 0 is always ``bias`` (every constant term)."""
+
+    def __init__(self, total: Tensor, at: Sequence[int]) -> None:
+        self.at = list(at)
+        self.total = total
+        self.names = [BIAS]
+        self.parts = total.new_zeros(1, len(self.at), total.size(-1))
+
+    def add(self, name: str, full: Tensor) -> None:
+        """Add ``full`` (T, D) to the stream as the part ``name`` (``bias``: into the constant part)."""
+        self.total = self.total + full
+        if name == BIAS:
+            self.parts[0] = self.parts[0] + full[self.at]
+        else:
+            self.names.append(name)
+            self.parts = torch.cat([self.parts, full[self.at][None]])
+
+    def normed(self, norm: nn.Module) -> Stream:
+        """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
+        x = self.total
+        weight = norm.weight.double() if getattr(norm, "weight", None) is not None else torch.ones_like(x[0])
+        eps = float(getattr(norm, "eps", 1e-5))
+        out = Stream.__new__(Stream)
+        out.at, out.names = self.at, list(self.names)
+        if isinstance(norm, nn.LayerNorm):
+            sd = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # (T, 1)
+            bias = norm.bias.double() if norm.bias is not None else torch.zeros_like(weight)
+            out.total = (x - x.mean(-1, keepdim=True)) / sd * weight + bias
+            out.parts = (self.parts - self.parts.mean(-1, keepdim=True)) / sd[self.at] * weight
+            out.parts[0] = out.parts[0] + bias
+        elif type(norm).__name__ == "RMSNorm":  # models.gpt.RMSNorm: x / rms(x) · g
+            rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            out.total, out.parts = x / rms * weight, self.parts / rms[self.at] * weight
+        else:
+            raise TypeError(f"cannot freeze a {type(norm).__name__}")
+        return out
+
+
+def _linear(x: Tensor, m: nn.Linear, bias: bool) -> Tensor:
+    return F.linear(x, m.weight.double(), m.bias.double() if bias and m.bias is not None else None)
+
+
+def _call(module: nn.Module, x: Tensor) -> Tensor:
+    """A module that is not split (a feed-forward block) run on the float64 stream, in its own dtype."""
+    dtype = next(module.parameters()).dtype
+    return module(x.to(dtype)).double()
+
+
+def _module_fn(module: nn.Module):
+    return lambda x: _call(module, x)
+
+
+# ------------------------------------------------------------------------------- one attention layer
+@dataclass
+class Attn:
+    """A self-attention layer as the decomposition reads it (adapted from each model family)."""
+
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    o: nn.Linear
+    n_heads: int
+    kv_heads: int
+    norm: nn.Module | None  # the pre-norm before q/k/v (None: post-norm, the stream enters as it is)
+    causal: bool
+    angles: Tensor | None = None  # RoPE (positions, d/2)
+    layout: str = "interleaved"
+    q_scale: Tensor | None = None  # (H,) per-head factor on the query (models.gpt logit_scale)
+    smear: Tensor | None = None  # (Hkv,) predecessor's share of each key (models.gpt smeared keys)
+
+    @property
+    def d_head(self) -> int:
+        return self.q.out_features // self.n_heads
+
+    def heads(self, x: Tensor, m: nn.Linear, n: int, bias: bool) -> Tensor:
+        """(…, T, D) -> (…, n, T, d): one projection split into heads."""
+        y = _linear(x, m, bias)
+        return y.view(*y.shape[:-1], n, self.d_head).transpose(-3, -2)
+
+    def queries(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
+        q = self.heads(x, self.q, self.n_heads, bias)  # (…, H, P, d)
+        if self.q_scale is not None:
+            q = q * self.q_scale.double()[:, None, None]
+        if self.angles is not None and rotate:
+            q = _rotate(q, self.angles[list(positions)], self.layout)
+        return q
+
+    def keys(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
+        """Keys at ``positions``, before any smearing (``_smeared`` mixes in the predecessor's)."""
+        k = self.heads(x, self.k, self.kv_heads, bias)
+        if self.angles is not None and rotate:
+            k = _rotate(k, self.angles[list(positions)], self.layout)
+        return k
+
+    def group(self) -> int:
+        return self.n_heads // self.kv_heads
+
+
+def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
+    from models.gpt import rotate
+
+    return rotate(x, angles.double(), layout)
+
+
+def _smeared(attn: Attn, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
+    """Keys of x (…, T, D) at every position, with the predecessor mix of smeared keys (zero before 0)."""
+    k = attn.keys(x, positions, bias, rotate)
+    if attn.smear is None:
+        return k
+    prev = torch.cat([torch.zeros_like(k[..., :1, :]), k[..., :-1, :]], dim=-2)
+    mix = attn.smear.double()[:, None, None]
+    return (1 - mix) * k + mix * prev
+
+
+def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Full scores (H, T, T) (masked −inf), weights and values (H, T, d) from the normed stream x (T, D)."""
+    t = x.size(0)
+    pos = range(t)
+    q = attn.queries(x, pos, bias=True)
+    k = _smeared(attn, x, pos, bias=True).repeat_interleave(attn.group(), 0)
+    v = attn.heads(x, attn.v, attn.kv_heads, bias=True).repeat_interleave(attn.group(), 0)
+    s = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
+    if attn.causal:
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return s, torch.softmax(s, -1), v
+
+
+# ----------------------------------------------------------------------------------- model families
+@dataclass
+class Plan:
+    """How one model is walked: the embedding parts, then per layer its attention and what follows it."""
+
+    embed: list[tuple[str, Tensor]]  # (name, (T, D) float64)
+    # (attention, what follows it): ("pre", norm2, ff) or ("post", norm1, ff, norm2); ff maps float64 (T, D)
+    layers: list[tuple[Attn, tuple]]
+
+
+def plan(model: nn.Module, ids: Sequence[int]) -> Plan:
+    """The walk for a GPT, a TextClassifier, a BertClassifier or a Translator (its encoder)."""
+    kind = type(model).__name__
+    x = torch.tensor([list(ids)], device=next(model.parameters()).device)
+    if kind == "GPT":
+        return _plan_gpt(model, x)
+    if kind == "TextClassifier":
+        tok = model.embed(x)[0].double()
+        pos = model.positions(torch.zeros_like(model.embed(x)))[0].double()
+        return _plan_encoder(model.layers, [("token", tok), ("position", pos)])
+    if kind == "Translator":
+        tok = (model.src_embed(x) * math.sqrt(model.config.d_model))[0].double()
+        pos = model.positions(torch.zeros_like(model.src_embed(x)))[0].double()
+        return _plan_encoder(model.encoder, [("token", tok), ("position", pos)])
+    if kind == "BertClassifier":
+        return _plan_bert(model, x)
+    raise TypeError(f"no score decomposition for a {kind}")
+
+
+def _plan_gpt(model: nn.Module, x: Tensor) -> Plan:
+    c, t = model.config, x.size(1)
+    embed = [("token", model.embed(x)[0].double())]
+    if model.positions is not None:
+        embed.append(("position", model.positions(torch.arange(t, device=x.device)).double()))
+    layers = []
+    for block in model.blocks:
+        a = block.attn
+        smear = None
+        if a.smear is not None:
+            smear = (1 - torch.sigmoid(a.smear.detach())) * c.smear_weight
+        scale = None if a.q_scale is None else a.q_scale.log_scale.detach().clamp(max=a.q_scale.MAX).exp()
+        attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.o_proj, c.n_heads, c.kv_heads, block.norm1, causal=True,
+                    angles=None if c.recipe != "llama" else model.angles, layout=c.rope_layout, q_scale=scale,
+                    smear=smear)
+        layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))
+    return Plan(embed, layers)
+
+
+def _plan_encoder(encoder_layers: nn.ModuleList, embed: list[tuple[str, Tensor]]) -> Plan:
+    """models.transformer.EncoderLayer stacks (the from-scratch classifiers, the translator's encoder)."""
+    layers = []
+    for layer in encoder_layers:
+        a = layer.self_attn
+        pre = layer.norm_first
+        attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.n_heads, a.n_heads,
+                    layer.norm1 if pre else None, causal=False)
+        ff = _module_fn(layer.ff)
+        layers.append((attn, ("pre", layer.norm2, ff) if pre else ("post", layer.norm1, ff, layer.norm2)))
+    return Plan(embed, layers)
+
+
+def _plan_bert(model: nn.Module, x: Tensor) -> Plan:
+    e = model.bert.embeddings
+    t = x.size(1)
+    embed = [("token", e.word(x)[0].double()), ("position", e.position(torch.arange(t, device=x.device)).double()),
+             (BIAS, e.token_type(torch.zeros_like(x))[0].double()), ("__norm__", e.norm)]
+    layers = []
+    for layer in model.bert.layers:
+        a = layer.self_attn
+
+        def ff(h: Tensor, layer=layer) -> Tensor:  # BertLayer's feed-forward, exact (erf) GELU
+            return _call(layer.ff_out, F.gelu(_call(layer.ff_in, h)))
+
+        attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.n_heads, a.n_heads, None, causal=False)
+        layers.append((attn, ("post", layer.norm1, ff, layer.norm2)))
+    return Plan(embed, layers)
+
+
+def _start(p: Plan, at: Sequence[int]) -> Stream:
+    t, d = p.embed[0][1].shape
+    stream = Stream(p.embed[0][1].new_zeros(t, d), at)
+    for name, value in p.embed:
+        if name == "__norm__":  # BERT's embedding LayerNorm
+            stream = stream.normed(value)
+        else:
+            stream.add(name, value)
+    return stream
+
+
+def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: int) -> Stream:
+    """Add the layer's head outputs (H, T, D), the output bias, then the feed-forward block (and post-norms)."""
+    for h in range(attn.n_heads):
+        stream.add(f"L{layer}H{h}", heads_out[h])
+    if attn.o.bias is not None:
+        stream.add(BIAS, attn.o.bias.double().expand_as(stream.total))
+    if after[0] == "pre":  # x + FF(norm2(x))
+        _, norm2, ff = after
+        stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
+        return stream
+    _, norm1, ff, norm2 = after  # norm2(y + FF(y)), y = norm1(x + attention)
+    stream = stream.normed(norm1)
+    stream.add(f"L{layer} MLP", ff(stream.total))
+    return stream.normed(norm2)
+
+
+def _head_outputs(attn: Attn, weights: Tensor, v: Tensor) -> Tensor:
+    """Each head's write into the residual stream, (H, T, D): (A_h V_h) W_O[:, h]ᵀ, without the output bias."""
+    d = attn.d_head
+    w_o = attn.o.weight.double().view(attn.o.out_features, attn.n_heads, d)  # (D, H, d)
+    return torch.einsum("htd,ehd->hte", weights @ v, w_o)
+
+
+# --------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class ScoreDecomposition:
+    """One attention score s = q_i·k_j/√d_k split into (query part, key part) terms that sum to it."""
+
+    layer: int
+    head: int
+    query: int
+    key: int
+    score: float  # the pre-softmax score the model computed (the walk's own, equal within float error)
+    parts: list[str]  # names of the residual-stream parts, ``bias`` first
+    table: np.ndarray  # (C, C) float64: table[a, b] = q_i(a)·k_j(b)/√d_k, summing to ``score``
+    row: np.ndarray  # (T,) the query's pre-softmax scores over every key (masked: −inf)
+    softmax_row: np.ndarray  # (T,) softmax(row): the attention row the model returns
+    content: float | None = None  # RoPE: the score with the rotation removed (q and k both at offset 0)
+    by_offset: np.ndarray | None = None  # RoPE: the same q_i, k_j scored at offsets 0..T−1 (true one: i − j)
+    sink_renormalised: np.ndarray | None = None  # (T,) the row without key 0, rescaled to sum to 1
+
+    def components(self, limit: int | None = None) -> list[dict]:
+        """The terms largest |value| first, as ``{query_part, key_part, value}``; with ``limit``, the rest
+        are summed into one last term (``other``), so the list still sums to ``score``."""
+        order = np.argsort(-np.abs(self.table), axis=None)
+        rows = [{"query_part": self.parts[a], "key_part": self.parts[b], "value": float(self.table[a, b])}
+                for a, b in zip(*np.unravel_index(order, self.table.shape))]
+        if limit is not None and len(rows) > limit:
+            rest = sum(r["value"] for r in rows[limit:])
+            rows = rows[:limit] + [{"query_part": f"other ({len(rows) - limit} terms)", "key_part": "other",
+                                    "value": float(rest)}]
+        return rows
+
+    def query_totals(self) -> np.ndarray:
+        """Each query part's share of the score (summed over key parts), (C,)."""
+        return self.table.sum(1)
+
+    def key_totals(self) -> np.ndarray:
+        return self.table.sum(0)
+
+
+def _check(model: nn.Module, ids: Sequence[int], layer: int, head: int, query: int, key: int) -> int:
+    n_layers = len(plan_layers(model))
+    heads = _n_heads(model)
+    t = len(ids)
+    if t < 1:
+        raise ValueError("the input is empty")
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} is outside 0..{n_layers - 1}")
+    if not 0 <= head < heads:
+        raise ValueError(f"head {head} is outside 0..{heads - 1}")
+    if not 0 <= query < t:
+        raise ValueError(f"query {query} is outside the {t} tokens (0..{t - 1})")
+    if not 0 <= key < t:
+        raise ValueError(f"key {key} is outside the {t} tokens (0..{t - 1})")
+    return t
+
+
+def plan_layers(model: nn.Module) -> nn.ModuleList:
+    kind = type(model).__name__
+    return {"GPT": lambda: model.blocks, "TextClassifier": lambda: model.layers, "Translator": lambda: model.encoder,
+            "BertClassifier": lambda: model.bert.layers}.get(kind, lambda: nn.ModuleList())()
+
+
+def _n_heads(model: nn.Module) -> int:
+    return int(model.config.n_heads)
+
+
+@torch.no_grad()
+def decompose_score(model: nn.Module, ids: Sequence[int], layer: int, head: int, query: int,
+                    key: int) -> ScoreDecomposition:
+    """Split the score of ``head`` in ``layer`` from token ``query`` to token ``key`` by residual parts.
+
+    ids: the token ids exactly as the model sees them (BOS / [CLS] included). Raises ValueError for a
+    layer, head or position outside the model or the input, and for a masked cell (a causal model's key
+    after its query).
+    """
+    t = _check(model, ids, layer, head, query, key)
+    p = plan(model, ids)
+    attn0 = p.layers[layer][0]
+    if attn0.causal and key > query:
+        raise ValueError(f"key {key} comes after query {query}: a causal model masks that cell (score −inf)")
+    at = [query, key] + ([key - 1] if attn0.smear is not None and key > 0 else [])
+    stream = _start(p, at)
+    for i, (attn, after) in enumerate(p.layers):
+        inp = stream.normed(attn.norm) if attn.norm is not None else stream
+        scores, weights, v = _scores(attn, inp.total)
+        if i == layer:
+            return _split(attn, inp, scores, weights, layer, head, query, key, t)
+        stream = _finish(stream, attn, after, _head_outputs(attn, weights, v), i)
+    raise AssertionError("unreachable")
+
+
+def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int, head: int, query: int, key: int,
+           t: int) -> ScoreDecomposition:
+    kv = head // attn.group()
+    scale = 1 / math.sqrt(attn.d_head)
+    parts = inp.parts  # (C, P, D)
+    bias_first = torch.zeros(parts.size(0), 1, 1, dtype=torch.bool)
+    bias_first[0] = True
+
+    def project(fn, col: int, pos: int, rotate: bool = True) -> Tensor:
+        # every part projected without the layer's bias, the bias part with it: the parts sum to q (or k)
+        plain = fn(parts[:, col : col + 1], [pos], bias=False, rotate=rotate)
+        with_bias = fn(parts[:1, col : col + 1], [pos], bias=True, rotate=rotate)
+        return torch.cat([with_bias, plain[1:]])  # (C, heads, 1, d)
+
+    def key_parts(rotate: bool) -> Tensor:
+        k = project(attn.keys, 1, key, rotate)
+        if attn.smear is not None:  # k_j mixed with k_{j−1} (zero before position 0)
+            prev = project(attn.keys, 2, key - 1, rotate) if key > 0 else torch.zeros_like(k)
+            mix = attn.smear.double()[None, :, None, None]
+            k = (1 - mix) * k + mix * prev
+        return k[:, kv, 0]  # (C, d)
+
+    q = project(attn.queries, 0, query)[:, head, 0]  # (C, d)
+    table = (q @ key_parts(True).T * scale).cpu().numpy()
+    row = scores[head, query].cpu().numpy()
+    soft = weights[head, query].cpu().numpy()
+    content = by_offset = None
+    if attn.angles is not None:
+        q0 = project(attn.queries, 0, query, rotate=False)[:, head, 0].sum(0)  # (d,)
+        k0 = key_parts(False).sum(0)
+        content = float(q0 @ k0 * scale)
+        qs = _rotate(q0.expand(t, -1), attn.angles[:t], attn.layout)  # q at offsets 0..T−1 from an unrotated k
+        by_offset = (qs @ k0 * scale).cpu().numpy()
+    renorm = None
+    if t > 1 and np.isfinite(row[1:]).any():
+        rest = soft.copy()
+        rest[0] = 0.0
+        total = rest.sum()
+        renorm = rest / total if total > 0 else None
+    return ScoreDecomposition(layer, head, query, key, float(row[key]), list(inp.names), table, row, soft,
+                              content, by_offset, renorm)
+
+
+@torch.no_grad()
+def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
+    """Every layer's pre-softmax scores (layers, heads, T, T), float32, masked cells −inf."""
+    p = plan(model, ids)
+    stream = _start(p, [])
+    out = []
+    for i, (attn, after) in enumerate(p.layers):
+        inp = stream.normed(attn.norm) if attn.norm is not None else stream
+        scores, weights, v = _scores(attn, inp.total)
+        out.append(scores.float().cpu().numpy())
+        stream = _finish(stream, attn, after, _head_outputs(attn, weights, v), i)
+    return np.stack(out)
