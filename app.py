@@ -15,7 +15,7 @@ import os
 import gradio as gr
 
 from models import limits
-from tabs import classify, generate, playground, positional, swin, translate, vision
+from tabs import classify, generate, playground, positional, swin, translate, vision, why
 from tabs.common import FAST, configure
 
 TITLE = "Attention Atlas"
@@ -25,8 +25,33 @@ CSS = """
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}
 .highlight {font-size: 1.15rem; line-height: 2.0;}
 footer {display: none !important;}
+.atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
 .block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
 """
+# A click on a heatmap cell of an attention figure (elem_id "<tab>-attention") or a patching sweep ("<tab>-patch")
+# writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell", whose change event runs the
+# handler (a script's input event is not a user's, so Gradio's .input does not fire; the click number makes a second
+# click on the same cell a change too).
+JS = """() => {
+  const bind = () => {
+    document.querySelectorAll('[id$="-attention"], [id$="-patch"]').forEach((box) => {
+      const plot = box.querySelector('.js-plotly-plot');
+      if (!plot || plot._atlasBound || !plot.on) return;
+      plot._atlasBound = true;
+      plot.on('plotly_click', (ev) => {
+        const p = ev.points && ev.points[0];
+        if (!p || p.data.type !== 'heatmap' || !Array.isArray(p.pointNumber)) return;
+        const target = box.id.replace(/-attention$/, '-why-cell').replace(/-patch$/, '-patch-cell');
+        const input = document.querySelector('#' + target + ' textarea, #' + target + ' input');
+        if (!input) return;
+        window._atlasClicks = (window._atlasClicks || 0) + 1;
+        input.value = p.pointNumber[0] + ',' + p.pointNumber[1] + ',' + window._atlasClicks;
+        input.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
+  };
+  new MutationObserver(bind).observe(document.body, {childList: true, subtree: true});
+}"""
 
 
 def build_demo() -> gr.Blocks:
@@ -43,6 +68,7 @@ def build_demo() -> gr.Blocks:
                         on_load.append(drawn)
         with gr.Accordion("Limits and safety", open=False):
             gr.Markdown(limits.describe())
+        why.register_api()  # /attention_why and /patch take text and a model name (tabs/why.py)
         # Figures that need no trained model are drawn as soon as the page opens.
         for fn, inputs, outputs in on_load:
             demo.load(fn, inputs, outputs, api_name=False, **FAST)
@@ -61,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.
     demo.queue(default_concurrency_limit=int(os.environ.get("ATLAS_CONCURRENCY", "2")),
                max_size=int(os.environ.get("ATLAS_QUEUE", "64")))
-    demo.launch(theme=gr.themes.Soft(), css=CSS, max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
+    demo.launch(theme=gr.themes.Soft(), css=CSS, js=JS, max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down
 SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
 AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."
 PROMPT = "A man in a blue shirt is riding a bicycle down the"
+# 40 gpt-tiny tokens each, the same but for one word: the activation-patching actions
+PATCH_CLEAN = ("A man in a blue shirt is riding a bicycle down the street . A woman in a red coat walks her dog on the "
+               "beach . Two dogs play in the snow . Two dogs play in the")
+PATCH_CORRUPTED = PATCH_CLEAN.replace("in the snow .", "in the water .")
 # About 30 MiniLM tokens ([CLS] and [SEP] included), and the largest input MiniLM reads (256 tokens).
 SST2_30 = ("a warm , funny and beautifully acted film about two sisters , though the ending drags a little and "
            "the music is far too loud .")
@@ -71,6 +75,12 @@ ACTIONS: list[Action] = [
     Action("playground", "playground", lambda: (6, 8, 0, "causal", True)),
     Action("generate", "generate", lambda: (PROMPT, 20), needs="gpt-tiny"),
     Action("head_roles", "head_roles", lambda: ("gpt-tiny", 50, 0), needs="gpt-tiny"),
+    Action("attention_why_gpt_tiny", "attention_why", lambda: (PATCH_CLEAN, "gpt-tiny", -1, 7, -1, 0),
+           needs="gpt-tiny"),
+    Action("patch_heads_gpt_tiny_40", "patch", lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "gpt-tiny", "", "heads"),
+           needs="gpt-tiny"),
+    Action("patch_positions_gpt_tiny_40", "patch",
+           lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "gpt-tiny", "", "positions"), needs="gpt-tiny"),
 ]
 
 
@@ -81,6 +91,9 @@ NAMED_ONLY: list[Action] = [
            lambda: (SST2_30, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
     Action("classify_minilm_256_ig", "classify",
            lambda: (LONGEST, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
+    # GPT-2 small (12 × 12 heads) from the Hub: run only where it is downloaded or downloadable
+    Action("patch_heads_gpt2_small_40", "patch",
+           lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "openai-community/gpt2", "", "heads")),
 ]
 
 

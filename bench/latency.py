@@ -7,7 +7,9 @@ timed calls, reported as p50/p95.
 
 Actions: translate (a 20-word English sentence, beam 5), classify_sst2, classify_agnews,
 classify_image_vit_fashion and classify_image_swin_fashion (a Fashion-MNIST example image),
-swin_windows, positional_encoding, playground, generate (20 new tokens, gpt-tiny) and head_roles (N = 50);
+swin_windows, positional_encoding, playground, generate (20 new tokens, gpt-tiny), head_roles (N = 50),
+attention_why_gpt_tiny (one score split, 40 tokens) and patch_heads_gpt_tiny_40 / patch_positions_gpt_tiny_40 (an
+activation-patching sweep over 40 tokens; `--actions patch_heads_gpt2_small_40` adds GPT-2 small where it can be had);
 an action whose checkpoint is missing is left out and listed in `left_out_missing_checkpoint`.
 `--actions` takes a comma-separated subset of action names or api_names (`--actions classify` runs both tasks).
 

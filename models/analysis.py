@@ -187,3 +187,12 @@ def first_token_share(weights: np.ndarray) -> np.ndarray:
     """Mean attention to token 0 over the queries i ≥ 1: the "attention sink" (Xiao et al. 2023): (L, H)."""
     w = np.asarray(weights, dtype=np.float64)
     return w[..., 1:, 0].mean(-1).astype(np.float32)
+
+
+def align_tokens(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int]]:
+    """Index pairs (i, j) with a[i] == b[j] along the longest matching blocks of two token sequences (difflib's
+    Ratcliff/Obershelp matching), in order: the tokens two inputs share, for a difference of their attention."""
+    from difflib import SequenceMatcher
+
+    blocks = SequenceMatcher(a=list(a), b=list(b), autojunk=False).get_matching_blocks()
+    return [(m.a + k, m.b + k) for m in blocks for k in range(m.size)]

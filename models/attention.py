@@ -1,5 +1,5 @@
 """Scaled dot-product attention written out, multi-head attention with a fused and an explicit path,
-and the mask builders.
+the mask builders, and interventions (activation patching, key ablation) passed as forward arguments.
 
 Masks are boolean with True = "may attend" (the convention of ``F.scaled_dot_product_attention``),
 broadcastable to (B, H, T, S).
@@ -8,7 +8,8 @@ broadcastable to (B, H, T, S).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,116 @@ def combine(*masks: Tensor | None) -> Tensor | None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Interventions: what one forward pass changes, given as an argument (never hooks or switched flags on the
+# shared model, docs/ARCHITECTURE.md §2). models/patching.py builds them for activation patching and sink
+# ablation; the attention modules and the layer loops of GPT, TextClassifier and BertClassifier apply them.
+
+
+@dataclass(frozen=True, eq=False)
+class LayerEdit:
+    """What changes in one layer. Every part is optional; a value tensor and its selector come together.
+
+    - ``head_values`` (1 or B, H, T, d_head) with ``head_select`` bool (B, H): the per-head attention output
+      (softmax(QKᵀ)V, before the output projection) of head h in batch row b is replaced by the value where
+      ``head_select[b, h]`` (after any ``head_mask``);
+    - ``resid_values`` (1 or B, T, D) with ``resid_select`` bool (B, T): the residual stream entering the
+      layer is replaced at the selected (row, position)s;
+    - ``forbid`` bool (H, S) (or fewer key columns; the rest stay allowed), True = head h may NOT attend to
+      key s: masked before the softmax, so that key gets weight 0 and the row renormalises over the rest.
+      A query left with no key at all (query 0 of a causal model when key 0 is forbidden) keeps its
+      original keys instead: forbidding never makes a row empty (no NaN), it only moves weight elsewhere.
+    """
+
+    head_values: Tensor | None = None  # (1 or B, H, T, d_head)
+    head_select: Tensor | None = None  # (B, H) bool
+    resid_values: Tensor | None = None  # (1 or B, T, D)
+    resid_select: Tensor | None = None  # (B, T) bool
+    forbid: Tensor | None = None  # (H, S) bool, True = may not attend
+    recording: Recording | None = None  # set by ``bind`` for one forward pass when asked to record
+
+    def __post_init__(self) -> None:
+        for values, select, name in ((self.head_values, self.head_select, "head"),
+                                     (self.resid_values, self.resid_select, "resid")):
+            if (values is None) != (select is None):
+                raise ValueError(f"{name}_values and {name}_select come together")
+            if select is not None and select.dtype != torch.bool:
+                raise ValueError(f"{name}_select must be bool, got {select.dtype}")
+        if self.forbid is not None and (self.forbid.dtype != torch.bool or self.forbid.dim() != 2):
+            raise ValueError(f"forbid must be bool (heads, keys), got {self.forbid.dtype} {tuple(self.forbid.shape)}")
+
+
+@dataclass
+class Recording:
+    """Filled during one forward pass, one entry per layer in order: ``heads`` (B, H, T, d_head), each
+    layer's per-head attention output as it went into the output projection (after any edit), and
+    ``residual`` (B, T, D), the residual stream entering each layer (after any edit)."""
+
+    heads: list[Tensor] = field(default_factory=list)
+    residual: list[Tensor] = field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class Intervention:
+    """The ``edit`` argument of ``GPT.forward`` and of the text classifiers' forward passes: a ``LayerEdit``
+    per layer index, and whether to record every layer's per-head outputs and residual input (returned by
+    the forward pass: ``Forward.heads`` / ``EditedForward``). Plain data: reusable and safe to share."""
+
+    layers: Mapping[int, LayerEdit] = field(default_factory=dict)
+    record: bool = False
+
+
+def bind(edit: Intervention | None, n_layers: int) -> tuple[list[LayerEdit | None], Recording]:
+    """Per layer the edit to apply in this forward pass, and the (fresh) recording it fills."""
+    rec = Recording()
+    if edit is None:
+        return [None] * n_layers, rec
+    bad = [i for i in edit.layers if not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"edit names layers {bad}, the model has {n_layers}")
+    edits: list[LayerEdit | None] = []
+    for i in range(n_layers):
+        e = edit.layers.get(i)
+        edits.append(replace(e or LayerEdit(), recording=rec) if edit.record else e)
+    return edits, rec
+
+
+def enter_layer(x: Tensor, edit: LayerEdit | None) -> Tensor:
+    """The residual stream x (B, T, D) entering a layer, with the edit's positions replaced (and recorded)."""
+    if edit is None:
+        return x
+    if edit.resid_select is not None and edit.resid_values is not None:
+        x = torch.where(edit.resid_select[:, :, None], edit.resid_values.to(x.dtype), x)
+    if edit.recording is not None:
+        edit.recording.residual.append(x)
+    return x
+
+
+def restrict_keys(mask: Tensor | None, edit: LayerEdit | None, t: int, s: int,
+                  device: torch.device) -> Tensor | None:
+    """mask (bool, True = may attend, broadcastable to (B, H, T, S), or None) without the edit's forbidden
+    keys: (…, H, T, S). Rows that would be left with no key keep the original mask."""
+    if edit is None or edit.forbid is None:
+        return mask
+    forbid = edit.forbid.to(device)
+    if forbid.size(1) < s:  # fewer key columns given: the later keys stay allowed
+        forbid = F.pad(forbid, (0, s - forbid.size(1)))
+    base = torch.ones(t, s, dtype=torch.bool, device=device) if mask is None else mask
+    keep = base & ~forbid[:, None, :]  # (…, H, T, S)
+    return torch.where(keep.any(-1, keepdim=True), keep, base)
+
+
+def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
+    """Per-head attention output (B, H, T, d_head) with the edit's heads replaced (and recorded)."""
+    if edit is None:
+        return out
+    if edit.head_select is not None and edit.head_values is not None:
+        out = torch.where(edit.head_select[:, :, None, None], edit.head_values.to(out.dtype), out)
+    if edit.recording is not None:
+        edit.recording.heads.append(out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
 # Multi-head attention (Vaswani et al. 2017, §3.2.2) with a fused and an explicit path
 
 
@@ -145,13 +256,15 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
         rope: nn.Module | None = None,
         cache: KVCache | None = None,
+        edit: LayerEdit | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x: queries (B, T, D); kv: keys/values source (B, S, D), None for self-attention.
 
         mask: bool, True = may attend, broadcastable to (B, H, T, S); bias: additive float, same
         broadcasting (relative position bias); rope: a ``RotaryEmbedding`` applied to q and k at their
         absolute positions; cache: a ``KVCache`` (self-attention: appended; static: reused, ``kv`` may
-        then be None). Returns (out (B, T, D), weights (B, H, T, S) or None).
+        then be None); edit: forbidden keys and replaced head outputs (``LayerEdit``).
+        Returns (out (B, T, D), weights (B, H, T, S) or None).
         """
         b, t, _ = x.shape
         q = self._split(self.q_proj(x))  # (B, H, T, d_head)
@@ -176,6 +289,7 @@ class MultiHeadAttention(nn.Module):
             q = rope(q, offset)
         assert k is not None and v is not None
         p = self.dropout if self.training else 0.0
+        mask = restrict_keys(mask, edit, t, k.size(2), x.device)
 
         if need_weights:
             out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias)
@@ -189,5 +303,6 @@ class MultiHeadAttention(nn.Module):
             if mask is not None:  # rows with every key masked: zeros, as the explicit path gives
                 out = torch.nan_to_num(out, nan=0.0)
             weights = None
+        out = edit_heads(out, edit)
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
         return self.out_proj(out), weights

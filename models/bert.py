@@ -18,6 +18,7 @@ hidden states and attention against transformers' ``BertModel`` with the same we
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention
+from models.attention import LayerEdit, MultiHeadAttention, enter_layer
 from models.classifier import EncoderClassifier, pool
 from models.limits import MAX_TOKENS_MINILM
 
@@ -88,10 +89,11 @@ class BertLayer(nn.Module):
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, N, D); mask: (B, 1, 1, N) True on real keys. Returns (x, weights (B, H, N, N) or None)."""
-        a, w = self.self_attn(x, mask=mask, need_weights=need_weights)
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
+                edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, N, D); mask: (B, 1, 1, N) True on real keys; edit: the attention's part of an intervention
+        (models/attention.py). Returns (x, weights (B, H, N, N) or None)."""
+        a, w = self.self_attn(x, mask=mask, need_weights=need_weights, edit=edit)
         x = self.norm1(x + self.drop(a))
         x = self.norm2(x + self.drop(self.ff_out(F.gelu(self.ff_in(x)))))  # exact (erf) GELU, as BERT
         return x, w
@@ -115,13 +117,16 @@ class BertEncoder(nn.Module):
         return self.forward_embedded(self.embeddings.word(ids), pad_mask, token_types, need_weights)
 
     def forward_embedded(self, word: Tensor, pad_mask: Tensor | None = None, token_types: Tensor | None = None,
-                         need_weights: bool = False) -> tuple[list[Tensor], list[Tensor]]:
-        """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/attribution.py)."""
+                         need_weights: bool = False,
+                         edits: Sequence[LayerEdit | None] | None = None) -> tuple[list[Tensor], list[Tensor]]:
+        """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/attribution.py).
+        edits: one ``LayerEdit`` or None per layer (``models.attention.bind`` of an intervention)."""
         mask = None if pad_mask is None or not bool(pad_mask.any()) else (~pad_mask)[:, None, None, :]
         x = self.embeddings.embed(word, token_types)
         states, weights = [x], []
-        for layer in self.layers:
-            x, w = layer(x, mask, need_weights)
+        for layer, e in zip(self.layers, edits or [None] * len(self.layers)):
+            x = enter_layer(x, e)  # patched residual positions
+            x, w = layer(x, mask, need_weights, e)
             states.append(x)
             if w is not None:
                 weights.append(w)
@@ -160,12 +165,14 @@ class BertClassifier(EncoderClassifier):
     def token_embeddings(self, ids: Tensor) -> Tensor:
         return self.bert.embeddings.word(ids)  # (B, N, D), before positions, token types and LayerNorm
 
-    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool,
+             edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
-        return self._run_embedded(self.token_embeddings(ids), pad, need_weights)
+        return self._run_embedded(self.token_embeddings(ids), pad, need_weights, edits)
 
-    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
-        states, weights = self.bert.forward_embedded(embeddings, pad, need_weights=need_weights)
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool,
+                      edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
+        states, weights = self.bert.forward_embedded(embeddings, pad, need_weights=need_weights, edits=edits)
         x = states[-1]  # (B, N, D)
         if self.pooler is not None:  # BertPooler: dense + tanh on the [CLS] state
             return self.head(self.drop(torch.tanh(self.pooler(x[:, 0])))), weights

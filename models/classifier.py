@@ -7,13 +7,14 @@ Input is ``<s> pieces </s>`` from models.tokenizer; with CLS pooling the hidden 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from models.attention import Intervention, LayerEdit, bind, enter_layer
 from models.outputs import AttentionMap, ClassificationResult
 from models.positional import LearnedPositions, SinusoidalPositions
 from models.tokenizer import encode_input
@@ -44,19 +45,40 @@ def pool(x: Tensor, pad: Tensor, how: str) -> Tensor:
     return (x * keep).sum(1) / keep.sum(1).clamp_min(1.0)
 
 
+@dataclass
+class EditedForward:
+    """What ``EncoderClassifier.forward_edited`` returns."""
+
+    logits: Tensor  # (B, C)
+    attention: list[Tensor] = field(default_factory=list)  # per layer (B, H, N, N), with need_weights
+    heads: list[Tensor] = field(default_factory=list)  # per layer (B, H, N, d_head), with edit.record
+    residual: list[Tensor] = field(default_factory=list)  # per layer (B, N, D) entering it, with edit.record
+
+
 class EncoderClassifier(nn.Module):
     """What every text classifier shares (ours and the pretrained MiniLM): subclasses implement
-    ``_run(ids, pad_mask, need_weights) -> (logits, [per-layer weights])`` and hold ``config`` (``max_len``,
-    ``n_classes``), ``labels`` and ``tokenizer``."""
+    ``_run(ids, pad_mask, need_weights, edits) -> (logits, [per-layer weights])`` and ``_run_embedded`` (the
+    same from word embeddings), and hold ``config`` (``max_len``, ``n_classes``, ``n_layers``), ``labels`` and
+    ``tokenizer``. ``edit`` (``models.attention.Intervention``) patches heads or residual positions and
+    forbids keys per call (models/patching.py), never by changing the shared model."""
 
-    def forward(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, pad_mask: Tensor | None = None, edit: Intervention | None = None) -> Tensor:
         """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
-        return self._run(ids, pad_mask, need_weights=False)[0]
+        return self.forward_edited(ids, pad_mask, edit).logits
 
-    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward_with_attention(self, ids: Tensor, pad_mask: Tensor | None = None,
+                               edit: Intervention | None = None) -> tuple[Tensor, Tensor]:
         """As forward on the explicit attention path; also the weights (B, L, H, N, N)."""
-        logits, weights = self._run(ids, pad_mask, need_weights=True)
-        return logits, torch.stack(weights, 1)
+        out = self.forward_edited(ids, pad_mask, edit, need_weights=True)
+        return out.logits, torch.stack(out.attention, 1)
+
+    def forward_edited(self, ids: Tensor, pad_mask: Tensor | None = None, edit: Intervention | None = None,
+                       need_weights: bool = False) -> EditedForward:
+        """As forward, returning everything: the logits, the attention (with ``need_weights``, explicit path)
+        and, when ``edit.record``, each layer's per-head outputs and the residual stream entering it."""
+        edits, recording = bind(edit, self.config.n_layers)
+        logits, weights = self._run(ids, pad_mask, need_weights, edits)
+        return EditedForward(logits, weights, recording.heads, recording.residual)
 
     def classify(self, text: str | Sequence[int]) -> ClassificationResult:
         """Class probabilities and attention for one text (or ids with specials included)."""
@@ -68,9 +90,10 @@ class EncoderClassifier(nn.Module):
         raise NotImplementedError
 
     def forward_embedded(self, embeddings: Tensor, pad_mask: Tensor | None = None,
-                         need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+                         need_weights: bool = True, edit: Intervention | None = None) -> tuple[Tensor, list[Tensor]]:
         """As ``forward_with_attention`` but from word embeddings (B, N, D) (``token_embeddings`` of the ids, or
-        any point on a path to them); pad_mask (B, N) True on padding (None: none).
+        any point on a path to them); pad_mask (B, N) True on padding (None: none); edit: as ``forward`` (what
+        it records comes back through ``forward_edited`` only).
 
         Returns (logits (B, C), per-layer attention L × (B, H, N, N), empty unless ``need_weights``). The
         weights are the very tensors the layers multiply the values with, not detached or stacked, so
@@ -79,9 +102,14 @@ class EncoderClassifier(nn.Module):
         """
         pad = torch.zeros(embeddings.shape[:2], dtype=torch.bool, device=embeddings.device) if pad_mask is None \
             else pad_mask
-        return self._run_embedded(embeddings, pad, need_weights)
+        return self._run_embedded(embeddings, pad, need_weights, bind(edit, self.config.n_layers)[0])
 
-    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool,
+             edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
+        raise NotImplementedError
+
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool,
+                      edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
         raise NotImplementedError
 
 
@@ -108,16 +136,19 @@ class TextClassifier(EncoderClassifier):
     def token_embeddings(self, ids: Tensor) -> Tensor:
         return self.embed(ids)  # (B, N, D)
 
-    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def _run(self, ids: Tensor, pad_mask: Tensor | None, need_weights: bool,
+             edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
         pad = ids == self.config.pad_id if pad_mask is None else pad_mask  # (B, N) True on padding
-        return self._run_embedded(self.embed(ids), pad, need_weights)
+        return self._run_embedded(self.embed(ids), pad, need_weights, edits)
 
-    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
+    def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool,
+                      edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
         mask = None if not bool(pad.any()) else (~pad)[:, None, None, :]  # (B, 1, 1, N)
         x = self.drop(self.positions(embeddings))
         weights = []
-        for layer in self.layers:
-            x, w = layer(x, mask, need_weights)
+        for layer, e in zip(self.layers, edits or [None] * len(self.layers)):
+            x = enter_layer(x, e)  # patched residual positions
+            x, w = layer(x, mask, need_weights, edit=e)
             if w is not None:
                 weights.append(w)
         x = self.norm(x)  # (B, N, D)

@@ -12,6 +12,9 @@ Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). Wi
 through the one explicit ``scaled_dot_product`` and returns its weights; otherwise the fused kernel. A
 ``KVCache`` per layer makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
+``edit`` (``models.attention.Intervention``) goes the same way: per layer it replaces chosen heads' outputs or
+the residual stream at chosen positions, forbids heads chosen keys, and records what activation patching needs
+(``models/patching.py``).
 
 ``smear_keys`` (off unless a checkpoint's config turns it on; gpt-tiny's recipe does): each key/value head's
 key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix of its own position-encoded key and its
@@ -37,7 +40,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import limits
-from models.attention import KVCache, causal_mask, scaled_dot_product
+from models.attention import (
+    Intervention,
+    KVCache,
+    LayerEdit,
+    bind,
+    causal_mask,
+    edit_heads,
+    enter_layer,
+    restrict_keys,
+    scaled_dot_product,
+)
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
 from models.positional import rope_angles
 
@@ -160,7 +173,7 @@ class CausalSelfAttention(nn.Module):
         self.q_scale = HeadScale(c.n_heads, c.d_head) if c.logit_scale else None
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
-                head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+                head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys."""
         c, (b, t, _) = self.c, x.shape
         q = self.q_proj(x)
@@ -182,6 +195,7 @@ class CausalSelfAttention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         s = k.size(2)
         mask = causal_mask(t, s, device=x.device) if t > 1 else None  # one new token sees every key
+        mask = restrict_keys(mask, edit, t, s, x.device)  # keys a head may not attend to (sink ablation)
         weights = None
         if need_weights:
             out, weights = scaled_dot_product(q, k, v, mask=mask)
@@ -190,6 +204,7 @@ class CausalSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
             out = out * head_mask.to(out.dtype)[None, :, None, None]
+        out = edit_heads(out, edit)  # (B, H, T, d): patched heads, recorded outputs
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), weights
 
     def _smear(self, k: Tensor, cache: KVCache | None) -> Tensor:
@@ -230,8 +245,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
-                head_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask)
+                head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
+        a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask, edit)
         x = x + self.drop(a)
         return x + self.drop(self.ff(self.norm2(x))), weights
 
@@ -243,6 +258,7 @@ class Forward:
     logits: Tensor  # (B, T, V)
     attention: list[Tensor] = field(default_factory=list)  # per layer (B, H, T, S), with need_weights
     hidden: list[Tensor] = field(default_factory=list)  # the residual stream before each block and after the last
+    heads: list[Tensor] = field(default_factory=list)  # per layer (B, H, T, d_head), with an edit that records
 
 
 class GPT(nn.Module):
@@ -274,9 +290,12 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
-                head_mask: Tensor | None = None, keep_hidden: bool = False) -> Forward:
+                head_mask: Tensor | None = None, keep_hidden: bool = False,
+                edit: Intervention | None = None, last_only: bool = False) -> Forward:
         """ids (B, T), the tokens after any already in ``caches`` (one KVCache per layer, appended to).
-        head_mask: (layers, heads), 1 keeps a head and 0 switches its output off."""
+        head_mask: (layers, heads), 1 keeps a head and 0 switches its output off. edit: per-layer patches
+        and forbidden keys (``models.attention.Intervention``); with ``edit.record`` the result's ``heads``
+        holds each layer's per-head outputs. last_only: logits of the last position only (B, 1, V)."""
         c, t = self.config, ids.size(1)
         start = caches[0].length if caches else 0
         if start + t > c.max_len:
@@ -289,16 +308,20 @@ class GPT(nn.Module):
             angles = self.angles[start : start + t]
         x = self.drop(x)
         attention, hidden = [], []
+        edits, recording = bind(edit, c.n_layers)
         for i, block in enumerate(self.blocks):
+            x = enter_layer(x, edits[i])  # patched residual positions
             if keep_hidden:
                 hidden.append(x)
             x, w = block(x, angles, caches[i] if caches else None, need_weights,
-                         None if head_mask is None else head_mask[i])
+                         None if head_mask is None else head_mask[i], edits[i])
             if w is not None:
                 attention.append(w)
         if keep_hidden:
             hidden.append(x)
-        return Forward(self.lm_head(self.norm(x)), attention, hidden)
+        if last_only:
+            x = x[:, -1:]
+        return Forward(self.lm_head(self.norm(x)), attention, hidden, recording.heads)
 
     # ----------------------------------------------------------------------------------------- entry points
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:

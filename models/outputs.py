@@ -198,3 +198,52 @@ class DeletionCurve:
     method: str
     target: int
     label: str
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """An activation-patching sweep (models/patching.py): how much of the clean answer each patch restores.
+
+    ``restored[l, j] = (LD_patched − LD_corrupted) / (LD_clean − LD_corrupted)`` with the logit difference
+    LD = logit[target] − logit[foil] (Heimersheim & Nanda 2024): 1 = patching that one activation from the
+    clean run into the corrupted run restores the clean answer fully, 0 = no effect, negative = it pushes
+    further towards the foil. Language models are read at the last position's next-token logits,
+    classifiers at their class logits.
+    """
+
+    restored: np.ndarray  # float32 (layers, heads) for sweep "heads", (layers, T) for sweep "positions"
+    sweep: str  # "heads": one head's output patched; "positions": the residual entering a layer at one position
+    logit_diff_clean: float  # LD on the clean input
+    logit_diff_corrupted: float  # LD on the corrupted input (never equal to the clean one)
+    target: int  # token id (language model) or class index (classifier) that the clean input favours
+    foil: int  # the competing answer
+    target_label: str  # its token piece (model.piece) or class name (model.labels)
+    foil_label: str
+    clean_tokens: list[str]  # as the model saw them; the positions axis of sweep "positions"
+    corrupted_tokens: list[str]
+    notice: str = ""
+
+
+@dataclass(frozen=True)
+class SinkAblation:
+    """One head forbidden to attend to token 0 (the attention sink, Xiao et al. 2023) during the forward pass:
+    its weight on key 0 is set to zero and every row renormalised over the other keys (models/patching.py).
+    Query 0 of a causal model has no other key and keeps its row."""
+
+    layer: int
+    head: int
+    tokens: list[str]  # as the model saw them
+    attention_before: np.ndarray  # float32 (T, T): the head's attention, every query (rows sum to 1)
+    attention_after: np.ndarray  # float32 (T, T): the same with key 0 forbidden (zero below row 0)
+    target: int  # language model: the last position's top next token before ablation; classifier: the prediction
+    target_label: str
+    target_prob_before: float  # its probability before and after
+    target_prob_after: float
+    loss_before: float | None = None  # language model: mean next-token loss (nats) over tokens 1..T−1
+    loss_after: float | None = None
+    target_loss_before: float | None = None  # language model: −log p(target) at the last position, nats
+    target_loss_after: float | None = None
+    labels: list[str] = field(default_factory=list)  # classifier: the class names
+    probs_before: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # classifier: (C,)
+    probs_after: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    notice: str = ""

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, MultiHeadAttention, causal_mask
+from models.attention import KVCache, LayerEdit, MultiHeadAttention, causal_mask
 from models.outputs import AttentionMap, BeamStep, TranslationResult
 from models.positional import SinusoidalPositions
 from models.tokenizer import encode_input
@@ -57,13 +57,14 @@ class EncoderLayer(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
-                rope: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
-        """x: (B, S, D); mask: (B, 1, 1, S) or broadcastable. Returns (x, weights (B, H, S, S) or None)."""
+                rope: nn.Module | None = None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, S, D); mask: (B, 1, 1, S) or broadcastable; edit: the attention's part of an intervention
+        (models/attention.py). Returns (x, weights (B, H, S, S) or None)."""
         if self.norm_first:
-            a, w = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights, rope=rope)
+            a, w = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights, rope=rope, edit=edit)
             x = x + self.drop(a)
             return x + self.drop(self.ff(self.norm2(x))), w
-        a, w = self.self_attn(x, mask=mask, need_weights=need_weights, rope=rope)
+        a, w = self.self_attn(x, mask=mask, need_weights=need_weights, rope=rope, edit=edit)
         x = self.norm1(x + self.drop(a))
         return self.norm2(x + self.drop(self.ff(x))), w
 

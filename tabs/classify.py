@@ -7,6 +7,7 @@ import gradio as gr
 import numpy as np
 
 from examples import sentences
+from tabs import why
 from tabs.common import (
     EXPLANATIONS,
     FAST,
@@ -46,6 +47,10 @@ TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
 CHECKPOINTS = tuple(prefix + task for prefix in TEXT_MODELS.values() for task in TASKS.values())
 ENCODER = "Encoder self-attention"
+# [clean, corrupted]: one word swapped, the same number of tokens for every model of the task
+PATCH_EXAMPLES = [["a warm , funny and beautifully acted film", "a cold , dull and badly acted film"],
+                  ["The team won the championship game on Sunday night",
+                   "The company won the contract deal on Sunday night"]]
 
 
 def build() -> None:
@@ -68,19 +73,47 @@ def build() -> None:
     highlight = gr.HTML(elem_classes=["highlight"])
     curve = gr.Plot(label="deletion curve: every explanation on this input")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="attention")
-    stats = gr.Plot(label="where each head looks")
+    attn = gr.Plot(label="attention", elem_id="classify-attention")
     state = gr.State()
+    why.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model], layer,
+                   head, view)
+    why_section = why.decomposition("classify", state, sequence, layer, head, [view])
+    stats = gr.Plot(label="where each head looks")
+    why.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
     inputs = [text, task, model, layer, head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
+    why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     for event in (run.click, text.submit):  # the answer first; then every method's deletion curve
         event(classify, inputs, outputs, api_name="classify" if event == run.click else False).then(
+            why_controls_for, [state], why_controls, api_name=False, show_progress="hidden").then(
             deletion_plot, [state, explanation], [curve], api_name=False)
     for control in (layer, head, view):
         control.change(draw_attention, [state, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
     explanation.change(recolour, [state, explanation], [highlight, curve], api_name=False, show_progress="minimal")
+
+
+def sequence(state: dict) -> tuple[str, list[int], list[str]]:
+    """What the "why" section splits: the kept input, encoded exactly as the classifier read it."""
+    ids, tokens, _ = why.encode(get_model(state["model"]), state["input"])
+    return state["model"], ids, tokens
+
+
+def compare_view(state: dict) -> dict:
+    """What the compare toggle draws of a kept result: its attention and the class probabilities."""
+    result = state["result"]
+    return {"amap": result.attention["encoder"], "values": result.probs, "classes": list(result.labels),
+            "kind": ENCODER}
+
+
+def why_controls_for(state: dict | None):
+    """The "why" section's layer, head and query follow the last result ([CLS] / <s> as the query)."""
+    if not state:
+        return gr.update(), gr.update(), gr.update()
+    amap = state["result"].attention["encoder"]
+    layer_u, head_u, _ = why.controls(amap.layers, amap.heads, len(amap.queries))
+    return layer_u, head_u, gr.update(value=0)
 
 
 def checkpoint_name(task: str, model: str) -> str:
@@ -111,7 +144,11 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
     attribution = attribute(state, method, progress)
-    npz = save_npz(name, encoder=amap.weights, tokens=amap.queries, probs=result.probs, labels=result.labels,
+    from models.decompose import attention_scores
+
+    ids, _, _ = why.encode(net, text)
+    npz = save_npz(name, encoder=amap.weights, scores=attention_scores(net, ids), tokens=amap.queries,
+                   probs=result.probs, labels=result.labels,
                    attribution=attribution.values.astype(np.float32), attribution_method=method,
                    attribution_target=attribution.label)
     return (verdict, fit(vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities")),

@@ -10,7 +10,7 @@ import numpy as np
 
 from models import limits
 from models.outputs import AttentionMap
-from tabs import common
+from tabs import common, why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -42,6 +42,9 @@ PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central ba
 ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
          "duplicate token (i → i−N)": "duplicate", "first token (sink)": "sink"}
 MAX_TEMPERATURE, MAX_TOP_K = 5.0, 1000
+# [clean, corrupted]: the same number of tokens for gpt-tiny, a different next token
+PATCH_EXAMPLES = [["Two dogs play in the snow . Two dogs play in the",
+                   "Two dogs play in the water . Two dogs play in the"]]
 
 
 def decoder_models() -> list[str]:
@@ -78,6 +81,7 @@ def build() -> None:
     if status:
         gr.Markdown(status, elem_classes=["notice"])
     choices = decoder_models()
+    state = gr.State()
     with gr.Row():
         prompt = gr.Textbox(label="prompt", value=PROMPTS[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
@@ -98,7 +102,10 @@ def build() -> None:
     step = gr.Slider(0, 1, value=0, step=1, label="replay: show the tokens up to generated token (0 = all)")
     candidates = gr.Plot(label="next-token candidates of each step")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="decoder self-attention (causal)")
+    attn = gr.Plot(label="decoder self-attention (causal)", elem_id="generate-attention")
+    why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
+                   [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
+    why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     lens = gr.Plot(label="logit lens")
     gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
                 "text), with the head's output zeroed: the causal check of what the head does.")
@@ -120,14 +127,16 @@ def build() -> None:
     with gr.Row():
         stripe = gr.Plot(label="the strongest induction head")
         losses = gr.Plot(label="loss on each copy")
-    state = gr.State()
+    why.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section, repeated=True)
     download = gr.File(label="attention arrays (.npz)")
 
     inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer, head, view]
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
-    run.click(generate, inputs, outputs, api_name="generate")
-    prompt.submit(generate, inputs, outputs, api_name=False)
+    why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
+    for event in (run.click, prompt.submit):
+        event(generate, inputs, outputs, api_name="generate" if event == run.click else False).then(
+            why_controls_for, [state], why_controls, api_name=False, show_progress="hidden")
     for control in (step, layer, head, view):
         control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
@@ -136,6 +145,25 @@ def build() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ handlers
+def sequence(state: dict) -> tuple[str, list[int], list[str]]:
+    """What the "why" section splits: the kept generation (prompt and continuation, as the model saw them)."""
+    return state["model"], list(state["result"].ids), list(state["result"].tokens)
+
+
+def compare_view(state: dict) -> dict:
+    """What the compare toggle draws of a kept generation: its attention and each token's surprisal."""
+    result = state["result"]
+    return {"amap": result.attention["decoder"], "values": result.surprisal, "kind": "decoder self-attention"}
+
+
+def why_controls_for(state: dict | None):
+    """The "why" section's layer, head and query follow the last generation (last layer, last token)."""
+    if not state:
+        return gr.update(), gr.update(), gr.update()
+    amap = state["result"].attention["decoder"]
+    return why.controls(amap.layers, amap.heads, len(state["result"].tokens))
+
+
 def _model(name: str | None, progress=None):
     name = name or DEFAULT
     choices = decoder_models()
@@ -172,7 +200,12 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
     weights = amap.weights if amap.weights.nbytes <= 64 << 20 else amap.weights.astype(np.float16)
-    npz = save_npz("generation", attention=weights, tokens=np.array(result.tokens), prompt_len=result.prompt_len,
+    from models.decompose import attention_scores
+
+    scores = attention_scores(net, result.ids)  # pre-softmax, masked cells −inf
+    scores = scores if scores.nbytes <= 64 << 20 else scores.astype(np.float16)
+    npz = save_npz("generation", attention=weights, scores=scores, tokens=np.array(result.tokens),
+                   prompt_len=result.prompt_len,
                    step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
                    step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
     notice = result.notice or (f"{n_steps} new tokens · {strategy}"

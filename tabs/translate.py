@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from examples import sentences
+from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -47,7 +48,10 @@ def build() -> None:
     with gr.Row():
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="attention")
+    attn = gr.Plot(label="attention", elem_id="translate-attention")
+    source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
+    gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
+    why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind])
     stats = gr.Plot(label="head statistics")
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
@@ -55,8 +59,10 @@ def build() -> None:
     download = gr.File(label="attention arrays (.npz)")
     inputs = [text, beam, kind, layer, head, view]
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
-    run.click(translate, inputs, outputs, api_name="translate")
-    text.submit(translate, inputs, outputs, api_name=False)
+    why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
+    for event in (run.click, text.submit):
+        event(translate, inputs, outputs, api_name="translate" if event == run.click else False).then(
+            why_controls_for, [text], [source, *why_controls], api_name=False, show_progress="hidden")
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
@@ -78,6 +84,20 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, cross.queries, cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
+
+
+def sequence(source: str) -> tuple[str, list[int], list[str]]:
+    """What the "why" section splits: the English sentence as the encoder read it."""
+    ids, tokens, _ = why.encode(get_model(MODEL), source)
+    return MODEL, ids, tokens
+
+
+def why_controls_for(text: str):
+    """Keep the source for the "why" section; its sliders follow the encoder (last layer, last token)."""
+    net = get_model(MODEL)
+    ids, _, _ = why.encode(net, read_text(text))
+    c = net.config
+    return (read_text(text), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
 
 
 def draw_translation(result, kind: str, layer: int, head: str, view: str):

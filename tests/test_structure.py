@@ -53,7 +53,8 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
     import app
     import tabs
 
-    modules = {p.stem for p in (ROOT / "tabs").glob("*.py")} - {"__init__", "common"}
+    # common.py (what every tab shares) and why.py (the sections the text tabs share) are not tabs
+    modules = {p.stem for p in (ROOT / "tabs").glob("*.py")} - {"__init__", "common", "why"}
     assert {t.__name__.removeprefix("tabs.") for t in app.TABS} == modules
     for tab in app.TABS:
         assert tab.__name__.startswith(tabs.__name__ + ".")
@@ -71,7 +72,7 @@ def test_app_builds_every_tab_in_order() -> None:
     assert labels == [t.TITLE for t in app.TABS]
     api = {d.get("api_name") for d in config["dependencies"]} - {None, False}
     assert {"translate", "classify", "generate", "head_roles", "classify_image", "swin_windows",
-            "positional_encoding", "playground"} <= api
+            "positional_encoding", "playground", "attention_why", "patch"} <= api
     # the three tabs that need no trained model are drawn when the page loads
     on_load = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert len(on_load) == 3
