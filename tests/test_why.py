@@ -107,8 +107,9 @@ def test_clicked_cells(tiny) -> None:
         why.from_cell("5,2,9", 1, "3", 0, "model view")
     with pytest.raises(gr.Error, match="heatmap view"):
         why.from_cell("5,2,9", 1, "3", 0, "heatmap", "cross")
-    _, _, _, kept = why.run_patch("gpt-tiny", *[why.encode(common.get_model("gpt-tiny"), t)[0]
-                                                for t in ("a dog runs on the grass", "a man runs on the grass")], None, "heads")
+    net = common.get_model("gpt-tiny")
+    ids = [why.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
+    _, _, _, kept = why.run_patch("gpt-tiny", *ids, None, "heads")
     fig, summary, layer_u, head_u = why.patched_head("1,2,1", kept)
     assert fig is not None and "Layer 1, head 2" in summary and (layer_u["value"], head_u["value"]) == (1, 2)
 
