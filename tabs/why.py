@@ -136,7 +136,7 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
     on = gr.Checkbox(False, label="compare with a second input (B)")
     with gr.Column(visible=False) as box:
         with gr.Row():
-            text_b = gr.Textbox(label="second input (B)", lines=2, scale=4, max_length=MAX_PATCH_CHARS)
+            text_b = gr.Textbox(label="input B", lines=2, scale=4, max_length=MAX_PATCH_CHARS)
             run = gr.Button("Compare", scale=1)
         note = gr.Markdown()
         with gr.Row():
@@ -437,7 +437,7 @@ def patched_head(cell: str, kept):
     scores = attention_scores(net, ids)[layer, head]  # (T, T)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
-    fig = va.attention_heatmap(weights, tokens, tokens, head=0, kind=f"Clean input · layer {layer} · head {head}")
+    fig = va.attention_heatmap(weights, tokens, tokens, title=esc(f"Clean input · layer {layer} · head {head}"))
     key = int(np.argmax(weights[-1]))
     summary, _, _ = why(net, ids, tokens, layer, head, len(ids) - 1, key, kept["model"])
     return fig, summary, gr.update(value=layer), gr.update(value=head)
