@@ -142,3 +142,54 @@ def test_out_of_range_is_refused_in_words(bad: dict, message: str) -> None:
     args = dict(layer=0, head=0, query=5, key=2) | bad
     with pytest.raises(ValueError, match=message):
         decompose_score(FAMILIES["gpt2"](), IDS, **args)
+
+
+def _check_against(model, ids: list[int], reference: np.ndarray) -> None:
+    """Every layer's last query on three keys: terms sum to the score, softmax(row) = the reference attention."""
+    for layer in range(reference.shape[0]):
+        for head in range(0, reference.shape[1], max(1, reference.shape[1] // 3)):
+            for key in (0, len(ids) // 2, len(ids) - 1):
+                d = decompose_score(model, ids, layer, head, len(ids) - 1, key)
+                assert abs(d.table.sum() - d.score) < 1e-4
+                np.testing.assert_allclose(d.softmax_row, reference[layer, head, -1], atol=1e-4)
+
+
+def test_hugging_face_gpt2_and_llama_folders_against_transformers(tmp_path) -> None:
+    """Folders written by transformers: the split's softmax row is transformers' own attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import models
+    from tests.tiny import tiny_gpt2_folder
+
+    ids = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12]
+    hf_gpt2 = tiny_gpt2_folder(tmp_path / "gpt2")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0,
+                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    hf_llama = LlamaForCausalLM(cfg).eval()
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "tokenizer.json").write_bytes((tmp_path / "gpt2" / "tokenizer.json").read_bytes())
+    hf_llama.save_pretrained(tmp_path / "llama")
+    for folder, hf in (("gpt2", hf_gpt2), ("llama", hf_llama)):
+        with torch.no_grad():
+            reference = torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions, 1)[0].numpy()
+        _check_against(models.load(str(tmp_path / folder)), ids, reference)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "sst2", "minilm-sst2", "translator-en-de"])
+def test_shipped_checkpoints(name: str) -> None:
+    """The shipped models, fp16-packed as the app serves them: the split holds on a real sentence."""
+    import models
+    from models.packed import pack_linears
+    from models.tokenizer import encode_input
+
+    model = models.load(name)
+    pack_linears(model)
+    text = "a man in a blue shirt is riding a bicycle down the street"
+    if isinstance(model, GPT):
+        ids = model.encode_prompt(text)[0]
+    else:
+        ids = encode_input(model.tokenizer, text, model.config.max_len, type(model).__name__)[0]
+    _check_against(model, ids, _attention(model, ids))

@@ -205,3 +205,59 @@ def test_generate_tab(page) -> None:
     page.wait_for_timeout(500)
     assert clipped_figures(page) == []
     assert page.js_errors == []
+
+
+def _click_cell(page, elem_id: str, row: int, col: int) -> None:
+    """Click the centre of cell (row, col) of the heatmap inside #elem_id, placed by Plotly's own axes."""
+    page.wait_for_timeout(500)  # a figure that was just replaced settles first
+    page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed()
+    x, y = page.evaluate("""([id, row, col]) => {
+        const el = document.querySelector('#' + id + ' .js-plotly-plot');
+        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
+        return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)]; }""", [elem_id, row, col])
+    page.mouse.click(x, y)
+
+
+def test_why_a_head_attends_patching_and_compare(page) -> None:
+    """Generate, then: click a cell of one head's heatmap and see its score split (the terms sum to the score in
+    the title, the row's softmax is the clicked row); run the patching sweep and click a head; compare two inputs."""
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_label("prompt").fill("Two dogs are running on the")
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3)
+    expect(panel).to_contain_text("new tokens", timeout=30_000)
+    before = plot_signature(page)
+    _pick(page, "head (or fusion of heads)", "1")
+    wait_for_change(page, before)
+    attention = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Decoder self-attention"))
+    n = len(attention[0]["z"])
+    _click_cell(page, "generate-attention", n - 1, 2)
+    _wait_for_title(page, lambda t: t.startswith("Why layer"))
+    expect(panel).to_contain_text(f"query {n - 1}", timeout=30_000)
+    expect(panel).to_contain_text("→ key 2", timeout=30_000)
+    split = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Why layer"))
+    terms = sum(sum(row) for row in split[0]["z"])
+    shown_row = attention[0]["z"][n - 1]
+    bars = next(t for t in split if t["type"] == "bar")["y"]
+    assert abs(sum(bars) - 1) < 1e-3 and max(abs(a - b) for a, b in zip(bars, shown_row)) < 1e-3
+    summary = panel.inner_text()
+    score = float(re.search(r"Score (-?[0-9.]+)", summary).group(1))
+    assert abs(terms - score) < 2e-3, (terms, score)
+    panel.get_by_role("button", name="Ablate the sink (this head may not attend to the first token)").click()
+    expect(panel).to_contain_text("forbidden its first token", timeout=30_000)
+
+    panel.get_by_role("button", name="Induction example: first copy replaced").click()
+    _wait_for_title(page, lambda t: t.startswith("Activation patching"))
+    sweep = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Activation patching"))
+    layers = len(sweep[0]["z"])
+    _click_cell(page, "generate-patch", layers - 1, 1)
+    _wait_for_title(page, lambda t: t.startswith(f"Clean input · layer {layers - 1} · head 1"))
+
+    panel.get_by_label("compare with a second input (B)").check()
+    panel.get_by_label("input B", exact=True).fill("Two cats are running on the")
+    panel.get_by_role("button", name="Compare", exact=True).click()
+    _wait_for_title(page, lambda t: t.startswith("B − A"))
+    expect(panel).to_contain_text("tokens of B are shared with A", timeout=30_000)
+    screenshot(page, "generate-why")
+    assert page.js_errors == []
