@@ -42,7 +42,12 @@ the classifier. The "where each head looks" chart finds the classic pretrained p
 **Attention is not explanation** (Jain & Wallace 2019): it shows where the model looks, not what its answer
 depends on. Attribution (gradient × input, integrated gradients, gradient-weighted relevance) measures how the
 answer changes with each word, and the *deletion curve* tests every method on this very input: delete the words
-a method ranks highest and watch the class probability; the faster it falls, the more faithful the ranking."""
+a method ranks highest and watch the class probability; the faster it falls, the more faithful the ranking.
+
+*Why* (under the attention map) splits one cell's score into the parts of the model that make its query and its
+key: it shows which parts meet, not that the head matters. *Patching* copies one head's output (or one position of
+the residual stream) from a clean into a corrupted sentence and measures how much of the clean class comes back:
+it shows where the difference between the two sentences is carried, not what the head does elsewhere."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
 CHECKPOINTS = tuple(prefix + task for prefix in TEXT_MODELS.values() for task in TASKS.values())

@@ -288,6 +288,48 @@ def read_text(text: str | None) -> str:
     return text[:MAX_TEXT_CHARS]
 
 
+MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed and numpy's default_rng both take
+
+
+class Seed(gr.Number):
+    """A seed box: a whole number from 0 to 2⁶⁴ − 1. Anything else from the API ("abc", 2.5, 2⁷⁰) is refused in
+    words before gr.Number's own preprocessing (which fails on text with a bare TypeError and rounds 2.5)."""
+
+    def __init__(self, value: int = 0, label: str = "seed", **kw: Any) -> None:
+        super().__init__(value=value, precision=0, minimum=0, label=label, **kw)
+
+    @classmethod
+    def get_block_name(cls) -> str:
+        return "number"  # drawn by the browser's number component
+
+    def preprocess(self, payload: Any) -> int:
+        return read_seed(payload)
+
+
+def read_seed(seed: Any) -> int:
+    """A random seed from the UI or the API: a whole number from 0 to 2⁶⁴ − 1 (empty: 0); anything else is
+    refused in words (a seed of 2⁷⁰ used to reach torch and fail there)."""
+    if seed is None or seed == "":
+        return 0
+    refuse = gr.Error(f"The seed must be a whole number from 0 to 2⁶⁴ − 1 ({MAX_SEED}), got {str(seed)[:40]}.")
+    if isinstance(seed, bool):
+        raise refuse
+    if isinstance(seed, int):
+        whole = seed
+    else:
+        try:
+            value = float(seed)
+        except (TypeError, ValueError):
+            raise refuse from None
+        if not value.is_integer():
+            raise refuse
+        text = str(seed).strip()
+        whole = int(text) if text.isdigit() else int(value)  # digits exactly, beyond a float's precision
+    if not 0 <= whole <= MAX_SEED:
+        raise refuse
+    return whole
+
+
 def parse_head(head: str | int | None) -> str | int:
     """A head index from the dropdown ("3" -> 3), or a fusion name ("mean", "max")."""
     return int(head) if str(head).isdigit() else (head or "mean")

@@ -15,11 +15,13 @@ from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
+    Seed,
     attention_figure,
     controls_for,
     get_model,
     layer_head_view,
     parse_head,
+    read_seed,
     read_text,
     save_npz,
 )
@@ -36,7 +38,12 @@ map is empty (the mask). Some heads learn roles: attending to the previous token
 earlier occurrence of the current token (*induction heads*, Olsson et al. 2022), or parking on the first token
 (an *attention sink*, Xiao et al. 2023). "Repeated random tokens" measures each head's role; switching a head off
 shows what the next-token prediction depends on; the *logit lens* (nostalgebraist 2020) reads the model's
-guess after every block."""
+guess after every block.
+
+*Why* splits one cell's score into the parts of the model that make its query and its key: it shows which parts
+meet, not that the head needs them. *Patching* copies one head's output from a clean into a corrupted input and
+measures how much of the clean answer comes back: it shows where the difference between two inputs is carried,
+not what the head does on other text."""
 PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central bank said on Tuesday that",
            "a warm , funny and beautifully acted"]
 ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
@@ -94,7 +101,7 @@ def build() -> None:
             temperature = gr.Slider(0.05, MAX_TEMPERATURE, value=1.0, step=0.05, label="temperature (sampling)")
             top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p (1 = off)")
-            seed = gr.Number(value=0, precision=0, minimum=0, label="seed")
+            seed = Seed()
     gr.Examples([[p] for p in PROMPTS], [prompt])
     out = gr.Textbox(label="continuation", interactive=False)
     notice = gr.Markdown()
@@ -120,7 +127,7 @@ def build() -> None:
                 "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
     with gr.Row():
         n = gr.Slider(2, (limits.MAX_LM_TOKENS - 1) // 2, value=50, step=1, label="N (tokens per copy)")
-        roles_seed = gr.Number(value=0, precision=0, minimum=0, label="seed")
+        roles_seed = Seed()
         roles_run = gr.Button("Repeated random tokens")
     roles_note = gr.Markdown()
     roles = gr.Plot(label="head roles")
@@ -183,6 +190,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
              head: str = "mean", view: str = "heatmap", progress=gr.Progress()):
     """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens."""
     prompt = read_text(prompt)
+    seed = read_seed(seed)
     net = _model(model, progress)
     if strategy not in ("greedy", "sample"):
         raise gr.Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
@@ -191,7 +199,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     top_k = int(np.clip(int(top_k or 0), 0, MAX_TOP_K))
     top_p = float(np.clip(float(top_p or 1.0), 0.01, 1.0))
     result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
-                          top_p=top_p, seed=max(0, int(seed or 0)))
+                          top_p=top_p, seed=seed)
     amap = result.attention["decoder"]
     lens = net.logit_lens(result.ids)
     layer_u, head_u = controls_for(amap.layers, amap.heads)
@@ -210,7 +218,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
                    step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
     notice = result.notice or (f"{n_steps} new tokens · {strategy}"
                                + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
-                                  f"seed {int(seed or 0)})" if strategy == "sample" else ""))
+                                  f"seed {seed})" if strategy == "sample" else ""))
     kept = {"result": result, "model": model or DEFAULT}
     html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view)
     lens_fig = vg.logit_lens(lens.top_tokens, lens.target_probs, result.tokens, lens.targets,
@@ -278,7 +286,7 @@ def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Pro
 
     net = _model(model, progress)
     n = int(np.clip(int(n or 50), 2, (net.context_limit() - 1) // 2))
-    ids = net.repeated_tokens(n, seed=max(0, int(seed or 0)))
+    ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)
     scores = {"previous": previous_token_score(weights), "induction": induction_score(weights, n),
               "duplicate": duplicate_token_score(weights, n), "sink": first_token_share(weights)}

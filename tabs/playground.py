@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, intro
+from tabs.common import FAST, Seed, intro, read_seed
 from viz import playground as pg
 
 TITLE = "Attention playground"
@@ -22,7 +22,7 @@ def build():
     with gr.Row():
         seq_len = gr.Slider(1, pg.MAX_LEN, value=6, step=1, label="sequence length (tokens)")
         d_k = gr.Slider(1, pg.MAX_DK, value=8, step=1, label="d_k (query/key width)")
-        seed = gr.Number(value=0, precision=0, label="random seed", minimum=0)
+        seed = Seed(label="random seed")
     with gr.Row():
         mask = gr.Radio(list(pg.MASKS), value="none", label="mask")
         scale = gr.Checkbox(value=True, label="divide by √d_k")
@@ -40,7 +40,7 @@ def build():
 def playground(seq_len: int = 6, d_k: int = 8, seed: int = 0, mask: str = "none", scale: bool = True):
     """Run every step of scaled dot-product attention on random Q, K, V and draw them."""
     try:
-        steps = pg.compute_steps(seq_len=seq_len, d_k=d_k, seed=seed, mask=mask, scale=scale)
+        steps = pg.compute_steps(seq_len=seq_len, d_k=d_k, seed=read_seed(seed), mask=mask, scale=scale)
     except ValueError as err:
         raise gr.Error(str(err)) from None
     curves = pg.entropy_vs_dk(seq_len=int(seq_len))

@@ -49,13 +49,15 @@ def build() -> None:
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention", elem_id="translate-attention")
+    state = gr.State()
+    why.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam], layer, head,
+                   view)
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind])
     stats = gr.Plot(label="head statistics")
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
-    state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
     inputs = [text, beam, kind, layer, head, view]
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
@@ -77,13 +79,25 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     result = model.translate(text, beam_size=beam)
     cross = result.attention["cross"]
     layer_u, head_u = controls_for(cross.layers, cross.heads)
+    from models.decompose import attention_scores
+
+    ids, _, _ = why.encode(model, text)
     npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},
+                   encoder_scores=attention_scores(model, ids),
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
     notice = result.notice or f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
     return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, cross.queries, cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
+
+
+def compare_view(result) -> dict:
+    """What the compare toggle draws: the encoder's attention, and how much cross-attention (last layer, mean of
+    heads, summed over the German words) each English token receives."""
+    cross = result.attention["cross"].weights[-1].mean(0)  # (T, S)
+    return {"amap": result.attention["encoder"], "values": cross.sum(0), "kind": KINDS["encoder"],
+            "what": "cross-attention received", "unit": "attention"}
 
 
 def sequence(source: str) -> tuple[str, list[int], list[str]]:

@@ -186,10 +186,11 @@ def compared(view_of, state_a, state_b, layer, head, view):
         keep = [(i, j) for i, j in pairs if np.isfinite(a["values"][i]) and np.isfinite(b["values"][j])]
         sa = np.asarray(a["values"])[[i for i, _ in keep]]
         sb = np.asarray(b["values"])[[j for _, j in keep]]
+        what, unit = a.get("what", "surprisal"), a.get("unit", "bits")
         change = vw.change_bars([amap_b.queries[j] for _, j in keep], sa, sb,
-                                title="Surprisal of the shared tokens, A and B", unit="bits")
-        means = f"{sa.mean():.2f} bits (A), {sb.mean():.2f} (B)" if keep else "none shared"
-        note = (f"{len(pairs)} of {len(amap_b.queries)} tokens of B are shared with A. Mean surprisal of the shared "
+                                title=esc(f"{what.capitalize()} of the shared tokens, A and B"), unit=unit)
+        means = f"{sa.mean():.2f} {unit} (A), {sb.mean():.2f} (B)" if keep else "none shared"
+        note = (f"{len(pairs)} of {len(amap_b.queries)} tokens of B are shared with A. Mean {what} of the shared "
                 f"tokens: {means}.")
     return note, fig_b, diff, change
 

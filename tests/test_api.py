@@ -263,3 +263,16 @@ def test_hub_model_not_in_the_cache_says_offline_quickly(configured_app) -> None
     with pytest.raises(Exception, match="offline"):
         Client(url, verbose=False).predict("the cat", 4, "openai-community/gpt2", api_name="/generate")
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("seed", [2**70, -1, 1e30, "abc", 2.5, True])
+def test_every_seed_input_refuses_what_no_generator_takes(client, seed) -> None:
+    """Seeds are 0 … 2⁶⁴ − 1 on every api_name that takes one; anything else is refused in words."""
+    from gradio_client.exceptions import AppError
+
+    calls = {"/generate": ("a dog", 3, "gpt-tiny", "sample", 1.0, 0, 1.0, seed), "/head_roles": ("gpt-tiny", 5, seed),
+             "/playground": (4, 8, seed)}
+    for api, args in calls.items():
+        with pytest.raises(AppError, match=r"(?i)seed|minimum|number"):
+            client.predict(*args, api_name=api)
+    assert client.predict("gpt-tiny", 5, 2**64 - 1, api_name="/head_roles")[3].startswith("strongest")

@@ -84,7 +84,9 @@ def test_actions_of_a_missing_checkpoint_are_left_out(tmp_path: Path) -> None:
     from bench._server import ACTIONS, available
 
     kept, missing = available(ACTIONS, tmp_path)  # no gpt-tiny there
-    assert missing == ["generate", "head_roles"] and len(kept) == len(ACTIONS) - 2
+    needs_lm = ["generate", "head_roles", "attention_why_gpt_tiny", "patch_heads_gpt_tiny_40",
+                "patch_positions_gpt_tiny_40"]
+    assert missing == needs_lm and len(kept) == len(ACTIONS) - len(needs_lm)
     (tmp_path / "gpt-tiny").mkdir()
     (tmp_path / "gpt-tiny" / "config.json").write_text("{}")
     assert available(ACTIONS, tmp_path) == (ACTIONS, [])

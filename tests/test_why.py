@@ -156,3 +156,16 @@ def test_compare_two_inputs(tiny) -> None:
     assert "surprisal" in note
     with pytest.raises(gr.Error, match="first input"):
         why.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
+
+
+def test_translate_compare_and_encoder_scores(tiny) -> None:
+    from tabs import translate as tab
+
+    a, b = tab.translate("A dog runs.")[6], tab.translate("A cat runs.")[6]
+    note, fig_b, diff, change = why.compared(tab.compare_view, a, b, 0, "mean", "heatmap")
+    assert "cross-attention received" in note and fig_b is not None
+    with np.load(tab.translate("A dog runs.")[7]) as z:
+        enc = z["encoder"]
+        scores = z["encoder_scores"]
+        soft = np.exp(scores - scores.max(-1, keepdims=True))
+        np.testing.assert_allclose(soft / soft.sum(-1, keepdims=True), enc, atol=1e-5)

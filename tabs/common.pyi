@@ -1,0 +1,466 @@
+"""What the tabs share: the model store, the "not available" notices, the layer/head/view controls, the
+attention figures every model tab draws, and the `.npz` download.
+
+Nothing here imports torch at module level: the page is served before the model stack has loaded, and the
+first request that needs a model imports it (docs/ARCHITECTURE.md §2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from models import limits
+from models.outputs import METHODS
+from viz import attention as va
+from viz import stats as vs
+from viz import swin as vw
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the checkpoint folders are (configuration, never user input; tests point it at tiny models).
+CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
+# How each shipped checkpoint was trained: read by the notices, checked by tests/test_rebuild.py.
+REBUILD = ROOT / "checkpoints" / "rebuild.json"
+EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
+EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXAMPLE_IMAGES}  # "sneaker": path
+# Attention downloads go into Gradio's own temporary folder (uploads live there too), and are deleted with it.
+DOWNLOADS = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio") / "attention-atlas"
+MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
+HEADS_DEFAULT = ["mean", "max"]
+VIEWS = ["heatmap", "head view", "model view"]
+# Figure-only events (no model run) share their own small pool, so they never wait behind model calls.
+FAST = {"concurrency_limit": 4, "concurrency_id": "figures"}
+
+
+# ----------------------------------------------------------------------------------------------- models
+class ModelUnavailable(Exception):
+    """A model's checkpoint or weights cannot be loaded; the message says how to fix it."""
+
+
+class ModelStore:
+    """Loads each model on first use, once per process; concurrent requests share it (inference only, so
+    nothing a request does changes the shared model).
+
+    Names are checkpoint folder names under ``CHECKPOINTS`` or the ImageNet models' torchvision names.
+    The store is the app's serving layer: on the CPU it runs the large linear layers of each model on
+    fp16-packed copies of their fp16-stored weights (``models.packed``: the same numbers up to summation
+    order, 1.2-1.3× faster end to end); ``models.load`` itself returns the plain model.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, name: str, progress: Any = None) -> Any:
+        """The model behind ``name``; ``progress(fraction, text)`` hears about a download on first use."""
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._models:
+                self._models[name] = self._load(name, progress)
+            return self._models[name]
+
+    @staticmethod
+    def _load(name: str, progress: Any = None) -> Any:
+        import models
+        from models.packed import pack_linears
+
+        if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
+            import torch
+
+            torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+        if name in IMAGENET_NAMES:
+            from models.hub import offline
+            from models.pretrained import load_imagenet
+
+            try:  # downloads on first use where the network allows, failing within seconds where it does not
+                model = load_imagenet(name, download=not offline())
+            except Exception as err:  # any failure here means "not available"
+                raise ModelUnavailable(
+                    f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
+                    f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
+                ) from None
+        elif name in CONFIGURED or name in DOWNLOADABLE:
+            from models.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
+
+            entry = CONFIGURED.get(name) or DOWNLOADABLE[name]
+            where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
+            try:
+                if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
+                    check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading
+                model = models.load(entry.folder or fetch(entry.repo, entry.revision, progress))
+            except (HubUnavailable, TooLarge) as err:
+                raise ModelUnavailable(f"{err} The other models keep working.") from None
+            except Exception as err:  # a folder the configuration named: unsupported, broken or gone
+                raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {err}. The "
+                                       "other models keep working.") from None
+        else:
+            try:
+                model = models.load(CHECKPOINTS / name)
+            except Exception as err:  # missing folder, bad hash, truncated file, bad config
+                raise ModelUnavailable(
+                    f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
+                    f" or rebuild it with {rebuild_hint(name)}. The other tabs keep working."
+                ) from None
+        device = run_device()
+        if device == "cpu":
+            pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+        return model.to(device)
+
+
+IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
+IMAGENET_NAMES = tuple(IMAGENET.values())
+MODELS = ModelStore()
+
+
+# ------------------------------------------------------------------------------------ configured models
+def run_device() -> str:
+    """Where the models run: ``ATLAS_DEVICE`` ("cpu", the default, or "cuda" where a GPU is present)."""
+    wanted = os.environ.get("ATLAS_DEVICE", "cpu").strip().lower() or "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    import torch
+
+    if wanted.startswith("cuda") and torch.cuda.is_available():
+        return wanted
+    print(f"[attention-atlas] ATLAS_DEVICE={wanted!r} is not available here; running on the CPU", flush=True)
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A model the server's configuration names (`python app.py --model ENTRY`, ATLAS_MODELS): never the UI.
+    Either a local ``folder`` or a Hub ``repo`` (at ``revision``), fetched on first use."""
+
+    folder: Path | None
+    kind: str  # the tab that shows it: "classify", "generate" or "vision"
+    repo: str | None = None
+    revision: str | None = None
+
+
+CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
+# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/hub.py).
+DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
+                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
+CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+# config.json "model_type" (Hugging Face) or "model" (the project's checkpoints) -> the tab that shows it
+TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate", "bert": "classify",
+               "BertClassifier": "classify", "TextClassifier": "classify", "vit": "vision", "ViT": "vision",
+               "Swin": "vision"}
+
+
+def configure(entries: list[str]) -> None:
+    """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
+    or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
+    problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
+    CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    from models.hub import parse_entry
+
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        try:
+            hub = parse_entry(entry)
+        except ValueError as err:
+            _problem(None, f"`{entry}`: {err}")
+            continue
+        if hub is not None:
+            kind, repo, revision = hub
+            name, found = repo, Configured(None, kind, repo, revision)
+        else:
+            folder = Path(entry).expanduser()
+            name, kind, why = folder.name, *_folder_kind(folder)
+            if kind is None:
+                _problem(None, f"`{entry}`: {why}")
+                continue
+            found = Configured(folder.resolve(), kind)
+        if name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or (CHECKPOINTS / name).exists():
+            _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
+        else:
+            CONFIGURED[name] = found
+
+
+def _folder_kind(folder: Path) -> tuple[str | None, str]:
+    """(the tab a folder's config.json names, or None; why not)."""
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        kind = TAB_OF_TYPE.get(meta.get("model_type") or meta.get("model"))
+    except (OSError, ValueError, AttributeError) as err:
+        return None, f"no readable config.json ({type(err).__name__})"
+    return kind, (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
+                  f"({', '.join(k for k in TAB_OF_TYPE if k.islower())})")
+
+
+def _problem(kind: str | None, problem: str) -> None:
+    CONFIG_PROBLEMS.append((kind, problem))
+    print(f"[attention-atlas] model not added: {problem}", flush=True)
+
+
+def configured(kind: str) -> list[str]:
+    """The configured model names shown in one tab."""
+    return [name for name, c in CONFIGURED.items() if c.kind == kind]
+
+
+def configuration_notice(kind: str) -> str:
+    """The configured entries this tab could not add (and those no tab can), for its notice."""
+    return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
+
+
+def get_model(name: str, progress: Any = None) -> Any:
+    """The model behind a name, or a gr.Error whose message says how to restore, rebuild or fetch it;
+    ``progress`` (a gr.Progress) shows a download on first use."""
+    try:
+        return MODELS.get(name, progress)
+    except ModelUnavailable as err:
+        raise gr.Error(str(err), duration=None) from None
+
+
+@cache
+def rebuild_commands() -> dict[str, dict[str, Any]]:
+    """``{name: {"command": ..., "needs": [...]}}`` from checkpoints/rebuild.json (no torch needed)."""
+    try:
+        return json.loads(REBUILD.read_text(encoding="utf-8"))["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def rebuild_hint(name: str) -> str:
+    """`command` (needs: ...), or a pointer to the README when the model has no recorded command."""
+    entry = rebuild_commands().get(name)
+    if not entry:
+        return "the training command in README.md"
+    needs = "; ".join(entry.get("needs", []))
+    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "")
+
+
+def checkpoint_status(*names: str) -> str:
+    """A notice for the tab when one of its checkpoints is missing (cheap file checks, no torch)."""
+    missing = [n for n in names if not (CHECKPOINTS / n / "manifest.json").is_file()]
+    if not missing:
+        return ""
+    return ("**Not available:** " + ", ".join(f"`checkpoints/{n}` is missing (rebuild: {rebuild_hint(n)})"
+                                             for n in missing) + ". Everything else keeps working.")
+
+
+# --------------------------------------------------------------------------------------------- layout
+def intro(text: str, *checkpoints: str, kind: str = "") -> None:
+    """The tab's intro paragraph, and a notice when one of its checkpoints is missing or (for a tab that offers
+    configured models, ``kind``) a configured model could not be added."""
+    gr.Markdown(text, elem_classes=["intro"])
+    status = "\n\n".join(x for x in (checkpoint_status(*checkpoints), configuration_notice(kind) if kind else "")
+                          if x)
+    if status:
+        gr.Markdown(status, elem_classes=["notice"])
+
+
+def layer_head_view(views: list[str], view: str) -> tuple[gr.Slider, gr.Dropdown, gr.Radio]:
+    """The layer slider, the head (or fusion) choice and the view, on one row."""
+    with gr.Row():
+        layer = gr.Slider(0, 1, value=0, step=1, label="layer (0 = first)")
+        head = gr.Dropdown(HEADS_DEFAULT, value="mean", label="head (or fusion of heads)")
+        view_r = gr.Radio(views, value=view, label="view")
+    return layer, head, view_r
+
+
+def controls_for(layers: int, heads: int) -> tuple[dict, dict]:
+    """Updates for the layer slider (set to the last layer) and the head choices, after a model run."""
+    return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=layers - 1, interactive=layers > 1),
+            gr.update(choices=HEADS_DEFAULT + [str(h) for h in range(heads)]))
+
+
+# ------------------------------------------------------------------------------------------- handlers
+def read_text(text: str | None) -> str:
+    """The text a handler works on: stripped, capped at MAX_TEXT_CHARS; empty text is refused."""
+    text = (text or "").strip()
+    if not text:
+        raise gr.Error("Please type some text first.")
+    return text[:MAX_TEXT_CHARS]
+
+
+MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed and numpy's default_rng both take
+
+
+class Seed(gr.Number):
+    """A seed box: a whole number from 0 to 2⁶⁴ − 1. Anything else from the API ("abc", 2.5, 2⁷⁰) is refused in
+    words before gr.Number's own preprocessing (which fails on text with a bare TypeError and rounds 2.5)."""
+
+    def __init__(self, value: int = 0, label: str = "seed", **kw: Any) -> None:
+        super().__init__(value=value, precision=0, minimum=0, label=label, **kw)
+
+    @classmethod
+    def get_block_name(cls) -> str:
+        return "number"  # drawn by the browser's number component
+
+    def preprocess(self, payload: Any) -> int:
+        return read_seed(payload)
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+def read_seed(seed: Any) -> int:
+    """A random seed from the UI or the API: a whole number from 0 to 2⁶⁴ − 1 (empty: 0); anything else is
+    refused in words (a seed of 2⁷⁰ used to reach torch and fail there)."""
+    if seed is None or seed == "":
+        return 0
+    refuse = gr.Error(f"The seed must be a whole number from 0 to 2⁶⁴ − 1 ({MAX_SEED}), got {str(seed)[:40]}.")
+    if isinstance(seed, bool):
+        raise refuse
+    if isinstance(seed, int):
+        whole = seed
+    else:
+        try:
+            value = float(seed)
+        except (TypeError, ValueError):
+            raise refuse from None
+        if not value.is_integer():
+            raise refuse
+        text = str(seed).strip()
+        whole = int(text) if text.isdigit() else int(value)  # digits exactly, beyond a float's precision
+    if not 0 <= whole <= MAX_SEED:
+        raise refuse
+    return whole
+
+
+def parse_head(head: str | int | None) -> str | int:
+    """A head index from the dropdown ("3" -> 3), or a fusion name ("mean", "max")."""
+    return int(head) if str(head).isdigit() else (head or "mean")
+
+
+def fit(fig):
+    """Let a figure take its column's width (the viz builders size figures for a full-width page)."""
+    if fig is not None:
+        fig.update_layout(width=None, autosize=True)
+    return fig
+
+
+def save_npz(prefix: str, **arrays: Any) -> str:
+    """Write the arrays behind the current figures for download; returns the file's path."""
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
+    return str(path)
+
+
+def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str):
+    """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view."""
+    layer = min(int(layer), amap.layers - 1)
+    if view == "model view":
+        return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
+    if view == "head view":
+        heads = None if isinstance(head, str) else [head]
+        # Only lines clearly above a uniform spread (1/keys) are drawn, so the structure stands out.
+        threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
+        return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title,
+                            threshold=threshold)
+    return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title)
+
+
+def stats_figure(amap, kind_title: str):
+    """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
+    from models.analysis import head_entropy
+
+    if amap.queries == amap.keys:
+        shares, names = vs.token_shares(amap.weights, amap.queries)
+        return fit(vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}"))
+    return vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title=f"Entropy per head · {kind_title}")
+
+
+def window_figure(result, block, head: str | int, query: tuple[int, int]):
+    """One Swin token's attention inside its window, over the image (a fusion shows head 0)."""
+    h = 0 if isinstance(head, str) else min(int(head), block.weights.shape[1] - 1)
+    title = (f"Token r{query[0]}c{query[1]} · stage {block.stage} block {block.block} · head {h}"
+             f"{' · shifted' if block.shift else ''}")
+    return vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=h,
+                                    image=result.image, patch=block.patch, title=title)
+
+
+# ------------------------------------------------------------------------------------------ explanations
+EXPLANATIONS = METHODS  # id -> display name, for the explanation choices of Classify and Vision
+
+
+def method_id(choice: str | None) -> str:
+    """An explanation id from its id or display name (the API takes either); anything else is refused."""
+    choice = (choice or "rollout").strip()
+    for key, shown in EXPLANATIONS.items():
+        if choice in (key, shown):
+            return key
+    raise gr.Error(f"Unknown explanation {choice!r}; choose one of {', '.join(EXPLANATIONS)}.")
+
+
+def target_index(target: str | None, labels: list[str]) -> int | None:
+    """The class to explain from its label name (case-insensitive); empty means the predicted class."""
+    target = (target or "").strip()
+    if not target:
+        return None
+    for i, label in enumerate(labels):
+        if target.lower() == str(label).lower():
+            return i
+    shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
+    raise gr.Error(f"Unknown class {target!r}; this model's classes are {shown}.")
+
+
+IG_TOKEN_BUDGET = 2048  # integrated-gradients steps × tokens per request: 32 steps up to 64 tokens, 8 at 256
+
+
+def ig_steps(tokens: int) -> int:
+    """Integrated-gradients steps for an input of ``tokens`` tokens in the app: 32 (the method's default) up to
+    64 tokens, fewer for longer inputs so that a request stays within seconds on a CPU (at least 8; the
+    completeness gap shown beside the colouring says how close the sum came)."""
+    return int(np.clip(IG_TOKEN_BUDGET // max(int(tokens), 1), 8, 32))
+
+
+def attribute(state: dict, method: str, progress: Any = None):
+    """The explanation ``method`` of the kept input toward the kept target, computed once and kept in the
+    state. A model that does not offer it (Swin: gradient methods only) gets gradient × input, with a notice."""
+    from models.attribution import explain, methods_for
+
+    cache = state["attributions"]
+    if method not in cache:
+        net = get_model(state["model"])
+        offered = methods_for(net)
+        chosen = method if method in offered else offered[0]
+        if chosen not in cache:
+            steps = ig_steps(len(state["result"].attention["encoder"].keys)) if state["result"].attention else 32
+            if progress is not None and chosen == "integrated_gradients":
+                progress(0.5, desc=f"integrated gradients, {steps} steps")
+            try:
+                cache[chosen] = explain(net, state["input"], chosen, target=state["target"], steps=steps)
+            except ValueError as err:
+                raise gr.Error(str(err)) from None
+        cache[method] = cache[chosen]
+    return cache[method]
+
+
+def deletion_plot(state: dict | None, explanation: str, progress: Any = None):
+    """Every offered explanation's deletion curve on the kept input, against a random order (computes the
+    explanations not asked for yet; the curves are kept in the state)."""
+    if not state:
+        return None
+    from models.attribution import deletion_curves, methods_for
+    from viz import attribution as vattr
+
+    net = get_model(state["model"])
+    methods = methods_for(net)
+    if "curves" not in state:
+        attributions = [attribute(state, m, progress) for m in methods]
+        state["curves"] = deletion_curves(net, state["input"], attributions)
+    curves, random = state["curves"]
+    removed = "patches" if state["attributions"][methods[0]].grid else "tokens"
+    chosen = EXPLANATIONS.get(method_id(explanation))
+    return fit(vattr.deletion_curves([(EXPLANATIONS[c.method], c.fractions, c.probs) for c in curves],
+                                     (curves[0].fractions, random), label=curves[0].label, removed=removed,
+                                     chosen=chosen))
