@@ -15,7 +15,6 @@ from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
-    Seed,
     attention_figure,
     controls_for,
     get_model,
@@ -24,6 +23,7 @@ from tabs.common import (
     read_seed,
     read_text,
     save_npz,
+    seed_box,
 )
 from viz import attention as va
 from viz import generate as vg
@@ -101,7 +101,7 @@ def build() -> None:
             temperature = gr.Slider(0.05, MAX_TEMPERATURE, value=1.0, step=0.05, label="temperature (sampling)")
             top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p (1 = off)")
-            seed = Seed()
+            seed = seed_box()
     gr.Examples([[p] for p in PROMPTS], [prompt])
     out = gr.Textbox(label="continuation", interactive=False)
     notice = gr.Markdown()
@@ -127,7 +127,7 @@ def build() -> None:
                 "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
     with gr.Row():
         n = gr.Slider(2, (limits.MAX_LM_TOKENS - 1) // 2, value=50, step=1, label="N (tokens per copy)")
-        roles_seed = Seed()
+        roles_seed = seed_box()
         roles_run = gr.Button("Repeated random tokens")
     roles_note = gr.Markdown()
     roles = gr.Plot(label="head roles")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, Seed, intro, read_seed
+from tabs.common import FAST, intro, read_seed, seed_box
 from viz import playground as pg
 
 TITLE = "Attention playground"
@@ -22,7 +22,7 @@ def build():
     with gr.Row():
         seq_len = gr.Slider(1, pg.MAX_LEN, value=6, step=1, label="sequence length (tokens)")
         d_k = gr.Slider(1, pg.MAX_DK, value=8, step=1, label="d_k (query/key width)")
-        seed = Seed(label="random seed")
+        seed = seed_box("random seed")
     with gr.Row():
         mask = gr.Radio(list(pg.MASKS), value="none", label="mask")
         scale = gr.Checkbox(value=True, label="divide by √d_k")

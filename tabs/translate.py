@@ -54,7 +54,7 @@ def build() -> None:
                    view)
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
-    why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind])
+    why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
     stats = gr.Plot(label="head statistics")
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")

@@ -47,11 +47,12 @@ MAX_PATCH_CHARS = 4000  # each patching input; the model's token cap applies aft
 
 # ------------------------------------------------------------------------------------------------ layout
 def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list[int], list[str]]],
-                  layer: gr.Slider, head: gr.Dropdown, shown: list) -> dict[str, Any]:
+                  layer: gr.Slider, head: gr.Dropdown, shown: list, sink: bool = True) -> dict[str, Any]:
     """The "why does this head attend there" section under a tab's attention figure (whose ``elem_id`` is
     ``{tab}-attention``). ``sequence(state)`` gives the model name, ids and tokens of the kept Result; ``shown``
     are the controls that say what the figure draws (view, attention kind): a click counts only on a heatmap of
-    the attention that is split (``CLICKABLE``)."""
+    the attention that is split (``CLICKABLE``); ``sink`` offers the sink ablation (models that have a forward
+    ``edit``: the decoders and the classifiers)."""
     gr.Markdown(WHY_TEXT)
     with gr.Row():
         w_layer = gr.Slider(0, 1, value=0, step=1, label="layer")
@@ -61,9 +62,8 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
         run = gr.Button("Split this score")
     summary = gr.Markdown()
     fig = gr.Plot(label="the score split by residual-stream parts")
-    gr.Markdown(SINK_TEXT)
-    with gr.Row():
-        sink = gr.Button("Ablate the sink (this head may not attend to the first token)")
+    gr.Markdown(SINK_TEXT if sink else SINK_TEXT.split(" \"ablate the sink\"")[0] + ".")
+    ablate = gr.Button("Ablate the sink (this head may not attend to the first token)", visible=sink)
     sink_note = gr.Markdown()
     with gr.Accordion("the score's terms as JSON", open=False):
         table = gr.JSON(label="score, components, softmax_row")
@@ -78,9 +78,9 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
     run.click(run_state, args, [summary, fig, table], api_name=False)
     cell.change(from_cell, [cell, layer, head, w_head, *shown], [w_layer, w_head, query, key], api_name=False,
                show_progress="hidden", **FAST).then(run_state, args, [summary, fig, table], api_name=False)
-    sink.click(lambda st, lay, hd: ablate_sink(sequence, st, lay, hd), [state, w_layer, w_head], [sink_note],
-               api_name=False)
-    return {"layer": w_layer, "head": w_head, "query": query, "key": key, "summary": summary, "figure": fig}
+    ablate.click(lambda st, lay, hd: ablate_sink(sequence, st, lay, hd), [state, w_layer, w_head], [sink_note],
+                 api_name=False)
+    return {"layer": w_layer, "head": w_head, "query": query}
 
 
 def controls(layers: int, heads: int, tokens: int) -> tuple[dict, dict, dict]:
@@ -132,7 +132,9 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
                inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio) -> None:
     """The compare toggle: a second input (B) run with the tab's current settings (``run_b(text, *inputs)`` returns
     its kept state), drawn beside the first at the same layer, head and view, with B − A over the tokens they
-    share and the change per token or class. ``view_of(state)`` says what to draw (``Shown`` in ``compared``)."""
+    share and the change per token or class. ``view_of(state)`` says what to draw: ``amap`` (the AttentionMap),
+    ``values`` (per token, or per class with ``classes``), ``kind`` (the figure's title), optionally ``what`` and
+    ``unit`` (default surprisal in bits)."""
     on = gr.Checkbox(False, label="compare with a second input (B)")
     with gr.Column(visible=False) as box:
         with gr.Row():
@@ -428,7 +430,7 @@ def patched_head(cell: str, kept):
     from models.decompose import attention_scores
 
     if not kept or kept.get("sweep") != "heads":
-        raise gr.Error("Run a patching sweep by head first.")
+        raise gr.Error("Clicks open a head: run the sweep by head (layer × head) first.")
     try:
         layer, head = (int(v) for v in str(cell).split(",")[:2])
     except ValueError:
