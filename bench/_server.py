@@ -75,7 +75,8 @@ ACTIONS: list[Action] = [
     Action("playground", "playground", lambda: (6, 8, 0, "causal", True)),
     Action("generate", "generate", lambda: (PROMPT, 20), needs="gpt-tiny"),
     Action("head_roles", "head_roles", lambda: ("gpt-tiny", 50, 0), needs="gpt-tiny"),
-    Action("attention_why_gpt_tiny", "attention_why", lambda: (PATCH_CLEAN, "gpt-tiny", -1, 7, -1, 0),
+    # the last layer's last head (gpt-tiny's induction head, layer 3 head 7), last token -> the first
+    Action("attention_why_gpt_tiny", "attention_why", lambda: (PATCH_CLEAN, "gpt-tiny", -1, -1, -1, 0),
            needs="gpt-tiny"),
     Action("patch_heads_gpt_tiny_40", "patch", lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "gpt-tiny", "", "heads"),
            needs="gpt-tiny"),

@@ -276,3 +276,23 @@ def test_every_seed_input_refuses_what_no_generator_takes(client, seed) -> None:
         with pytest.raises(AppError, match=r"(?i)seed|minimum|number"):
             client.predict(*args, api_name=api)
     assert client.predict("gpt-tiny", 5, 2**64 - 1, api_name="/head_roles")[3].startswith("strongest")
+
+
+def test_attention_why_on_configured_folders_matches_transformers(configured_app) -> None:
+    """/attention_why on a Hugging Face GPT-2 folder and a BERT classifier: the terms sum to the score and the
+    softmax row is transformers' own attention for the same tokens."""
+    import torch
+    from gradio_client import Client
+    from transformers import PreTrainedTokenizerFast
+
+    url, base, refs = configured_app
+    client = Client(url, verbose=False)
+    for name in ("cli-gpt2", "my-bert"):
+        _, table = client.predict("the cat sat on the mat", name, -1, 1, -1, 0, api_name="/attention_why")
+        assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(base / name / "tokenizer.json"))
+        ids = tok("the cat sat on the mat", return_tensors="pt")["input_ids"]
+        assert len(table["tokens"]) == ids.shape[1]
+        with torch.no_grad():
+            want = refs[name](ids, output_attentions=True).attentions[-1][0, 1, -1].numpy()
+        np.testing.assert_allclose(table["softmax_row"], want, atol=1e-4)

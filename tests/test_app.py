@@ -185,8 +185,10 @@ def test_generate_bad_input(lm) -> None:
         lm.generate("hello", 4, "../../etc/passwd")
     with pytest.raises(gr.Error, match="Unknown strategy"):
         lm.generate("hello", 4, "gpt-tiny", "beam")
+    with pytest.raises(gr.Error, match="seed must be a whole number"):  # seeds are refused, not clamped
+        lm.generate("hello", 4, "gpt-tiny", "sample", 1.0, 0, 1.0, -1)
     # out-of-range decoding values are clamped, never a crash
-    *_a, notice, _html, _c, _at, _l, state, _npz = lm.generate("hello", 1000, "gpt-tiny", "sample", -3, -5, 7, -1)[:8]
+    *_a, notice, _html, _c, _at, _l, state, _npz = lm.generate("hello", 1000, "gpt-tiny", "sample", -3, -5, 7, 0)[:8]
     assert len(state["result"].steps) <= 64
     long = lm.generate("the film is " * 300, 10)  # 128 positions in the tiny model: the prompt keeps its end
     result = long[6]["result"]

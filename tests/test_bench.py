@@ -137,7 +137,8 @@ def test_helpers() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
     assert [a.name for a in select_actions("classify")] == ["classify_sst2", "classify_agnews"]
     assert {a.api for a in select_actions(None)} == {"translate", "classify", "classify_image", "swin_windows",
-                                                     "positional_encoding", "playground", "generate", "head_roles"}
+                                                     "positional_encoding", "playground", "generate", "head_roles",
+                                                     "attention_why", "patch"}
     with pytest.raises(SystemExit):
         select_actions("nope")
     assert len(SENTENCE_20.split()) == 20
