@@ -285,6 +285,10 @@ def summarise(d, tokens: list[str]) -> str:
     if d.sink_renormalised is not None and k != 0:
         lines.append(f"The first token `{tokens[0]}` takes {d.softmax_row[0]:.1%} of this row; without it, "
                      f"renormalised, key {k} would get {d.sink_renormalised[k]:.1%}.")
+    elif d.sink_renormalised is not None:
+        top = int(np.argmax(d.sink_renormalised))
+        lines.append(f"This is the first token, the usual sink: renormalised without it, the row's largest weight "
+                     f"would go to key {top} `{tokens[top]}` ({d.sink_renormalised[top]:.1%}).")
     rows = d.components(limit=MAX_TABLE_ROWS)
     table = ["| query part | key part | term |", "| --- | --- | ---: |"]
     table += [f"| {r['query_part']} | {r['key_part']} | {r['value']:+.3f} |" for r in rows]
