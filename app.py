@@ -15,11 +15,11 @@ import os
 import gradio as gr
 
 from models import limits
-from tabs import classify, generate, playground, positional, swin, translate, vision, why
+from tabs import classify, generate, lessons, playground, positional, swin, translate, vision, why
 from tabs.common import FAST, configure
 
 TITLE = "Attention Atlas"
-TABS = [translate, classify, generate, vision, swin, positional, playground]  # in the order they appear
+TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear
 CSS = """
 .intro {font-size: 1.02rem; line-height: 1.5;}
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}

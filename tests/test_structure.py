@@ -60,7 +60,7 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
         assert tab.__name__.startswith(tabs.__name__ + ".")
         assert isinstance(tab.TITLE, str) and isinstance(tab.INTRO, str) and callable(tab.build)
     assert [t.TITLE for t in app.TABS] == ["Translate", "Classify", "Generate", "Vision", "Swin windows",
-                                           "Positional encoding", "Attention playground"]
+                                           "Positional encoding", "Attention playground", "Lessons"]
 
 
 def test_app_builds_every_tab_in_order() -> None:
@@ -72,7 +72,7 @@ def test_app_builds_every_tab_in_order() -> None:
     assert labels == [t.TITLE for t in app.TABS]
     api = {d.get("api_name") for d in config["dependencies"]} - {None, False}
     assert {"translate", "classify", "generate", "head_roles", "classify_image", "swin_windows",
-            "positional_encoding", "playground", "attention_why", "patch"} <= api
+            "positional_encoding", "playground", "attention_why", "patch", "lesson", "lesson_answer"} <= api
     # the three tabs that need no trained model are drawn when the page loads
     on_load = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert len(on_load) == 3

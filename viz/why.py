@@ -138,16 +138,18 @@ def attention_difference(a: np.ndarray, b: np.ndarray, tokens_a: Sequence[str], 
     return fig.build()
 
 
-def change_bars(labels: Sequence[str], a: np.ndarray, b: np.ndarray, *, title: str, unit: str) -> go.Figure:
-    """Input A's and input B's value side by side per token or class (surprisal, probability)."""
-    names = unique_labels([shorten(x, 14) for x in labels])
+def change_bars(labels: Sequence[str], a: np.ndarray, b: np.ndarray, *, title: str, unit: str,
+                names: tuple[str, str] = ("A", "B")) -> go.Figure:
+    """Two values side by side per token or class: input A's and input B's (surprisal, probability), or two
+    methods' scores (``names``)."""
+    shown = unique_labels([shorten(x, 14) for x in labels])
     fig = Fig([
-        dict(type="bar", x=names, y=f32(np.asarray(a)), name="A", marker=dict(color="#9ecae1"),
-             hovertemplate=f"%{{x}}: %{{y:.3f}} {esc(unit)}<extra>A</extra>"),
-        dict(type="bar", x=names, y=f32(np.asarray(b)), name="B", marker=dict(color="#d62728"),
-             hovertemplate=f"%{{x}}: %{{y:.3f}} {esc(unit)}<extra>B</extra>"),
+        dict(type="bar", x=shown, y=f32(np.asarray(a)), name=esc(names[0]), marker=dict(color="#9ecae1"),
+             hovertemplate=f"%{{x}}: %{{y:.3f}} {esc(unit)}<extra>{esc(names[0])}</extra>"),
+        dict(type="bar", x=shown, y=f32(np.asarray(b)), name=esc(names[1]), marker=dict(color="#d62728"),
+             hovertemplate=f"%{{x}}: %{{y:.3f}} {esc(unit)}<extra>{esc(names[1])}</extra>"),
     ])
-    base_layout(fig, title, height=380, width=int(np.clip(28 * len(names) + 300, 500, 2400)))
+    base_layout(fig, title, height=380, width=int(np.clip(28 * len(shown) + 300, 500, 2400)))
     fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.35))
     fig.update_xaxes(tickangle=-60, type="category")
     fig.update_yaxes(title=dict(text=unit))

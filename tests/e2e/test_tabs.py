@@ -261,3 +261,33 @@ def test_why_a_head_attends_patching_and_compare(page) -> None:
     expect(panel).to_contain_text("tokens of B are shared with A", timeout=30_000)
     screenshot(page, "generate-why")
     assert page.js_errors == []
+
+
+def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
+    """Every lesson from its first step to its last, as a student: one right and one wrong prediction in each,
+    the verdict checked against the answer and the numbers the model gives (computed here over the same tiny
+    checkpoints), the figure revealed only after the prediction, progress counted."""
+    from tabs import common, lessons
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    open_tab(page, "Lessons")
+    panel = _panel(page)
+    for number, lesson in enumerate(lessons.LESSONS, 1):
+        _pick(page, "lesson", lesson.title)
+        panel.get_by_role("button", name="Start the lesson").click()
+        for step in range(1, len(lesson.steps) + 1):
+            q = lessons.question(number, step, lesson.default)
+            expect(panel).to_contain_text(f"step {step} of {len(lesson.steps)}", timeout=30_000)
+            assert not [t for t in titles(page) if "your prediction" in t]  # nothing revealed before predicting
+            wrong = next(c for c in q.choices if c != q.answer)
+            guess = wrong if step == 2 else q.answer
+            panel.get_by_label(guess, exact=True).check()
+            panel.get_by_role("button", name="Check my prediction").click()
+            expect(panel).to_contain_text("not quite" if guess == wrong else "correct", timeout=30_000)
+            expect(panel).to_contain_text(q.fact, timeout=30_000)
+            _wait_for_title(page, lambda t, g=guess: "your prediction" in t and g.split(" · ")[-1][:6] in t)
+            if step < len(lesson.steps):
+                panel.get_by_role("button", name="next step →").click()
+        expect(panel).to_contain_text(f"your score {len(lesson.steps) - 1} of {len(lesson.steps)}", timeout=30_000)
+    assert page.js_errors == []
