@@ -446,7 +446,7 @@ def l6_align(inp: str) -> Question:
     produced = r.target_tokens[row + 1] if row + 1 < len(r.target_tokens) else "</s>"
     order = [_label(src, j) for j in np.argsort(-w)]
     return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*. At step {row} it produces "
-                    f"`{esc(produced)}`. **Which English token does that step attend to most (last layer, mean of "
+                    f"“{esc(produced)}”. **Which English token does that step attend to most (last layer, mean of "
                     "heads)?**", _offer(order[:2] + order[-2:], _label(src, best)), _label(src, best),
                     f"{_label(src, best)} gets {w[best]:.2f} of step {row}'s cross-attention",
                     "Cross-attention lets each decoder step read the whole English sentence and pick what it needs. "
@@ -465,8 +465,8 @@ def l6_beam(inp: str) -> Question:
     answer = choices[2] if len(first.scores) == 1 else choices[0] if r.chosen[0] == best else choices[1]
     return Question("Beam search keeps the 5 best partial translations at every step. **Was the translation it "
                     "finally chose already the best one after the first word?**", choices, answer,
-                    f"after step 0 the best hypothesis was `{first.tokens[best]}`; the chosen one began with "
-                    f"`{first.tokens[r.chosen[0]]}`",
+                    f"after step 0 the best hypothesis was “{first.tokens[best]}”; the chosen one began with "
+                    f"“{first.tokens[r.chosen[0]]}”",
                     "A greedy decoder commits to the best first word. Beam search keeps alternatives alive, so a "
                     "weaker start can still win on the whole sentence.",
                     lambda p: _mark(vt.beam_tree(r.beam, r.chosen, title="Beam search (beam size 5)"), p))
@@ -480,7 +480,7 @@ def l6_greedy(inp: str) -> Question:
     choices = ["the same translation", "a different translation", "no translation at all"]
     answer = choices[2] if not greedy.text else choices[0] if greedy.text == beam.text else choices[1]
     return Question(f"Beam search (5) gives *{esc(beam.text)}*. **What does greedy search (beam 1) give?**", choices,
-                    answer, f"greedy: *{greedy.text}*",
+                    answer, f"greedy: “{greedy.text}”",
                     "Greedy search takes the most likely word at every step, and on short captions it often agrees "
                     "with beam search. Where it does not, beam search found a sentence more likely as a whole.",
                     lambda p: _mark(vt.cross_alignment(greedy.attention["cross"].weights, greedy.target_tokens,
@@ -697,7 +697,8 @@ def verdict(q: Question, answer: str) -> tuple[bool, str]:
     if answer not in q.choices:
         raise gr.Error(f"{str(answer)[:60]!r} is not one of the choices: " + "; ".join(q.choices))
     right = answer == q.answer
-    return right, ("**correct**" if right else f"**not quite**: the numbers say *{esc(q.answer)}*") + f" — {q.fact}."
+    said = "**correct**" if right else f"**not quite**: the numbers say *{esc(q.answer)}*"
+    return right, f"{said} — {esc(q.fact)}."
 
 
 def lesson_api(number: int = 1, step: int = 1, input: str = "") -> tuple[str, dict | None, list[str]]:
@@ -825,7 +826,8 @@ def export_lesson(title: str, text: str, progress: dict | None) -> str:
 
 
 def _md(text: str) -> str:
-    """The little Markdown the step texts use (**bold**, *italic*, `code`) as HTML, everything else escaped."""
+    """The little Markdown the step texts use (**bold**, *italic*, `code`) as HTML (what came from the input is
+    escaped where the text is made)."""
     out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)  # the step texts escape what came from the input
     out = re.sub(r"\*(.+?)\*", r"<i>\1</i>", out)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
