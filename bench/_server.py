@@ -82,6 +82,9 @@ ACTIONS: list[Action] = [
            needs="gpt-tiny"),
     Action("patch_positions_gpt_tiny_40", "patch",
            lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "gpt-tiny", "", "positions"), needs="gpt-tiny"),
+    # a lesson page (lesson 4, step 2: its question) and a reveal (step 3, a fixed choice list), over gpt-tiny
+    Action("lesson", "lesson", lambda: (4, 2, "0"), needs="gpt-tiny"),
+    Action("lesson_answer", "lesson_answer", lambda: (4, 3, "on the second copy", "0"), needs="gpt-tiny"),
 ]
 
 

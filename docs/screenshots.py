@@ -61,6 +61,25 @@ def why_shots(page, panel, shot) -> None:
     shot("generate-why", 1900, y=_top(page, panel().get_by_text("Why does this head attend there?")) - 20)
 
 
+def lesson_shots(page, panel, tab, shot) -> None:
+    """Two lessons: induction heads (a right prediction revealed) and attention sinks (a wrong one)."""
+    tab("Lessons")
+    for title, step, pick_answer, name in (("4 · Previous-token and induction heads", 2, True, "lesson-induction"),
+                                           ("5 · Attention sinks", 2, False, "lesson-sink")):
+        panel().get_by_label("lesson").click()
+        page.get_by_role("option", name=title, exact=True).click()
+        panel().get_by_role("button", name="Start the lesson").click()
+        panel().get_by_text("step 1 of").wait_for(timeout=60_000)
+        for _ in range(step - 1):
+            panel().get_by_role("button", name="next step →").click()
+        panel().get_by_text(f"step {step} of").wait_for(timeout=60_000)
+        options = panel().get_by_role("radio")
+        options.nth(options.count() - 1 if pick_answer else 0).check()
+        panel().get_by_role("button", name="Check my prediction").click()
+        page.wait_for_timeout(3000)
+        shot(name, 1500)
+
+
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
@@ -126,6 +145,7 @@ def main() -> None:
             tab("Attention playground")
             wait_for_plots(page, 2, timeout=60_000)
             shot("attention-playground", 1500)
+            lesson_shots(page, panel, tab, shot)
             browser.close()
     finally:
         proc.terminate()

@@ -85,7 +85,7 @@ def test_actions_of_a_missing_checkpoint_are_left_out(tmp_path: Path) -> None:
 
     kept, missing = available(ACTIONS, tmp_path)  # no gpt-tiny there
     needs_lm = ["generate", "head_roles", "attention_why_gpt_tiny", "patch_heads_gpt_tiny_40",
-                "patch_positions_gpt_tiny_40"]
+                "patch_positions_gpt_tiny_40", "lesson", "lesson_answer"]
     assert missing == needs_lm and len(kept) == len(ACTIONS) - len(needs_lm)
     (tmp_path / "gpt-tiny").mkdir()
     (tmp_path / "gpt-tiny" / "config.json").write_text("{}")
@@ -138,7 +138,7 @@ def test_helpers() -> None:
     assert [a.name for a in select_actions("classify")] == ["classify_sst2", "classify_agnews"]
     assert {a.api for a in select_actions(None)} == {"translate", "classify", "classify_image", "swin_windows",
                                                      "positional_encoding", "playground", "generate", "head_roles",
-                                                     "attention_why", "patch"}
+                                                     "attention_why", "patch", "lesson", "lesson_answer"}
     with pytest.raises(SystemExit):
         select_actions("nope")
     assert len(SENTENCE_20.split()) == 20
