@@ -178,11 +178,11 @@ def entropy_figure(curves: dict[str, np.ndarray], current_dk: int | None = None)
     fig.add_trace(dict(type="scatter", x=d, y=np.round(curves["max"], 4), mode="lines", name="uniform (log T)",
                        line={"color": "grey", "dash": "dot"}))
     if current_dk:
-        # Shapes on a log axis take log10 of the data value. The label sits at the line's top, to its left.
-        x = float(np.log10(current_dk))
-        fig.add_vline(x=x, line={"color": "black", "dash": "dash", "width": 1})
-        fig.add_annotation(text=f"d_k = {current_dk}", x=x, xref="x", y=1, yref="y domain", xanchor="right",
-                           yanchor="top", showarrow=False)
+        # On a log axis a shape takes the data value, an annotation its log10 (plotly.js 3; a browser test reads
+        # both positions back). The label sits at the line's top, to its left.
+        fig.add_vline(x=float(current_dk), line={"color": "black", "dash": "dash", "width": 1})
+        fig.add_annotation(text=f"d_k = {current_dk}", x=float(np.log10(current_dk)), xref="x", y=1, yref="y domain",
+                           xanchor="right", yanchor="top", showarrow=False)
     base_layout(fig, "Why divide by √d_k: softmax entropy vs d_k (random q, k)", height=360)
     grid = {"showgrid": True, "gridcolor": "#eee"}
     fig.update_layout(

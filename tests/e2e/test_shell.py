@@ -47,3 +47,20 @@ def test_playground_draws_and_redraws(page) -> None:
         assert sum(row) == pytest.approx(1.0, abs=5e-3)
     screenshot(page, "playground-causal")
     assert page.js_errors == []
+
+
+def test_entropy_chart_marks_d_k_where_the_axis_has_it(page) -> None:
+    """The dashed d_k line and its label sit at d_k on the log axis (they once sat at log10(d_k): 8 left of 1)."""
+    open_tab(page, "Attention playground")
+    wait_for_plots(page, 2)
+    for _ in range(100):  # the page-load draw lands asynchronously
+        where = page.evaluate("""() => { const el = [...document.querySelectorAll('.js-plotly-plot')]
+              .find(e => e.offsetParent && (e._fullLayout.shapes || []).length);
+            if (!el) return null;
+            const xa = el._fullLayout.xaxis, line = el.querySelector('.shapelayer path').getBoundingClientRect();
+            const label = el.querySelector('.annotation').getBoundingClientRect(), box = el.getBoundingClientRect();
+            return {line: line.left - box.left, label: label.right - box.left, want: xa._offset + xa.d2p(8)}; }""")
+        if where:
+            break
+        page.wait_for_timeout(100)
+    assert where and abs(where["line"] - where["want"]) < 3 and abs(where["label"] - where["want"]) < 12, where
