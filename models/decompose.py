@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.positional import apply_rope
+
 BIAS = "bias"
 
 
@@ -137,9 +139,7 @@ class Attn:
 
 
 def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
-    from models.gpt import rotate
-
-    return rotate(x, angles.double(), layout)
+    return apply_rope(x, angles.double(), layout)
 
 
 def _smeared(attn: Attn, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:

@@ -52,7 +52,7 @@ from models.attention import (
     scaled_dot_product,
 )
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
-from models.positional import rope_angles
+from models.positional import ROPE_LAYOUTS, apply_rope, rope_angles
 
 RECIPES = ("llama", "gpt2")
 STRATEGIES = ("greedy", "sample")
@@ -90,7 +90,7 @@ class GPTConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        if self.rope_layout not in ("interleaved", "half"):
+        if self.rope_layout not in ROPE_LAYOUTS:
             raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
         if not 0 <= self.smear_from < self.n_layers:
             raise ValueError(f"smear_from={self.smear_from} is not a layer of {self.n_layers}")
@@ -123,18 +123,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = x.float()
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-def rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
-    """RoPE on x (B, H, T, d) with angles (T, d/2): pairs (2i, 2i+1) ("interleaved", RoFormer eq. 34) or
-    (i, i + d/2) ("half", the layout of Hugging Face's LLaMA weights)."""
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    if layout == "interleaved":
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 class HeadScale(nn.Module):
@@ -183,7 +171,7 @@ class CausalSelfAttention(nn.Module):
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
         if angles is not None:  # angles of the T new positions, after any cached ones
-            q, k = rotate(q, angles, c.rope_layout), rotate(k, angles, c.rope_layout)
+            q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
         if self.smear is not None:
             k = self._smear(k, cache)
         if cache is not None:

@@ -74,15 +74,24 @@ def rope_angles(n_positions: int, d_head: int, base: float = 10000.0, offset: in
     return (pos[:, None] * theta[None, :]).float()
 
 
-def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
-    """Rotate consecutive pairs (x_{2i}, x_{2i+1}) of the last axis by ``angles`` (RoFormer eq. 34).
+ROPE_LAYOUTS = ("interleaved", "half")
 
-    x: (..., T, d); angles: (T, d/2). Returns the rotated x, same shape and dtype.
+
+def apply_rope(x: Tensor, angles: Tensor, layout: str = "interleaved") -> Tensor:
+    """Rotate pairs of the last axis of x (..., T, d) by ``angles`` (T, d/2), the one RoPE of the project.
+
+    ``layout`` pairs (x_{2i}, x_{2i+1}) ("interleaved", RoFormer eq. 34, this project's models) or (x_i, x_{i+d/2})
+    ("half", the rotate-half layout of Hugging Face's LLaMA weights). Returns the rotated x, same shape and dtype.
     """
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, d/2)
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2)
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, d/2, 2)
-    return out.flatten(-2)
+    if layout == "interleaved":
+        x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2)
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (..., T, d/2, 2) -> d
+    if layout != "half":
+        raise ValueError(f"RoPE layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 def rope_demo(n_positions: int, d_model: int, pair: int, seed: int = 0) -> tuple[Tensor, Tensor]:

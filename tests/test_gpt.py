@@ -131,7 +131,7 @@ def test_smeared_keys_mix_each_key_with_its_predecessor(weight: float) -> None:
         ids = torch.randint(3, 64, (1, 9))
         got = model(ids, need_weights=True).attention[0][0].numpy()
         x = model.blocks[0].norm1(model.embed(ids))[0]
-        from models.gpt import rotate
+        from models.positional import apply_rope as rotate
 
         angles = model.angles[:9]
         q = rotate(attn.q_proj(x).view(9, 4, 8).transpose(0, 1), angles, c.rope_layout).numpy()
@@ -172,7 +172,7 @@ def test_query_key_biases_alone_make_a_previous_token_head() -> None:
     model = GPT(c).eval()
     attn = model.blocks[0].attn
     assert attn.o_proj.bias is None and GPT(LLAMA).blocks[0].attn.k_proj.bias is None
-    from models.gpt import rotate
+    from models.positional import apply_rope as rotate
     from models.positional import rope_angles
 
     key = torch.ones(1, 4, 1, 8)

@@ -293,7 +293,8 @@ def test_text_copy_rows_repeat_short_documents_and_weigh_every_target() -> None:
 
 
 def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp_path: Path) -> None:
-    from models.gpt import GPT, GPTConfig, rotate
+    from models.gpt import GPT, GPTConfig
+    from models.positional import apply_rope as rotate
     from models.positional import rope_angles
 
     torch.manual_seed(0)

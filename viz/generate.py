@@ -39,7 +39,8 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
         t = val / top
         r, g, b = int(255 - 75 * t), int(255 - 230 * t), int(255 - 225 * t)  # white → dark red
         fg = "#fff" if t > 0.6 else "#111"
-        style = f"background:rgb({r},{g},{b});color:{fg};padding:1px 2px;border-radius:3px;white-space:pre"
+        # pre-wrap: a token keeps its spaces, and the text still wraps at them (pre never wrapped: one long line)
+        style = f"background:rgb({r},{g},{b});color:{fg};padding:1px 2px;border-radius:3px;white-space:pre-wrap"
         if i >= prompt_len:
             style += ";border-bottom:3px solid #3182bd"
         if i >= upto:
@@ -51,7 +52,8 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
     legend = ('<div style="margin-top:8px;font-size:0.8em;color:#555">surprisal: white 0 bits &rarr; dark red '
               f'{top:.1f} bits · <span style="border-bottom:3px solid #3182bd">underlined</span> = generated</div>')
     head = f'<div style="font-weight:600;margin-bottom:6px">{html.escape(title)}</div>' if title else ""
-    return (f'<div class="atlas-generation" style="font-size:1.1em;line-height:2.1;font-family:sans-serif">'
+    return (f'<div class="atlas-generation" style="font-size:1.1em;line-height:2.1;font-family:sans-serif;'
+            f'overflow-wrap:anywhere">'
             f'{head}<div>{"".join(spans)}</div>{legend}</div>')
 
 
