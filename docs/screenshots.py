@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import app_env, free_port, wait_until_serving  # noqa: E402
 from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
-from tests.e2e.helpers import wait_for_plots  # noqa: E402
+from tests.e2e.helpers import click_cell, wait_for_plots  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 
@@ -34,16 +34,6 @@ def generate_shots(page, panel, tab, shot) -> None:
     why_shots(page, panel, shot)
 
 
-def _click_cell(page, elem_id: str, row: int, col: int) -> None:
-    """Click cell (row, col) of the heatmap in #elem_id where Plotly's own axes place it."""
-    page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed()
-    x, y = page.evaluate("""([id, row, col]) => {
-        const el = document.querySelector('#' + id + ' .js-plotly-plot');
-        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
-        return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)]; }""", [elem_id, row, col])
-    page.mouse.click(x, y)
-
-
 def _top(page, locator) -> float:
     return locator.bounding_box()["y"] + page.evaluate("window.scrollY")
 
@@ -53,7 +43,7 @@ def why_shots(page, panel, shot) -> None:
     panel().get_by_role("button", name="Induction example: first copy replaced").click()
     panel().get_by_text("The strongest single patch").wait_for(timeout=120_000)
     page.wait_for_timeout(1000)
-    _click_cell(page, "generate-patch", 3, 7)  # layer 3, head 7: the induction head
+    click_cell(page, "generate-patch", 3, 7)  # layer 3, head 7: the induction head
     panel().get_by_text("Layer 3, head 7: query").first.wait_for(timeout=120_000)
     shot("generate-patching", 2300, y=_top(page, panel().get_by_text("Does it matter? Activation patching")) - 20)
     panel().get_by_role("button", name="Split this score").click()

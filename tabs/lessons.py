@@ -583,13 +583,19 @@ def _l8_text(inp: str) -> str:
     return (inp or "").strip()[:2000] or _most_disagreeing()
 
 
+def _both(att, ig) -> go.Figure:
+    from viz import why as vw
+
+    return vw.change_bars(ig.tokens, att.values, ig.values, names=("attention", "integrated gradients"),
+                          title="Attention and integrated gradients per token", unit="score")
+
+
 def _top(attr) -> int:
     v = np.where(attr.special, -np.inf, attr.values)
     return int(np.argmax(v))
 
 
 def l8_ig_top(inp: str) -> Question:
-    from viz import why as vw
 
     text = _l8_text(inp)
     att, ig, *_ = _explained(text)
@@ -604,10 +610,7 @@ def l8_ig_top(inp: str) -> Question:
                     f"({ig.values[best]:+.2f}); attention ranks {_label(att.tokens, _top(att))} first",
                     "Integrated gradients adds up how the answer's logit changes along a path from a blank input to "
                     "this one, token by token. Attention only says where a layer looked.",
-                    lambda p: _mark(vw.change_bars(ig.tokens, att.values, ig.values, names=("attention",
-                                                                                            "integrated gradients"),
-                                                   title="Attention and integrated gradients per token", unit="score"),
-                                    p))
+                    lambda p: _mark(_both(att, ig), p))
 
 
 def l8_deletion(inp: str) -> Question:
@@ -629,7 +632,6 @@ def l8_deletion(inp: str) -> Question:
 
 
 def l8_agree(inp: str) -> Question:
-    from viz import why as vw
 
     text = _l8_text(inp)
     att, ig, *_ = _explained(text)
@@ -640,10 +642,7 @@ def l8_agree(inp: str) -> Question:
                     f"{_label(ig.tokens, _top(ig))}",
                     "Where they disagree, the deletion curve says which to believe. Attention is a useful picture of "
                     "the computation, not a measurement of what the answer depends on.",
-                    lambda p: _mark(vw.change_bars(ig.tokens, att.values, ig.values, names=("attention",
-                                                                                            "integrated gradients"),
-                                                   title="Attention and integrated gradients per token", unit="score"),
-                                    p))
+                    lambda p: _mark(_both(att, ig), p))
 
 
 LESSONS = [

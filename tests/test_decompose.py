@@ -156,22 +156,11 @@ def _check_against(model, ids: list[int], reference: np.ndarray) -> None:
 
 def test_hugging_face_gpt2_and_llama_folders_against_transformers(tmp_path) -> None:
     """Folders written by transformers: the split's softmax row is transformers' own attention."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import models
-    from tests.tiny import tiny_gpt2_folder
+    from tests.tiny import tiny_gpt2_folder, tiny_llama_folder
 
     ids = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12]
-    hf_gpt2 = tiny_gpt2_folder(tmp_path / "gpt2")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0,
-                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
-    cfg._attn_implementation = "eager"
-    hf_llama = LlamaForCausalLM(cfg).eval()
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "tokenizer.json").write_bytes((tmp_path / "gpt2" / "tokenizer.json").read_bytes())
-    hf_llama.save_pretrained(tmp_path / "llama")
+    hf_gpt2, hf_llama = tiny_gpt2_folder(tmp_path / "gpt2"), tiny_llama_folder(tmp_path / "llama")
     for folder, hf in (("gpt2", hf_gpt2), ("llama", hf_llama)):
         with torch.no_grad():
             reference = torch.stack(hf(torch.tensor([ids]), output_attentions=True).attentions, 1)[0].numpy()

@@ -291,21 +291,10 @@ def test_ablation_and_logit_lens() -> None:
 def test_llama_folder_matches_transformers(tmp_path: Path) -> None:
     """A LLaMA-family folder (grouped-query attention, rotate-half RoPE, untied output) written by
     transformers gives LlamaForCausalLM's logits and attention, and its greedy tokens."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import models
-    from tests.tiny import tiny_gpt2_folder
+    from tests.tiny import tiny_llama_folder
 
-    tiny_gpt2_folder(tmp_path / "tok")  # borrow a tokenizer.json (the tokens do not matter here)
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "tokenizer.json").write_bytes((tmp_path / "tok" / "tokenizer.json").read_bytes())
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0,
-                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
-    cfg._attn_implementation = "eager"
-    hf = LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(tmp_path / "llama")
+    hf = tiny_llama_folder(tmp_path / "llama")
     ours = models.load(str(tmp_path / "llama"))
     assert ours.config.kv_heads == 2 and ours.config.rope_layout == "half" and ours.config.bos_id == 0
     ids = torch.tensor([[5, 17, 33, 2, 40, 41, 7, 9, 11, 12]])

@@ -140,6 +140,26 @@ def tiny_gpt2_folder(folder: Path):
     return hf
 
 
+def tiny_llama_folder(folder: Path):
+    """A small random LLaMA (grouped-query attention, rotate-half RoPE, untied output) written by transformers into
+    ``folder``, with a borrowed byte-level tokenizer.json (the tokens do not matter); returns transformers' model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    borrowed = folder.parent / f"{folder.name}-tokenizer"
+    tiny_gpt2_folder(borrowed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_bytes((borrowed / "tokenizer.json").read_bytes())
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rope_theta=500.0,
+                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder)
+    return model
+
+
 def tiny_bert_classifier_folder(folder: Path, labels: tuple[str, ...] = ("negative", "neutral", "positive")):
     """A small random BertForSequenceClassification written by transformers with the tiny WordPiece
     tokenizer.json, its head scaled so the probabilities are far from uniform. Returns the model."""

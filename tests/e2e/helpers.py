@@ -71,3 +71,14 @@ def titles(page) -> list[str]:
         f"""() => {_DRAWN}.map(e => (e._fullLayout.title && e._fullLayout.title.text)
               || ((e._fullLayout.annotations || [])[0] || {{}}).text || '')"""
     )
+
+
+def click_cell(page, elem_id: str, row: int, col: int) -> None:
+    """Click the centre of cell (row, col) of the heatmap inside #elem_id, placed by Plotly's own axes."""
+    page.wait_for_timeout(500)  # a figure that was just replaced settles first
+    page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed()
+    x, y = page.evaluate("""([id, row, col]) => {
+        const el = document.querySelector('#' + id + ' .js-plotly-plot');
+        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
+        return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)]; }""", [elem_id, row, col])
+    page.mouse.click(x, y)

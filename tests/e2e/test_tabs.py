@@ -10,6 +10,7 @@ from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
 from .helpers import (
+    click_cell,
     clipped_figures,
     figures,
     open_tab,
@@ -207,17 +208,6 @@ def test_generate_tab(page) -> None:
     assert page.js_errors == []
 
 
-def _click_cell(page, elem_id: str, row: int, col: int) -> None:
-    """Click the centre of cell (row, col) of the heatmap inside #elem_id, placed by Plotly's own axes."""
-    page.wait_for_timeout(500)  # a figure that was just replaced settles first
-    page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed()
-    x, y = page.evaluate("""([id, row, col]) => {
-        const el = document.querySelector('#' + id + ' .js-plotly-plot');
-        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
-        return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)]; }""", [elem_id, row, col])
-    page.mouse.click(x, y)
-
-
 def test_why_a_head_attends_patching_and_compare(page) -> None:
     """Generate, then: click a cell of one head's heatmap and see its score split (the terms sum to the score in
     the title, the row's softmax is the clicked row); run the patching sweep and click a head; compare two inputs."""
@@ -232,7 +222,7 @@ def test_why_a_head_attends_patching_and_compare(page) -> None:
     wait_for_change(page, before)
     attention = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Decoder self-attention"))
     n = len(attention[0]["z"])
-    _click_cell(page, "generate-attention", n - 1, 2)
+    click_cell(page, "generate-attention", n - 1, 2)
     _wait_for_title(page, lambda t: t.startswith("Why layer"))
     expect(panel).to_contain_text(f"query {n - 1}", timeout=30_000)
     expect(panel).to_contain_text("→ key 2", timeout=30_000)
@@ -251,7 +241,7 @@ def test_why_a_head_attends_patching_and_compare(page) -> None:
     _wait_for_title(page, lambda t: t.startswith("Activation patching"))
     sweep = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Activation patching"))
     layers = len(sweep[0]["z"])
-    _click_cell(page, "generate-patch", layers - 1, 1)
+    click_cell(page, "generate-patch", layers - 1, 1)
     _wait_for_title(page, lambda t: t.startswith(f"Clean input · layer {layers - 1} · head 1"))
 
     panel.get_by_label("compare with a second input (B)").check()
