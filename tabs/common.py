@@ -7,6 +7,7 @@ first request that needs a model imports it (docs/ARCHITECTURE.md §2).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import tempfile
@@ -37,6 +38,14 @@ EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXA
 DOWNLOADS = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio") / "attention-atlas"
 MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
 HEADS_DEFAULT = ["mean", "max"]
+class Error(gr.Error):
+    """gr.Error with its message shown as text: Gradio renders an error's message as HTML, so a model name, a
+    token or a library's "<urlopen error ...>" in it would be eaten or interpreted. Every handler raises this."""
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(html.escape(str(message), quote=False), **kw)
+
+
 VIEWS = ["heatmap", "head view", "model view"]
 # Figure-only events (no model run) share their own small pool, so they never wait behind model calls.
 FAST = {"concurrency_limit": 4, "concurrency_id": "figures"}
@@ -223,7 +232,7 @@ def get_model(name: str, progress: Any = None) -> Any:
     try:
         return MODELS.get(name, progress)
     except ModelUnavailable as err:
-        raise gr.Error(str(err), duration=None) from None
+        raise Error(str(err), duration=None) from None
 
 
 @cache
@@ -284,7 +293,7 @@ def read_text(text: str | None) -> str:
     """The text a handler works on: stripped, capped at MAX_TEXT_CHARS; empty text is refused."""
     text = (text or "").strip()
     if not text:
-        raise gr.Error("Please type some text first.")
+        raise Error("Please type some text first.")
     return text[:MAX_TEXT_CHARS]
 
 
@@ -302,7 +311,7 @@ def read_seed(seed: Any) -> int:
     refused in words (a seed of 2⁷⁰ used to reach torch and fail there)."""
     if seed is None or seed == "":
         return 0
-    refuse = gr.Error(f"The seed must be a whole number from 0 to 2⁶⁴ − 1 ({MAX_SEED}), got {str(seed)[:40]}.")
+    refuse = Error(f"The seed must be a whole number from 0 to 2⁶⁴ − 1 ({MAX_SEED}), got {str(seed)[:40]}.")
     if isinstance(seed, bool):
         raise refuse
     if isinstance(seed, int):
@@ -384,7 +393,7 @@ def method_id(choice: str | None) -> str:
     for key, shown in EXPLANATIONS.items():
         if choice in (key, shown):
             return key
-    raise gr.Error(f"Unknown explanation {choice!r}; choose one of {', '.join(EXPLANATIONS)}.")
+    raise Error(f"Unknown explanation {choice!r}; choose one of {', '.join(EXPLANATIONS)}.")
 
 
 def target_index(target: str | None, labels: list[str]) -> int | None:
@@ -396,7 +405,7 @@ def target_index(target: str | None, labels: list[str]) -> int | None:
         if target.lower() == str(label).lower():
             return i
     shown = ", ".join(labels[:12]) + (", …" if len(labels) > 12 else "")
-    raise gr.Error(f"Unknown class {target!r}; this model's classes are {shown}.")
+    raise Error(f"Unknown class {target!r}; this model's classes are {shown}.")
 
 
 IG_TOKEN_BUDGET = 2048  # integrated-gradients steps × tokens per request: 32 steps up to 64 tokens, 8 at 256
@@ -426,7 +435,7 @@ def attribute(state: dict, method: str, progress: Any = None):
             try:
                 cache[chosen] = explain(net, state["input"], chosen, target=state["target"], steps=steps)
             except ValueError as err:
-                raise gr.Error(str(err)) from None
+                raise Error(str(err)) from None
         cache[method] = cache[chosen]
     return cache[method]
 

@@ -15,6 +15,7 @@ from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
+    Error,
     attention_figure,
     controls_for,
     get_model,
@@ -175,10 +176,10 @@ def _model(name: str | None, progress=None):
     name = name or DEFAULT
     choices = decoder_models()
     if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
-        raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
+        raise Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
     if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
-        raise gr.Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
+        raise Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
                        f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
                        "with `python app.py --model DIR`.", duration=None)
     report = None if progress is None else (lambda done, text: progress(done, desc=text))
@@ -193,7 +194,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     seed = read_seed(seed)
     net = _model(model, progress)
     if strategy not in ("greedy", "sample"):
-        raise gr.Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
+        raise Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
     new = max(1, min(int(max_new_tokens or 1), limits.MAX_NEW_TOKENS))
     temperature = float(np.clip(float(temperature or 1.0), 0.05, MAX_TEMPERATURE))
     top_k = int(np.clip(int(top_k or 0), 0, MAX_TOP_K))
@@ -254,7 +255,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
 def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     """The next-token distribution with one head switched off, against the full model's."""
     if not state:
-        raise gr.Error("Generate a continuation first.")
+        raise Error("Generate a continuation first.")
     import torch
 
     result = state["result"]

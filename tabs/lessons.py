@@ -23,7 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from examples import sentences
-from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, get_model, read_seed
+from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, get_model, read_seed
 from viz import attention as va
 from viz.common import esc
 
@@ -670,9 +670,9 @@ def _lesson(number) -> Lesson:
     try:
         n = int(number)
     except (TypeError, ValueError, OverflowError):
-        raise gr.Error(f"The lesson must be a number from 1 to {len(LESSONS)}, got {str(number)[:40]!r}.") from None
+        raise Error(f"The lesson must be a number from 1 to {len(LESSONS)}, got {str(number)[:40]!r}.") from None
     if not 1 <= n <= len(LESSONS):
-        raise gr.Error(f"There are {len(LESSONS)} lessons (1–{len(LESSONS)}); got {n}.")
+        raise Error(f"There are {len(LESSONS)} lessons (1–{len(LESSONS)}); got {n}.")
     return LESSONS[n - 1]
 
 
@@ -682,19 +682,19 @@ def question(number, step, text: str = "") -> Question:
     try:
         s = int(step)
     except (TypeError, ValueError, OverflowError):
-        raise gr.Error(f"The step must be a number, got {str(step)[:40]!r}.") from None
+        raise Error(f"The step must be a number, got {str(step)[:40]!r}.") from None
     if not 1 <= s <= len(lesson.steps):
-        raise gr.Error(f"Lesson {number} has {len(lesson.steps)} steps (1–{len(lesson.steps)}); got {s}.")
+        raise Error(f"Lesson {number} has {len(lesson.steps)} steps (1–{len(lesson.steps)}); got {s}.")
     inp = lesson.default if text is None or not str(text).strip() else str(text)[:2000]
     try:
         return lesson.steps[s - 1](inp)
     except ValueError as err:
-        raise gr.Error(f"This input does not work for the step: {err}") from None
+        raise Error(f"This input does not work for the step: {err}") from None
 
 
 def verdict(q: Question, answer: str) -> tuple[bool, str]:
     if answer not in q.choices:
-        raise gr.Error(f"{str(answer)[:60]!r} is not one of the choices: " + "; ".join(q.choices))
+        raise Error(f"{str(answer)[:60]!r} is not one of the choices: " + "; ".join(q.choices))
     right = answer == q.answer
     said = "**correct**" if right else f"**not quite**: the numbers say *{esc(q.answer)}*"
     return right, f"{said} — {esc(q.fact)}."
@@ -787,7 +787,7 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
 def answer_step(title: str, step: int, text: str, answer: str | None, progress: dict | None):
     """Judge the prediction by the numbers, reveal the figure with it marked, and keep the first answer."""
     if not answer:
-        raise gr.Error("Pick a prediction first: the figure is revealed after you commit to one.")
+        raise Error("Pick a prediction first: the figure is revealed after you commit to one.")
     number = _number(title)
     q = question(number, step, text)
     right, words = verdict(q, answer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, intro, read_seed, seed_box
+from tabs.common import FAST, Error, intro, read_seed, seed_box
 from viz import playground as pg
 
 TITLE = "Attention playground"
@@ -42,7 +42,7 @@ def playground(seq_len: int = 6, d_k: int = 8, seed: int = 0, mask: str = "none"
     try:
         steps = pg.compute_steps(seq_len=seq_len, d_k=d_k, seed=read_seed(seed), mask=mask, scale=scale)
     except ValueError as err:
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     curves = pg.entropy_vs_dk(seq_len=int(seq_len))
     summary = (
         f"Scale factor: **{steps.scale:.4g}** · mean softmax entropy **{steps.entropy.mean():.3f}** nats "

@@ -13,6 +13,7 @@ from tabs.common import (
     EXPLANATIONS,
     FAST,
     IMAGENET,
+    Error,
     attribute,
     configured,
     controls_for,
@@ -95,10 +96,10 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     """Classify an image; return the top classes, attention laid over what the model saw and the chosen
     explanation toward the target class (the predicted one by default)."""
     if not image:
-        raise gr.Error("Please upload an image or pick an example.")
+        raise Error("Please upload an image or pick an example.")
     choices = [*MODELS, *configured("vision")]
     if model not in choices:  # the API accepts any string: never turn it into a path
-        raise gr.Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
+        raise Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
     method = method_id(explanation)
     name = IMAGENET.get(model, model)
     # the ImageNet weights download on first use where the network allows (torchvision's progress bar shows)
@@ -106,7 +107,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     try:
         result = net.classify(image)
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     n_layers, n_heads = _depth(result)
     layer_u, head_u = controls_for(n_layers, n_heads)
     if result.attention:

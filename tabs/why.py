@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, get_model, read_text
+from tabs.common import FAST, Error, get_model, read_text
 from viz import attention as va
 from viz import why as vw
 from viz.common import esc
@@ -167,7 +167,7 @@ def compared(view_of, state_a, state_b, layer, head, view):
     from tabs.common import attention_figure, parse_head
 
     if not state_a:
-        raise gr.Error("Run the first input (A) first: B is compared with it.")
+        raise Error("Run the first input (A) first: B is compared with it.")
     a, b = view_of(state_a), view_of(state_b)
     amap_a, amap_b = a["amap"], b["amap"]
     layer = min(int(layer), amap_a.layers - 1, amap_b.layers - 1)
@@ -217,7 +217,7 @@ def _model_for(name: str):
 
     names = [*generate.decoder_models(), *classify.CHECKPOINTS, *classify.configured("classify"), translate.MODEL]
     if name not in names:
-        raise gr.Error(f"Unknown model {name!r}; choose one of {', '.join(names)}.")
+        raise Error(f"Unknown model {name!r}; choose one of {', '.join(names)}.")
     return get_model(name)
 
 
@@ -227,7 +227,7 @@ def encode(net, text: str) -> tuple[list[int], list[str], str]:
         ids, tokens = net.encode_prompt(text)
         limit = net.context_limit()
         if not ids:
-            raise gr.Error("The text has no tokens.")
+            raise Error("The text has no tokens.")
         if len(ids) > limit:  # keep the start: BOS and the first tokens, as a reader would
             return ids[:limit], tokens[:limit], f"Input shortened to its first {limit} tokens (it had {len(ids)})."
         return ids, tokens, ""
@@ -242,11 +242,11 @@ def _index(value, n: int, name: str) -> int:
     try:
         i = int(value)
     except (TypeError, ValueError, OverflowError):
-        raise gr.Error(f"The {name} must be a whole number, got {value!r}.") from None
+        raise Error(f"The {name} must be a whole number, got {value!r}.") from None
     if i < 0:
         i += n
     if not 0 <= i < n:
-        raise gr.Error(f"The {name} {value} is outside 0..{n - 1}.")
+        raise Error(f"The {name} {value} is outside 0..{n - 1}.")
     return i
 
 
@@ -262,7 +262,7 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     try:
         d = decompose_score(net, ids, layer, head, query, key)
     except ValueError as err:
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
              + (f" · {name}" if name else ""))
     fig = vw.score_decomposition(d.table, d.parts, d.row, d.softmax_row, tokens, query, key,
@@ -298,7 +298,7 @@ def summarise(d, tokens: list[str]) -> str:
 def explain(sequence, state, layer, head, query, key):
     """The section's button and heatmap clicks: decompose over the tab's kept input."""
     if not state:
-        raise gr.Error("Run the model first: the score is split on the tab's current input.")
+        raise Error("Run the model first: the score is split on the tab's current input.")
     name, ids, tokens = sequence(state)
     net = get_model(name)
     return why(net, ids, tokens, layer, head, query, key, name)
@@ -307,11 +307,11 @@ def explain(sequence, state, layer, head, query, key):
 def from_cell(cell: str, layer, head, w_head, *shown):
     """A clicked heatmap cell "query,key": the section takes the figure's layer and head (when one head is shown)."""
     if any(value not in CLICKABLE for value in shown):
-        raise gr.Error("Clicks are read on the heatmap view (of the encoder, in Translate); pick a cell there.")
+        raise Error("Clicks are read on the heatmap view (of the encoder, in Translate); pick a cell there.")
     try:
         query, key = (int(v) for v in str(cell).split(",")[:2])
     except ValueError:
-        raise gr.Error(f"Not a cell: {cell!r}.") from None
+        raise Error(f"Not a cell: {cell!r}.") from None
     head_shown = int(head) if str(head).isdigit() else w_head
     return gr.update(value=int(layer)), gr.update(value=head_shown), gr.update(value=query), gr.update(value=key)
 
@@ -321,17 +321,17 @@ def ablate_sink(sequence, state, layer, head) -> str:
     from models.patching import sink_ablation
 
     if not state:
-        raise gr.Error("Run the model first.")
+        raise Error("Run the model first.")
     name, ids, tokens = sequence(state)
     net = get_model(name)
     if type(net).__name__ == "Translator":
-        raise gr.Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
+        raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
     n_layers = len(getattr(net, "blocks", None) or getattr(net, "layers", None) or net.bert.layers)
     layer, head = _index(layer, n_layers, "layer"), _index(head, net.config.n_heads, "head")
     try:
         r = sink_ablation(net, ids, layer, head)
     except ValueError as err:
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     return sink_words(r, layer, head, tokens)
 
 
@@ -361,7 +361,7 @@ def _target(net, target: str) -> int | None:
     bos = getattr(net.tokenizer, "bos_id", net.config.bos_id)
     ids = [i for i in ids if i != bos]
     if not ids:
-        raise gr.Error(f"The target {target!r} has no tokens.")
+        raise Error(f"The target {target!r} has no tokens.")
     return int(ids[0])
 
 
@@ -372,15 +372,15 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
 
     net = get_model(name)
     if type(net).__name__ == "Translator":
-        raise gr.Error("Patching is offered for the decoders of Generate and the classifiers.")
+        raise Error("Patching is offered for the decoders of Generate and the classifiers.")
     sweep = SWEEPS.get(sweep, sweep)
     if sweep not in SWEEPS.values():
-        raise gr.Error(f"Unknown sweep {sweep!r}; choose heads or positions.")
+        raise Error(f"Unknown sweep {sweep!r}; choose heads or positions.")
     report = None if progress is None else (lambda done, text: progress(done, desc=f"patching: {text}"))
     try:
         r = patch_sweep(net, clean_ids, corrupted_ids, sweep=sweep, target=target, progress=report)
     except ValueError as err:
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     unit = "head" if sweep == "heads" else "position"
     best = np.unravel_index(int(np.nanargmax(r.restored)), r.restored.shape)
     shown = r.clean_tokens if sweep == "positions" else None
@@ -403,12 +403,13 @@ def patch_texts(name: str, clean: str, corrupted: str, target: str, sweep: str, 
     """Patching between two texts: each encoded as the model reads it; lengths must agree."""
     clean, corrupted = read_text(clean), read_text(corrupted)
     net = get_model(name)
+    wanted = _target(net, target)
     a, _, _ = encode(net, clean)
     b, _, _ = encode(net, corrupted)
     if len(a) != len(b):
-        raise gr.Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
-                       "number of tokens (change a word for one of the same length in tokens).")
-    note, fig, _, kept = run_patch(name, a, b, _target(net, target), sweep, progress)
+        raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
+                    "number of tokens (change a word for one of the same length in tokens).")
+    note, fig, _, kept = run_patch(name, a, b, wanted, sweep, progress)
     return note, fig, kept
 
 
@@ -420,7 +421,7 @@ def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
     try:
         clean, corrupted = repeated_pair(net, n, seed)
     except ValueError as err:
-        raise gr.Error(str(err)) from None
+        raise Error(str(err)) from None
     note, fig, _, kept = run_patch(name, clean, corrupted, None, sweep)
     shown = [" ".join(net.piece(i) for i in ids) for ids in (clean, corrupted)]
     note = ("Repeated random tokens: the clean input repeats its first copy, so an induction head can predict the "
@@ -434,11 +435,11 @@ def patched_head(cell: str, kept):
     from models.decompose import attention_scores
 
     if not kept or kept.get("sweep") != "heads":
-        raise gr.Error("Clicks open a head: run the sweep by head (layer × head) first.")
+        raise Error("Clicks open a head: run the sweep by head (layer × head) first.")
     try:
         layer, head = (int(v) for v in str(cell).split(",")[:2])
     except ValueError:
-        raise gr.Error(f"Not a cell: {cell!r}.") from None
+        raise Error(f"Not a cell: {cell!r}.") from None
     net = get_model(kept["model"])
     ids, tokens = kept["ids"], kept["tokens"]
     scores = attention_scores(net, ids)[layer, head]  # (T, T)
@@ -460,7 +461,7 @@ def patch(clean: str, corrupted: str, model: str = "gpt-tiny", target: str = "",
     a, _, _ = encode(net, clean)
     b, _, _ = encode(net, corrupted)
     if len(a) != len(b):
-        raise gr.Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
+        raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
                        "number of tokens.")
     _, fig, table, _ = run_patch(model or "gpt-tiny", a, b, _target(net, target), sweep)
     return json.loads(fig.to_json()), table
