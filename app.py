@@ -15,8 +15,8 @@ import os
 import gradio as gr
 
 from models import limits
-from tabs import classify, generate, lessons, playground, positional, swin, translate, vision, why
-from tabs.common import FAST, configure
+from tabs import classify, generate, lessons, permalink, playground, positional, swin, translate, vision, why
+from tabs.common import configure
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear
@@ -27,6 +27,9 @@ CSS = """
 footer {display: none !important;}
 .atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
 .block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
+.atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */
+.atlas-export button {font-size: 0.75rem; padding: 0 0.5rem; border: 1px solid var(--border-color-primary);
+  border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
 """
 # A click on a heatmap cell of an attention figure (elem_id "<tab>-attention") or a patching sweep ("<tab>-patch")
 # writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell", whose change event runs the
@@ -50,7 +53,32 @@ JS = """() => {
       });
     });
   };
-  new MutationObserver(bind).observe(document.body, {childList: true, subtree: true});
+  // Every drawn figure gets "SVG" and "PNG" buttons under it: Plotly's own export of that figure (window.Plotly is
+  // the library Gradio's plot draws with), named after the figure's title.
+  const exportBar = (plot) => {
+    const box = plot.parentElement;
+    if (!box || !plot._fullLayout || box.querySelector(':scope > .atlas-export')) return;
+    const bar = document.createElement('div');
+    bar.className = 'atlas-export';
+    for (const format of ['svg', 'png']) {
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.textContent = format.toUpperCase();
+      button.title = 'Download this figure as ' + format.toUpperCase();
+      button.addEventListener('click', () => {
+        const el = box.querySelector('.js-plotly-plot');
+        const title = ((el._fullLayout.title || {}).text || '').replace(/<[^>]*>/g, ' ');
+        const name = title.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-+|-+$/g, '').slice(0, 60);
+        window.Plotly.downloadImage(el, {format, filename: name || 'figure', scale: format === 'png' ? 2 : 1});
+      });
+      bar.append(button);
+    }
+    box.append(bar);
+  };
+  new MutationObserver(() => {
+    bind();
+    document.querySelectorAll('.js-plotly-plot').forEach(exportBar);
+  }).observe(document.body, {childList: true, subtree: true});
 }"""
 
 
@@ -59,19 +87,19 @@ def build_demo() -> gr.Blocks:
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {TITLE}\nSee what attention does inside Transformers: pick a tab, give it input, "
                     "and move through layers and heads.")
-        on_load = []
-        with gr.Tabs():
+        link_notice = gr.Markdown(visible=False, elem_classes=["notice"])  # what a permalink could not restore
+        items = {}
+        with gr.Tabs() as tabs:
             for tab in TABS:
-                with gr.Tab(tab.TITLE):
-                    drawn = tab.build()  # tabs that need no trained model return what to draw at once
-                    if drawn:
-                        on_load.append(drawn)
+                key = permalink.tab_key(tab)
+                with gr.Tab(tab.TITLE, id=key) as item:
+                    items[key] = (item, tab.build())  # its Permalink, or None: what its link holds
         with gr.Accordion("Limits and safety", open=False):
             gr.Markdown(limits.describe())
         why.register_api()  # /attention_why and /patch take text and a model name (tabs/why.py)
-        # Figures that need no trained model are drawn as soon as the page opens.
-        for fn, inputs, outputs in on_load:
-            demo.load(fn, inputs, outputs, api_name=False, **FAST)
+        # The page load restores a permalink and draws the tabs that need no trained model; every change of a
+        # declared control writes the view into the URL (tabs/permalink.py).
+        permalink.wire(demo, tabs, items, link_notice)
     return demo
 
 

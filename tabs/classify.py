@@ -15,11 +15,13 @@ from tabs.common import (
     VIEWS,
     attention_figure,
     attribute,
+    checkpoint_labels,
     configured,
     controls_for,
     deletion_plot,
     fit,
     get_model,
+    head_choices,
     intro,
     layer_head_view,
     method_id,
@@ -29,6 +31,7 @@ from tabs.common import (
     stats_figure,
     target_index,
 )
+from tabs.permalink import Permalink, chain, one_of
 from viz import attribution as va
 from viz import images as vi
 
@@ -58,7 +61,7 @@ PATCH_EXAMPLES = [["a warm , funny and beautifully acted film", "a cold , dull a
                    "The company won the contract deal on Sunday night"]]
 
 
-def build() -> None:
+def build() -> Permalink:
     intro(INTRO, *CHECKPOINTS, kind="classify")
     with gr.Row():
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
@@ -89,14 +92,24 @@ def build() -> None:
     inputs = [text, task, model, layer, head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    for event in (run.click, text.submit):  # the answer first; then every method's deletion curve
-        event(classify, inputs, outputs, api_name="classify" if event == run.click else False).then(
-            why_controls_for, [state], why_controls, api_name=False, show_progress="hidden").then(
-            deletion_plot, [state, explanation], [curve], api_name=False)
+    steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
+             (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+             (deletion_plot, [state, explanation], [curve])]
+    chain(run.click, steps, api_name="classify")
+    chain(text.submit, steps)
     for control in (layer, head, view):
         control.change(draw_attention, [state, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
     explanation.change(recolour, [state, explanation], [highlight, curve], api_name=False, show_progress="minimal")
+    return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
+                      "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *configured("classify"))),
+                      "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
+
+
+def link_limits(state: dict) -> dict:
+    """What a link's layer and head may be for a kept result."""
+    amap = state["result"].attention["encoder"]
+    return {"layer": range(amap.layers), "head": head_choices(amap.heads)}
 
 
 def sequence(state: dict) -> tuple[str, list[int], list[str]]:

@@ -226,6 +226,21 @@ def configuration_notice(kind: str) -> str:
     return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
 
 
+def checkpoint_labels(*names: str) -> set[str]:
+    """The class labels that these checkpoints' (or configured folders') config.json lists, read without torch:
+    the classes a permalink may name as the one to explain."""
+    found: set[str] = set()
+    for name in names:
+        folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
+        try:  # a Hub entry has no folder until it is fetched
+            meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        except (OSError, ValueError):
+            continue
+        labels = meta.get("labels") or list((meta.get("id2label") or {}).values())
+        found |= {str(label) for label in labels}
+    return found
+
+
 def get_model(name: str, progress: Any = None) -> Any:
     """The model behind a name, or a gr.Error whose message says how to restore, rebuild or fetch it;
     ``progress`` (a gr.Progress) shows a download on first use."""
@@ -282,10 +297,15 @@ def layer_head_view(views: list[str], view: str) -> tuple[gr.Slider, gr.Dropdown
     return layer, head, view_r
 
 
+def head_choices(heads: int) -> list[str]:
+    """The head choices of a model with ``heads`` heads: the fusions, then each head's index."""
+    return HEADS_DEFAULT + [str(h) for h in range(heads)]
+
+
 def controls_for(layers: int, heads: int) -> tuple[dict, dict]:
     """Updates for the layer slider (set to the last layer) and the head choices, after a model run."""
     return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=layers - 1, interactive=layers > 1),
-            gr.update(choices=HEADS_DEFAULT + [str(h) for h in range(heads)]))
+            gr.update(choices=head_choices(heads)))
 
 
 # ------------------------------------------------------------------------------------------- handlers

@@ -19,6 +19,7 @@ from tabs.common import (
     attention_figure,
     controls_for,
     get_model,
+    head_choices,
     layer_head_view,
     parse_head,
     read_seed,
@@ -26,6 +27,7 @@ from tabs.common import (
     save_npz,
     seed_box,
 )
+from tabs.permalink import Permalink, chain
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -83,7 +85,7 @@ def availability() -> str:
     return "\n\n".join(notes)
 
 
-def build() -> None:
+def build() -> Permalink:
     gr.Markdown(INTRO, elem_classes=["intro"])
     status = availability()
     if status:
@@ -142,14 +144,17 @@ def build() -> None:
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    for event in (run.click, prompt.submit):
-        event(generate, inputs, outputs, api_name="generate" if event == run.click else False).then(
-            why_controls_for, [state], why_controls, api_name=False, show_progress="hidden")
+    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
+    chain(run.click, steps, api_name="generate")
+    chain(prompt.submit, steps)
     for control in (step, layer, head, view):
         control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
     ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation], api_name=False)
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
+    return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
+                      "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view}, steps,
+                     after={"layer": layer, "head": head, "step": step}, state=state, limits=link_limits)
 
 
 # ------------------------------------------------------------------------------------------------ handlers
@@ -162,6 +167,13 @@ def compare_view(state: dict) -> dict:
     """What the compare toggle draws of a kept generation: its attention and each token's surprisal."""
     result = state["result"]
     return {"amap": result.attention["decoder"], "values": result.surprisal, "kind": "decoder self-attention"}
+
+
+def link_limits(state: dict) -> dict:
+    """What a link's layer, head and replay step may be for a kept generation."""
+    result = state["result"]
+    amap = result.attention["decoder"]
+    return {"layer": range(amap.layers), "head": head_choices(amap.heads), "step": range(len(result.steps) + 1)}
 
 
 def why_controls_for(state: dict | None):
@@ -217,15 +229,26 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
                    prompt_len=result.prompt_len,
                    step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
                    step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
-    notice = result.notice or (f"{n_steps} new tokens · {strategy}"
-                               + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
-                                  f"seed {seed})" if strategy == "sample" else ""))
+    settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
+                                f"seed {seed})" if strategy == "sample" else "")
+    notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings)) if x)
     kept = {"result": result, "model": model or DEFAULT}
     html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view)
     lens_fig = vg.logit_lens(lens.top_tokens, lens.target_probs, result.tokens, lens.targets,
                              title=f"Logit lens · {kept['model']}")
     return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
             ablate_head_u)
+
+
+def ending(result, eos: str, settings: str) -> str:
+    """How the continuation ended, in words: its length and whether the model chose its end-of-text token."""
+    n = len(result.steps)
+    if n and result.steps[-1].chosen == eos:
+        if n == 1 or not result.text.strip():
+            return (f"The continuation is empty: the model's first choice was `{eos}`, its end-of-text token (the "
+                    "prompt reads as finished to it). Try sampling, or a prompt that stops mid-sentence · " + settings)
+        return f"{n} new tokens · stopped at `{eos}`, the model's end-of-text token · {settings}"
+    return f"{n} new tokens · {settings}"
 
 
 def _shown(result, step: int | None) -> int:
@@ -263,14 +286,18 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     c = net.config
     layer, head = int(np.clip(int(layer), 0, c.n_layers - 1)), int(np.clip(int(head), 0, c.n_heads - 1))
     s = int(step or 0)
-    context = result.ids[: result.prompt_len + s - 1] if s > 0 else result.ids
+    # step 0 (no step replayed) measures the first prediction after the prompt: after the whole text the next token
+    # often follows </s>, where every head's ablation changes nothing
+    context = result.ids[: result.prompt_len + max(s, 1) - 1]
     mask = torch.ones(c.n_layers, c.n_heads)
     mask[layer, head] = 0.0
     before, after = net.next_token_probs(context), net.next_token_probs(context, mask)
     top = list(dict.fromkeys([*np.argsort(-before)[:5].tolist(), *np.argsort(-after)[:5].tolist()]))
     kl = float(np.sum(before * (np.log(np.maximum(before, 1e-12)) - np.log(np.maximum(after, 1e-12)))))
     b_top, a_top = int(np.argmax(before)), int(np.argmax(after))
-    where = f"after generated token {s - 1}" if s > 1 else ("after the prompt" if s == 1 else "after the whole text")
+    where = (f"after generated token {s - 1} (the step that chose token {s})" if s > 1 else
+             "after the prompt (the step that chose generated token 1" + (": the step measured when none is replayed)"
+                                                                          if s == 0 else ")"))
     note = (f"Layer {layer}, head {head} switched off, {where}: the top token "
             + (f"stays `{net.piece(b_top)}` ({before[b_top]:.1%} → {after[b_top]:.1%})" if a_top == b_top else
                f"changes from `{net.piece(b_top)}` ({before[b_top]:.1%}) to `{net.piece(a_top)}` ({after[a_top]:.1%})")

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 
 from examples import sentences
 from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, get_model, read_seed
+from tabs.permalink import Permalink, chain
 from viz import attention as va
 from viz.common import esc
 
@@ -716,17 +717,22 @@ def lesson_answer_api(number: int = 1, step: int = 1, answer: str = "", input: s
 
 
 # -------------------------------------------------------------------------------------------------- layout
-def build() -> None:
+def build() -> Permalink:
     gr.Markdown(INTRO, elem_classes=["intro"])
     titles = [lesson.title for lesson in LESSONS]
     with gr.Row():
         chosen = gr.Dropdown(titles, value=titles[0], label="lesson", scale=2)
-        text = gr.Textbox(LESSONS[0].default, label=LESSONS[0].input_label, scale=2)
+        text = gr.Textbox("", label=LESSONS[0].input_label, placeholder=LESSONS[0].default, scale=2,
+                          max_length=2000, info="empty: the example shown in grey")
         start = gr.Button("Start the lesson", variant="primary", scale=1)
     about = gr.Markdown(LESSONS[0].intro)
-    step = gr.State(1)
+    current = gr.State()  # the lesson number shown, for the link's step
     progress = gr.BrowserState({}, storage_key="atlas-lessons")
     where = gr.Markdown()
+    with gr.Row():
+        back = gr.Button("← previous step", scale=1)
+        step = gr.Slider(1, max(len(lesson.steps) for lesson in LESSONS), value=1, step=1, label="step", scale=2)
+        forward = gr.Button("next step →", scale=1)
     prompt = gr.Markdown()
     before = gr.Plot(label="before you predict", visible=False)
     choices = gr.Radio([], label="your prediction")
@@ -735,24 +741,26 @@ def build() -> None:
     shown = gr.Plot(label="revealed")
     explanation = gr.Markdown()
     with gr.Row():
-        back = gr.Button("← previous step")
-        forward = gr.Button("next step →")
-    with gr.Row():
         export = gr.Button("Export this lesson as an HTML page")
         handout = gr.File(label="the lesson, one page (works offline)")
 
     view = [where, prompt, before, choices, said, shown, explanation]
-    chosen.change(pick_lesson, [chosen], [text, about], api_name=False, show_progress="hidden")
-    start.click(lambda c, t, pr: show_step(c, 1, t, pr), [chosen, text, progress], [*view, step], api_name=False)
-    back.click(lambda c, s, t, pr: show_step(c, s - 1, t, pr), [chosen, step, text, progress], [*view, step],
-               api_name=False)
-    forward.click(lambda c, s, t, pr: show_step(c, s + 1, t, pr), [chosen, step, text, progress], [*view, step],
-                  api_name=False)
+    # the label and intro follow any change of lesson (a link's too); only a person's choice clears the input
+    chosen.change(describe, [chosen], [text, about], api_name=False, show_progress="hidden")
+    chosen.input(lambda: "", None, [text], api_name=False, show_progress="hidden")
+    steps = [(lambda c, t, pr: show_step(c, 1, t, pr), [chosen, text, progress], [*view, step, current])]
+    chain(start.click, steps)
+    step.change(show_step, [chosen, step, text, progress], [*view, step, current], api_name=False)
+    back.click(lambda s: max(1, int(s) - 1), [step], [step], api_name=False, show_progress="hidden")
+    forward.click(lambda c, s: min(len(LESSONS[_number(c) - 1].steps), int(s) + 1), [chosen, step], [step],
+                  api_name=False, show_progress="hidden")
     check.click(answer_step, [chosen, step, text, choices, progress], [where, said, shown, explanation, progress],
                 api_name=False)
     export.click(export_lesson, [chosen, text, progress], [handout], api_name=False)
     gr.api(lesson_api, api_name="lesson")
     gr.api(lesson_answer_api, api_name="lesson_answer")
+    return Permalink({"lesson": chosen, "input": text}, steps, after={"step": step}, state=current,
+                     limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)})
 
 
 def _number(title: str) -> int:
@@ -760,9 +768,10 @@ def _number(title: str) -> int:
     return titles.index(title) + 1 if title in titles else 1
 
 
-def pick_lesson(title: str):
+def describe(title: str):
+    """The input's label and example and the intro of the chosen lesson."""
     lesson = LESSONS[_number(title) - 1]
-    return gr.update(value=lesson.default, label=lesson.input_label), lesson.intro
+    return gr.update(label=lesson.input_label, placeholder=lesson.default), lesson.intro
 
 
 def _where(number: int, step: int, progress: dict | None) -> str:
@@ -781,7 +790,8 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
     step = int(np.clip(int(step or 1), 1, len(LESSONS[number - 1].steps)))
     q = question(number, step, text)
     return (_where(number, step, progress), q.text, gr.update(value=q.before, visible=q.before is not None),
-            gr.update(choices=q.choices, value=None), "", None, "", step)
+            gr.update(choices=q.choices, value=None), "", None, "",
+            gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
 
 
 def answer_step(title: str, step: int, text: str, answer: str | None, progress: dict | None):

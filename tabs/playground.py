@@ -6,6 +6,7 @@ import gradio as gr
 import numpy as np
 
 from tabs.common import FAST, Error, intro, read_seed, seed_box
+from tabs.permalink import Permalink
 from viz import playground as pg
 
 TITLE = "Attention playground"
@@ -16,8 +17,8 @@ mean of V's rows. Try: switch the scale off and raise d_k: the softmax saturates
 chart shows it collapse), which is why Transformers divide by √d_k."""
 
 
-def build():
-    """Lays the tab out; returns the playground's (handler, inputs, outputs), drawn when the page loads."""
+def build() -> Permalink:
+    """Lays the tab out; its permalink's run draws the playground when the page loads."""
     intro(INTRO)
     with gr.Row():
         seq_len = gr.Slider(1, pg.MAX_LEN, value=6, step=1, label="sequence length (tokens)")
@@ -34,7 +35,8 @@ def build():
     run.click(playground, inputs, outputs, api_name="playground", **FAST)
     for control in (seq_len, d_k, mask, scale):
         control.change(playground, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
-    return playground, inputs, outputs
+    return Permalink({"tokens": seq_len, "dk": d_k, "seed": seed, "mask": mask, "scale": scale},
+                     [(playground, inputs, outputs, FAST)], at_load=True)
 
 
 def playground(seq_len: int = 6, d_k: int = 8, seed: int = 0, mask: str = "none", scale: bool = True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from tabs.common import FAST, fit, get_model, intro
+from tabs.permalink import Permalink
 from viz import positional as vp
 
 TITLE = "Positional encoding"
@@ -18,8 +19,8 @@ they come to encode the 2-D patch grid."""
 MAX_POSITIONS, MAX_WIDTH = 512, 1024
 
 
-def build():
-    """Lays the tab out; returns the encodings' (handler, inputs, outputs), drawn when the page loads."""
+def build() -> Permalink:
+    """Lays the tab out; its permalink's run draws the encodings when the page loads."""
     intro(INTRO, MODEL)
     with gr.Row():
         length = gr.Slider(2, MAX_POSITIONS, value=64, step=1, label="positions")
@@ -42,7 +43,8 @@ def build():
     gr.Markdown(f"### Learned position embeddings of the shipped ViT (`{MODEL}`)")
     learned = gr.Plot(label="learned position embeddings")
     gr.Button("Show the ViT's position embeddings").click(vit_positions, [], [learned], api_name=False)
-    return positional_encoding, inputs, outputs
+    return Permalink({"positions": length, "d": d_model, "dims": dims, "pair": pair},
+                     [(positional_encoding, inputs, outputs, FAST)], at_load=True)
 
 
 def positional_encoding(length: int = 64, d_model: int = 128, dims: str = "0, 1, 6, 7, 32",

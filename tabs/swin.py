@@ -7,6 +7,7 @@ import gradio as gr
 import numpy as np
 
 from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
+from tabs.permalink import Permalink
 from viz import positional as vp
 from viz import swin as vw
 
@@ -18,8 +19,8 @@ keep the same number of windows, the grid is *rolled* (cyclic shift) and tokens 
 are kept apart by adding −100 to their scores (the mask), so after softmax they get ~0 weight."""
 
 
-def build():
-    """Lays the tab out; returns the geometry's (handler, inputs, outputs), drawn when the page loads."""
+def build() -> Permalink:
+    """Lays the tab out; its permalink's run draws the geometry when the page loads."""
     intro(INTRO, MODEL)
     with gr.Row():
         grid = gr.Slider(2, 16, value=8, step=1, label="token grid side")
@@ -48,7 +49,8 @@ def build():
         win_attn = gr.Plot(label="window attention of the centre token")
         bias = gr.Plot(label="relative position bias")
     show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note], api_name=False)
-    return swin_windows, inputs, outputs
+    return Permalink({"grid": grid, "window": window, "shift": shift, "index": index},
+                     [(swin_windows, inputs, outputs, FAST)], at_load=True)
 
 
 def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):

@@ -13,6 +13,7 @@ from tabs.common import (
     attention_figure,
     controls_for,
     get_model,
+    head_choices,
     intro,
     layer_head_view,
     parse_head,
@@ -20,6 +21,7 @@ from tabs.common import (
     save_npz,
     stats_figure,
 )
+from tabs.permalink import Permalink, chain
 from viz import text as vt
 
 TITLE = "Translate"
@@ -34,7 +36,7 @@ KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention
 MAX_BEAM = 8
 
 
-def build() -> None:
+def build() -> Permalink:
     intro(INTRO, MODEL)
     with gr.Row():
         text = gr.Textbox(label="English sentence", value=sentences.TRANSLATE[0], lines=2, scale=4,
@@ -62,12 +64,21 @@ def build() -> None:
     inputs = [text, beam, kind, layer, head, view]
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    for event in (run.click, text.submit):
-        event(translate, inputs, outputs, api_name="translate" if event == run.click else False).then(
-            why_controls_for, [text], [source, *why_controls], api_name=False, show_progress="hidden")
+    steps = [(translate, inputs, outputs),
+             (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"})]
+    chain(run.click, steps, api_name="translate")
+    chain(text.submit, steps)
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
+    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view}, steps,
+                     after={"layer": layer, "head": head}, state=state, limits=link_limits)
+
+
+def link_limits(result) -> dict:
+    """What a link's layer and head may be for a kept translation (the sliders follow cross-attention)."""
+    cross = result.attention["cross"]
+    return {"layer": range(cross.layers), "head": head_choices(cross.heads)}
 
 
 def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0, head: str = "mean",

@@ -4,22 +4,27 @@ attention drawn over the image the model saw."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradio as gr
 import numpy as np
 
 from models import limits
 from tabs.common import (
     EXAMPLE_IMAGES,
+    EXAMPLE_NAMES,
     EXPLANATIONS,
     FAST,
     IMAGENET,
     Error,
     attribute,
+    checkpoint_labels,
     configured,
     controls_for,
     deletion_plot,
     fit,
     get_model,
+    head_choices,
     intro,
     layer_head_view,
     method_id,
@@ -28,6 +33,7 @@ from tabs.common import (
     target_index,
     window_figure,
 )
+from tabs.permalink import Field, Permalink, chain, one_of
 from viz import attention as va
 from viz import attribution as vattr
 from viz import images as vi
@@ -49,7 +55,7 @@ MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 
 
-def build() -> None:
+def build() -> Permalink:
     intro(INTRO, "vit-fashion", "swin-fashion")
     with gr.Row():
         with gr.Column(scale=2):
@@ -76,18 +82,54 @@ def build() -> None:
         seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
                         width=SHOWN_SIDE, elem_id="seen-image")
         query = gr.Plot(label="the clicked patch's attention")
+    # The clicked patch as "row,col" ("": the centre), which a permalink carries; hidden by CSS (app.py).
+    patch = gr.Textbox(elem_id="vision-patch", elem_classes=["atlas-hidden"], show_label=False, container=False)
     heads = gr.Plot(label="every head of the layer")
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    run.click(classify_image, [image, model, top_k, layer, head, view, explanation, target],
-              [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained],
-              api_name="classify_image").then(deletion_plot, [state, explanation], [curve], api_name=False)
+    steps = [(classify_image, [image, model, top_k, layer, head, view, explanation, target],
+              [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained]),
+             (lambda: "", None, [patch], {"show_progress": "hidden"}),  # a new image: the centre patch again
+             (deletion_plot, [state, explanation], [curve])]
+    chain(run.click, steps, api_name="classify_image")
     explanation.change(reexplain, [state, explanation], [explained, curve], api_name=False, show_progress="minimal")
     for control in (layer, head, view):
         control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
                        show_progress="hidden", **FAST)
-    seen.select(on_image_click, [state, layer, head], [query, state], api_name=False, **FAST)
+    seen.select(on_image_click, [state], [patch], api_name=False, **FAST)
+    patch.change(show_patch, [state, layer, head, patch], [query, state], api_name=False, show_progress="hidden",
+                 **FAST)
+    labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
+    return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
+                      "explanation": explanation, "target": labels, "show": view}, steps,
+                     after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits)
+
+
+def example_path(name: str) -> str:
+    """A link's image: one of the example images, by name ("sneaker"); a link never carries a path or a file."""
+    if name == "upload":
+        raise ValueError("The image was an upload, which a link cannot carry: pick an example or upload it again.")
+    if name not in EXAMPLE_NAMES:
+        raise ValueError  # the image falls back to none, with the usual notice
+    return EXAMPLE_NAMES[name]
+
+
+def example_name(path: str | None) -> str | None:
+    """The example an image file is (by its file name), "upload" for any other file, None for no image."""
+    if not path:
+        return None
+    name = Path(path).name
+    return next((key for key, example in EXAMPLE_NAMES.items() if Path(example).name == name), "upload")
+
+
+def link_limits(state: dict) -> dict:
+    """What a link's layer, head and clicked patch may be for a kept result."""
+    result = state["result"]
+    layers, heads = _depth(result)
+    rows, cols = result.grid
+    return {"layer": range(layers), "head": head_choices(heads),
+            "patch": {f"{r},{c}" for r in range(rows) for c in range(cols)}}
 
 
 def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5, layer: int = -1,
@@ -230,13 +272,26 @@ def distance_figure(result):
                                   title="Mean attention distance per head and block (inside windows)")
 
 
-def on_image_click(state: dict | None, layer: int, head: str, evt: gr.SelectData):
-    """A click on the enlarged image: redraw the clicked patch's attention and remember the patch."""
+def on_image_click(state: dict | None, evt: gr.SelectData) -> str:
+    """A click on the enlarged image: the patch it landed on, "row,col" (whose change redraws, `show_patch`)."""
+    if not state:
+        return ""
+    result = state["result"]
+    scale = enlarge(result.image).shape[0] / result.image.shape[0]
+    row, col = result.patch_at(evt.index[1] / scale, evt.index[0] / scale)
+    return f"{row},{col}"
+
+
+def show_patch(state: dict | None, layer: int, head: str, patch: str):
+    """Redraw the chosen patch's attention ("row,col"; empty: the centre) and remember the patch."""
     if not state:
         return None, state
     result = state["result"]
-    scale = enlarge(result.image).shape[0] / result.image.shape[0]
-    query = result.patch_at(evt.index[1] / scale, evt.index[0] / scale)
+    rows, cols = result.grid
+    try:
+        query = tuple(max(0, min(int(v), n - 1)) for v, n in zip(patch.split(","), (rows, cols), strict=True))
+    except ValueError:  # "" (a new image) or anything else: the centre patch
+        query = (rows // 2, cols // 2)
     return draw_query(result, layer, head, query), {**state, "query": query}
 
 

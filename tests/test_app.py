@@ -265,3 +265,27 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
 
     with pytest.raises(gr.Error, match=r"configured model `bert` .* cannot be loaded"):  # no weights there
         classify("a fine film .", "SST-2 sentiment", "bert")
+
+
+def test_generation_says_how_it_ended() -> None:
+    """An empty continuation is explained; a stop at the end-of-text token is said (synthetic results)."""
+    from models.outputs import GenerationStep
+    from tabs.generate import ending
+
+    class R:  # the two fields ending() reads
+        def __init__(self, chosen: list[str], text: str) -> None:
+            self.steps = [GenerationStep(["x"], np.ones(1, np.float32), c, 1.0) for c in chosen]
+            self.text = text
+
+    assert ending(R(["</s>"], ""), "</s>", "greedy").startswith("The continuation is empty")
+    assert "stopped at `</s>`" in ending(R(["▁a", "▁dog", "</s>"], " a dog"), "</s>", "greedy")
+    assert ending(R(["▁a", "▁dog"], " a dog"), "</s>", "greedy") == "2 new tokens · greedy"
+
+
+def test_ablation_by_default_measures_the_first_prediction(lm) -> None:
+    state = lm.generate("A man rides a bike", 4)[6]
+    note, _ = lm.ablate_head_fn(state, 0, 1, 2)
+    assert "after the prompt" in note and "when none is replayed" in note
+    before = lm._model("gpt-tiny").next_token_probs(state["result"].ids[: state["result"].prompt_len])
+    top = int(np.argmax(before))
+    assert f"{before[top]:.1%}" in note  # the distribution after the prompt, not after the whole text

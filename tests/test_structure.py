@@ -53,8 +53,9 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
     import app
     import tabs
 
-    # common.py (what every tab shares) and why.py (the sections the text tabs share) are not tabs
-    modules = {p.stem for p in (ROOT / "tabs").glob("*.py")} - {"__init__", "common", "why"}
+    # common.py (what every tab shares), why.py (the sections the text tabs share) and permalink.py (each tab's view in
+    # the URL) are not tabs
+    modules = {p.stem for p in (ROOT / "tabs").glob("*.py")} - {"__init__", "common", "why", "permalink"}
     assert {t.__name__.removeprefix("tabs.") for t in app.TABS} == modules
     for tab in app.TABS:
         assert tab.__name__.startswith(tabs.__name__ + ".")
@@ -73,6 +74,8 @@ def test_app_builds_every_tab_in_order() -> None:
     api = {d.get("api_name") for d in config["dependencies"]} - {None, False}
     assert {"translate", "classify", "generate", "head_roles", "classify_image", "swin_windows",
             "positional_encoding", "playground", "attention_why", "patch", "lesson", "lesson_answer"} <= api
-    # the three tabs that need no trained model are drawn when the page loads
+    # one page-load event restores a permalink (tabs/permalink.py); the three tabs that need no trained model are
+    # drawn right after it, with the link's values
     on_load = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
-    assert len(on_load) == 3
+    assert len(on_load) == 1
+    assert sum(1 for d in config["dependencies"] if d["trigger_after"] == on_load[0]["id"]) == 3

@@ -292,3 +292,20 @@ def test_error_messages_show_angle_brackets_as_text(page) -> None:
     toast = page.locator(".toast-message-text").filter(has_text="Unknown class")
     expect(toast.first).to_contain_text("<b>shouty</b> <urlopen error [Errno 111]>", timeout=30_000)
     assert page.js_errors == []
+
+
+def test_long_generation_wraps_and_ablation_measures_a_real_step(page) -> None:
+    """A 300-word prompt wraps inside its box (it was one unscrollable line); switching a head off right after
+    generating measures the prediction after the prompt, and says so."""
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_label("prompt").fill("a dog runs on the grass " * 50)
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3)
+    box = page.locator(".atlas-generation").first
+    box.wait_for(timeout=30_000)
+    width = box.evaluate("e => [e.scrollWidth, e.clientWidth, e.getBoundingClientRect().height]")
+    assert width[0] <= width[1] + 8, width  # it was one 6,000-px line
+    panel.get_by_role("button", name="Switch the head off").click()
+    expect(panel).to_contain_text("after the prompt (the step that chose generated token 1", timeout=30_000)
+    assert page.js_errors == []

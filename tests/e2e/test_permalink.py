@@ -1,0 +1,221 @@
+"""Permalinks and figure export in a real browser. A view built by clicking writes itself into the URL; that URL,
+opened in a fresh page as someone the link was sent to would, shows the same figures (the traces Plotly drew, read
+back from both pages). A hostile URL shows the defaults and a notice; every figure downloads as SVG and PNG.
+
+The server runs the tiny test checkpoints (tests/conftest.py's app_url): their decoder has 2 layers of 4 heads, so
+"Generate at layer 3, head 7" of the shipped gpt-tiny (4 layers × 8 heads) becomes its last layer (1) and last
+head (3) here, the same view of a smaller model."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from playwright.sync_api import expect
+
+from tabs.generate import PROMPTS
+
+from .helpers import figures, open_tab, plot_signature, titles, wait_for_plots
+
+pytestmark = pytest.mark.e2e
+
+
+def _panel(page):
+    return page.locator("div[role=tabpanel]:visible")
+
+
+def _pick(page, label: str, option: str) -> None:
+    _panel(page).get_by_label(label).click()
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def _wait_for_title(page, prefix: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(t.startswith(prefix) for t in titles(page)) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert any(t.startswith(prefix) for t in titles(page)), titles(page)
+
+
+def _link(page, *parts: str, timeout: float = 30) -> str:
+    """The page's URL once it holds every part (the query is written by an event after each change), and the
+    figures have stopped changing."""
+    page.wait_for_function("(parts) => parts.every(p => location.search.includes(p))", arg=list(parts),
+                           timeout=timeout * 1000)
+    before = ""
+    while before != (now := plot_signature(page)):
+        before = now
+        page.wait_for_timeout(1000)
+    return page.url
+
+
+@pytest.fixture()
+def opened(browser):
+    """Open a URL in a fresh browser context (nothing shared with the page that made the link)."""
+    contexts = []
+
+    def open_url(url: str):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        page = context.new_page()
+        page.js_errors = []
+        page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
+        page.goto(url, wait_until="domcontentloaded")
+        page.wait_for_selector("button[role=tab]", timeout=60_000)
+        return page
+
+    yield open_url
+    for context in contexts:
+        context.close()
+
+
+def _same_figures(page, expected: list, timeout: float = 90) -> None:
+    """Wait until the page's drawn figures are exactly ``expected`` (they land one event at a time)."""
+    deadline = time.monotonic() + timeout
+    while figures(page) != expected and time.monotonic() < deadline:
+        page.wait_for_timeout(300)
+    assert titles(page) and figures(page) == expected, titles(page)
+
+
+def _expect_tab(page, name: str) -> None:
+    expect(page.get_by_role("tab", name=name, exact=True)).to_have_attribute("aria-selected", "true", timeout=30_000)
+
+
+def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None:
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_label("prompt").fill("Two dogs are running on the")
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3)
+    expect(panel).to_contain_text("new tokens", timeout=30_000)
+    _pick(page, "head (or fusion of heads)", "3")  # the last head of the tiny decoder (see the module docstring)
+    box = panel.get_by_label("number input for replay: show the tokens up to generated token (0 = all)")
+    box.fill("3")
+    box.press("Enter")
+    _wait_for_title(page, "Decoder self-attention (causal) · up to token")
+    url = _link(page, "tab=generate", "layer=1", "head=3", "step=3", "text=Two")
+    expected, shown = figures(page), page.locator(".atlas-generation").inner_text()
+    assert any("layer 1 · head 3" in t for t in titles(page)), titles(page)
+
+    again = opened(url)
+    _expect_tab(again, "Generate")
+    _same_figures(again, expected)
+    assert again.locator(".atlas-generation").inner_text() == shown
+    assert _panel(again).get_by_label("prompt").input_value() == "Two dogs are running on the"
+    assert again.url == url  # the restored view writes the same link
+    assert page.js_errors == [] and again.js_errors == []
+
+
+def test_vision_link_restores_the_example_and_the_clicked_patch(page, opened) -> None:
+    open_tab(page, "Vision")
+    panel = _panel(page)
+    panel.get_by_text("7-sneaker-t10k-9.png").click()  # one of the tab's Fashion-MNIST examples
+    panel.get_by_role("button", name="Classify image", exact=True).click()
+    wait_for_plots(page, 5)
+    seen = page.locator("#seen-image img")
+    seen.wait_for(timeout=30_000)
+    page.wait_for_timeout(500)
+    size = seen.bounding_box()
+    seen.click(position={"x": size["width"] * 0.2, "y": size["height"] * 0.8})  # 28×28, 4-pixel patches: r5c1
+    _wait_for_title(page, "Patch r5c1")
+    _wait_for_title(page, "Deletion curve")
+    url = _link(page, "tab=vision", "image=sneaker", "patch=5%2C1")
+    expected = figures(page)
+
+    again = opened(url)
+    _expect_tab(again, "Vision")
+    _same_figures(again, expected)
+    assert any(t.startswith("Patch r5c1") for t in titles(again))
+    assert page.js_errors == [] and again.js_errors == []
+
+
+def test_classify_link_restores_the_explanation(page, opened) -> None:
+    open_tab(page, "Classify")
+    panel = _panel(page)
+    panel.get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film .")
+    _pick(page, "explanation (colours the text)", "Integrated gradients")
+    panel.get_by_role("button", name="Classify", exact=True).click()
+    wait_for_plots(page, 3)
+    expect(page.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
+    _wait_for_title(page, "Deletion curve")
+    url = _link(page, "tab=classify", "explanation=integrated_gradients")
+    expected, colours = figures(page), page.locator(".atlas-highlight").inner_html()
+
+    again = opened(url)
+    _expect_tab(again, "Classify")
+    _same_figures(again, expected)
+    expect(again.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
+    assert again.locator(".atlas-highlight").inner_html() == colours
+    assert page.js_errors == [] and again.js_errors == []
+
+
+def test_a_hostile_link_shows_the_defaults_and_a_notice(app_url: str, opened) -> None:
+    query = {"tab": "generate", "layer": "999", "head": "abc", "model": "../../etc/passwd", "seed": "1e999",
+             "text": "x" * 20_001, "tokens": "-1", "\u202e<img src=x onerror=alert(1)>": "1"}
+    page = opened(app_url + "?" + urlencode(query))
+    notice = page.locator(".notice").filter(has_text="This link could not be restored completely")
+    expect(notice.first).to_contain_text("layer, head", timeout=60_000)  # said after the run, which checks them
+    shown = notice.first.inner_text()
+    for key in ("model", "seed", "text", "tokens", "head"):
+        assert key in shown
+    assert "passwd" not in shown and "onerror" not in shown and "1 unknown entry" in shown
+    _expect_tab(page, "Generate")
+    panel = _panel(page)
+    assert panel.get_by_label("prompt").input_value() == PROMPTS[0]
+    assert panel.get_by_role("combobox", name="model").input_value() == "gpt-tiny"
+    wait_for_plots(page, 3)  # the tab ran with its defaults
+    assert any(re.search(r"layer 1 · mean of heads$", t) for t in titles(page)), titles(page)
+    assert page.locator("img[src=x]").count() == 0 and page.locator(".toast-message-text").count() == 0
+    assert "Traceback" not in page.inner_text("body")
+
+    nowhere = opened(app_url + "?tab=..%2F..%2Fetc%2Fpasswd&text=%3Cscript%3E")
+    expect(nowhere.locator(".notice").filter(has_text="It names no tab").first).to_be_visible(timeout=30_000)
+    _expect_tab(nowhere, "Translate")
+    assert page.js_errors == [] and nowhere.js_errors == []
+
+
+def test_every_figure_downloads_as_svg_and_png(page) -> None:
+    open_tab(page, "Attention playground")
+    wait_for_plots(page, 2)
+    bar = _panel(page).locator(".atlas-export").first
+    for name, start in (("SVG", b"<svg"), ("PNG", b"\x89PNG")):
+        with page.expect_download() as download:
+            bar.get_by_role("button", name=name, exact=True).click()
+        data = Path(download.value.path()).read_bytes()
+        assert data.startswith(start), data[:40]
+        assert download.value.suggested_filename.endswith("." + name.lower())
+    # every drawn figure of the page has its buttons
+    assert page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e._fullLayout)
+        .every(e => e.parentElement.querySelector(':scope > .atlas-export'))""")
+    assert page.js_errors == []
+
+
+def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_checkpoints, monkeypatch) -> None:
+    """A teacher's slide link: lesson 4 with seed 3 at step 2, the same question and choices in a fresh page (the
+    choices computed here over the server's tiny checkpoints)."""
+    from tabs import common, lessons
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+
+    title = lessons.LESSONS[3].title
+    open_tab(page, "Lessons")
+    panel = _panel(page)
+    _pick(page, "lesson", title)
+    panel.get_by_label(lessons.LESSONS[3].input_label).fill("3")
+    panel.get_by_role("button", name="Start the lesson").click()
+    expect(panel).to_contain_text("step 1 of 3", timeout=30_000)
+    panel.get_by_role("button", name="next step →").click()
+    expect(panel).to_contain_text("step 2 of 3", timeout=30_000)
+    url = _link(page, "tab=lessons", "input=3", "step=2")
+    shown = panel.inner_text()
+
+    again = opened(url)
+    _expect_tab(again, "Lessons")
+    expect(_panel(again)).to_contain_text("step 2 of 3", timeout=60_000)
+    assert lessons.question(4, 2, "3").text.split("**")[0][:40] in shown
+    for choice in lessons.question(4, 2, "3").choices:
+        expect(_panel(again)).to_contain_text(choice, timeout=30_000)
+    assert again.js_errors == [] and page.js_errors == []

@@ -1,0 +1,200 @@
+"""Permalinks (tabs/permalink.py): a view written as a query string reads back as the same view, for every tab's own
+declaration; hostile or unknown values fall back to the defaults with a notice that never repeats them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import parse_qsl
+
+import gradio as gr
+import pytest
+
+import app
+from tabs import permalink as pl
+from tabs.common import EXAMPLE_NAMES, MAX_TEXT_CHARS
+
+
+@pytest.fixture(scope="module")
+def links() -> dict[str, pl.Permalink | None]:
+    """Every tab's own Permalink, as its build() declares it (a tab added to app.TABS included)."""
+    found = {}
+    with gr.Blocks():
+        for tab in app.TABS:
+            found[pl.tab_key(tab)] = tab.build()
+    return found
+
+
+def other_value(control):
+    """A value the control accepts that is not its default (None: the control has nothing else to offer)."""
+    c = pl.component_of(control)
+    if isinstance(control, pl.Field):  # Vision's image: an example, by name
+        return EXAMPLE_NAMES["sneaker"] if isinstance(c, gr.File) else None
+    if isinstance(c, gr.Checkbox):
+        return not c.value
+    if isinstance(c, (gr.Radio, gr.Dropdown)):
+        return next((v for _, v in c.choices if v != c.value), None)
+    if isinstance(c, gr.Slider):
+        return c.maximum if c.value != c.maximum else c.minimum
+    if isinstance(c, gr.Number):
+        return 42
+    return "Two dogs run on the beach ."
+
+
+def query_of(text: str) -> dict[str, str]:
+    return dict(parse_qsl(text, keep_blank_values=True))
+
+
+def test_every_tab_has_a_key_and_its_defaults_make_a_bare_link(links) -> None:
+    first = next(iter(links))
+    assert list(links) == [pl.tab_key(t) for t in app.TABS]
+    for key, link in links.items():
+        controls = {**link.fields, **link.after} if link else {}
+        defaults = [pl.component_of(c).value for c in controls.values()]
+        assert pl.write_query(key, link, defaults, first) == ("" if key == first else f"tab={key}")
+        assert "view" not in controls and "tab" not in controls  # Gradio's ?view=api, and the tab itself
+
+
+def test_every_tab_round_trips_its_view(links) -> None:
+    for key, link in links.items():
+        if not link:
+            continue
+        values = {name: other_value(c) for name, c in link.fields.items()}
+        values = {name: v for name, v in values.items() if v is not None}
+        shown = [values.get(name, pl.component_of(c).value) for name, c in link.fields.items()]
+        after = ["1", "0", "1"][: len(link.after)]  # a layer, a head, a replay step (or a patch, below)
+        after_values = [int(v) if isinstance(pl.component_of(c), gr.Slider) else v
+                        for v, c in zip(after, link.after.values(), strict=False)]
+        if "patch" in link.after:
+            after_values[list(link.after).index("patch")] = "2,5"
+        query = pl.write_query(key, link, [*shown, *after_values])
+        asked = pl.read_query(query_of(query), links)
+        assert asked.tab == key and not asked.refused and not asked.messages and not asked.unknown, (key, query)
+        assert asked.values == values, key
+        back = {name: v for name, v in zip(link.after, after_values, strict=False)
+                if pl.write_value(c := link.after[name], v) != pl.default_text(c)}
+        assert asked.pending == {name: pl.write_value(link.after[name], v) for name, v in back.items()}
+        # the controls' defaults stay out of the link: it is as short as the view allows
+        assert len(query_of(query)) == 1 + len(values) + len(back)
+
+
+def test_a_link_runs_the_tab_only_when_it_gives_its_keys(links) -> None:
+    assert pl.read_query({}, links) == pl.Restored()
+    assert not pl.read_query({"tab": "generate"}, links).run  # choosing a tab selects it, nothing more
+    assert pl.read_query({"tab": "generate", "layer": "1"}, links).run
+    first = pl.read_query({"text": "A dog runs ."}, links)  # no tab: the first one
+    assert first.tab == next(iter(links)) and first.values == {"text": "A dog runs ."} and first.run
+    assert pl.read_query({"view": "api", "__theme": "dark"}, links) == pl.Restored()  # Gradio's own keys
+
+
+HOSTILE = {
+    "text": ["x" * (MAX_TEXT_CHARS + 1), "a\x00b", "\u202eevil", "\ud800"],
+    "model": ["../../etc/passwd", "/etc/passwd", "gpt-tiny/../../x", "GPT-TINY", ""],
+    "tokens": ["999", "0", "1e9", "nan", "inf", "-3", "2.5", "0x10", "", "٣"],
+    "temperature": ["0.07", "99", "-1", "1e-3"],
+    "seed": ["-1", str(2**64), "1.5", "abc", "9" * 40],
+    "strategy": ["beam", "greedy; drop table"],
+    "show": ["api", "heatmap<script>"],
+}
+
+
+@pytest.mark.parametrize("key", sorted(HOSTILE))
+def test_hostile_values_fall_back_with_a_notice_that_does_not_repeat_them(links, key: str) -> None:
+    for text in HOSTILE[key]:
+        asked = pl.read_query({"tab": "generate", key: text}, links)
+        assert asked.values == {} and asked.refused == (key,), (key, text)
+        shown = pl.notice(asked.refused, asked.messages, asked.unknown)
+        assert f"`{key}` is not allowed here, so the default is shown" in shown
+        assert (text not in shown) or len(text) < 2
+
+
+def test_odd_but_harmless_text_and_exact_limits_are_taken(links) -> None:
+    for text in ["Zwei Hunde rennen 🐕🐕", "数字 ١٢٣ ﷽", "tab\tand\nnewline", "x" * MAX_TEXT_CHARS, ""]:
+        assert pl.read_query({"tab": "generate", "text": text}, links).values == {"text": text}
+    asked = pl.read_query({"tab": "generate", "tokens": "64", "temperature": "0.7", "seed": str(2**64 - 1),
+                           "topp": "1"}, links)
+    assert asked.values == {"tokens": 64, "temperature": 0.7, "seed": 2**64 - 1, "topp": 1.0} and not asked.refused
+
+
+def test_unknown_keys_and_tabs_are_counted_never_shown(links) -> None:
+    asked = pl.read_query({"tab": "generate", "<img src=x>": "1", "layer ": "1", "evil": "../../etc/passwd"}, links)
+    assert asked.unknown == 3 and asked.values == {} and not asked.run
+    assert pl.notice(unknown=asked.unknown).endswith("3 unknown entries were ignored.")
+    nowhere = pl.read_query({"tab": "../../etc/passwd", "text": "hi"}, links)
+    assert nowhere.tab is None and nowhere.messages == ("It names no tab of this app.",)
+    many = {f"k{i}": "1" for i in range(500)}
+    assert pl.read_query({"tab": "generate", **many}, links).unknown < pl.MAX_KEYS  # a long query is cut short
+
+
+def fake_generation(layers: int, heads: int, steps: int):
+    amap = SimpleNamespace(layers=layers, heads=heads)
+    return {"result": SimpleNamespace(attention={"decoder": amap}, steps=[None] * steps)}
+
+
+def test_layer_head_and_step_are_checked_against_the_result(links) -> None:
+    gen = links["generate"]
+    state = fake_generation(layers=4, heads=8, steps=20)
+    ok, refused = pl.check_after(gen, {"layer": "3", "head": "7", "step": "20"}, state)
+    assert ok == {"layer": 3, "head": "7", "step": 20} and refused == []
+    ok, refused = pl.check_after(gen, {"layer": "999", "head": "abc", "step": "-1"}, state)
+    assert ok == {} and sorted(refused) == ["head", "layer", "step"]
+    ok, refused = pl.check_after(gen, {"layer": "4", "head": "8", "step": "21"}, state)
+    assert ok == {} and len(refused) == 3  # one past the end of each
+    assert pl.check_after(gen, {"head": "max"}, state)[0] == {"head": "max"}  # a fusion is a head choice
+    assert pl.check_after(gen, {"layer": "1"}, None) == ({}, ["layer"])  # the run failed: nothing to check against
+    too_long = pl.read_query({"tab": "generate", "head": "7" * (pl.MAX_AFTER_CHARS + 1)}, links)
+    assert too_long.refused == ("head",) and too_long.pending == {}
+
+
+def test_vision_links_carry_an_example_by_name_and_a_patch(links) -> None:
+    from tabs.vision import example_name, example_path
+
+    vision = links["vision"]
+    asked = pl.read_query({"tab": "vision", "image": "sneaker", "patch": "2,5"}, links)
+    assert asked.values == {"image": EXAMPLE_NAMES["sneaker"]} and asked.pending == {"patch": "2,5"}
+    for name in ("../../etc/passwd", "/etc/passwd", EXAMPLE_NAMES["sneaker"], "7-sneaker-t10k-9.png"):
+        assert pl.read_query({"tab": "vision", "image": name}, links).refused == ("image",)  # names, never paths
+    upload = pl.read_query({"tab": "vision", "image": "upload"}, links)
+    assert upload.values == {} and "upload" in upload.messages[0]
+    # the file Gradio hands the handler keeps the example's file name; any other file is an upload
+    assert example_name(f"/tmp/gradio/abc123/{Path(EXAMPLE_NAMES['bag']).name}") == "bag"
+    assert example_name("/tmp/gradio/abc123/holiday.jpg") == "upload" and example_name(None) is None
+    assert example_path("coat") == EXAMPLE_NAMES["coat"]
+    result = SimpleNamespace(attention={"encoder": SimpleNamespace(layers=2, heads=4)}, grid=(7, 7), windows=[])
+    ok, refused = pl.check_after(vision, {"patch": "6,6", "head": "3"}, {"result": result})
+    assert ok == {"patch": "6,6", "head": "3"} and refused == []
+    assert pl.check_after(vision, {"patch": "7,0"}, {"result": result})[1] == ["patch"]
+    assert pl.check_after(vision, {"patch": "../1"}, {"result": result})[1] == ["patch"]
+
+
+def test_the_class_to_explain_must_be_a_label_of_the_tabs_models(links, tiny_checkpoints, monkeypatch) -> None:
+    from tabs import common
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    assert pl.read_query({"tab": "classify", "target": "Positive"}, links).values == {"target": "Positive"}
+    assert pl.read_query({"tab": "classify", "target": "Sports"}, links).values == {"target": "Sports"}
+    assert pl.read_query({"tab": "classify", "target": "<b>x</b>"}, links).refused == ("target",)
+    assert pl.read_query({"tab": "vision", "target": "Sneaker"}, links).values == {"target": "Sneaker"}
+
+
+def test_model_choices_come_from_the_fixed_lists(links) -> None:
+    from tabs.generate import decoder_models
+
+    names = [v for _, v in links["generate"].fields["model"].choices]
+    assert names == decoder_models()
+    for name in names:
+        assert pl.read_query({"tab": "generate", "model": name}, links).values == {"model": name}
+
+
+def test_the_app_restores_at_one_page_load_and_writes_every_tab() -> None:
+    demo = app.build_demo()
+    config = demo.get_config_file()
+    deps = config["dependencies"]
+    loads = [d for d in deps if any(t[1] == "load" for t in d["targets"])]
+    assert len(loads) == 1  # the restore; the tabs that need no trained model draw right after it
+    assert sum(1 for d in deps if d.get("trigger_after") == loads[0]["id"]) == 3
+    tab_ids = [c["props"].get("id") for c in config["components"] if c.get("type") == "tabitem"]
+    assert tab_ids == [pl.tab_key(t) for t in app.TABS]
+    writers = [d for d in deps if any(t[1] == "select" for t in d["targets"]) and d["trigger_mode"] == "always_last"]
+    assert len(writers) == len(app.TABS)
+    assert all(d["api_visibility"] == "private" for d in loads + writers)  # UI-only: no API endpoint
