@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from examples import sentences
+from models.outputs import AttentionMap
 from tabs import why
 from tabs.common import (
     FAST,
@@ -99,7 +100,7 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     notice = result.notice or f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
     return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
-            vt.cross_alignment(cross.weights, cross.queries, cross.keys, layer=cross.layers - 1, head="mean"),
+            vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
 
 
@@ -131,4 +132,13 @@ def draw_translation(result, kind: str, layer: int, head: str, view: str):
         return None, None
     amap = result.attention[kind]
     title = KINDS[kind]
+    if kind == "cross":  # row t is the step that produced the next German token: label it by that token
+        amap = AttentionMap(amap.weights, produced(result), amap.keys)
     return attention_figure(amap, title, layer, parse_head(head), view), stats_figure(amap, title)
+
+
+def produced(result) -> list[str]:
+    """Each decoder step's output: row t of "decoder"/"cross" reads target token t and produces token t + 1 (the
+    last produces </s>), so cross-attention rows are labelled "→ produced token"."""
+    out = [*result.target_tokens[1:], "</s>"]
+    return [f"→ {t}" for t in out[: len(result.target_tokens)]]

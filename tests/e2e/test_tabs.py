@@ -309,3 +309,16 @@ def test_long_generation_wraps_and_ablation_measures_a_real_step(page) -> None:
     panel.get_by_role("button", name="Switch the head off").click()
     expect(panel).to_contain_text("after the prompt (the step that chose generated token 1", timeout=30_000)
     assert page.js_errors == []
+
+
+def test_cross_attention_rows_name_the_token_each_step_produced(page) -> None:
+    """Row t of cross-attention is the step that produced German token t + 1: rows are labelled "→ token" (they were
+    labelled with the token the decoder had just read, <s> first, against the caption)."""
+    open_tab(page, "Translate")
+    panel = _panel(page)
+    panel.get_by_role("button", name="Translate", exact=True).click()
+    _wait_for_title(page, lambda t: t.startswith("Cross-attention (target → source)"))
+    cross = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Cross-attention (target → source)"))
+    rows = [str(y) for y in cross[0]["y"]]
+    assert all("→" in y for y in rows) and "&lt;s&gt;" not in rows[0] and rows[-1].endswith("→ &lt;/s&gt;"), rows
+    assert page.js_errors == []
