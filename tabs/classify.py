@@ -77,7 +77,9 @@ def build() -> Permalink:
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation (colours the text)", scale=2)
-        target = gr.Textbox("", label="explain the class (empty: the predicted one)", scale=1)
+        target = gr.Dropdown(class_choices("SST-2 sentiment", "trained from scratch"), value="", scale=1,
+                             allow_custom_value=True,  # the API names any class; the handler checks it
+                             label="explain the class")
     highlight = gr.HTML(elem_classes=["highlight"])
     curve = gr.Plot(label="deletion curve: every explanation on this input")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
@@ -101,6 +103,10 @@ def build() -> Permalink:
         control.change(draw_attention, [state, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
     explanation.change(recolour, [state, explanation], [highlight, curve], api_name=False, show_progress="minimal")
+    # the classes offered follow the model (a link's choice included, so .change); a person's choice re-explains
+    for control in (task, model):
+        control.change(target_update, [task, model, target], [target], api_name=False, show_progress="hidden")
+    chain(target.input, steps)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *configured("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
@@ -132,6 +138,20 @@ def why_controls_for(state: dict | None):
     amap = state["result"].attention["encoder"]
     layer_u, head_u, _ = why.controls(amap.layers, amap.heads, len(amap.queries))
     return layer_u, head_u, gr.update(value=0)
+
+
+def class_choices(task: str, model: str) -> list[tuple[str, str]]:
+    """The classes the chosen model can be asked to explain (read from its config.json, no torch), after "the
+    predicted class" (the empty value)."""
+    labels = checkpoint_labels(checkpoint_name(task, model), ordered=True)
+    return [("the predicted class", ""), *[(label, label) for label in labels]]
+
+
+def target_update(task: str, model: str, target: str):
+    """The class choices of the model now chosen; the chosen class stays if this model has it."""
+    choices = class_choices(task, model)
+    keep = target if target in [value for _, value in choices] else ""
+    return gr.update(choices=choices, value=keep)
 
 
 def checkpoint_name(task: str, model: str) -> str:

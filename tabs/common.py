@@ -226,19 +226,23 @@ def configuration_notice(kind: str) -> str:
     return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
 
 
-def checkpoint_labels(*names: str) -> set[str]:
+def checkpoint_labels(*names: str, ordered: bool = False) -> Any:
     """The class labels that these checkpoints' (or configured folders') config.json lists, read without torch:
-    the classes a permalink may name as the one to explain."""
-    found: set[str] = set()
-    for name in names:
-        folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
-        try:  # a Hub entry has no folder until it is fetched
-            meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
-        except (OSError, ValueError):
-            continue
-        labels = meta.get("labels") or list((meta.get("id2label") or {}).values())
-        found |= {str(label) for label in labels}
-    return found
+    the classes a permalink may name as the one to explain (a set), or with ``ordered`` the list in label order."""
+    if ordered:
+        return list(dict.fromkeys(label for name in names for label in _labels_of(name)))
+    return {label for name in names for label in _labels_of(name)}
+
+
+def _labels_of(name: str) -> list[str]:
+    folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
+    try:  # a Hub entry has no folder until it is fetched
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        id2label = meta.get("id2label") or {}
+        labels = meta.get("labels") or [id2label[k] for k in sorted(id2label, key=int)]
+    except (OSError, ValueError, TypeError):
+        return []
+    return [str(label) for label in labels]
 
 
 def get_model(name: str, progress: Any = None) -> Any:

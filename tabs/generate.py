@@ -150,6 +150,7 @@ def build() -> Permalink:
     for control in (step, layer, head, view):
         control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
+    model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
     ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation], api_name=False)
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
     return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
@@ -249,6 +250,23 @@ def ending(result, eos: str, settings: str) -> str:
                     "prompt reads as finished to it). Try sampling, or a prompt that stops mid-sentence · " + settings)
         return f"{n} new tokens · stopped at `{eos}`, the model's end-of-text token · {settings}"
     return f"{n} new tokens · {settings}"
+
+
+def model_notice(name: str) -> str:
+    """Said as soon as a Hub model is chosen, not after Generate is pressed: whether it is already downloaded, will
+    be on first use, or cannot be (downloads off and not in the cache)."""
+    entry = common.DOWNLOADABLE.get(name) or common.CONFIGURED.get(name)
+    if entry is None or entry.folder is not None or not entry.repo:
+        return ""
+    from models.hub import cached, how_to_get, offline
+
+    if cached(entry.repo, entry.revision):
+        return f"`{name}` is in the local Hugging Face cache: it loads on the first Generate."
+    if offline():
+        return (f"**Not available offline:** `{name}` is not in the local Hugging Face cache and downloads are off "
+                f"(ATLAS_OFFLINE / HF_HUB_OFFLINE). {how_to_get(entry.repo, entry.revision)} The other models keep "
+                "working.")
+    return f"`{name}` is downloaded from the Hugging Face Hub on the first Generate, with its progress shown."
 
 
 def _shown(result, step: int | None) -> int:

@@ -322,3 +322,25 @@ def test_cross_attention_rows_name_the_token_each_step_produced(page) -> None:
     rows = [str(y) for y in cross[0]["y"]]
     assert all("→" in y for y in rows) and "&lt;s&gt;" not in rows[0] and rows[-1].endswith("→ &lt;/s&gt;"), rows
     assert page.js_errors == []
+
+
+def test_choices_say_what_they_can_do_before_the_button(page) -> None:
+    """Choosing a Hub model offline says so at once; the class to explain is a list of the model's own classes that
+    follows the task and re-explains when picked (it was free text that ignored Enter)."""
+    open_tab(page, "Generate")
+    _panel(page).get_by_role("combobox", name="model").click()
+    page.get_by_role("option", name="openai-community/gpt2", exact=True).click()
+    expect(_panel(page)).to_contain_text("Not available offline", timeout=30_000)
+    open_tab(page, "Classify")
+    panel = _panel(page)
+    panel.get_by_role("button", name="Classify", exact=True).click()
+    wait_for_plots(page, 3)
+    panel.get_by_label("explain the class").click()
+    options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]  # ✓: chosen
+    assert options == ["the predicted class", "negative", "positive"], options
+    page.get_by_role("option", name="negative", exact=True).click()
+    expect(panel.locator(".highlight").first).to_contain_text("toward negative", timeout=30_000)
+    panel.get_by_label("AG News topic").check()
+    panel.get_by_label("explain the class").click()
+    expect(page.get_by_role("option", name="Sci/Tech", exact=True)).to_be_visible(timeout=30_000)
+    assert page.js_errors == []
