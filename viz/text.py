@@ -169,8 +169,12 @@ def beam_tree(steps: Sequence, chosen: Sequence[int] = (), *, title: str = "Beam
     fig = Fig(traces)
     width = int(np.clip(90 * n_steps + 250, 600, 2400))
     beam = max((len(_field(s, "tokens")) for s in steps), default=1)
-    base_layout(fig, title, height=int(np.clip(70 * beam + 200, 360, 900)), width=width)
+    key = "colour: cumulative log-probability (yellow: more likely) · square: finished · red: the chosen translation"
+    wide = " · scroll sideways for the later steps →" if width > 1100 else ""  # wider than a laptop's panel
+    base_layout(fig, f"{title}<br><sup>{key}{wide}</sup>", height=int(np.clip(70 * beam + 220, 380, 920)),
+                width=width)
     fig.update_xaxes(title=dict(text="decoding step"), dtick=1, range=[-0.6, max(n_steps, 1) - 0.4])
-    fig.update_yaxes(title=dict(text="beam slot"), autorange="reversed", dtick=1)
+    # exactly the slots the search kept (autorange padded the labels into empty slots 5–7 at beam 5); slot 0 on top
+    fig.update_yaxes(title=dict(text="beam slot"), range=[beam - 0.5, -0.8], dtick=1)
     fig.update_layout(legend=dict(orientation="h", y=1.02, x=1.0, yanchor="bottom", xanchor="right"))
     return fig.build()
