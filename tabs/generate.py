@@ -193,8 +193,8 @@ def _model(name: str | None, progress=None):
     if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
         raise Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
-                       f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
-                       "with `python app.py --model DIR`.", duration=None)
+                    f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
+                    "with `python app.py --model DIR`.", duration=None)
     report = None if progress is None else (lambda done, text: progress(done, desc=text))
     return get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 

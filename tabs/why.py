@@ -458,12 +458,13 @@ def patch(clean: str, corrupted: str, model: str = "gpt-tiny", target: str = "",
     "positions"; target: a token or class (empty: the clean answer)."""
     clean, corrupted = read_text(clean), read_text(corrupted)
     net = _model_for(model or "gpt-tiny")
+    wanted = _target(net, target)
     a, _, _ = encode(net, clean)
     b, _, _ = encode(net, corrupted)
     if len(a) != len(b):
         raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
-                       "number of tokens.")
-    _, fig, table, _ = run_patch(model or "gpt-tiny", a, b, _target(net, target), sweep)
+                    "number of tokens.")
+    _, fig, table, _ = run_patch(model or "gpt-tiny", a, b, wanted, sweep)
     return json.loads(fig.to_json()), table
 
 
