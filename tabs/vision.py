@@ -97,6 +97,8 @@ def build() -> Permalink:
     for control in (layer, head, view):
         control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
                        show_progress="hidden", **FAST)
+    # what applies to the chosen model (a link's choice too): Swin has no CLS token and only gradient explanations
+    model.change(offered, [model, explanation], [explanation, view], api_name=False, show_progress="hidden")
     seen.select(on_image_click, [state], [patch], api_name=False, **FAST)
     patch.change(show_patch, [state, layer, head, patch], [query, state], api_name=False, show_progress="hidden",
                  **FAST)
@@ -104,6 +106,24 @@ def build() -> Permalink:
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,
                      after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits)
+
+
+SWIN_MODELS = ("swin-fashion", "Swin-T (ImageNet)")  # windowed attention: no CLS token, no global map to roll out
+
+
+def offered(model: str, explanation: str):
+    """The explanation choices and the view switch for a model: Swin offers only the gradient methods (its
+    attention stays inside windows, so there is nothing global to read, roll out or trace) and no CLS → patches /
+    rollout switch (it has no CLS token; its map is one token's attention inside its window, at the chosen block)."""
+    from models.outputs import GRADIENT_METHODS
+
+    swin = model in SWIN_MODELS
+    keys = GRADIENT_METHODS if swin else tuple(EXPLANATIONS)
+    value = explanation if explanation in keys else keys[0]
+    view = gr.update(interactive=not swin, value="CLS → patches",
+                     info="Swin has no CLS token: the map is the centre token's attention inside its window (click a "
+                          "patch for another), at the block the layer slider picks; no rollout" if swin else None)
+    return gr.update(choices=[(EXPLANATIONS[k], k) for k in keys], value=value), view
 
 
 def example_path(name: str) -> str:

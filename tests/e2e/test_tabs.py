@@ -357,3 +357,20 @@ def test_beam_tree_shows_the_slots_it_kept_and_says_what_colours_mean(page) -> N
     assert max(y_range) == slots + 0.5 and -1 < min(y_range) < 0, (y_range, slots)  # no empty slots below the last
     assert "cumulative log-probability" in title and "chosen translation" in title
     assert page.js_errors == []
+
+
+def test_swin_offers_only_what_applies(page) -> None:
+    """Choosing Swin leaves only the gradient explanations and turns the CLS / rollout switch off, saying why (it
+    kept a rollout label while drawing gradient × input, and the switch changed nothing)."""
+    open_tab(page, "Vision")
+    panel = _panel(page)
+    panel.get_by_label("swin-fashion").check()
+    panel.get_by_label("explanation", exact=True).click()
+    options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]
+    assert options == ["Gradient × input", "Integrated gradients"], options
+    page.keyboard.press("Escape")
+    expect(panel.get_by_label("rollout", exact=True)).to_be_disabled(timeout=30_000)
+    expect(panel).to_contain_text("Swin has no CLS token", timeout=30_000)
+    panel.get_by_label("vit-fashion").check()
+    expect(panel.get_by_label("rollout", exact=True)).to_be_enabled(timeout=30_000)
+    assert page.js_errors == []
