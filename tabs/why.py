@@ -399,16 +399,22 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
     return note, fig, table, {"model": name, "ids": list(clean_ids), "tokens": r.clean_tokens, "sweep": sweep}
 
 
-def patch_texts(name: str, clean: str, corrupted: str, target: str, sweep: str, progress=None):
-    """Patching between two texts: each encoded as the model reads it; lengths must agree."""
+def _pair(net, clean: str, corrupted: str, target: str) -> tuple[int | None, list[int], list[int]]:
+    """The target answer and both texts' ids as the model reads them; lengths in tokens must agree."""
     clean, corrupted = read_text(clean), read_text(corrupted)
-    net = get_model(name)
     wanted = _target(net, target)
     a, _, _ = encode(net, clean)
     b, _, _ = encode(net, corrupted)
     if len(a) != len(b):
         raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
                     "number of tokens (change a word for one of the same length in tokens).")
+    return wanted, a, b
+
+
+def patch_texts(name: str, clean: str, corrupted: str, target: str, sweep: str, progress=None):
+    """Patching between two texts: each encoded as the model reads it; lengths must agree."""
+    net = get_model(name)
+    wanted, a, b = _pair(net, clean, corrupted, target)
     note, fig, _, kept = run_patch(name, a, b, wanted, sweep, progress)
     return note, fig, kept
 
@@ -456,14 +462,8 @@ def patch(clean: str, corrupted: str, model: str = "gpt-tiny", target: str = "",
     """Activation patching between two texts of the same token length: (Plotly figure as JSON, {restored (layer ×
     head or layer × position), logit_diff_clean, logit_diff_corrupted, target, foil, tokens}). sweep: "heads" or
     "positions"; target: a token or class (empty: the clean answer)."""
-    clean, corrupted = read_text(clean), read_text(corrupted)
     net = _model_for(model or "gpt-tiny")
-    wanted = _target(net, target)
-    a, _, _ = encode(net, clean)
-    b, _, _ = encode(net, corrupted)
-    if len(a) != len(b):
-        raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
-                    "number of tokens.")
+    wanted, a, b = _pair(net, clean, corrupted, target)
     _, fig, table, _ = run_patch(model or "gpt-tiny", a, b, wanted, sweep)
     return json.loads(fig.to_json()), table
 

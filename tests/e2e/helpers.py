@@ -82,3 +82,15 @@ def click_cell(page, elem_id: str, row: int, col: int) -> None:
         const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
         return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)]; }""", [elem_id, row, col])
     page.mouse.click(x, y)
+
+
+def generate_in_tab(page, prompt: str = "Two dogs are running on the") -> None:
+    """Open Generate, type a prompt, press Generate and wait for its figures and notice."""
+    from playwright.sync_api import expect
+
+    open_tab(page, "Generate")
+    panel = page.locator("div[role=tabpanel]:visible")
+    panel.get_by_label("prompt").fill(prompt)
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_plots(page, 3)
+    expect(panel).to_contain_text("new tokens", timeout=30_000)

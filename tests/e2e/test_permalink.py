@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from tabs.generate import PROMPTS
 
-from .helpers import figures, open_tab, plot_signature, titles, wait_for_plots
+from .helpers import figures, generate_in_tab, open_tab, plot_signature, titles, wait_for_plots
 
 pytestmark = pytest.mark.e2e
 
@@ -84,12 +84,8 @@ def _expect_tab(page, name: str) -> None:
 
 
 def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None:
-    open_tab(page, "Generate")
+    generate_in_tab(page)
     panel = _panel(page)
-    panel.get_by_label("prompt").fill("Two dogs are running on the")
-    panel.get_by_role("button", name="Generate", exact=True).click()
-    wait_for_plots(page, 3)
-    expect(panel).to_contain_text("new tokens", timeout=30_000)
     _pick(page, "head (or fusion of heads)", "3")  # the last head of the tiny decoder (see the module docstring)
     box = panel.get_by_label("number input for replay: show the tokens up to generated token (0 = all)")
     box.fill("3")

@@ -13,6 +13,7 @@ from .helpers import (
     click_cell,
     clipped_figures,
     figures,
+    generate_in_tab,
     open_tab,
     plot_signature,
     screenshot,
@@ -211,12 +212,8 @@ def test_generate_tab(page) -> None:
 def test_why_a_head_attends_patching_and_compare(page) -> None:
     """Generate, then: click a cell of one head's heatmap and see its score split (the terms sum to the score in
     the title, the row's softmax is the clicked row); run the patching sweep and click a head; compare two inputs."""
-    open_tab(page, "Generate")
+    generate_in_tab(page)
     panel = _panel(page)
-    panel.get_by_label("prompt").fill("Two dogs are running on the")
-    panel.get_by_role("button", name="Generate", exact=True).click()
-    wait_for_plots(page, 3)
-    expect(panel).to_contain_text("new tokens", timeout=30_000)
     before = plot_signature(page)
     _pick(page, "head (or fusion of heads)", "1")
     wait_for_change(page, before)
