@@ -181,14 +181,11 @@ def plan(model: nn.Module, ids: Sequence[int]) -> Plan:
     x = torch.tensor([list(ids)], device=next(model.parameters()).device)
     if kind == "GPT":
         return _plan_gpt(model, x)
-    if kind == "TextClassifier":
-        tok = model.embed(x)[0].double()
-        pos = model.positions(torch.zeros_like(model.embed(x)))[0].double()
-        return _plan_encoder(model.layers, [("token", tok), ("position", pos)])
-    if kind == "Translator":
-        tok = (model.src_embed(x) * math.sqrt(model.config.d_model))[0].double()
-        pos = model.positions(torch.zeros_like(model.src_embed(x)))[0].double()
-        return _plan_encoder(model.encoder, [("token", tok), ("position", pos)])
+    if kind in ("TextClassifier", "Translator"):  # token (the translator's scaled by √d, §3.4) + position
+        tok = model.embed(x) if kind == "TextClassifier" else model.src_embed(x) * math.sqrt(model.config.d_model)
+        pos = model.positions(torch.zeros_like(tok))
+        stack = model.layers if kind == "TextClassifier" else model.encoder
+        return _plan_encoder(stack, [("token", tok[0].double()), ("position", pos[0].double())])
     if kind == "BertClassifier":
         return _plan_bert(model, x)
     raise TypeError(f"no score decomposition for a {kind}")
@@ -307,22 +304,19 @@ class ScoreDecomposition:
                                     "value": float(rest)}]
         return rows
 
-    def query_totals(self) -> np.ndarray:
-        """Each query part's share of the score (summed over key parts), (C,)."""
-        return self.table.sum(1)
 
-    def key_totals(self) -> np.ndarray:
-        return self.table.sum(0)
+def n_layers(model: nn.Module) -> int:
+    """The self-attention layers a decomposition walks: the translator's encoder, every other model's stack."""
+    c = model.config
+    return int(c.n_enc_layers if type(model).__name__ == "Translator" else c.n_layers)
 
 
 def _check(model: nn.Module, ids: Sequence[int], layer: int, head: int, query: int, key: int) -> int:
-    n_layers = len(plan_layers(model))
-    heads = _n_heads(model)
-    t = len(ids)
+    layers, heads, t = n_layers(model), int(model.config.n_heads), len(ids)
     if t < 1:
         raise ValueError("the input is empty")
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"layer {layer} is outside 0..{n_layers - 1}")
+    if not 0 <= layer < layers:
+        raise ValueError(f"layer {layer} is outside 0..{layers - 1}")
     if not 0 <= head < heads:
         raise ValueError(f"head {head} is outside 0..{heads - 1}")
     if not 0 <= query < t:
@@ -332,14 +326,15 @@ def _check(model: nn.Module, ids: Sequence[int], layer: int, head: int, query: i
     return t
 
 
-def plan_layers(model: nn.Module) -> nn.ModuleList:
-    kind = type(model).__name__
-    return {"GPT": lambda: model.blocks, "TextClassifier": lambda: model.layers, "Translator": lambda: model.encoder,
-            "BertClassifier": lambda: model.bert.layers}.get(kind, lambda: nn.ModuleList())()
-
-
-def _n_heads(model: nn.Module) -> int:
-    return int(model.config.n_heads)
+def _walk(p: Plan, at: Sequence[int]):
+    """Layer by layer: (layer, its attention, the stream entering it (normed for pre-norm layers), the scores and
+    weights), the stream then carried on through the layer; parts are kept at the positions ``at``."""
+    stream = _start(p, at)
+    for i, (attn, after) in enumerate(p.layers):
+        inp = stream.normed(attn.norm) if attn.norm is not None else stream
+        scores, weights, v = _scores(attn, inp.total)
+        yield i, attn, inp, scores, weights
+        stream = _finish(stream, attn, after, _head_outputs(attn, weights, v), i)
 
 
 @torch.no_grad()
@@ -357,13 +352,9 @@ def decompose_score(model: nn.Module, ids: Sequence[int], layer: int, head: int,
     if attn0.causal and key > query:
         raise ValueError(f"key {key} comes after query {query}: a causal model masks that cell (score −inf)")
     at = [query, key] + ([key - 1] if attn0.smear is not None and key > 0 else [])
-    stream = _start(p, at)
-    for i, (attn, after) in enumerate(p.layers):
-        inp = stream.normed(attn.norm) if attn.norm is not None else stream
-        scores, weights, v = _scores(attn, inp.total)
+    for i, attn, inp, scores, weights in _walk(p, at):
         if i == layer:
             return _split(attn, inp, scores, weights, layer, head, query, key, t)
-        stream = _finish(stream, attn, after, _head_outputs(attn, weights, v), i)
     raise AssertionError("unreachable")
 
 
@@ -372,8 +363,6 @@ def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int,
     kv = head // attn.group()
     scale = 1 / math.sqrt(attn.d_head)
     parts = inp.parts  # (C, P, D)
-    bias_first = torch.zeros(parts.size(0), 1, 1, dtype=torch.bool)
-    bias_first[0] = True
 
     def project(fn, col: int, pos: int, rotate: bool = True) -> Tensor:
         # every part projected without the layer's bias, the bias part with it: the parts sum to q (or k)
@@ -413,12 +402,4 @@ def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int,
 @torch.no_grad()
 def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     """Every layer's pre-softmax scores (layers, heads, T, T), float32, masked cells −inf."""
-    p = plan(model, ids)
-    stream = _start(p, [])
-    out = []
-    for i, (attn, after) in enumerate(p.layers):
-        inp = stream.normed(attn.norm) if attn.norm is not None else stream
-        scores, weights, v = _scores(attn, inp.total)
-        out.append(scores.float().cpu().numpy())
-        stream = _finish(stream, attn, after, _head_outputs(attn, weights, v), i)
-    return np.stack(out)
+    return np.stack([scores.float().cpu().numpy() for _, _, _, scores, _ in _walk(plan(model, ids), [])])

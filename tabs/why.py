@@ -252,12 +252,10 @@ def _index(value, n: int, name: str) -> int:
 
 def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: str = ""):
     """Decompose one score: (summary Markdown, figure, table dict). Positions and indices are checked here."""
-    from models.decompose import decompose_score
+    from models.decompose import decompose_score, n_layers
 
     c = net.config
-    n_layers = len(getattr(net, "blocks", None) or getattr(net, "layers", None) or getattr(net, "encoder", None)
-                   or net.bert.layers)
-    layer, head = _index(layer, n_layers, "layer"), _index(head, c.n_heads, "head")
+    layer, head = _index(layer, n_layers(net), "layer"), _index(head, c.n_heads, "head")
     query, key = _index(query, len(ids), "query position"), _index(key, len(ids), "key position")
     try:
         d = decompose_score(net, ids, layer, head, query, key)
@@ -318,6 +316,7 @@ def from_cell(cell: str, layer, head, w_head, *shown):
 
 def ablate_sink(sequence, state, layer, head) -> str:
     """Forbid the head its first token in the forward pass: the change in loss (LM) or class probability."""
+    from models.decompose import n_layers
     from models.patching import sink_ablation
 
     if not state:
@@ -326,8 +325,7 @@ def ablate_sink(sequence, state, layer, head) -> str:
     net = get_model(name)
     if type(net).__name__ == "Translator":
         raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
-    n_layers = len(getattr(net, "blocks", None) or getattr(net, "layers", None) or net.bert.layers)
-    layer, head = _index(layer, n_layers, "layer"), _index(head, net.config.n_heads, "head")
+    layer, head = _index(layer, n_layers(net), "layer"), _index(head, net.config.n_heads, "head")
     try:
         r = sink_ablation(net, ids, layer, head)
     except ValueError as err:
