@@ -143,7 +143,7 @@ def why_controls_for(state: dict | None):
 def class_choices(task: str, model: str) -> list[tuple[str, str]]:
     """The classes the chosen model can be asked to explain (read from its config.json, no torch), after "the
     predicted class" (the empty value)."""
-    labels = checkpoint_labels(checkpoint_name(task, model), ordered=True)
+    labels = checkpoint_labels(checkpoint_name(task, model))
     return [("the predicted class", ""), *[(label, label) for label in labels]]
 
 

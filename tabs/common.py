@@ -38,6 +38,8 @@ EXAMPLE_NAMES = {Path(p).stem.split("-t10k")[0].split("-", 1)[1]: p for p in EXA
 DOWNLOADS = Path(os.environ.get("GRADIO_TEMP_DIR") or Path(tempfile.gettempdir()) / "gradio") / "attention-atlas"
 MAX_TEXT_CHARS = limits.MAX_TEXT_CHARS
 HEADS_DEFAULT = ["mean", "max"]
+
+
 class Error(gr.Error):
     """gr.Error with its message shown as text: Gradio renders an error's message as HTML, so a model name, a
     token or a library's "<urlopen error ...>" in it would be eaten or interpreted. Every handler raises this."""
@@ -226,12 +228,10 @@ def configuration_notice(kind: str) -> str:
     return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
 
 
-def checkpoint_labels(*names: str, ordered: bool = False) -> Any:
-    """The class labels that these checkpoints' (or configured folders') config.json lists, read without torch:
-    the classes a permalink may name as the one to explain (a set), or with ``ordered`` the list in label order."""
-    if ordered:
-        return list(dict.fromkeys(label for name in names for label in _labels_of(name)))
-    return {label for name in names for label in _labels_of(name)}
+def checkpoint_labels(*names: str) -> list[str]:
+    """The class labels that these checkpoints' (or configured folders') config.json lists, in label order, read
+    without torch: the classes a model can be asked to explain, and that a permalink may name."""
+    return list(dict.fromkeys(label for name in names for label in _labels_of(name)))
 
 
 def _labels_of(name: str) -> list[str]:

@@ -711,7 +711,7 @@ def lesson_answer_api(number: int = 1, step: int = 1, answer: str = "", input: s
     """A prediction judged by the model's numbers: (verdict "correct" | "not quite" and the numbers, the revealed
     figure with the prediction marked as Plotly JSON, the explanation)."""
     q = question(number, step, input)
-    right, words = verdict(q, answer)
+    right, _ = verdict(q, answer)
     return ("correct" if right else "not quite") + " — " + q.fact, json.loads(q.reveal(answer).to_json()), \
         q.explanation
 
