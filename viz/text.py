@@ -170,11 +170,13 @@ def beam_tree(steps: Sequence, chosen: Sequence[int] = (), *, title: str = "Beam
     width = int(np.clip(90 * n_steps + 250, 600, 2400))
     beam = max((len(_field(s, "tokens")) for s in steps), default=1)
     key = "colour: cumulative log-probability (yellow: more likely) · square: finished · red: the chosen translation"
+    if steps and beam > len(_field(steps[0], "tokens")):
+        key += "<br>a step where hypotheses finish keeps the beam full of live ones, so it holds more slots"
     wide = " · scroll sideways for the later steps →" if width > 1100 else ""  # wider than a laptop's panel
     base_layout(fig, f"{title}<br><sup>{key}{wide}</sup>", height=int(np.clip(70 * beam + 220, 380, 920)),
                 width=width)
     fig.update_xaxes(title=dict(text="decoding step"), dtick=1, range=[-0.6, max(n_steps, 1) - 0.4])
-    # exactly the slots the search kept (autorange padded the labels into empty slots 5–7 at beam 5); slot 0 on top
+    # Slot 0 on top, down to the widest step: where hypotheses finish, the search still keeps the beam full of live
+    # ones, so that step holds more nodes (rows 5–7 at beam 5, used only there, often off to the right)
     fig.update_yaxes(title=dict(text="beam slot"), range=[beam - 0.5, -0.8], dtick=1)
-    fig.update_layout(legend=dict(orientation="h", y=1.02, x=1.0, yanchor="bottom", xanchor="right"))
     return fig.build()

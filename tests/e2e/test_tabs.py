@@ -344,14 +344,17 @@ def test_choices_say_what_they_can_do_before_the_button(page) -> None:
 
 
 def test_beam_tree_shows_the_slots_it_kept_and_says_what_colours_mean(page) -> None:
+    """The slots past the beam width are used where hypotheses finish, and the subtitle says so (they looked like
+    empty slots 5–7); colours and squares are explained."""
     open_tab(page, "Translate")
     _panel(page).get_by_role("button", name="Translate", exact=True).click()
     _wait_for_title(page, lambda t: t.startswith("Beam search (beam size 5)"))
     y_range, title, slots = page.evaluate("""() => { const el = [...document.querySelectorAll('.js-plotly-plot')]
         .find(e => e.offsetParent && (e._fullLayout.title.text || '').startsWith('Beam search'));
-        const nodes = el._fullData.find(t => t.name === 'candidate');
-        return [el._fullLayout.yaxis.range, el._fullLayout.title.text, Math.max(...nodes.y)]; }""")
-    assert max(y_range) == slots + 0.5 and -1 < min(y_range) < 0, (y_range, slots)  # no empty slots below the last
+        const nodes = el._fullData.find(t => t.name === 'candidate'), y = el._fullLayout.yaxis;
+        return [y.range, el._fullLayout.title.text, Math.max(...nodes.y)]; }""")
+    assert max(y_range) == slots + 0.5 and -1 < min(y_range) < 0, (y_range, slots)  # no slot past the last used
+    assert slots < 5 or "keeps the beam full" in title, title
     assert "cumulative log-probability" in title and "chosen translation" in title
     assert page.js_errors == []
 
