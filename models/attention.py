@@ -43,8 +43,9 @@ def scaled_dot_product(
 # Mask builders: bool, True = may attend, broadcastable to (B, H, T, S)
 
 
-def padding_mask(lengths_or_pad: Tensor, max_len: int | None = None) -> Tensor:
-    """Key-padding mask (B, 1, 1, S), True on real tokens.
+def padding_mask(lengths_or_pad: Tensor, max_len: int | None = None) -> Tensor | None:
+    """Key-padding mask (B, 1, 1, S), True on real tokens; None when no key is padding, so that the fused
+    kernel runs without a mask (the encoders of bert.py, classifier.py and transformer.py build theirs here).
 
     Accepts either lengths (B,) of integer dtype, or a bool (B, S) tensor that is True on PADDING
     (the ``key_padding_mask`` convention of ``nn.MultiheadAttention``).
@@ -57,6 +58,8 @@ def padding_mask(lengths_or_pad: Tensor, max_len: int | None = None) -> Tensor:
         lengths = lengths_or_pad.long()
         s = int(lengths.max()) if max_len is None else max_len
         keep = torch.arange(s, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
+    if bool(keep.all()):
+        return None
     return keep[:, None, None, :]
 
 
@@ -192,7 +195,40 @@ def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Multi-head attention (Vaswani et al. 2017, §3.2.2) with a fused and an explicit path
+# The two attention paths, chosen in one place for every model (MultiHeadAttention here, gpt.CausalSelfAttention)
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
+    need_weights: bool = False, dropout: float = 0.0,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention over per-head q (B, H, T, d), k and v (B, H_kv, S, d): (out (B, H, T, d), weights or None).
+
+    ``need_weights``: the explicit ``scaled_dot_product``, returning the weights (B, H, T, S); dropout (training)
+    applies to the probabilities that multiply V, the returned weights stay undropped. Otherwise the fused
+    ``F.scaled_dot_product_attention`` (training and plain inference), with the bias and the mask folded into one
+    additive mask. A row whose keys are all masked gives zeros on both paths. With fewer key/value heads than query
+    heads (grouped-query attention, Ainslie et al. 2023) query head h reads key/value head h // (H / H_kv).
+    """
+    if k.size(-3) != q.size(-3):
+        group = q.size(-3) // k.size(-3)
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    if need_weights:
+        out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias)
+        if dropout > 0:  # dropout on the attention probabilities (Vaswani et al. 2017, §5.4)
+            out = F.dropout(weights, dropout, training=True) @ v
+        return out, weights
+    attn_mask: Tensor | None = mask
+    if bias is not None:  # one additive mask: bias where allowed, −inf where masked
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    if mask is not None:  # rows with every key masked: zeros, as the explicit path gives
+        out = torch.nan_to_num(out, nan=0.0)
+    return out, None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-head attention (Vaswani et al. 2017, §3.2.2)
 
 
 @dataclass
@@ -212,6 +248,14 @@ class KVCache:
     def length(self) -> int:
         return 0 if self.k is None else int(self.k.size(2))
 
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Self-attention: append the new positions' keys and values (B, H, T, d_head) and return every cached
+        one, (B, H, S, d_head) with S = the earlier length + T."""
+        if self.k is not None and self.v is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (B',) of the batch: beam search follows each survivor's parent."""
         if self.k is not None and self.v is not None:
@@ -223,9 +267,9 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    Separate q/k/v/out projections (easy to read and to map from other implementations).
-    ``need_weights=False`` runs ``F.scaled_dot_product_attention`` (fused; training and plain inference);
-    ``need_weights=True`` runs ``scaled_dot_product`` written out and also returns the weights.
+    Separate q/k/v/out projections (easy to read and to map from other implementations). ``attend`` chooses the
+    path: ``need_weights=False`` the fused kernel (training and plain inference), ``need_weights=True``
+    ``scaled_dot_product`` written out, also returning the weights.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
@@ -282,27 +326,12 @@ class MultiHeadAttention(nn.Module):
             if rope is not None:
                 k = rope(k, offset)
             if cache is not None:
-                if cache.k is not None and cache.v is not None:
-                    k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+                k, v = cache.extend(k, v)
         if rope is not None:
             q = rope(q, offset)
         assert k is not None and v is not None
-        p = self.dropout if self.training else 0.0
         mask = restrict_keys(mask, edit, t, k.size(2), x.device)
-
-        if need_weights:
-            out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias)
-            if p > 0:  # dropout on the attention probabilities (§5.4); returned weights stay undropped
-                out = F.dropout(weights, p, training=True) @ v
-        else:
-            attn_mask: Tensor | None = mask
-            if bias is not None:  # one additive mask: bias where allowed, −inf where masked
-                attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
-            if mask is not None:  # rows with every key masked: zeros, as the explicit path gives
-                out = torch.nan_to_num(out, nan=0.0)
-            weights = None
+        out, weights = attend(q, k, v, mask, bias, need_weights, self.dropout if self.training else 0.0)
         out = edit_heads(out, edit)
         out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
         return self.out_proj(out), weights

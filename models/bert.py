@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import LayerEdit, MultiHeadAttention, enter_layer
+from models.attention import LayerEdit, MultiHeadAttention, enter_layer, padding_mask
 from models.classifier import EncoderClassifier, pool
 from models.limits import MAX_TOKENS_MINILM
 
@@ -121,7 +121,7 @@ class BertEncoder(nn.Module):
                          edits: Sequence[LayerEdit | None] | None = None) -> tuple[list[Tensor], list[Tensor]]:
         """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/attribution.py).
         edits: one ``LayerEdit`` or None per layer (``models.attention.bind`` of an intervention)."""
-        mask = None if pad_mask is None or not bool(pad_mask.any()) else (~pad_mask)[:, None, None, :]
+        mask = None if pad_mask is None else padding_mask(pad_mask)  # (B, 1, 1, N), None without padding
         x = self.embeddings.embed(word, token_types)
         states, weights = [x], []
         for layer, e in zip(self.layers, edits or [None] * len(self.layers)):

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.attention import Intervention, LayerEdit, bind, enter_layer
+from models.attention import Intervention, LayerEdit, bind, enter_layer, padding_mask
 from models.outputs import AttentionMap, ClassificationResult
 from models.positional import LearnedPositions, SinusoidalPositions
 from models.tokenizer import encode_input
@@ -143,7 +143,7 @@ class TextClassifier(EncoderClassifier):
 
     def _run_embedded(self, embeddings: Tensor, pad: Tensor, need_weights: bool,
                       edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
-        mask = None if not bool(pad.any()) else (~pad)[:, None, None, :]  # (B, 1, 1, N)
+        mask = padding_mask(pad)  # (B, 1, 1, N), None without padding
         x = self.drop(self.positions(embeddings))
         weights = []
         for layer, e in zip(self.layers, edits or [None] * len(self.layers)):

@@ -8,9 +8,10 @@
   (Shazeer 2020), no biases, and optional grouped-query attention (Ainslie et al. 2023): ``n_kv_heads``
   key/value heads, each shared by ``n_heads / n_kv_heads`` query heads.
 
-Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). With ``need_weights`` it runs
-through the one explicit ``scaled_dot_product`` and returns its weights; otherwise the fused kernel. A
-``KVCache`` per layer makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
+Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). It goes through
+``models.attention.attend``, the switch every model shares: with ``need_weights`` the explicit
+``scaled_dot_product``, returning its weights; otherwise the fused kernel. A ``KVCache`` per layer (the one of
+``models/attention.py``) makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
 ``edit`` (``models.attention.Intervention``) goes the same way: per layer it replaces chosen heads' outputs or
 the residual stream at chosen positions, forbids heads chosen keys, and records what activation patching needs
@@ -44,12 +45,12 @@ from models.attention import (
     Intervention,
     KVCache,
     LayerEdit,
+    attend,
     bind,
     causal_mask,
     edit_heads,
     enter_layer,
     restrict_keys,
-    scaled_dot_product,
 )
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
 from models.positional import ROPE_LAYOUTS, apply_rope, rope_angles
@@ -175,21 +176,12 @@ class CausalSelfAttention(nn.Module):
         if self.smear is not None:
             k = self._smear(k, cache)
         if cache is not None:
-            if cache.k is not None and cache.v is not None:
-                k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            cache.k, cache.v = k, v
-        if c.kv_heads != c.n_heads:  # grouped-query attention: query head h reads key/value head h // group
-            group = c.n_heads // c.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            k, v = cache.extend(k, v)  # (B, Hkv, S, d), S = cached + T
         s = k.size(2)
         mask = causal_mask(t, s, device=x.device) if t > 1 else None  # one new token sees every key
         mask = restrict_keys(mask, edit, t, s, x.device)  # keys a head may not attend to (sink ablation)
-        weights = None
-        if need_weights:
-            out, weights = scaled_dot_product(q, k, v, mask=mask)
-        else:
-            p = c.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        # grouped-query attention inside: query head h reads key/value head h // (n_heads / kv_heads)
+        out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
             out = out * head_mask.to(out.dtype)[None, :, None, None]
         out = edit_heads(out, edit)  # (B, H, T, d): patched heads, recorded outputs

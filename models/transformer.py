@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, LayerEdit, MultiHeadAttention, causal_mask
+from models.attention import KVCache, LayerEdit, MultiHeadAttention, causal_mask, padding_mask
 from models.outputs import AttentionMap, BeamStep, TranslationResult
 from models.positional import SinusoidalPositions
 from models.tokenizer import encode_input
@@ -174,8 +174,7 @@ class Translator(nn.Module):
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None, list[Tensor]]:
         """src: (B, S) ids -> (memory (B, S, D), key mask (B, 1, 1, S) or None, weights per layer (B, H, S, S))."""
-        keep = src != self.config.pad_id
-        mask = None if bool(keep.all()) else keep[:, None, None, :]
+        mask = padding_mask(src == self.config.pad_id)  # (B, 1, 1, S), None without padding
         x, weights = self._embed(self.src_embed, src), []
         for layer in self.encoder:
             x, w = layer(x, mask, need_weights)

@@ -10,11 +10,13 @@ from torch import nn
 from models.attention import (
     KVCache,
     MultiHeadAttention,
+    attend,
     causal_mask,
     combine,
     padding_mask,
     scaled_dot_product,
 )
+from models.gpt import CausalSelfAttention, GPTConfig
 from models.positional import RotaryEmbedding
 
 
@@ -117,6 +119,9 @@ def test_mask_builders() -> None:
     assert padding_mask(torch.tensor([2, 3])).shape == (2, 1, 1, 3)
     assert padding_mask(torch.tensor([[False, True]])).tolist() == [[[[True, False]]]]
     assert padding_mask(torch.tensor([1]), max_len=3).tolist() == [[[[True, False, False]]]]
+    # no key is padding: no mask, so the encoders run the fused kernel unmasked
+    assert padding_mask(torch.tensor([3, 3])) is None
+    assert padding_mask(torch.tensor([[False, False]])) is None
     assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
     assert combine(None, None) is None
     a, b = causal_mask(3), torch.tensor([True, False, True])
@@ -153,3 +158,53 @@ def test_static_cross_cache_projects_memory_once() -> None:
     torch.testing.assert_close(torch.cat([out1, out2], 1), ref, atol=1e-5, rtol=0)
     cache.reorder(torch.tensor([1, 1, 0]))
     assert cache.k is not None and cache.k.shape[0] == 3
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_attend_shares_key_value_heads_between_query_heads(need_weights: bool) -> None:
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = causal_mask(5)
+    out, w = attend(q, k, v, mask, need_weights=need_weights)
+    # query heads 0-2 read key/value head 0, heads 3-5 head 1
+    ref, ref_w = scaled_dot_product(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), mask)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    assert (w is None) != need_weights
+    if w is not None:
+        torch.testing.assert_close(w, ref_w)
+
+
+def test_kv_cache_extend_appends_along_positions() -> None:
+    cache = KVCache()
+    a, b = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4)
+    k, v = cache.extend(a, -a)
+    assert k is a and cache.length == 3
+    k, v = cache.extend(b, -b)
+    assert cache.length == 4 and torch.equal(k, torch.cat([a, b], 2)) and torch.equal(v, -k)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_gpt_attention_and_multi_head_attention_are_one_stack(need_weights: bool) -> None:
+    """GPT-2's causal self-attention and MultiHeadAttention with the same weights compute the same thing, on
+    both paths and step by step through the one KVCache."""
+    torch.manual_seed(5)
+    m = _mha()
+    gpt = CausalSelfAttention(GPTConfig(recipe="gpt2", d_model=32, n_heads=4, n_layers=1, vocab_size=8)).eval()
+    with torch.no_grad():
+        for ours, theirs in ((gpt.q_proj, m.q_proj), (gpt.k_proj, m.k_proj), (gpt.v_proj, m.v_proj),
+                             (gpt.o_proj, m.out_proj)):
+            ours.weight.copy_(theirs.weight)
+            ours.bias.copy_(theirs.bias)
+    x = torch.randn(2, 6, 32)
+    ref, ref_w = m(x, mask=causal_mask(6), need_weights=need_weights)
+    out, w = gpt(x, None, None, need_weights, None)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    if need_weights:
+        torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=0)
+    cache_m, cache_g = KVCache(), KVCache()
+    for t in range(6):
+        a, _ = m(x[:, t : t + 1], cache=cache_m, need_weights=need_weights)
+        b, _ = gpt(x[:, t : t + 1], None, cache_g, need_weights, None)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b, ref[:, t : t + 1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache_g.k, cache_m.k)
