@@ -1,6 +1,6 @@
 """How fast a decoder of gpt-tiny's shape learns to copy: train it on synthetic repeated spans alone
 (``train.lm.repeated_spans``: ``<s> x x [x]`` rows, spans drawn uniformly from the ordinary pieces) and measure,
-every ``--every`` steps, the best induction and previous-token scores at N = 50 (``bench/lm_heads.head_scores``,
+every ``--every`` steps, the best induction and previous-token scores at N = 50 (``GPT.head_role_scores``,
 ``--seeds`` seeds) and the loss. A probe for choosing a training recipe, not a shipped model.
 
     python bench/induction_probe.py --context 32 --spans 4 10 --steps 2000
@@ -50,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
-    from lm_heads import head_scores
 
     from models.gpt import GPT, GPTConfig
     from train.lm import repeated_spans
@@ -81,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.every == 0 or step == args.steps - 1:
-            model.eval()
-            induction, previous = head_scores(model, args.n, args.seeds)
-            model.train()
+            scores = model.head_role_scores(args.n, range(args.seeds))  # in eval mode
+            induction, previous = scores["induction"], scores["previous"]
             il, ih = np.unravel_index(int(np.argmax(induction)), induction.shape)
             print(json.dumps({"step": step, "tokens": (step + 1) * rows * args.context,
                               "loss": round(float(loss.detach()), 3),

@@ -1,12 +1,12 @@
-"""What a language model's heads can do, measured from its generated text and returned attention alone
-(none of the app's head-role code): the copy test and the best induction and previous-token scores.
+"""What a language model's heads can do: the copy test on its generated text, and the best induction and
+previous-token scores (the app's own: ``GPT.head_role_scores``, i.e. ``models.analysis.head_roles``).
 
 - Copy test: a prompt of 30 random common words (the list below, of this script's own; no training
   recipe may use it), then the first 10 of them again; a trial passes when greedy decoding continues with
   words 11-15. ``--trials`` seeded trials (default 20); ``copy_rate`` is the share that pass.
 - Head scores on ``<s>`` + N random non-special tokens repeated twice (N = 50, seeds 0..trials−1), averaged
-  over the seeds: induction = attention from each token i of the second copy to i − N + 1 (the token after
-  its earlier occurrence, Olsson et al. 2022); previous token = attention from i to i − 1.
+  over the seeds (``GPT.repeated_tokens``): induction = attention from each token i of the second copy to i − N + 1
+  (the token after its earlier occurrence, Olsson et al. 2022); previous token = attention from i to i − 1.
 
     python bench/lm_heads.py --checkpoint checkpoints/gpt-tiny
 
@@ -35,8 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from train.lm import head_scores  # noqa: E402  (bench/induction_probe.py imports it from here too)
-
 COPY_WORDS = """time year people way day man thing woman life child world school state family student group
 country problem hand part place case week company system program question work government number night point
 home water room mother area money story fact month lot right study book eye job word business issue side kind
@@ -57,7 +55,7 @@ def copy_rate(model, trials: int = 20) -> float:
 def training_pieces(model, which: str, data_dir: Path | None, oversample: list[str],
                     n: int | None = None) -> np.ndarray:
     """The training text's ``n`` (default train.lm.FREQUENT) most frequent pieces under the model's tokeniser
-    ("frequent"), or every other piece ("rare"; head_scores leaves the special ones out)."""
+    ("frequent"), or every other piece ("rare"; ``GPT.repeated_tokens`` leaves the special ones out)."""
     from train.data import DEFAULT_DATA_DIR
     from train.lm import FREQUENT, frequent_pieces, load_corpus, training_documents
 
@@ -83,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     model = models.load(args.checkpoint)
     pieces = None if args.pieces == "all" else training_pieces(model, args.pieces, args.data_dir, args.oversample)
     rate = copy_rate(model, args.trials)
-    induction, previous = head_scores(model, args.n, args.trials, pieces)
+    scores = model.head_role_scores(args.n, range(args.trials), pieces)
+    induction, previous = scores["induction"], scores["previous"]
     (il, ih), (pl, ph) = (np.unravel_index(int(np.argmax(s)), s.shape) for s in (induction, previous))
     report = {"checkpoint": str(args.checkpoint), "copy_rate": rate, "trials": args.trials, "n": args.n,
               "pieces": args.pieces,

@@ -189,6 +189,18 @@ def first_token_share(weights: np.ndarray) -> np.ndarray:
     return w[..., 1:, 0].mean(-1).astype(np.float32)
 
 
+HEAD_ROLES = ("previous", "induction", "duplicate", "sink")
+
+
+def head_roles(weights: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Every head-role score of a causal LM's attention (L, H, T, T) on BOS + n tokens repeated twice
+    (``GPT.repeated_tokens``): ``HEAD_ROLES`` -> (L, H): previous token, induction, duplicate token, first-token
+    sink. The one place these are computed; ``GPT.head_role_scores`` averages them over seeds (training,
+    ``bench/lm_heads.py``)."""
+    return {"previous": previous_token_score(weights), "induction": induction_score(weights, n),
+            "duplicate": duplicate_token_score(weights, n), "sink": first_token_share(weights)}
+
+
 def align_tokens(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int]]:
     """Index pairs (i, j) with a[i] == b[j] along the longest matching blocks of two token sequences (difflib's
     Ratcliff/Obershelp matching), in order: the tokens two inputs share, for a difference of their attention."""

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import limits
+from models.analysis import HEAD_ROLES, head_roles
 from models.attention import (
     Intervention,
     KVCache,
@@ -411,18 +412,32 @@ class GPT(nn.Module):
                          target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
                          targets=[self.piece(i) for i in target.cpu().numpy()])
 
-    def repeated_tokens(self, n: int, seed: int = 0) -> list[int]:
+    def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
         """BOS + n random non-special tokens + the same n again: the induction-head test sequence (Olsson et
-        al. 2022). Tokens are drawn without replacement, so within a copy no token repeats."""
+        al. 2022). Tokens are drawn without replacement, so within a copy no token repeats; ``pieces``: draw from
+        these ids only (default: every id of the vocabulary), the special ones left out either way."""
         c = self.config
         if n < 2 or 2 * n + 1 > self.context_limit():
             raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
         tok = self.tokenizer
         special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-        pool = np.array([i for i in range(c.vocab_size) if i not in special])
+        pool = np.array([int(i) for i in (range(c.vocab_size) if pieces is None else pieces) if i not in special])
+        if not len(pool):
+            raise ValueError("no ordinary token to draw from")
         x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
         bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
         return [int(bos), *x, *x]
+
+    @torch.no_grad()
+    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
+                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Each head's role scores (``models.analysis.head_roles``: previous token, induction, duplicate token,
+        sink; (L, H) each) on ``repeated_tokens(n, seed, pieces)``, averaged over the seeds, in eval mode."""
+        was = self.training
+        self.eval()
+        runs = [head_roles(self.token_losses(self.repeated_tokens(n, seed, pieces))[1], n) for seed in seeds]
+        self.train(was)
+        return {role: np.mean([r[role] for r in runs], 0).astype(np.float32) for role in HEAD_ROLES}
 
     @torch.no_grad()
     def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ from models.analysis import (
     duplicate_token_score,
     first_token_share,
     head_entropy,
+    head_roles,
     induction_score,
     mean_attention_distance,
     offset_keys,
@@ -139,3 +140,7 @@ def test_head_roles_on_hand_built_patterns() -> None:
     np.testing.assert_allclose(first_token_share(w)[0], [0.1, 0.5, 0.5, 1 / t], atol=1e-6)
     with pytest.raises(ValueError, match="2·n"):
         induction_score(w, n + 1)
+    # all four at once, as the app, training and bench/lm_heads.py read them
+    roles = head_roles(w, n)
+    assert list(roles) == ["previous", "induction", "duplicate", "sink"]
+    np.testing.assert_allclose(np.stack([roles[k][0] for k in roles]).diagonal(), [1, 1, 1, 1 / t], atol=1e-6)

@@ -288,6 +288,27 @@ def test_ablation_and_logit_lens() -> None:
     assert lens.top_tokens[-1][-1] == lens.targets[-1]
 
 
+def test_head_role_scores_average_the_seeds_sequences_drawn_from_the_pieces() -> None:
+    from models.analysis import head_roles
+
+    torch.manual_seed(0)
+    model = GPT(LLAMA).train()
+    pieces = np.arange(20, 40)
+    scores = model.head_role_scores(6, [0, 3], pieces)
+    assert model.training  # its mode is given back
+    runs = []
+    for seed in (0, 3):
+        ids = model.repeated_tokens(6, seed, pieces)
+        assert ids[1:7] == ids[7:] and set(ids[1:]) <= set(pieces.tolist())
+        runs.append(head_roles(model.eval().token_losses(ids)[1], 6))
+    for role, value in scores.items():
+        assert value.shape == (2, 6)
+        np.testing.assert_allclose(value, (runs[0][role] + runs[1][role]) / 2, atol=1e-6)
+    assert not np.allclose(runs[0]["induction"], runs[1]["induction"])  # two seeds, two sequences
+    with pytest.raises(ValueError, match="no ordinary token"):
+        model.repeated_tokens(6, 0, [LLAMA.bos_id, LLAMA.eos_id])
+
+
 def test_llama_folder_matches_transformers(tmp_path: Path) -> None:
     """A LLaMA-family folder (grouped-query attention, rotate-half RoPE, untied output) written by
     transformers gives LlamaForCausalLM's logits and attention, and its greedy tokens."""

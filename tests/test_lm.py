@@ -22,7 +22,6 @@ from train.lm import (
     LMTask,
     copied_targets,
     frequent_words,
-    head_scores,
     pack,
     perplexity_sums,
     phrase_groups,
@@ -310,7 +309,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp
         attn.q_proj.bias[q] = 60 * rotate(key, rope_angles(1, 8, offset=-1), cfg.rope_layout).flatten()
         attn.k_proj.bias[k] = key.flatten()
         attn.smear[1] = 12.0  # its own key, unmixed
-    _, previous = head_scores(model, n=20, trials=3)
+    previous = model.head_role_scores(20, range(3))["previous"]
     assert previous[0, 3] > 0.95 and np.delete(previous[0], 3).max() < 0.5  # the scores find that head alone
     before = {name: v.clone() for name, v in model.state_dict().items()}
     HeadFreeze(model, layer=0, head=3)
@@ -321,7 +320,7 @@ def test_a_frozen_head_keeps_its_query_key_and_pattern_while_the_rest_trains(tmp
         opt.zero_grad()
         loss.backward()
         opt.step()
-    _, now = head_scores(model, n=20, trials=3)  # a forward pass: the frozen values come back before it
+    now = model.head_role_scores(20, range(3))["previous"]  # a forward pass: the frozen values come back before it
     after = model.state_dict()
     a = "blocks.0.attn."
     for name, frozen, free in (("q_proj.weight", q, slice(0, 24)), ("q_proj.bias", q, slice(0, 24)),

@@ -455,13 +455,13 @@ def test_lm_heads_bench_scores_heads_on_the_training_texts_frequent_or_rare_piec
     assert set(rare) | set(top) == set(range(model.config.vocab_size)) and not set(rare) & set(top)
 
     seen: list[list[int]] = []
-    generate = model.generate
-    model.generate = lambda ids, **kw: seen.append(list(ids)) or generate(ids, **kw)
-    induction, previous = lm.head_scores(model, 5, 3, top)
+    losses = model.token_losses
+    model.token_losses = lambda ids: seen.append(list(ids)) or losses(ids)
+    scores = model.head_role_scores(5, range(3), top)
     assert len(seen) == 3 and all(set(ids[1:]) <= set(top.tolist()) for ids in seen)
-    assert induction.shape == previous.shape == (2, 4)
+    assert scores["induction"].shape == scores["previous"].shape == (2, 4)
     seen.clear()
-    lm.head_scores(model, 5, 3, rare)
+    model.head_role_scores(5, range(3), rare)
     assert all(not set(ids[1:]) & (set(top.tolist()) | special) for ids in seen)
 
 

@@ -259,32 +259,6 @@ def copied_targets(rows: Tensor) -> Tensor:
     return (same & earlier).any(-1)
 
 
-@torch.no_grad()
-def head_scores(model: Any, n: int = 50, trials: int = 20,
-                pieces: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(induction, previous-token) scores per layer and head of a models.gpt.GPT, (L, H) each, averaged over
-    ``trials`` seeds (0, 1, ...): ``<s>`` + ``n`` random non-special tokens twice; induction = attention from each
-    token i of the second copy to i − n + 1 (the token after its earlier occurrence, Olsson et al. 2022), previous
-    token = attention from i to i − 1. ``pieces``: draw the tokens from these ids only (default: every
-    non-special id). bench/lm_heads.py reports these; ``--copy-freeze`` picks its head by them."""
-    was = model.training
-    model.eval()
-    c, tok = model.config, model.tokenizer
-    special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-    ids = range(c.vocab_size) if pieces is None else pieces
-    pool = np.array([int(i) for i in ids if i not in special])
-    bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
-    induction, previous = [], []
-    second, later = np.arange(n + 1, 2 * n + 1), np.arange(1, 2 * n + 1)
-    for seed in range(trials):
-        x = np.random.default_rng(seed).choice(pool, n, replace=False).tolist()
-        w = model.generate([bos, *x, *x], max_new_tokens=0).attention["decoder"].weights  # (L, H, T, T)
-        induction.append(w[:, :, second, second - n + 1].mean(-1))
-        previous.append(w[:, :, later, later - 1].mean(-1))
-    model.train(was)
-    return np.mean(induction, 0), np.mean(previous, 0)
-
-
 class HeadFreeze:
     """Keeps one head's attention pattern as training found it: the head's query rows, its key/value head's key
     rows and smear logit (and their biases), and the block's input norm stay at their values from then on.
@@ -553,7 +527,8 @@ class LMTask:
         if path is not None and path.is_file():
             info = json.loads(path.read_text())
         else:
-            induction, previous = head_scores(model, trials=10)
+            scores = model.head_role_scores(seeds=range(10))
+            induction, previous = scores["induction"], scores["previous"]
             layer, head = np.unravel_index(int(np.argmax(induction if kind == "induction" else previous)),
                                            induction.shape)
             info = {"layer": int(layer), "head": int(head), "step": step,
