@@ -82,8 +82,9 @@ def mean_attention_distance(weights: np.ndarray, grid: tuple[int, int] | None = 
     """Attention-weighted mean distance per layer and head: (L, H).
 
     Text (grid None): distance |i − j| in tokens. Images: pixel distance between patch centres, as in
-    the ViT paper (Dosovitskiy et al. 2021, Fig. 7 and App. D.7). ``skip`` leading tokens (CLS) are
-    dropped as queries and keys and each row is renormalised over the remaining keys.
+    the ViT paper (Dosovitskiy et al. 2021, Fig. 7 and App. D.7). ``skip`` leading tokens (a ViT's prefix tokens,
+    ``ImageResult.prefix_tokens``: [CLS] and any more) are dropped as queries and keys and each row is
+    renormalised over the remaining keys.
     """
     w = np.asarray(weights, dtype=np.float64)[..., skip:, skip:]  # (L, H, Q', K')
     w = w / np.maximum(w.sum(-1, keepdims=True), 1e-12)

@@ -420,17 +420,18 @@ def _image_attributions(
 ) -> tuple[list[np.ndarray], list[int], list[float], list[float | None]]:
     """(values per image (rows, cols), targets, probabilities, gaps) for normalised images x (B, C, H, W)."""
     (rows_, cols), patch = _grid(model)
-    n = 1 + rows_ * cols
+    prefix = int(getattr(model, "num_prefix_tokens", 0))  # ViT: [CLS] and any more tokens before the patches
+    n = prefix + rows_ * cols
     gaps: list[float | None] = [None] * x.shape[0]
     if method in ("attention", "rollout"):
         with torch.no_grad():
-            logits, weights = model(x, need_weights=True)  # (B, C), (B, L, H, 1+P, 1+P)
+            logits, weights = model(x, need_weights=True)  # (B, C), (B, L, H, N, N), N = prefix + P
         tgt = _targets(logits, targets)
         if method == "attention":
             read = [w[0] for w in weights[:, -1].mean(1).double().cpu().numpy()]
         else:
             read = [pooled_rollout(w, "cls").astype(np.float64) for w in weights.double().cpu().numpy()]
-        return [r[1:].reshape(rows_, cols) for r in read], tgt, _probs(logits, tgt), gaps
+        return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(logits, tgt), gaps
     with _autograd():
         if method == "relevance":
             xi = x.detach().requires_grad_(True)
@@ -439,7 +440,7 @@ def _image_attributions(
             chosen = logits.gather(1, torch.tensor(tgt, device=logits.device)[:, None]).sum()
             grads = torch.autograd.grad(chosen, weights)
             read = _read(_relevance([w.detach() for w in weights], grads, added=True), [n] * x.shape[0], "cls")
-            return [r[1:].reshape(rows_, cols) for r in read], tgt, _probs(logits.detach(), tgt), gaps
+            return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(logits.detach(), tgt), gaps
         with torch.no_grad():
             tgt = _targets(_forward_logits(model, kind, x, None), targets)
         t = torch.tensor(tgt, device=x.device)

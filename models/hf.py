@@ -238,7 +238,7 @@ def vit_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor], wher
                        patch=int(hf.get("patch_size", 16)), dim=d, depth=int(hf["num_hidden_layers"]),
                        heads=int(hf["num_attention_heads"]), mlp_dim=int(hf["intermediate_size"]), num_classes=n,
                        dropout=0.0, attention_dropout=0.0, norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-                       input="processor")
+                       input="processor", prefix_tokens=1)  # ViTForImageClassification: [CLS] alone
     s = {k.removeprefix("vit."): v for k, v in state.items()}
     ours: dict[str, Tensor] = {
         "cls_token": s["embeddings.cls_token"], "pos_embed": s["embeddings.position_embeddings"],

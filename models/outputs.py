@@ -94,9 +94,15 @@ class ImageResult:
     probs: np.ndarray  # (C,) sums to 1
     grid: tuple[int, int]  # patch rows, cols of the first stage
     patch: int  # pixels per patch side on `image`
-    attention: dict[str, AttentionMap] = field(default_factory=dict)  # ViT: "encoder" over 1 + rows*cols
+    attention: dict[str, AttentionMap] = field(default_factory=dict)  # ViT: "encoder" over prefix + rows*cols
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
+    prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
+
+    @property
+    def patch_tokens(self) -> slice:
+        """The patches' positions on each axis of the "encoder" attention (after the prefix tokens)."""
+        return slice(self.prefix_tokens, self.prefix_tokens + self.grid[0] * self.grid[1])
 
     def patch_at(self, y: float, x: float) -> tuple[int, int]:
         """The first-stage patch (row, col) that covers pixel (y, x) of ``image``, clamped to the grid."""

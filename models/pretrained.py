@@ -39,7 +39,7 @@ def vit_b_16_config() -> ViTConfig:
     """ViT-B/16 at 224×224 (Dosovitskiy et al. 2021, Table 1), as torchvision's ``vit_b_16``."""
     return ViTConfig(image_size=224, in_channels=3, patch=16, dim=768, depth=12, heads=12, mlp_dim=3072,
                      num_classes=1000, dropout=0.0, attention_dropout=0.0, norm_eps=1e-6, input="imagenet",
-                     resize=256, interpolation="bilinear")
+                     resize=256, interpolation="bilinear", prefix_tokens=1)  # torchvision's class_token alone
 
 
 def swin_t_config() -> SwinConfig:

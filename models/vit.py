@@ -4,7 +4,10 @@ returns its attention.
 The image is cut into non-overlapping P×P patches, each linearly embedded (a strided convolution is the
 same linear map, §3.1), a learned [class] token is prepended and learned 1-D position embeddings added
 (eq. 1). Pre-norm Transformer encoder blocks follow (eq. 2–3: x + MSA(LN(x)), x + MLP(LN(x))), then a
-final LayerNorm and a linear head on the class token (eq. 4).
+final LayerNorm and a linear head on the class token (eq. 4). ``prefix_tokens`` > 1 puts more learned tokens
+after the class token and before the patches (DeiT's distillation token, Touvron et al. 2021; registers, Darcet
+et al. 2024); the head still reads the class token, and every attention map covers the prefix tokens first
+(``ViT.num_prefix_tokens``, ``ImageResult.prefix_tokens``: timm's ``num_prefix_tokens``).
 
 The layout follows torchvision's ``VisionTransformer`` so its ViT-B/16 ImageNet weights load with only
 the fused q/k/v projection split (``models/pretrained.py``). The default configuration is the small
@@ -42,7 +45,8 @@ class ViTConfig:
     resize: int = 256  # imagenet only: shorter side before the centre crop (torchvision's ViT-B/16: 256)
     interpolation: str = "bilinear"  # imagenet only: resize interpolation (torchvision's ViT-B/16: bilinear)
     processor: dict | None = None  # "processor" only: a Hugging Face folder's preprocessing (images.processor_spec)
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("processor",)  # newer than the shipped checkpoints: may be absent
+    prefix_tokens: int = 1  # learned tokens before the patches: the class token, then any more (DeiT's distillation)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("processor", "prefix_tokens")  # newer than the shipped checkpoints
 
     @property
     def grid(self) -> int:
@@ -77,11 +81,16 @@ class ViT(nn.Module):
         self.config = cfg = config
         if cfg.image_size % cfg.patch:
             raise ValueError(f"image_size {cfg.image_size} is not a multiple of patch {cfg.patch}")
+        if cfg.prefix_tokens < 1:
+            raise ValueError(f"prefix_tokens must be at least 1 (the class token), got {cfg.prefix_tokens}")
         self.labels = list(labels) if labels is not None else [str(i) for i in range(cfg.num_classes)]
         n_patches = cfg.grid * cfg.grid
         self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch, stride=cfg.patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))
-        self.pos_embed = nn.Parameter(torch.empty(1, 1 + n_patches, cfg.dim).normal_(std=0.02))  # E_pos
+        # the prefix tokens after the class token (none by default, so the shipped state dicts are unchanged)
+        self.extra_tokens = nn.Parameter(torch.empty(1, cfg.prefix_tokens - 1, cfg.dim).normal_(std=0.02)) \
+            if cfg.prefix_tokens > 1 else None
+        self.pos_embed = nn.Parameter(torch.empty(1, cfg.prefix_tokens + n_patches, cfg.dim).normal_(std=0.02))  # E_pos
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
@@ -100,19 +109,25 @@ class ViT(nn.Module):
         """Patch grid (rows, cols)."""
         return self.config.grid, self.config.grid
 
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches in every sequence and attention map: the class token first, then any more."""
+        return self.config.prefix_tokens
+
     def position_embeddings(self) -> np.ndarray:
-        """The learned E_pos (eq. 1) as (1 + P, D) float32: row 0 the class token's, then the patches'
-        in row-major order."""
+        """The learned E_pos (eq. 1) as (prefix + P, D) float32: the ``num_prefix_tokens`` prefix tokens' rows
+        (the class token's first), then the patches' in row-major order."""
         return self.pos_embed.detach().float().cpu().numpy()[0]
 
     def token_labels(self) -> list[str]:
-        """"CLS" then one label per patch in row-major order: "r0c0", "r0c1", ..."""
+        """"CLS", "TOK1", ... for the prefix tokens, then one label per patch in row-major order: "r0c0", "r0c1", ..."""
         rows, cols = self.grid
-        return ["CLS"] + [f"r{r}c{c}" for r in range(rows) for c in range(cols)]
+        prefix = ["CLS"] + [f"TOK{i}" for i in range(1, self.num_prefix_tokens)]
+        return prefix + [f"r{r}c{c}" for r in range(rows) for c in range(cols)]
 
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the attention
-        of every block, (B, L, heads, 1+P, 1+P) from the explicit softmax; otherwise fused attention."""
+        of every block, (B, L, heads, N, N), N = prefix + P, from the explicit softmax; otherwise fused attention."""
         logits, attention = self.forward_embedded(self.embed_patches(x), need_weights)
         return (logits, torch.stack(attention, dim=1)) if need_weights else logits
 
@@ -122,10 +137,11 @@ class ViT(nn.Module):
 
     def forward_embedded(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
         """The rest of ``forward`` from patch embeddings (B, P, D): (logits (B, classes), per-block attention
-        L × (B, heads, 1+P, 1+P), empty unless ``need_weights``). The weights are the tensors the blocks
+        L × (B, heads, N, N), N = prefix + P, empty unless ``need_weights``). The weights are the tensors the blocks
         multiply the values with, in the autograd graph (not stacked), so attribution can take ∂logit/∂A
         (models/attribution.py) without hooks on the shared model."""
-        x = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, 1+P, D)
+        prefix = self.cls_token if self.extra_tokens is None else torch.cat([self.cls_token, self.extra_tokens], 1)
+        x = torch.cat([prefix.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, prefix + P, D)
         x = self.drop(x + self.pos_embed)
         attention = []
         for block in self.blocks:
@@ -136,7 +152,7 @@ class ViT(nn.Module):
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
-        """Any image -> ImageResult with class probabilities and the encoder attention (L, H, 1+P, 1+P)."""
+        """Any image -> ImageResult with class probabilities and the encoder attention (L, H, N, N), N = prefix + P."""
         cfg = self.config
         prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation,
                            processor=cfg.processor)
@@ -149,4 +165,5 @@ class ViT(nn.Module):
         tokens = self.token_labels()
         encoder = AttentionMap(weights=attention[0].float().cpu().numpy(), queries=tokens, keys=list(tokens))
         return ImageResult(image=prepared.shown, labels=list(self.labels), probs=probs, grid=self.grid,
-                           patch=cfg.patch, attention={"encoder": encoder}, notice=prepared.notice)
+                           patch=cfg.patch, attention={"encoder": encoder}, notice=prepared.notice,
+                           prefix_tokens=self.num_prefix_tokens)

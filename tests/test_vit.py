@@ -15,6 +15,8 @@ CONFIGS = {
     "fashion": ViTConfig(),  # 28×28 grey, patch 4 -> 7×7 patches
     "rgb": ViTConfig(image_size=32, in_channels=3, patch=8, dim=32, depth=2, heads=2, mlp_dim=64, num_classes=5,
                      input="imagenet"),
+    # a DeiT-like model: [CLS] and a second learned token (as DeiT's distillation token) before the patches
+    "two_prefix": ViTConfig(dim=32, depth=2, heads=2, mlp_dim=64, prefix_tokens=2),
 }
 
 
@@ -34,7 +36,7 @@ def test_fused_equals_explicit(models: dict[str, ViT], name: str) -> None:
         fused = model(x)
         explicit, attention = model(x, need_weights=True)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
-    tokens = 1 + cfg.grid * cfg.grid
+    tokens = cfg.prefix_tokens + cfg.grid * cfg.grid
     assert attention.shape == (3, cfg.depth, cfg.heads, tokens, tokens)
     torch.testing.assert_close(attention.sum(-1), torch.ones(attention.shape[:-1]), atol=1e-5, rtol=0)
     assert (attention >= 0).all()
@@ -101,3 +103,52 @@ def test_training_step_runs() -> None:
 def test_bad_config() -> None:
     with pytest.raises(ValueError, match="multiple"):
         ViT(ViTConfig(image_size=30, patch=4))
+
+
+def test_two_prefix_tokens_reach_attribution_rollout_and_distance(models: dict[str, ViT]) -> None:
+    """Nothing assumes exactly one [CLS]: with a second prefix token every patch map skips both, read from the
+    model (``num_prefix_tokens``) and the result (``prefix_tokens``)."""
+    from models.analysis import mean_attention_distance, patch_distances, pooled_rollout
+    from models.attribution import explain
+
+    model = models["two_prefix"]
+    assert model.num_prefix_tokens == 2 and model.extra_tokens is not None and model.extra_tokens.shape == (1, 1, 32)
+    assert "extra_tokens" not in models["fashion"].state_dict()  # one prefix token: the shipped layout, unchanged
+    assert model.position_embeddings().shape == (2 + 49, 32)
+    img = np.random.default_rng(0).integers(0, 255, (28, 28), dtype=np.uint8)
+    result = model.classify(img)
+    enc = result.attention["encoder"]
+    assert result.prefix_tokens == 2 and result.patch_tokens == slice(2, 51)
+    assert enc.weights.shape == (2, 2, 51, 51) and enc.queries[:3] == ["CLS", "TOK1", "r0c0"]
+    assert enc.queries[result.patch_tokens][0] == "r0c0" and enc.queries[-1] == "r6c6"
+
+    # attention and rollout: row 0 ([CLS]) over the 49 patches, computed here from the returned attention
+    attention = explain(model, img, "attention")
+    cls_row = enc.weights[-1].mean(0)[0]
+    np.testing.assert_allclose(attention.values, cls_row[2:].reshape(7, 7), atol=1e-6)
+    assert attention.values.sum() < cls_row.sum() - 1e-3  # the second prefix token's share is left out
+    rollout = explain(model, img, "rollout")
+    np.testing.assert_allclose(rollout.values, pooled_rollout(enc.weights, "cls")[2:].reshape(7, 7), atol=1e-6)
+    relevance = explain(model, img, "relevance")
+    assert relevance.values.shape == (7, 7) and np.isfinite(relevance.values).all()
+
+    # mean attention distance over the patches alone: both prefix tokens skipped, in pixels between patch centres
+    dist = mean_attention_distance(enc.weights, grid=result.grid, patch=result.patch, skip=result.prefix_tokens)
+    w = enc.weights[..., result.patch_tokens, result.patch_tokens].astype(np.float64)
+    w /= w.sum(-1, keepdims=True)
+    expected = (w * patch_distances(result.grid, result.patch)).sum(-1).mean(-1)
+    np.testing.assert_allclose(dist, expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="after skip=1"):
+        mean_attention_distance(enc.weights, grid=result.grid, patch=result.patch, skip=1)
+
+
+def test_a_config_without_prefix_tokens_loads_with_one() -> None:
+    import dataclasses
+
+    from models.checkpoint import config_from_dict
+
+    data = dataclasses.asdict(ViTConfig())
+    del data["prefix_tokens"]  # as the shipped checkpoints' config.json
+    assert config_from_dict(ViTConfig, data).prefix_tokens == 1
+    with pytest.raises(ValueError, match="prefix_tokens"):
+        ViT(ViTConfig(prefix_tokens=0))
