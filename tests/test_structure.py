@@ -49,33 +49,67 @@ def test_the_checker_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert imported_packages(f) == {"viz", "tabs", "gradio", "train"}
 
 
+def defines_title(path: Path) -> bool:
+    """Whether a module assigns TITLE at its top level: what makes a module of tabs/ a tab (the shared modules,
+    such as common.py, why.py and permalink.py, have none)."""
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TITLE" for t in node.targets)
+               for node in ast.parse(path.read_text(encoding="utf-8")).body)
+
+
 def test_every_tab_is_one_module_listed_in_app() -> None:
     import app
     import tabs
 
-    # common.py (what every tab shares), why.py (the sections the text tabs share) and permalink.py (each tab's view in
-    # the URL) are not tabs
-    modules = {p.stem for p in (ROOT / "tabs").glob("*.py")} - {"__init__", "common", "why", "permalink"}
+    modules = {p.stem for p in (ROOT / "tabs").glob("*.py") if defines_title(p)}
     assert {t.__name__.removeprefix("tabs.") for t in app.TABS} == modules
     for tab in app.TABS:
         assert tab.__name__.startswith(tabs.__name__ + ".")
-        assert isinstance(tab.TITLE, str) and isinstance(tab.INTRO, str) and callable(tab.build)
-    assert [t.TITLE for t in app.TABS] == ["Translate", "Classify", "Generate", "Vision", "Swin windows",
-                                           "Positional encoding", "Attention playground", "Lessons"]
+        assert isinstance(tab.TITLE, str) and tab.TITLE and isinstance(tab.INTRO, str) and callable(tab.build)
+    titles = [t.TITLE for t in app.TABS]
+    assert len(set(titles)) == len(titles)
 
 
-def test_app_builds_every_tab_in_order() -> None:
+def public_api(blocks) -> list[str]:
+    """The api_names a Blocks serves, in order (events with ``api_name=False`` are private)."""
+    return [d["api_name"] for d in blocks.get_config_file()["dependencies"] if d.get("api_visibility") == "public"]
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[dict, dict, list[str], object]:
+    """Each tab of app.TABS built on its own (its API names and its Permalink), the API of the shared sections
+    (tabs/why.py), and the whole app."""
+    import gradio as gr
+
+    import app
+    from tabs import why
+
+    apis, links = {}, {}
+    for tab in app.TABS:
+        with gr.Blocks() as alone:
+            links[tab] = tab.build()
+        apis[tab] = public_api(alone)
+    with gr.Blocks() as shared:
+        why.register_api()
+    return apis, links, public_api(shared), app.build_demo()
+
+
+def test_app_builds_every_tab_in_order(built) -> None:
     import app
 
-    demo = app.build_demo()
+    apis, links, shared, demo = built
     config = demo.get_config_file()
     labels = [c["props"].get("label") for c in config["components"] if c.get("type") == "tabitem"]
     assert labels == [t.TITLE for t in app.TABS]
-    api = {d.get("api_name") for d in config["dependencies"]} - {None, False}
-    assert {"translate", "classify", "generate", "head_roles", "classify_image", "swin_windows",
-            "positional_encoding", "playground", "attention_why", "patch", "lesson", "lesson_answer"} <= api
-    # one page-load event restores a permalink (tabs/permalink.py); the three tabs that need no trained model are
-    # drawn right after it, with the link's values
+    # the app serves exactly the API its tabs declare, each tab's main action named, and no name twice (Gradio would
+    # serve a second "classify" as "classify_1")
+    assert all(apis[tab] for tab in app.TABS), [tab.__name__ for tab in app.TABS if not apis[tab]]
+    declared = [name for tab in app.TABS for name in apis[tab]] + shared
+    assert len(set(declared)) == len(declared)
+    assert public_api(demo) == declared
+    # one page-load event restores a permalink (tabs/permalink.py); the tabs that need no trained model (their
+    # Permalink's at_load) are drawn right after it, with the link's values
     on_load = [d for d in config["dependencies"] if any(t[1] == "load" for t in d["targets"])]
     assert len(on_load) == 1
-    assert sum(1 for d in config["dependencies"] if d["trigger_after"] == on_load[0]["id"]) == 3
+    at_load = [tab for tab, link in links.items() if link is not None and link.at_load]
+    assert sum(1 for d in config["dependencies"] if d["trigger_after"] == on_load[0]["id"]) == len(at_load)
+
