@@ -1,4 +1,4 @@
-"""Server-side cost of each app action, in process (issue 6): the handler (model + figures) and the JSON
+"""Server-side cost of each app action, in process: the handler (model + figures) and the JSON
 Gradio then makes of its figures, with the app's unvalidated figure build against plotly's validated build
 of the same figures, side by side in one run.
 

@@ -4,7 +4,7 @@ every ``--every`` steps, the best induction and previous-token scores at N = 50 
 ``--seeds`` seeds) and the loss. A probe for choosing a training recipe, not a shipped model.
 
     python bench/induction_probe.py --context 32 --spans 4 10 --steps 2000
-    python bench/induction_probe.py --context 64 --spans 4 31 --init runs/gpt-tiny3/best.pt   # from a text model
+    python bench/induction_probe.py --context 64 --spans 4 31 --init RUN_DIR/best.pt   # from a text model
 
 One JSON object per measurement on stdout (step, tokens, loss, induction, its layer and head, previous token).
 """

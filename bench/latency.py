@@ -1,4 +1,4 @@
-"""API latency benchmark (issue 6, docs/ARCHITECTURE.md §5–6).
+"""API latency benchmark (docs/ARCHITECTURE.md §5–6).
 
 Launches `python app.py` on a free loopback port, measures the time from process start to the first HTTP
 200 of the page (`ready_s`), then calls each action through `gradio_client`, one request at a time:

@@ -17,7 +17,7 @@ pieces, those ``train.lm --span-sampling frequent`` builds its short rows of (or
     python bench/lm_heads.py --checkpoint DIR --pieces frequent --oversample agnews=2
 
 Last stdout line: one JSON object with ``copy_rate``, ``induction_max`` (and its layer, head),
-``previous_token_max`` (and its layer, head). The targets of gpt-tiny's issue: copy_rate ≥ 0.8,
+``previous_token_max`` (and its layer, head). gpt-tiny's bars (tests/test_gpt_tiny.py): copy_rate ≥ 0.8,
 induction_max ≥ 0.5, previous_token_max ≥ 0.8.
 """
 

@@ -1,4 +1,4 @@
-"""Load benchmark (issue 7, docs/ARCHITECTURE.md §5–6): concurrent gradio_client clients against one launched app.
+"""Load benchmark (docs/ARCHITECTURE.md §5–6): concurrent gradio_client clients against one launched app.
 
 Launches `python app.py` on a free loopback port, opens `--clients` gradio_client clients (one thread and
 one session each), waits until all are connected, then each sends `--requests` requests one after the
@@ -16,7 +16,7 @@ requests + skipped = clients × requests-per-client.
 The server's peak RSS is the largest sampled VmRSS of its process tree (every 0.1 s) or its VmHWM,
 in MiB. After the run the page must still answer 200 (`server_up`).
 
-Runs (targets from issue 7, recorded, never asserted in tests):
+Runs (targets recorded, never asserted in tests):
   python bench/load.py --clients 32 --requests 10                # 0 errors, peak RSS < 2 GB
   python bench/load.py --clients 128 --requests 2 --expect-busy  # excess turned away; server stays up
 `--queue` / `--concurrency` set ATLAS_QUEUE / ATLAS_CONCURRENCY for the server (default: the app's).

@@ -1,4 +1,4 @@
-"""Figure payload benchmark (issue 5, docs/ARCHITECTURE.md §5–6).
+"""Figure payload benchmark (docs/ARCHITECTURE.md §5–6).
 
 1. On the same random attention tensors, the JSON size and build time of our model view against the
    bertviz format (attention sent as nested JSON lists of floats, one list per layer), for

@@ -1,4 +1,4 @@
-"""The shipped decoder, checkpoints/gpt-tiny: what its issue asks of it, measured from generated text and the
+"""The shipped decoder, checkpoints/gpt-tiny: the bars it must clear, measured from generated text and the
 returned attention alone (no app head-role code, no bench code): the copy test, an induction head and a
 previous-token head, and a record that says how it was trained."""
 

@@ -141,7 +141,7 @@ def pack(docs: list[np.ndarray], context: int) -> Tensor:
 
     Rows that start mid-stream would show a document's first tokens almost always after other documents,
     while the app (and the per-document perplexity) runs a prompt from ``<s>`` at position 0; scored alone,
-    such a model was 1.8 nats a token worse than after unrelated text (runs/gpt-tiny, first attempt).
+    such a model was 1.8 nats a token worse than after unrelated text (docs/experiments.md, gpt-tiny).
     """
     stream = np.concatenate(docs)
     starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
@@ -264,8 +264,8 @@ class HeadFreeze:
     rows and smear logit (and their biases), and the block's input norm stay at their values from then on.
 
     An induction head that the copy warm-up teaches in layer 0 reads only the embeddings; the text then
-    reshapes everything and, with few repeats in it, unlearns the head within a few hundred steps (runs/gpt-tiny4,
-    gpt-tiny5), or keeps it only at the price of copy rows weighted against the text (gpt-tiny10). Frozen, its
+    reshapes everything and, with few repeats in it, unlearns the head within a few hundred steps, or keeps it only
+    at the price of copy rows weighted against the text (docs/experiments.md, gpt-tiny). Frozen, its
     query-key match of a piece with the piece before an earlier occurrence stays; what it writes (values and
     output) goes on training, with the short rows. Gradients of the frozen entries are zeroed and, before every
     forward pass of the block, their values restored where the last optimiser step (weight decay, momentum)
