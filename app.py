@@ -27,6 +27,8 @@ CSS = """
 footer {display: none !important;}
 .atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
 .block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
+/* A failed request says so once, in its toast: no "Error" badge over each of its outputs (Gradio's status tracker). */
+[data-testid="status-tracker"]:has(> .error) {display: none !important;}
 .atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */
 .atlas-export button {font-size: 0.75rem; padding: 0 0.5rem; border: 1px solid var(--border-color-primary);
   border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
@@ -75,6 +77,12 @@ JS = """() => {
     }
     box.append(bar);
   };
+  // A new attempt (any button pressed outside a toast) closes the toasts of earlier ones, so errors neither stack
+  // ("Error (2)") nor stay after the request that follows them has worked.
+  document.addEventListener('click', (ev) => {
+    if (!ev.target.closest('button') || ev.target.closest('.toast-body')) return;
+    document.querySelectorAll('.toast-close').forEach((close) => close.click());
+  }, true);
   new MutationObserver(() => {
     bind();
     document.querySelectorAll('.js-plotly-plot').forEach(exportBar);

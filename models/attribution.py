@@ -521,7 +521,8 @@ def _explain_batch(
         where = [dict(tokens=list(tokens), special=np.zeros(grid, dtype=bool), pooling="cls", grid=grid, patch=patch,
                       notice=notice) for _, notice in prepared]
     return [Attribution(values=v.astype(np.float32), method=method, target=t, label=_label(labels, t), prob=p,
-                        completeness_gap=gap, **w) for v, t, p, gap, w in zip(values, tgt, probs, gaps, where)]
+                        completeness_gap=gap, steps=steps if gap is not None else 0, **w)
+            for v, t, p, gap, w in zip(values, tgt, probs, gaps, where)]
 
 
 def explain(

@@ -15,6 +15,7 @@ from tabs.common import (
     VIEWS,
     attention_figure,
     attribute,
+    completeness,
     checkpoint_labels,
     configured,
     controls_for,
@@ -207,8 +208,7 @@ def colouring(attribution) -> str:
     if attribution.method in ("rollout", "attention", "relevance"):
         title += " · read from " + ("the position the classifier reads" if attribution.pooling == "cls"
                                     else "every token (the classifier reads their mean)")
-    if attribution.completeness_gap is not None:
-        title += f" · completeness gap {attribution.completeness_gap:.2%}"
+    title += completeness(attribution)
     return va.signed_highlight(attribution.tokens, attribution.values, title=title)
 
 

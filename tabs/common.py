@@ -42,10 +42,11 @@ HEADS_DEFAULT = ["mean", "max"]
 
 class Error(gr.Error):
     """gr.Error with its message shown as text: Gradio renders an error's message as HTML, so a model name, a
-    token or a library's "<urlopen error ...>" in it would be eaten or interpreted. Every handler raises this."""
+    token or a library's "<urlopen error ...>" in it would be eaten or interpreted. Every handler raises this. Its
+    toast closes by itself after ``duration`` seconds (and on the next button press, app.py's page script)."""
 
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(html.escape(str(message), quote=False), **kw)
+    def __init__(self, message: str, duration: float = 12, **kw: Any) -> None:
+        super().__init__(html.escape(str(message), quote=False), duration=duration, **kw)
 
 
 VIEWS = ["heatmap", "head view", "model view"]
@@ -442,6 +443,22 @@ def ig_steps(tokens: int) -> int:
     return int(np.clip(IG_TOKEN_BUDGET // max(int(tokens), 1), 8, 32))
 
 
+GAP_WARN = 0.05  # an integrated-gradients completeness gap above this is refined once, then said to be rough
+
+
+def completeness(attribution) -> str:
+    """What an explanation's completeness gap means, for its figure title ("" for methods without one)."""
+    gap = attribution.completeness_gap
+    if gap is None:
+        return ""
+    text = f" · completeness gap {gap:.1%}"
+    if gap > GAP_WARN:
+        text += (f"<br><sup>The colours should add up to the change in the class score from the baseline (Sundararajan "
+                 f"et al. 2017); with {attribution.steps} integration steps they miss it by {gap:.0%}, so read them "
+                 "as rough.</sup>")
+    return text
+
+
 def attribute(state: dict, method: str, progress: Any = None):
     """The explanation ``method`` of the kept input toward the kept target, computed once and kept in the
     state. A model that does not offer it (Swin: gradient methods only) gets gradient × input, with a notice."""
@@ -457,9 +474,12 @@ def attribute(state: dict, method: str, progress: Any = None):
             if progress is not None and chosen == "integrated_gradients":
                 progress(0.5, desc=f"integrated gradients, {steps} steps")
             try:
-                cache[chosen] = explain(net, state["input"], chosen, target=state["target"], steps=steps)
+                found = explain(net, state["input"], chosen, target=state["target"], steps=steps)
+                if (found.completeness_gap or 0) > GAP_WARN:  # one finer integral (twice the steps) before warning
+                    found = explain(net, state["input"], chosen, target=state["target"], steps=2 * steps)
             except ValueError as err:
                 raise Error(str(err)) from None
+            cache[chosen] = found
         cache[method] = cache[chosen]
     return cache[method]
 

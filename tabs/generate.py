@@ -151,7 +151,8 @@ def build() -> Permalink:
         control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
-    ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation], api_name=False)
+    ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation],
+                 api_name="ablate_head")
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
     return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
                       "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view}, steps,
@@ -302,7 +303,10 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     result = state["result"]
     net = _model(state["model"])
     c = net.config
-    layer, head = int(np.clip(int(layer), 0, c.n_layers - 1)), int(np.clip(int(head), 0, c.n_heads - 1))
+    if not (0 <= int(layer) < c.n_layers and 0 <= int(head) < c.n_heads):
+        raise Error(f"This model has layers 0 … {c.n_layers - 1} and heads 0 … {c.n_heads - 1}; got layer "
+                    f"{int(layer)}, head {int(head)}.")
+    layer, head = int(layer), int(head)
     s = int(step or 0)
     # step 0 (no step replayed) measures the first prediction after the prompt: after the whole text the next token
     # often follows </s>, where every head's ablation changes nothing

@@ -8,6 +8,7 @@ import gradio as gr
 from tabs.common import FAST, fit, get_model, intro
 from tabs.permalink import Permalink
 from viz import positional as vp
+from viz.common import esc, shorten
 
 TITLE = "Positional encoding"
 MODEL = "vit-fashion"
@@ -42,7 +43,7 @@ def build() -> Permalink:
     dims.submit(positional_encoding, inputs, outputs, api_name=False, **FAST)
     gr.Markdown(f"### Learned position embeddings of the shipped ViT (`{MODEL}`)")
     learned = gr.Plot(label="learned position embeddings")
-    gr.Button("Show the ViT's position embeddings").click(vit_positions, [], [learned], api_name=False)
+    gr.Button("Show the ViT's position embeddings").click(vit_positions, [], [learned], api_name="vit_positions")
     return Permalink({"positions": length, "d": d_model, "dims": dims, "pair": pair},
                      [(positional_encoding, inputs, outputs, FAST)], at_load=True)
 
@@ -55,12 +56,19 @@ def positional_encoding(length: int = 64, d_model: int = 128, dims: str = "0, 1,
     length, d_model = max(2, min(int(length), MAX_POSITIONS)), max(2, min(int(d_model), MAX_WIDTH))
     d_model += d_model % 2
     pe = sinusoidal_table(length, d_model).numpy()
-    chosen = sorted({int(d) for d in str(dims).replace(";", ",").split(",") if d.strip().isdigit()
-                     and int(d) < d_model}) or [0, 1]
+    parts = [d.strip() for d in str(dims).replace(";", ",").split(",") if d.strip()]
+    chosen = sorted({int(d) for d in parts if d.isdigit() and int(d) < d_model})
+    ignored = [d for d in parts if not (d.isdigit() and int(d) < d_model)]
+    curves_title = "Chosen dimensions along positions"
+    if ignored or not chosen:  # say what was left out, never silently
+        shown = ", ".join(ignored[:4]) + (" …" if len(ignored) > 4 else "")
+        curves_title += (f"<br><sup>ignored {esc(shorten(shown, 40))}: dimensions are whole numbers 0 … {d_model - 1}"
+                         + ("; showing 0 and 1" if not chosen else "") + "</sup>")
+        chosen = chosen or [0, 1]
     pair = max(0, min(int(rope_pair), d_model // 2 - 1))
     rotated, scores = rope_demo(length, d_model, pair)
     return (fit(vp.sinusoidal_heatmap(pe, title=f"Sinusoidal encoding: {length} positions × {d_model} dims")),
-            vp.sinusoidal_curves(pe, chosen, title="Chosen dimensions along positions"),
+            vp.sinusoidal_curves(pe, chosen, title=curves_title),
             fit(vp.position_similarity(pe, "cosine", title="Position–position cosine similarity")),
             fit(vp.rope_rotation(rotated.numpy(), pair=pair, title=f"RoPE: dimension pair {pair} turns with position")),
             fit(vp.rope_offset_scores(scores.numpy(), [0, length // 4, length // 2])))
@@ -70,5 +78,5 @@ def vit_positions():
     """Cosine similarity of the shipped ViT's learned position embeddings (ViT paper, Fig. 7 centre)."""
     net = get_model(MODEL)
     return vp.learned_pe_grid(net.position_embeddings(), net.grid,
-                              title=f"{MODEL}: learned position embeddings, cosine similarity of each patch's "
-                                    "embedding to every other")
+                              title=f"{MODEL}: learned position embeddings<br><sup>cosine similarity of each "
+                                    "patch's embedding to every other</sup>")

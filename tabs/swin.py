@@ -3,10 +3,12 @@ trained `checkpoints/swin-fashion`'s window attention and relative-position-bias
 
 from __future__ import annotations
 
+import json
+
 import gradio as gr
 import numpy as np
 
-from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
+from tabs.common import CHECKPOINTS, EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
 from tabs.permalink import Permalink
 from viz import positional as vp
 from viz import swin as vw
@@ -41,14 +43,16 @@ def build() -> Permalink:
     gr.Markdown(f"### The trained Swin (`{MODEL}`)")
     with gr.Row():
         example = gr.Dropdown(list(EXAMPLE_NAMES), value="ankle-boot", label="example image")
-        block = gr.Slider(0, 3, value=1, step=1, label="block (odd = shifted windows)")
+        block = gr.Slider(0, 3, value=1, step=1, label="block (odd blocks shift, where the grid holds more than one "
+                                                       "window)")
         head = gr.Slider(0, 5, value=0, step=1, label="head")
         show = gr.Button("Show the trained Swin")
     trained_note = gr.Markdown()
     with gr.Row():
         win_attn = gr.Plot(label="window attention of the centre token")
         bias = gr.Plot(label="relative position bias")
-    show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note], api_name=False)
+    block.change(head_range, [block, head], [head], api_name=False, show_progress="hidden", **FAST)
+    show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note, head], api_name="trained_swin")
     return Permalink({"grid": grid, "window": window, "shift": shift, "index": index},
                      [(swin_windows, inputs, outputs, FAST)], at_load=True)
 
@@ -71,17 +75,43 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
             vw.all_window_masks(geo.masks, geo.side // window), note)
 
 
+def block_heads() -> list[int]:
+    """Heads of each block of the trained Swin, read from its config.json without torch ([] when unreadable)."""
+    try:
+        config = json.loads((CHECKPOINTS / MODEL / "config.json").read_text(encoding="utf-8"))["config"]
+        return [heads for depth, heads in zip(config["depths"], config["heads"]) for _ in range(depth)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def head_range(block: int, head: int):
+    """The head slider offers the chosen block's heads only."""
+    heads = block_heads()
+    if not 0 <= int(block) < len(heads):
+        return gr.update()
+    return gr.update(maximum=heads[int(block)] - 1, value=min(int(head), heads[int(block)] - 1))
+
+
 def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
     """The shipped Swin's window attention on an example image and its relative-position-bias tables."""
     net = get_model(MODEL)
     result = net.classify(EXAMPLE_NAMES.get(example or "", EXAMPLE_IMAGES[-1]))  # names only, never paths
     b = max(0, min(int(block), len(result.windows) - 1))
     win = result.windows[b]
-    h = max(0, min(int(head), win.weights.shape[1] - 1))
+    heads = win.weights.shape[1]
+    h = max(0, min(int(head), heads - 1))
+    asked = f"Head {int(head)} does not exist in block {b} ({heads} heads): showing head {h}. " if h != int(head) else ""
+    if win.shift:
+        kind = "shifted windows"
+    elif b % 2:  # Swin shifts odd blocks, except where one window already covers the whole grid (nothing to shift)
+        kind = (f"regular windows: an odd block shifts, but at stage {win.stage} the {win.grid[0]}×{win.grid[1]} "
+                f"token grid fits in one {win.window}×{win.window} window, so there is nothing to shift")
+    else:
+        kind = "regular windows"
     query = (win.grid[0] // 2, win.grid[1] // 2)
     tables = net.relative_position_bias_tables()[b]  # (heads, 2w−1, 2w−1)
     top = int(np.argmax(result.probs))
     return (fit(window_figure(result, win, h, query)),
             fit(vp.relative_bias_tables(tables, title=f"Relative position bias · block {b}")),
-            f"Predicted **{result.labels[top]}** ({result.probs[top]:.1%}). Block {b}: stage {win.stage}, "
-            f"{'shifted' if win.shift else 'regular'} windows of {win.window}×{win.window} tokens.")
+            f"{asked}Predicted **{result.labels[top]}** ({result.probs[top]:.1%}). Block {b}: stage {win.stage}, "
+            f"{kind}; windows of {win.window}×{win.window} tokens.", gr.update(maximum=heads - 1, value=h))

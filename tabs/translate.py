@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 
 from examples import sentences
@@ -88,7 +90,9 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     text = read_text(text)
     model = get_model(MODEL)
     beam = max(1, min(int(beam_size), MAX_BEAM))
+    text, rest, split_notice = split_long(model, text)
     result = model.translate(text, beam_size=beam)
+    translation = " ".join([result.text, *(model.translate(s, beam_size=beam).text for s in rest)])
     cross = result.attention["cross"]
     layer_u, head_u = controls_for(cross.layers, cross.heads)
     from models.decompose import attention_scores
@@ -97,11 +101,30 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},
                    encoder_scores=attention_scores(model, ids),
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
-    notice = result.notice or f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
-    return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
+    notice = " ".join(x for x in (split_notice, result.notice) if x) or \
+        f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
+    return (translation, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
+
+
+SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'»”)\]]))\s+")  # the space after . ! ? … (and a quote)
+
+
+def split_long(model, text: str) -> tuple[str, list[str], str]:
+    """A text over the model's positions (128 tokens, its training captions are ~13 words) is translated sentence
+    by sentence: (the first sentence, which the figures show; the other sentences; a notice saying so). A text
+    that fits comes back whole, with no notice. A single sentence still too long is cut by the model (its notice)."""
+    if not model.tokenizer.encode(text, max_tokens=model.config.max_len).notice:  # it fits: no truncation notice
+        return text, [], ""
+    sentences = [s for s in SENTENCE_END.split(text) if s.strip()]
+    if len(sentences) == 1:
+        return text, [], ""
+    return sentences[0], sentences[1:], (
+        f"The text is longer than the model's {model.config.max_len} positions, so each of its {len(sentences)} "
+        "sentences was translated on its own (the model was trained on single captions). The figures show the first "
+        "sentence; paste another sentence alone to see its attention.")
 
 
 def compare_view(result) -> dict:

@@ -289,3 +289,103 @@ def test_ablation_by_default_measures_the_first_prediction(lm) -> None:
     before = lm._model("gpt-tiny").next_token_probs(state["result"].ids[: state["result"].prompt_len])
     top = int(np.argmax(before))
     assert f"{before[top]:.1%}" in note  # the distribution after the prompt, not after the whole text
+
+
+# ---------------------------------------------------------------------------------- what a teacher sees
+def test_a_text_over_the_translator_positions_is_translated_sentence_by_sentence(tiny_checkpoints: Path,
+                                                                                 monkeypatch) -> None:
+    from tabs.translate import split_long
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    net = common.get_model("translator-en-de")
+    first = "A man in a blue shirt is riding a bicycle down the street."
+    rest = ["Two young girls are playing with a dog in the park!", "A dog runs."]
+    long = " ".join([first, *rest] * 8)  # far over 128 tokens
+    assert net.tokenizer.encode(long, max_tokens=net.config.max_len).notice  # the model alone would cut it
+    text, others, notice = split_long(net, long)
+    assert text == first and others == ([*rest, first] * 8)[:-1] and len(others) == 23
+    assert "each of its 24 sentences was translated on its own" in notice
+    out, shown = translate(long, 1)[:2]
+    solo = [net.translate(s, beam_size=1).text for s in [first, *others]]
+    assert out == " ".join(solo) and "figures show the first sentence" in shown
+    assert split_long(net, first) == (first, [], "")  # a text that fits is left whole
+
+
+def test_trained_swin_names_the_blocks_and_heads_it_shows(tiny_checkpoints: Path, monkeypatch) -> None:
+    from tabs import swin as tab
+
+    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    monkeypatch.setattr(tab, "CHECKPOINTS", tiny_checkpoints)
+    heads = tab.block_heads()
+    net = common.get_model("swin-fashion")
+    result = net.classify(common.EXAMPLE_IMAGES[0])
+    assert heads == [w.weights.shape[1] for w in result.windows]  # read from config.json, without torch
+    *_figs, note, update = tab.trained_swin("sneaker", 0, 99)
+    assert f"Head 99 does not exist in block 0 ({heads[0]} heads): showing head {heads[0] - 1}" in note
+    assert update["maximum"] == heads[0] - 1 and update["value"] == heads[0] - 1
+    for b, win in enumerate(result.windows):
+        note = tab.trained_swin("sneaker", b, 0)[2]
+        if win.shift:
+            assert "shifted windows" in note
+        elif b % 2:  # an odd block that does not shift says why
+            assert "nothing to shift" in note
+        else:
+            assert "regular windows" in note
+    assert tab.head_range(len(heads) - 1, 99)["maximum"] == heads[-1] - 1
+
+
+def test_positional_says_which_dimensions_it_ignored() -> None:
+    from tabs.positional import positional_encoding
+
+    curves = positional_encoding(64, 128, "0, abc, 500, 7")[1]
+    assert "ignored abc, 500" in curves.layout.title.text and [t.name for t in curves.data] == ["dim 0", "dim 7"]
+    curves = positional_encoding(64, 128, "<b>x</b>")[1]
+    assert "&lt;b&gt;x&lt;/b&gt;" in curves.layout.title.text and "showing 0 and 1" in curves.layout.title.text
+    assert "ignored" not in positional_encoding(64, 128, "0, 1")[1].layout.title.text
+
+
+def test_ablation_refuses_a_head_the_model_does_not_have(lm) -> None:
+    state = lm.generate("A man rides a bike", 4)[6]
+    with pytest.raises(gr.Error, match=r"layers 0 … 1 and heads 0 … 3; got layer 0, head 5"):
+        lm.ablate_head_fn(state, 0, 0, 5)
+
+
+def test_a_rough_integral_is_refined_once_and_then_said_to_be_rough() -> None:
+    from models.outputs import Attribution
+
+    def attribution(gap):
+        return Attribution(values=np.zeros(3), method="integrated_gradients", target=0, label="x", prob=0.5,
+                           tokens=["a", "b", "c"], special=np.zeros(3, bool), completeness_gap=gap, steps=16)
+
+    assert common.completeness(attribution(0.01)) == " · completeness gap 1.0%"
+    rough = common.completeness(attribution(0.42))
+    assert "with 16 integration steps they miss it by 42%" in rough and "read them as rough" in rough
+    assert common.completeness(Attribution(values=np.zeros(3), method="rollout", target=0, label="x", prob=0.5,
+                                           tokens=["a", "b", "c"], special=np.zeros(3, bool))) == ""
+
+
+def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> None:
+    from dataclasses import replace
+
+    import models.attribution as attribution_module
+    from models.outputs import Attribution
+
+    calls = []
+    base = Attribution(values=np.zeros(3), method="integrated_gradients", target=0, label="x", prob=0.5,
+                       tokens=["a", "b", "c"], special=np.zeros(3, bool))
+
+    def explain(net, inputs, method, target=None, steps=32):
+        calls.append(steps)
+        return replace(base, completeness_gap=0.5 if steps < 64 else 0.3, steps=steps)
+
+    monkeypatch.setattr(attribution_module, "explain", explain)
+    monkeypatch.setattr(attribution_module, "methods_for", lambda net: ("integrated_gradients",))
+    monkeypatch.setattr(common, "get_model", lambda name, progress=None: None)
+    state = {"model": "m", "input": "x", "target": None, "attributions": {},
+             "result": type("R", (), {"attention": {}})()}
+    found = common.attribute(state, "integrated_gradients")
+    assert calls == [32, 64] and found.steps == 64 and "with 64 integration steps" in common.completeness(found)
+    common.attribute(state, "integrated_gradients")  # kept: no third run
+    assert calls == [32, 64]

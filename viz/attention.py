@@ -87,6 +87,9 @@ def attention_heatmap(
                        autoscale=autoscale, max_label=max_label).build()
 
 
+READABLE = 128  # tokens up to which a heatmap labels every one (the scratch models' whole input)
+
+
 def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
                 layer: int | None = None, head: Head = 0, kind: str = "Self-attention", title: str | None = None,
                 autoscale: bool = False, max_label: int = 12) -> Fig:
@@ -101,13 +104,17 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
         colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0, hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
     ))
     n = max(len(queries), len(keys))
-    cell = int(np.clip(640 / n, 4, 40))
-    height = int(np.clip(cell * len(queries) + 220, 380, 1000))
-    base_layout(fig, title or describe(kind, layer, head), height=height)
+    # Every token keeps a readable label up to READABLE tokens: cells of at least 10 px hold a 10 px label, and a
+    # figure that outgrows its column gets its own width (the page lets it scroll sideways). Longer inputs label
+    # every k-th token on smaller cells.
+    cell = int(np.clip(640 / n, 10, 40)) if n <= READABLE else 5
+    height = int(max(cell * len(queries) + 220, 380))
+    width = cell * len(keys) + 300 if cell * len(keys) > 640 else None
+    base_layout(fig, title or describe(kind, layer, head), width=width, height=height)
     fs = axis_font_size(n)
-    fig.update_xaxes(**category_ticks(kcat, keys, max_label), tickangle=-60, tickfont=dict(size=fs),
+    fig.update_xaxes(**category_ticks(kcat, keys, max_label, READABLE), tickangle=-60, tickfont=dict(size=fs),
                      title=dict(text="key"), side="bottom")
-    fig.update_yaxes(**category_ticks(qcat, queries, max_label), autorange="reversed",
+    fig.update_yaxes(**category_ticks(qcat, queries, max_label, READABLE), autorange="reversed",
                      tickfont=dict(size=fs), title=dict(text="query"), scaleanchor="x", constrain="domain")
     return fig
 

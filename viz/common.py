@@ -295,7 +295,7 @@ def category_ticks(categories: Sequence[str], tokens: Sequence[str], max_len: in
 
 def axis_font_size(n: int) -> int:
     """Smaller tick font for long inputs so labels do not collide."""
-    return 13 if n <= 24 else 11 if n <= 48 else 9
+    return 13 if n <= 24 else 11 if n <= 48 else 10
 
 
 # ----------------------------------------------------------------------------------------------------
