@@ -99,8 +99,9 @@ def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
     b = max(0, min(int(block), len(result.windows) - 1))
     win = result.windows[b]
     heads = win.weights.shape[1]
-    h = max(0, min(int(head), heads - 1))
-    asked = f"Head {int(head)} does not exist in block {b} ({heads} heads): showing head {h}. " if h != int(head) else ""
+    head = int(head)
+    h = max(0, min(head, heads - 1))
+    asked = f"Head {head} does not exist in block {b} ({heads} heads): showing head {h}. " if h != head else ""
     if win.shift:
         kind = "shifted windows"
     elif b % 2:  # Swin shifts odd blocks, except where one window already covers the whole grid (nothing to shift)
