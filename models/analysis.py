@@ -98,29 +98,6 @@ def mean_attention_distance(weights: np.ndarray, grid: tuple[int, int] | None = 
     return (w * d).sum(-1).mean(-1).astype(np.float32)
 
 
-def offset_keys(n: int, offset: int) -> np.ndarray:
-    """(N, N) bool: key j = i + offset for each query i (−1: previous token, +1: next token)."""
-    i = np.arange(n)
-    return (i[None, :] - i[:, None]) == offset
-
-
-def attention_share(weights: np.ndarray, keys: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Mean over queries of the attention going to the given keys, per layer and head: (L, H).
-
-    keys: key positions (e.g. [0] for [CLS], the [SEP] positions), or a (Q, K) bool array choosing keys
-    per query (``offset_keys(n, -1)`` for the previous token). Clark et al. (2019), §3.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    sel = np.asarray(keys)
-    if sel.dtype == bool:
-        if sel.shape != w.shape[-2:]:
-            raise ValueError(f"key mask {sel.shape} does not match attention {w.shape[-2:]}")
-        share = (w * sel).sum(-1)
-    else:
-        share = w[..., sel.astype(int)].sum(-1)
-    return share.mean(-1).astype(np.float32)
-
-
 POOLINGS = ("cls", "mean")
 
 

@@ -75,15 +75,6 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | str | None 
     return j <= i
 
 
-def combine(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of the given masks (None entries ignored); None when none is given."""
-    out: Tensor | None = None
-    for m in masks:
-        if m is not None:
-            out = m if out is None else out & m
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------
 # Interventions: what one forward pass changes, given as an argument (never hooks or switched flags on the
 # shared model, docs/ARCHITECTURE.md §2). models/patching.py builds them for activation patching and sink

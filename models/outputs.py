@@ -99,11 +99,6 @@ class ImageResult:
     notice: str = ""
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
 
-    @property
-    def patch_tokens(self) -> slice:
-        """The patches' positions on each axis of the "encoder" attention (after the prefix tokens)."""
-        return slice(self.prefix_tokens, self.prefix_tokens + self.grid[0] * self.grid[1])
-
     def patch_at(self, y: float, x: float) -> tuple[int, int]:
         """The first-stage patch (row, col) that covers pixel (y, x) of ``image``, clamped to the grid."""
         return _cell(y, x, self.patch, self.grid)

@@ -199,7 +199,7 @@ def load_imagenet(name: ImageNetModel, download: bool = False, timeout: float = 
     except Exception as e:  # a truncated or foreign file: say which one
         raise WeightsUnavailableError(f"The cached weights file {path} could not be read ({e}); delete it "
                                       "and download again.") from e
-    labels = list(weights.meta["categories"])
+    labels = imagenet_labels(name)
     model: ViT | Swin
     if name == "vit_b_16":
         model = vit_from_torchvision(state, labels=labels)

@@ -6,14 +6,12 @@ import numpy as np
 import pytest
 
 from models.analysis import (
-    attention_share,
     duplicate_token_score,
     first_token_share,
     head_entropy,
     head_roles,
     induction_score,
     mean_attention_distance,
-    offset_keys,
     patch_distances,
     pooled_rollout,
     previous_token_score,
@@ -76,17 +74,6 @@ def test_mean_attention_distance_tokens_and_pixels() -> None:
     d = mean_attention_distance(w, grid=(2, 2), patch=16, skip=1)
     np.testing.assert_allclose(d, [[(16 * np.sqrt(2) + 16 + 16 + 0) / 4]], atol=1e-5)
     assert patch_distances((1, 3), 2.0)[0, 2] == 4.0
-
-
-def test_attention_share() -> None:
-    w = np.zeros((1, 1, 3, 3))
-    w[0, 0, :, 0] = [1.0, 0.5, 0.2]
-    w[0, 0, 1, 1] = 0.5
-    w[0, 0, 2, 1] = 0.8
-    np.testing.assert_allclose(attention_share(w, [0]), [[(1.0 + 0.5 + 0.2) / 3]], atol=1e-6)
-    prev = offset_keys(3, -1)
-    assert prev[1, 0] and prev[2, 1] and not prev[0].any()
-    np.testing.assert_allclose(attention_share(w, prev), [[(0 + 0.5 + 0.8) / 3]], atol=1e-6)
 
 
 def test_pooled_rollout_reads_what_the_head_reads() -> None:

@@ -12,7 +12,6 @@ from models.attention import (
     MultiHeadAttention,
     attend,
     causal_mask,
-    combine,
     padding_mask,
     scaled_dot_product,
 )
@@ -40,7 +39,7 @@ def test_explicit_equals_fused(masked: str) -> None:
     m = _mha()
     x = torch.randn(2, 6, 32)
     pad = padding_mask(torch.tensor([6, 3]))
-    mask = {"none": None, "padding": pad, "causal": causal_mask(6), "both": combine(pad, causal_mask(6))}[masked]
+    mask = {"none": None, "padding": pad, "causal": causal_mask(6), "both": pad & causal_mask(6)}[masked]
     fused, none = m(x, mask=mask)
     explicit, w = m(x, mask=mask, need_weights=True)
     assert none is None and w is not None
@@ -95,7 +94,7 @@ def test_matches_nn_multihead_attention(need_weights: bool) -> None:
 def test_rows_sum_to_one_and_masked_keys_get_zero() -> None:
     m = _mha()
     x = torch.randn(2, 6, 32)
-    mask = combine(padding_mask(torch.tensor([6, 4])), causal_mask(6))
+    mask = padding_mask(torch.tensor([6, 4])) & causal_mask(6)
     _, w = m(x, mask=mask, need_weights=True)
     assert w is not None
     w = w.detach()
@@ -123,9 +122,6 @@ def test_mask_builders() -> None:
     assert padding_mask(torch.tensor([3, 3])) is None
     assert padding_mask(torch.tensor([[False, False]])) is None
     assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
-    assert combine(None, None) is None
-    a, b = causal_mask(3), torch.tensor([True, False, True])
-    assert torch.equal(combine(a, None, b), a & b)
 
 
 @pytest.mark.parametrize("use_rope", [False, True])
