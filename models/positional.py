@@ -6,13 +6,10 @@
 - Rotary (Su et al. 2021, RoFormer eq. 34): rotate each pair (x_{2i}, x_{2i+1}) of q and k by the angle
   pos · θ_i with θ_i = base^(-2i/d), so that q_m · k_n depends only on m − n.
 
-The Swin relative position bias (table and index) lives in ``models.swin``; ``relative_position_index``
-is re-exported from here lazily so this module imports without the vision code.
+The Swin relative position bias (table and index) lives in ``models.swin``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -131,13 +128,3 @@ class RotaryEmbedding(nn.Module):
             n = self.angles.size(0)
             raise ValueError(f"sequence of {offset + t} positions exceeds the {n} supported")
         return apply_rope(x, self.angles[offset : offset + t])
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy re-export: the Swin relative position index is implemented in models.swin (vision helper).
-    if name == "relative_position_index":
-        from models.swin import relative_position_index
-
-        return relative_position_index
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

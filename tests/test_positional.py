@@ -70,13 +70,6 @@ def test_rope_preserves_norm_and_module_offset() -> None:
     assert rope_angles(3, 8)[0].abs().max() == 0  # position 0 is not rotated
 
 
-def test_relative_position_index_is_reexported_from_swin() -> None:
-    swin = pytest.importorskip("models.swin")
-    from models.positional import relative_position_index
-
-    assert relative_position_index is swin.relative_position_index
-
-
 def test_rope_demo_turns_one_pair_and_scores_depend_on_the_offset() -> None:
     rotated, scores = rope_demo(32, 16, pair=3, seed=0)
     theta = 10000.0 ** (-6 / 16)  # θ_3 for d = 16
