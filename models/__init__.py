@@ -81,6 +81,10 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
         from models.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
+    if (folder / "calibration.safetensors").is_file():  # image models: temperature and the unusual-input check
+        from models.calibration import load_calibration
+
+        model.calibration = load_calibration(folder / "calibration.safetensors")
     return model.float().eval().to(device)
 
 

@@ -151,6 +151,17 @@ def save_checkpoint(
     return folder
 
 
+def add_to_manifest(folder: str | Path, name: str) -> None:
+    """List (or re-list) the file ``name`` of a checkpoint folder in its manifest, with its hash and size."""
+    folder = Path(folder)
+    if Path(name).name != name or not (folder / name).is_file():
+        raise ValueError(f"{name!r} is not a file in {folder}")
+    manifest = _read_json(folder / MANIFEST)
+    manifest["files"][name] = sha256(folder / name)
+    manifest.setdefault("sizes", {})[name] = (folder / name).stat().st_size
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(path, f"missing from {path.parent}")

@@ -91,12 +91,14 @@ class WindowAttention:
 class ImageResult:
     image: np.ndarray  # uint8 (H, W) or (H, W, 3): exactly what the model saw, after conversion
     labels: list[str]
-    probs: np.ndarray  # (C,) sums to 1
+    probs: np.ndarray  # (C,) sums to 1, calibrated where the model carries a calibration
     grid: tuple[int, int]  # patch rows, cols of the first stage
     patch: int  # pixels per patch side on `image`
     attention: dict[str, AttentionMap] = field(default_factory=dict)  # ViT: "encoder" over prefix + rows*cols
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
+    temperature: float = 1.0  # probs = softmax(logits / temperature); 1 for a model without calibration
+    unusual: str = ""  # the out-of-distribution notice (models/calibration.py), empty when the input looks usual
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
 
     def patch_at(self, y: float, x: float) -> tuple[int, int]:
@@ -183,6 +185,7 @@ class Attribution:
     patch: int = 0  # images: pixels per patch side on the image the model saw
     completeness_gap: float | None = None  # integrated gradients: |Σ values − (f(x) − f(x′))| / |f(x) − f(x′)|
     # on the target logit f, x′ the baseline (Sundararajan et al. 2017, Prop. 1); None for other methods
+    steps: int = 0  # integrated gradients: the integral's steps (Gauss–Legendre points); 0 for other methods
     notice: str = ""
 
 

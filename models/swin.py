@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import scaled_dot_product
+from models.attention import attend
+from models.calibration import calibrated
 from models.images import ImageInput, prepare
 from models.outputs import ImageResult, WindowAttention
 
@@ -225,20 +226,16 @@ class ShiftedWindowAttention(nn.Module):
         bias = self.relative_position_bias().unsqueeze(0)  # (1, heads, N, N)
         if any(shift):
             bias = bias + self._mask(Hp, Wp, shift, x.device).unsqueeze(1)  # (nW, heads, N, N)
-        p = self.attention_dropout if self.training else 0.0
-        weights: Tensor | None = None
-        if need_weights:
-            out, weights = scaled_dot_product(q, k, v, bias=bias)  # explicit: weights (B, nW, heads, N, N)
-            if p > 0:  # dropout on the probabilities; the returned weights stay undropped
-                out = F.dropout(weights, p) @ v
-        else:
-            # fused kernels want 4-D (batch, heads, N, d): fold the windows into the batch
-            mask = bias.to(q.dtype)  # (1 or nW, heads, N, N)
-            if mask.shape[0] > 1:  # one mask per window: repeat it for each image of the batch
-                mask = mask.expand(B, -1, -1, -1, -1).reshape(B * n_windows, self.heads, w * w, w * w)
-            q4, k4, v4 = (t.reshape(B * n_windows, self.heads, w * w, -1) for t in (q, k, v))
-            out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, dropout_p=p)
-            out = out.view(B, n_windows, self.heads, w * w, -1)
+        # the kernels want 4-D (batch, heads, N, d): fold the windows into the batch, one bias per window and image
+        bias = bias.to(q.dtype)
+        if bias.shape[0] > 1:
+            bias = bias.expand(B, -1, -1, -1, -1).reshape(B * n_windows, self.heads, w * w, w * w)
+        q4, k4, v4 = (t.reshape(B * n_windows, self.heads, w * w, -1) for t in (q, k, v))
+        out, weights = attend(q4, k4, v4, bias=bias, need_weights=need_weights,
+                              dropout=self.attention_dropout if self.training else 0.0)
+        out = out.view(B, n_windows, self.heads, w * w, -1)
+        if weights is not None:  # (B, nW, heads, N, N)
+            weights = weights.view(B, n_windows, self.heads, w * w, w * w)
         out = out.transpose(2, 3).reshape(B * n_windows, w, w, C)  # heads back into channels
         out = self.proj_drop(self.proj(out))
         out = window_reverse(out, w, Hp, Wp)  # (B, Hp, Wp, C)
@@ -357,6 +354,13 @@ class Swin(nn.Module):
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[BlockAttention]]:
         """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the window
         attention of every block (explicit softmax), otherwise fused attention."""
+        features, attention = self.encode(x, need_weights)
+        logits = self.head(features)
+        return (logits, attention) if need_weights else logits
+
+    def encode(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[BlockAttention]]:
+        """x (B, C, H, W) -> (the pooled final features (B, C), which the head reads; the window attention of
+        every block, empty unless ``need_weights``)."""
         cfg = self.config
         x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H/p, W/p, C)
         attention: list[BlockAttention] = []
@@ -368,9 +372,7 @@ class Swin(nn.Module):
                     attention.append(BlockAttention(s, b, weights, cfg.window, shift, grid, cfg.patch * 2**s))
             if s < len(self.merges):
                 x = self.merges[s](x)
-        x = self.norm(x).mean(dim=(1, 2))  # (B, C): global average pool
-        logits = self.head(x)
-        return (logits, attention) if need_weights else logits
+        return self.norm(x).mean(dim=(1, 2)), attention  # (B, C): global average pool
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
@@ -380,13 +382,12 @@ class Swin(nn.Module):
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()
-        logits, attention = self(prepared.tensor.to(device), need_weights=True)
+        features, attention = self.encode(prepared.tensor.to(device), need_weights=True)
         self.train(was_training)
-        probs = torch.softmax(logits[0].float(), dim=-1).cpu().numpy().astype(np.float32)
         windows = [
             WindowAttention(stage=a.stage, block=a.block, weights=a.weights[0].float().cpu().numpy(),
                             window=a.window, shift=a.shift, grid=a.grid, patch=a.patch)
             for a in attention
         ]
-        return ImageResult(image=prepared.shown, labels=list(self.labels), probs=probs, grid=self.grid,
-                           patch=cfg.patch, windows=windows, notice=prepared.notice)
+        return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
+                           windows=windows, notice=prepared.notice, **calibrated(self, features[0], prepared.shown))

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention
+from models.calibration import calibrated
 from models.images import ImageInput, prepare
 from models.outputs import AttentionMap, ImageResult
 
@@ -140,6 +141,12 @@ class ViT(nn.Module):
         L × (B, heads, N, N), N = prefix + P, empty unless ``need_weights``). The weights are the tensors the blocks
         multiply the values with, in the autograd graph (not stacked), so attribution can take ∂logit/∂A
         (models/attribution.py) without hooks on the shared model."""
+        features, attention = self.encode(patches, need_weights)
+        return self.head(features), attention
+
+    def encode(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """Patch embeddings (B, P, D) -> (the class token's final features (B, D), which the head reads, and the
+        per-block attention as in ``forward_embedded``)."""
         prefix = self.cls_token if self.extra_tokens is None else torch.cat([self.cls_token, self.extra_tokens], 1)
         x = torch.cat([prefix.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, prefix + P, D)
         x = self.drop(x + self.pos_embed)
@@ -148,7 +155,7 @@ class ViT(nn.Module):
             x, weights = block(x, need_weights)
             if need_weights:
                 attention.append(weights)
-        return self.head(self.norm(x)[:, 0]), attention  # class token (eq. 4)
+        return self.norm(x)[:, 0], attention  # class token (eq. 4)
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
@@ -159,11 +166,11 @@ class ViT(nn.Module):
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()
-        logits, attention = self(prepared.tensor.to(device), need_weights=True)
+        features, attention = self.encode(self.embed_patches(prepared.tensor.to(device)), need_weights=True)
         self.train(was_training)
-        probs = torch.softmax(logits[0].float(), dim=-1).cpu().numpy().astype(np.float32)
+        attention = torch.stack(attention, dim=1)  # (1, L, heads, N, N), N = prefix + P
         tokens = self.token_labels()
         encoder = AttentionMap(weights=attention[0].float().cpu().numpy(), queries=tokens, keys=list(tokens))
-        return ImageResult(image=prepared.shown, labels=list(self.labels), probs=probs, grid=self.grid,
-                           patch=cfg.patch, attention={"encoder": encoder}, notice=prepared.notice,
-                           prefix_tokens=self.num_prefix_tokens)
+        return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
+                           attention={"encoder": encoder}, notice=prepared.notice,
+                           prefix_tokens=self.num_prefix_tokens, **calibrated(self, features[0], prepared.shown))

@@ -270,7 +270,8 @@ def rebuild_hint(name: str) -> str:
     if not entry:
         return "the training command in README.md"
     needs = "; ".join(entry.get("needs", []))
-    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "")
+    after = f", then `{entry['after']}`" if entry.get("after") else ""
+    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "") + after
 
 
 def checkpoint_status(*names: str) -> str:

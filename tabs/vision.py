@@ -19,6 +19,7 @@ from tabs.common import (
     Error,
     attribute,
     checkpoint_labels,
+    completeness,
     configured,
     controls_for,
     deletion_plot,
@@ -53,6 +54,8 @@ the *deletion curve* tests every method on this image: grey out the patches a me
 the class probability; the faster it falls, the more faithful the ranking."""
 MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
+PREVIEW_SIDE = 160  # pixels of the upload preview and of what the model will see
+FASHION = ("vit-fashion", "swin-fashion")  # the models that see 28×28 grey (the others: what their preprocessing crops)
 
 
 def build() -> Permalink:
@@ -62,6 +65,10 @@ def build() -> Permalink:
             image = gr.File(label="image (PNG, JPEG, GIF, BMP, WebP, TIFF)", file_types=list(limits.IMAGE_TYPES),
                             type="filepath")
             gr.Examples([[p] for p in EXAMPLE_IMAGES], [image], label="Fashion-MNIST test images")
+        with gr.Column(scale=1, min_width=160):
+            uploaded = gr.Image(label="your image", interactive=False, height=PREVIEW_SIDE, elem_id="vision-upload")
+            will_see = gr.Image(label="what the model will see", interactive=False, height=PREVIEW_SIDE,
+                                elem_id="vision-will-see")
         with gr.Column(scale=1):
             model = gr.Radio([*MODELS, *configured("vision")], value="vit-fashion", label="model")
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
@@ -102,6 +109,8 @@ def build() -> Permalink:
     seen.select(on_image_click, [state], [patch], api_name=False, **FAST)
     patch.change(show_patch, [state, layer, head, patch], [query, state], api_name=False, show_progress="hidden",
                  **FAST)
+    for event in (image.change, model.change):
+        event(preview, [image, model], [uploaded, will_see], api_name=False, show_progress="hidden", **FAST)
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,
@@ -124,6 +133,24 @@ def offered(model: str, explanation: str):
                      info="Swin has no CLS token: the map is the centre token's attention inside its window (click a "
                           "patch for another), at the block the layer slider picks; no rollout" if swin else None)
     return gr.update(choices=[(EXPLANATIONS[k], k) for k in keys], value=value), view
+
+
+def preview(image: str | None, model: str):
+    """The upload as a picture, and what the chosen model will see of it (Fashion-MNIST models: the 28×28 grey
+    image, enlarged; the others: the upload, which their preprocessing resizes and crops); nothing for an image
+    that cannot be read (classifying it says why)."""
+    if not image:
+        return None, None
+    from models.images import fashion_array, open_image
+
+    try:
+        img, _ = open_image(image)
+        img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
+        shown = np.asarray(img.convert("RGB"))
+        seen = enlarge(fashion_array(image)[0], PREVIEW_SIDE) if model in FASHION else shown
+    except ValueError:
+        return None, None
+    return shown, seen
 
 
 def example_path(name: str) -> str:
@@ -184,8 +211,9 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
                    attribution=attribution.values.astype(np.float32), attribution_method=attribution.method,
                    attribution_target=attribution.label, **arrays)
     overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
-    notice = "\n\n".join(x for x in (result.notice, _offered(method, attribution)) if x)
-    return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k))), overlay, grid_fig,
+    notice = "\n\n".join(x for x in (result.unusual, result.notice, _offered(method, attribution)) if x)
+    title = "Top classes" + (f" (calibrated: logits ÷ {result.temperature:.2f})" if result.temperature != 1 else "")
+    return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k), title=title)), overlay, grid_fig,
             draw_query(result, n_layers - 1, head, query), distance_figure(result), enlarge(result.image),
             notice, state, npz, layer_u, head_u, explanation_figure(result, attribution))
 
@@ -200,8 +228,7 @@ def _offered(asked: str, attribution) -> str:
 def explanation_figure(result, attribution):
     """One explanation of the kept image, signed, over what the model saw."""
     title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
-    if attribution.completeness_gap is not None:
-        title += f" · completeness gap {attribution.completeness_gap:.2%}"
+    title += completeness(attribution)
     return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title))
 
 

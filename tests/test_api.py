@@ -192,6 +192,19 @@ def test_head_roles_api(client) -> None:
     assert [len(t["y"]) for t in _figure_data(losses)] == [30, 30] and "strongest induction" in summary
 
 
+def test_ablation_trained_swin_and_vit_positions_have_api_names(client) -> None:
+    """The three actions that had no api_name: head ablation (on the client's last /generate, kept in its
+    session), the trained Swin and the ViT's position embeddings."""
+    client.predict("A man in a blue shirt", 4, api_name="/generate")
+    note, change = client.predict(0, 1, 3, api_name="/ablate_head")
+    assert note.startswith("Layer 1, head 3 switched off") and "KL" in note
+    assert [t["name"] for t in _figure_data(change)] == ["full model", "head switched off"]
+    attention, bias, note, head = client.predict("ankle-boot", 0, 5, api_name="/trained_swin")
+    assert "Head 5 does not exist in block 0" in note and _figure_data(attention) and _figure_data(bias)
+    embeddings = _figure_data(client.predict(api_name="/vit_positions"))
+    assert embeddings and all(t["type"] == "heatmap" for t in embeddings)
+
+
 def test_generate_with_configured_models_matches_transformers(configured_app) -> None:
     import torch
     from gradio_client import Client

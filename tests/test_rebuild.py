@@ -84,3 +84,13 @@ def test_entry_is_the_recorded_command_with_local_paths(name: str) -> None:
                 assert any(top in need for need in entry["needs"]), f"{name}: nothing says how to get {path}"
     if got.get("--device") == ["cuda"]:
         assert any("GPU" in need for need in entry["needs"]), f"{name}: trained on a GPU, and the entry must say so"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_command_that_adds_to_the_checkpoint_is_listed_after_training(name: str) -> None:
+    """The calibration of the Fashion-MNIST models (calibration.safetensors) is rebuilt by the command its
+    metrics.json records, listed under "after"."""
+    folder = ROOT / "checkpoints" / name
+    calibration = json.loads((folder / "metrics.json").read_text()).get("calibration")
+    assert (folder / "calibration.safetensors").is_file() == (calibration is not None)
+    assert ENTRIES[name].get("after") == (calibration["command"] if calibration else None)

@@ -122,7 +122,6 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
               "4 · weights = softmax(row)"]
     fig = Fig(rows=2, cols=4, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.16)
     tok, dim_k, dim_v = _labels("t", T), _labels("d", d_k), _labels("d", d_v)
-    show_text = T <= 8 and d_k <= 8
 
     def add(z, row, col, x, y, colorscale, zmid=None, zmin=None, zmax=None, bar=None, fmt=".2f"):
         z = np.asarray(z, dtype=float)
@@ -135,9 +134,9 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
         trace.update({k: v for k, v in dict(zmid=zmid, zmin=zmin, zmax=zmax).items() if v is not None})
         if bar is not None:
             trace["colorbar"] = bar
-        if show_text or (z.shape[0] <= 8 and z.shape[1] <= 8):
+        if z.shape[0] <= 8 and z.shape[1] <= (4 if row == 1 else 8):  # numbers only where cells can hold them
             trace["texttemplate"] = "%{z:" + fmt + "}"
-            trace["textfont"] = {"size": 11}
+            trace["textfont"] = {"size": 10}
         fig.add_trace(trace, row=row, col=col)
         fig.update_yaxes(autorange="reversed", row=row, col=col)
 
@@ -148,11 +147,11 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
     add(steps.out, 1, 4, dim_v, tok, _RDBU_R, zmid=0, zmin=-raw, zmax=raw,
         bar={"title": {"text": "value", "side": "right"}, "len": 0.4, "y": 0.8, "x": 1.0})
     big = max(1e-9, float(np.nanmax(np.abs(steps.scores))))
-    add(steps.scores, 2, 1, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big)
-    add(steps.scaled, 2, 2, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big,
+    add(steps.scores, 2, 1, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big, fmt=".1f")
+    add(steps.scaled, 2, 2, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big, fmt=".1f",
         bar={"title": {"text": "score (steps 1–3)", "side": "top"}, "orientation": "h", "len": 0.36,
-             "x": 0.37, "y": -0.2, "thickness": 12})
-    add(steps.masked, 2, 3, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big)
+             "x": 0.37, "y": -0.3, "thickness": 12})  # below the key axis titles
+    add(steps.masked, 2, 3, tok, tok, _PUOR_R, zmid=0, zmin=-big, zmax=big, fmt=".1f")
     add(steps.weights, 2, 4, tok, tok, _BLUES, zmin=0, zmax=1,
         bar={"title": {"text": "attention weight", "side": "right"}, "len": 0.4, "y": 0.2, "x": 1.0})
     for col in range(1, 5):
@@ -160,8 +159,8 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
     fig.update_yaxes(title_text="query", row=2, col=1)
     fig.update_yaxes(title_text="token", row=1, col=1)
     base_layout(fig, f"softmax(QKᵀ/√d_k)·V with {T} tokens, d_k = {d_k}: "
-                f"mean softmax entropy {steps.entropy.mean():.2f} nats (max {np.log(T):.2f})", height=680)
-    fig.update_layout(margin={"l": 60, "r": 40, "t": 70, "b": 110}, font={"size": 13})
+                f"mean softmax entropy {steps.entropy.mean():.2f} nats (max {np.log(T):.2f})", height=720)
+    fig.update_layout(margin={"l": 60, "r": 40, "t": 70, "b": 150}, font={"size": 13})
     for ann in fig.layout["annotations"]:  # the subplot titles
         ann["font"]["size"] = 13
     return fig.build()
@@ -181,12 +180,12 @@ def entropy_figure(curves: dict[str, np.ndarray], current_dk: int | None = None)
         # On a log axis a shape takes the data value, an annotation its log10 (plotly.js 3; a browser test reads
         # both positions back). The label sits at the line's top, to its left.
         fig.add_vline(x=float(current_dk), line={"color": "black", "dash": "dash", "width": 1})
-        fig.add_annotation(text=f"d_k = {current_dk}", x=float(np.log10(current_dk)), xref="x", y=1, yref="y domain",
-                           xanchor="right", yanchor="top", showarrow=False)
-    base_layout(fig, "Why divide by √d_k: softmax entropy vs d_k (random q, k)", height=360)
+        fig.add_annotation(text=f"d_k = {current_dk}", x=float(np.log10(current_dk)), xref="x", y=0, yref="y domain",
+                           xanchor="right", yanchor="bottom", showarrow=False)  # the curves' empty corner
+    base_layout(fig, "Why divide by √d_k: softmax entropy vs d_k (random q, k)", height=400)
     grid = {"showgrid": True, "gridcolor": "#eee"}
-    fig.update_layout(
-        margin={"l": 60, "r": 20, "t": 60, "b": 50}, font={"size": 13}, legend={"orientation": "h", "y": -0.25},
+    fig.update_layout(  # the legend below the axis title, never over it
+        margin={"l": 60, "r": 20, "t": 60, "b": 100}, font={"size": 13}, legend={"orientation": "h", "y": -0.4},
         xaxis={"type": "log", "title": {"text": "d_k (log scale)"}, **grid},
         yaxis={"title": {"text": "entropy (nats)"}, "rangemode": "tozero", **grid},
     )

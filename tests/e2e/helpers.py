@@ -60,6 +60,18 @@ def clipped_figures(page) -> list[str]:
     )
 
 
+def cut_titles(page) -> list[str]:
+    """Titles and axis titles of drawn figures that run past their figure's edges (as drawn, in pixels)."""
+    return page.evaluate(
+        f"""() => {_DRAWN}.flatMap(e => {{
+            const box = e.getBoundingClientRect();
+            return [...e.querySelectorAll('.gtitle, .g-xtitle text, .g-ytitle text, .annotation-text')]
+              .filter(t => {{ const r = t.getBoundingClientRect();
+                return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1); }})
+              .map(t => t.textContent); }})"""
+    )
+
+
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)

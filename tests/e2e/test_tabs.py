@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 from .helpers import (
     click_cell,
     clipped_figures,
+    cut_titles,
     figures,
     generate_in_tab,
     open_tab,
@@ -373,4 +374,69 @@ def test_swin_offers_only_what_applies(page) -> None:
     expect(panel).to_contain_text("Swin has no CLS token", timeout=30_000)
     panel.get_by_label("vit-fashion").check()
     expect(panel.get_by_label("rollout", exact=True)).to_be_enabled(timeout=30_000)
+    assert page.js_errors == []
+
+
+def test_errors_toast_once_without_badges_and_go_when_the_next_request_works(page) -> None:
+    """Pressing a button that fails twice shows one toast (they stacked into "Error (2)"), no red "Error" badge sits
+    over the outputs, and the toast is gone once a request that works is made."""
+    open_tab(page, "Vision")
+    panel = _panel(page)
+    button = panel.get_by_role("button", name="Classify image", exact=True)
+    button.click()
+    toast = page.locator(".toast-message-text").filter(has_text="upload an image")
+    expect(toast.first).to_be_visible(timeout=30_000)
+    button.click()
+    page.wait_for_timeout(1500)
+    assert toast.count() == 1
+    badges = page.locator('[data-testid="status-tracker"] .error')
+    assert badges.count() > 0 and all(not b.is_visible() for b in badges.all())  # Gradio marks them; none shows
+    panel.get_by_role("button", name="8-bag-t10k-18.png").click()
+    button.click()
+    wait_for_plots(page, 5)
+    expect(toast).to_have_count(0)
+    assert page.js_errors == []
+
+
+def test_long_inputs_translate_by_sentence_and_label_every_token(page) -> None:
+    """A text over the translator's 128 positions is translated sentence by sentence, and says so (it was cut
+    and translated as garbage); a 128-token heatmap labels every token in readable type (it labelled every other
+    one in 9 px type)."""
+    open_tab(page, "Translate")
+    panel = _panel(page)
+    panel.get_by_label("English sentence").fill("A dog runs on the beach. Two girls play in the park. " * 12)
+    panel.get_by_role("button", name="Translate", exact=True).click()
+    expect(panel).to_contain_text("sentences was translated on its own", timeout=60_000)
+    open_tab(page, "Classify")
+    panel = _panel(page)
+    panel.get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film . " * 30)
+    before = plot_signature(page)
+    panel.get_by_role("button", name="Classify", exact=True).click()
+    wait_for_change(page, before)
+    page.wait_for_timeout(1000)
+    ticks = page.evaluate("""() => [...document.querySelectorAll('#classify-attention .js-plotly-plot')]
+        .filter(e => e.offsetParent).map(e => [e._fullLayout.xaxis.tickvals.length, e._fullLayout.yaxis.tickvals.length,
+                                             e._fullLayout.xaxis.tickfont.size, e._fullData[0].z.length])""")
+    assert ticks and ticks[0][3] == 128 and ticks[0][:2] == [128, 128] and ticks[0][2] >= 10, ticks
+    assert clipped_figures(page) == []
+    assert page.js_errors == []
+
+
+def test_positional_says_what_it_ignored_and_no_title_is_cut(page) -> None:
+    open_tab(page, "Positional encoding")
+    wait_for_plots(page, 5)
+    box = _panel(page).get_by_label("dimensions to plot as curves")
+    box.fill("0, abc, 500")
+    box.press("Enter")
+    _wait_for_title(page, lambda t: "ignored abc, 500" in t)
+    _panel(page).get_by_role("button", name="Show the ViT's position embeddings").click()
+    _wait_for_title(page, lambda t: "learned position embeddings" in t)
+    open_tab(page, "Attention playground")
+    wait_for_plots(page, 2)
+    for width in (1024, 1400):
+        page.set_viewport_size({"width": width, "height": 1000})
+        for tab in ("Positional encoding", "Attention playground"):
+            open_tab(page, tab)
+            page.wait_for_timeout(800)
+            assert cut_titles(page) == [], (width, tab)
     assert page.js_errors == []

@@ -1,0 +1,171 @@
+"""Calibrated probabilities and an out-of-distribution check for the Fashion-MNIST image models.
+
+Two problems a user meets with a model trained on 28×28 clothing images:
+
+- **Over- and under-confidence.** The shipped models were trained with label smoothing 0.1, which caps every
+  softmax near 92 %, right or wrong. Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural
+  Networks", §4.2) divides the logits by one scalar T, fitted by minimising the negative log-likelihood on a
+  held-out split; the predicted class never changes, only how sure the model says it is.
+- **Inputs unlike anything it was trained on.** A photo of a cat still gets one of ten clothing classes. Three
+  measurements of the input, each with a threshold set on held-out Fashion-MNIST images, raise a notice:
+  *background*: Fashion-MNIST objects sit on an exactly black background, so inside the box around the object a
+  good share of pixels is near black; a photo fitted into 28×28 has a grey, textured background instead.
+  *pixels*: the distance of the image from the 50-dimensional subspace that the training images' principal
+  components span (the reconstruction residual; Fashion-MNIST images are close to it, a photo's textures are not).
+  *features*: the Mahalanobis distance of the model's final feature vector to the nearest class mean, with one
+  covariance shared by the classes (Lee et al. 2018, "A Simple Unified Framework for Detecting Out-of-
+  Distribution Samples", eq. 2), measured on the training split.
+
+The fitted numbers live in ``calibration.safetensors`` in the checkpoint folder (listed in its manifest), written
+by ``python -m train.calibrate``; ``models.load`` attaches them as ``model.calibration``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+FILE = "calibration.safetensors"
+ARRAYS = ("means", "precision", "pixel_mean", "pixel_basis")  # Calibration's arrays, stored as tensors
+NUMBERS = ("temperature", "feature_limit", "background_limit", "pixel_limit", "false_alarms")  # and its numbers
+BLACK = 4  # a pixel at most this bright (of 255) counts as background black in Fashion-MNIST's sense
+
+
+def background_share(pixels: np.ndarray) -> float:
+    """Share of near-black pixels inside the bounding box of the brighter ones, of a uint8 (H, W) image (the
+    letterbox bars of a fitted photo fall outside the box, so they do not count). A blank image gives 1."""
+    bright = pixels > BLACK
+    rows, cols = np.flatnonzero(bright.any(1)), np.flatnonzero(bright.any(0))
+    if not len(rows):
+        return 1.0
+    box = pixels[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    return float((box <= BLACK).mean())
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``train.calibrate`` fitted for one model."""
+
+    temperature: float  # logits / T before the softmax (Guo et al. 2017)
+    means: np.ndarray  # (classes, D) float64: class means of the final features on the training split
+    precision: np.ndarray  # (D, D) float64: inverse of the shared (within-class) covariance
+    pixel_mean: np.ndarray  # (H·W,) float64: mean training image, pixels in [0, 1]
+    pixel_basis: np.ndarray  # (K, H·W) float64: the training images' first K principal directions (orthonormal rows)
+    feature_limit: float  # log Mahalanobis distance above which the features count as unusual
+    background_limit: float  # background share below which the background counts as unusual
+    pixel_limit: float  # reconstruction residual above which the pixels count as unusual
+    false_alarms: float  # share of held-out Fashion-MNIST images flagged by any check (measured when fitted)
+
+    def probs(self, logits: torch.Tensor) -> np.ndarray:
+        """Calibrated softmax of one logit vector (C,), float32, sums to 1."""
+        return torch.softmax(logits.double() / self.temperature, dim=-1).float().cpu().numpy()
+
+    def feature_distance(self, features: np.ndarray) -> np.ndarray:
+        """log of the smallest Mahalanobis distance² to a class mean, per row of features (N, D)."""
+        d = np.asarray(features, dtype=np.float64)[:, None, :] - self.means[None]  # (N, C, D)
+        return np.log(np.einsum("ncd,de,nce->nc", d, self.precision, d).min(1))
+
+    def pixel_residual(self, pixels: np.ndarray) -> np.ndarray:
+        """Distance of each uint8 image (N, H, W) from the principal subspace: ‖c − Bᵀ B c‖, c = x − mean."""
+        c = np.asarray(pixels, dtype=np.float64).reshape(len(pixels), -1) / 255.0 - self.pixel_mean
+        return np.linalg.norm(c - (c @ self.pixel_basis.T) @ self.pixel_basis, axis=1)
+
+    def check(self, pixels: np.ndarray, features: np.ndarray) -> str:
+        """A notice when the input looks unlike Fashion-MNIST (empty when it looks like it): what was measured,
+        against which threshold, and how often held-out Fashion-MNIST images raise it."""
+        reasons = []
+        share = background_share(pixels)
+        if share < self.background_limit:
+            reasons.append(f"only {share:.0%} of the object's box is black background (Fashion-MNIST images: "
+                           f"{self.background_limit:.0%} or more)")
+        residual = float(self.pixel_residual(pixels[None])[0])
+        if residual > self.pixel_limit:
+            reasons.append(f"its pixels are far from the patterns Fashion-MNIST images are made of (residual "
+                           f"{residual:.1f}, threshold {self.pixel_limit:.1f})")
+        distance = float(self.feature_distance(features[None])[0])
+        if distance > self.feature_limit:
+            reasons.append(f"its features lie far from every class the model learned (log Mahalanobis distance "
+                           f"{distance:.1f}, threshold {self.feature_limit:.1f})")
+        if not reasons:
+            return ""
+        return ("**This image looks unlike Fashion-MNIST**: " + "; ".join(reasons) + ". The model only knows ten "
+                "kinds of clothing on a black background, so its answer says little about this picture. (This check "
+                f"flags {self.false_alarms:.1%} of real Fashion-MNIST test images.)")
+
+    def save(self, path: str | Path) -> None:
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k))) for k in ARRAYS}
+        numbers = {k: float(getattr(self, k)) for k in NUMBERS}
+        save_file(tensors, str(path), metadata={"numbers": json.dumps(numbers)})
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read ``calibration.safetensors`` (safetensors: no pickle)."""
+    tensors = load_file(str(path))
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    numbers = json.loads(header["__metadata__"]["numbers"])
+    return Calibration(**{k: tensors[k].double().numpy() for k in ARRAYS}, **{k: float(numbers[k]) for k in NUMBERS})
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The T > 0 minimising the mean negative log-likelihood of softmax(logits / T) (Guo et al. 2017, §4.2),
+    by L-BFGS on log T (so T stays positive)."""
+    logits, labels = logits.double(), labels.long()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.detach().exp())
+
+
+def fit_features(features: np.ndarray, labels: np.ndarray, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class means (C, D) and the precision of the shared within-class covariance (Lee et al. 2018, eq. 1)."""
+    f = np.asarray(features, dtype=np.float64)
+    means = np.stack([f[labels == c].mean(0) for c in range(classes)])
+    centred = f - means[labels]
+    cov = centred.T @ centred / len(f) + 1e-6 * np.eye(f.shape[1])  # a small ridge keeps it invertible
+    return means, np.linalg.inv(cov)
+
+
+def fit_pixels(images: np.ndarray, components: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Mean image (H·W,) and the first ``components`` principal directions (K, H·W) of uint8 images (N, H, W)."""
+    x = np.asarray(images, dtype=np.float64).reshape(len(images), -1) / 255.0
+    mean = x.mean(0)
+    return mean, np.linalg.svd(x - mean, full_matrices=False)[2][:components]
+
+
+def expected_calibration_error(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
+    """ECE (Guo et al. 2017, eq. 3): |accuracy − confidence| averaged over 15 equal-width confidence bins,
+    weighted by the share of samples in each."""
+    confidence, correct = probs.max(1), probs.argmax(1) == labels
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    ece = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (confidence > lo) & (confidence <= hi)
+        if inside.any():
+            ece += inside.mean() * abs(confidence[inside].mean() - correct[inside].mean())
+    return float(ece)
+
+
+def calibrated(model: torch.nn.Module, features: torch.Tensor, shown: np.ndarray) -> dict:
+    """What an image model's ``classify`` reports from its final features (D,) and the image it saw: ``probs``
+    (temperature-scaled where the model carries a calibration, plain softmax otherwise), ``temperature`` and
+    ``unusual`` (the out-of-distribution notice, empty when there is nothing to say or no calibration)."""
+    logits = model.head(features[None])[0]
+    calibration: Calibration | None = getattr(model, "calibration", None)
+    if calibration is None:
+        return {"probs": torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float32), "temperature": 1.0,
+                "unusual": ""}
+    return {"probs": calibration.probs(logits), "temperature": calibration.temperature,
+            "unusual": calibration.check(shown, features.double().cpu().numpy())}
