@@ -16,7 +16,7 @@ import gradio as gr
 
 from models import limits
 from tabs import classify, generate, lessons, permalink, playground, positional, swin, translate, vision, why
-from tabs.common import configure
+from tabs.serving import configure
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear

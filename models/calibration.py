@@ -93,7 +93,7 @@ class Calibration:
                            f"{distance:.1f}, threshold {self.feature_limit:.1f})")
         if not reasons:
             return ""
-        return ("**This image looks unlike Fashion-MNIST**: " + "; ".join(reasons) + ". The model only knows ten "
+        return ("⚠️ **This image looks unlike Fashion-MNIST**: " + "; ".join(reasons) + ". The model only knows ten "
                 "kinds of clothing on a black background, so its answer says little about this picture. (This check "
                 f"flags {self.false_alarms:.1%} of real Fashion-MNIST test images.)")
 

@@ -15,13 +15,10 @@ from tabs.common import (
     VIEWS,
     attention_figure,
     attribute,
-    checkpoint_labels,
     completeness,
-    configured,
     controls_for,
     deletion_plot,
     fit,
-    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -33,6 +30,7 @@ from tabs.common import (
     target_index,
 )
 from tabs.permalink import Permalink, chain, one_of
+from tabs.serving import checkpoint_labels, configured, get_model
 from viz import attribution as va
 from viz import images as vi
 

@@ -3,14 +3,12 @@ attention, head roles on repeated random tokens, head ablation and the logit len
 
 from __future__ import annotations
 
-import json
-
 import gradio as gr
 import numpy as np
 
 from models import limits
 from models.outputs import AttentionMap
-from tabs import common, why
+from tabs import serving, why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -18,8 +16,8 @@ from tabs.common import (
     Error,
     attention_figure,
     controls_for,
-    get_model,
     head_choices,
+    intro,
     layer_head_view,
     parse_head,
     read_seed,
@@ -28,12 +26,13 @@ from tabs.common import (
     seed_box,
 )
 from tabs.permalink import Permalink, chain
+from tabs.serving import GPT_TINY, decoder_models, get_model
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
 
 TITLE = "Generate"
-DEFAULT = "gpt-tiny"
+DEFAULT = GPT_TINY
 INTRO = """**Decoder-only language models: what each token looks at while the model writes.** Type a prompt
 and the model continues it token by token, greedy or sampled; each token is coloured by how surprising it was
 to the model. Attention is *causal*: a token sees only the tokens before it, so the upper triangle of every
@@ -57,39 +56,22 @@ PATCH_EXAMPLES = [["Two dogs play in the snow . Two dogs play in the",
                    "Two dogs play in the water . Two dogs play in the"]]
 
 
-def decoder_models() -> list[str]:
-    """The decoder checkpoints under CHECKPOINTS (cheap config.json reads, no torch), gpt-tiny first even
-    when it is missing (its notice says so)."""
-    found = []
-    for folder in sorted(p for p in common.CHECKPOINTS.iterdir() if p.is_dir()) if common.CHECKPOINTS.is_dir() else []:
-        try:
-            meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if common.TAB_OF_TYPE.get(meta.get("model") or meta.get("model_type")) == "generate":
-            found.append(folder.name)
-    return [DEFAULT, *[n for n in found if n != DEFAULT], *common.DOWNLOADABLE, *common.configured("generate")]
-
-
 def availability() -> str:
-    notes = [common.configuration_notice("generate")] if common.CONFIG_PROBLEMS else []
-    if not (common.CHECKPOINTS / DEFAULT / "config.json").is_file():
+    """The notice when gpt-tiny is missing: how to restore it, and which decoders the tab still offers."""
+    if not (serving.CHECKPOINTS / DEFAULT / "config.json").is_file():
         others = decoder_models()[1:]
-        notes.insert(0, f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
+        return (f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
                         f"missing: restore it with `git checkout -- checkpoints/{DEFAULT}` (the commands that rebuild "
                         "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, the "
                         "downloadable "
                         "GPT-2 small and SmolLM2-135M, or a Hugging Face GPT-2 or LLaMA-family model given with "
                         "`python app.py --model ENTRY` (README, \"Pretrained and your own models\"): "
-                        + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
-    return "\n\n".join(notes)
+                + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
+    return ""
 
 
 def build() -> Permalink:
-    gr.Markdown(INTRO, elem_classes=["intro"])
-    status = availability()
-    if status:
-        gr.Markdown(status, elem_classes=["notice"])
+    intro(INTRO, kind="generate", notice=availability())
     choices = decoder_models()
     state = gr.State()
     with gr.Row():
@@ -191,7 +173,7 @@ def _model(name: str | None, progress=None):
     choices = decoder_models()
     if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
         raise Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
-    if name == DEFAULT and not (common.CHECKPOINTS / DEFAULT).exists():
+    if name == DEFAULT and not (serving.CHECKPOINTS / DEFAULT).exists():
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
         raise Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
                     f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
@@ -256,7 +238,7 @@ def ending(result, eos: str, settings: str) -> str:
 def model_notice(name: str) -> str:
     """Said as soon as a Hub model is chosen, not after Generate is pressed: whether it is already downloaded, will
     be on first use, or cannot be (downloads off and not in the cache)."""
-    entry = common.DOWNLOADABLE.get(name) or common.CONFIGURED.get(name)
+    entry = serving.DOWNLOADABLE.get(name) or serving.CONFIGURED.get(name)
     if entry is None or entry.folder is not None or not entry.repo:
         return ""
     from models.hub import cached, how_to_get, offline

@@ -15,7 +15,6 @@ from tabs.common import (
     VIEWS,
     attention_figure,
     controls_for,
-    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -25,6 +24,7 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
+from tabs.serving import get_model
 from viz import text as vt
 
 TITLE = "Translate"

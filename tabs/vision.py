@@ -15,16 +15,12 @@ from tabs.common import (
     EXAMPLE_NAMES,
     EXPLANATIONS,
     FAST,
-    IMAGENET,
     Error,
     attribute,
-    checkpoint_labels,
     completeness,
-    configured,
     controls_for,
     deletion_plot,
     fit,
-    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -35,6 +31,7 @@ from tabs.common import (
     window_figure,
 )
 from tabs.permalink import Field, Permalink, chain, one_of
+from tabs.serving import IMAGENET, checkpoint_labels, configured, get_model
 from viz import attention as va
 from viz import attribution as vattr
 from viz import images as vi

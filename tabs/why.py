@@ -16,7 +16,8 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, Error, get_model, read_text
+from tabs.common import FAST, Error, read_text
+from tabs.serving import get_model
 from viz import attention as va
 from viz import why as vw
 from viz.common import esc

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from models import hub
+from tabs import serving
 
 pytest.importorskip("transformers")
 REPO = "atlas-test/tiny-gpt2"
@@ -220,19 +221,18 @@ def test_store_serves_configured_hub_entries(cache: Path, gpt2_folder, monkeypat
     """`--model generate:OWNER/NAME` through the model store: from the cache offline; not cached, a clear error."""
     import gradio as gr
 
-    from tabs import common
     from tests.tiny import place_in_hub_cache
 
     folder, _ = gpt2_folder
     place_in_hub_cache(folder, cache, REPO)
-    monkeypatch.setattr(common, "CONFIGURED", {})
-    monkeypatch.setattr(common, "CONFIG_PROBLEMS", [])
-    monkeypatch.setattr(common, "MODELS", common.ModelStore())
-    common.configure([f"generate:{REPO}", "generate:atlas-test/not-cached@main", "chat:x/y",
+    monkeypatch.setattr(serving, "CONFIGURED", {})
+    monkeypatch.setattr(serving, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    serving.configure([f"generate:{REPO}", "generate:atlas-test/not-cached@main", "chat:x/y",
                       "generate:openai-community/gpt2"])
-    assert common.configured("generate") == [REPO, "atlas-test/not-cached"]
-    problems = [p for _, p in common.CONFIG_PROBLEMS]
+    assert serving.configured("generate") == [REPO, "atlas-test/not-cached"]
+    problems = [p for _, p in serving.CONFIG_PROBLEMS]
     assert "unknown kind 'chat'" in problems[0] and "is taken" in problems[1] and len(problems) == 2
-    assert common.get_model(REPO).generate("the cat", max_new_tokens=3).tokens
+    assert serving.get_model(REPO).generate("the cat", max_new_tokens=3).tokens
     with pytest.raises(gr.Error, match="offline.*not in the cache"):
-        common.get_model("atlas-test/not-cached")
+        serving.get_model("atlas-test/not-cached")

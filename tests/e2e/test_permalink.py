@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
+from tabs import serving
 from tabs.generate import PROMPTS
 
 from .helpers import figures, generate_in_tab, open_tab, plot_signature, titles, wait_for_plots
@@ -191,10 +192,10 @@ def test_every_figure_downloads_as_svg_and_png(page) -> None:
 def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_checkpoints, monkeypatch) -> None:
     """A teacher's slide link: lesson 4 with seed 3 at step 2, the same question and choices in a fresh page (the
     choices computed here over the server's tiny checkpoints)."""
-    from tabs import common, lessons
+    from tabs import lessons
 
-    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
 
     title = lessons.LESSONS[3].title
     open_tab(page, "Lessons")

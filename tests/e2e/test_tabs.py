@@ -9,6 +9,8 @@ import pytest
 from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
+from tabs import serving
+
 from .helpers import (
     click_cell,
     clipped_figures,
@@ -255,10 +257,10 @@ def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
     """Every lesson from its first step to its last, as a student: one right and one wrong prediction in each,
     the verdict checked against the answer and the numbers the model gives (computed here over the same tiny
     checkpoints), the figure revealed only after the prediction, progress counted."""
-    from tabs import common, lessons
+    from tabs import lessons
 
-    monkeypatch.setattr(common, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(common, "MODELS", common.ModelStore())
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
     open_tab(page, "Lessons")
     panel = _panel(page)
     for number, lesson in enumerate(lessons.LESSONS, 1):

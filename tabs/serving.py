@@ -1,0 +1,276 @@
+"""The serving side of the app: the model store (each model loaded once per process, packed for the CPU), the
+models the server's configuration adds, the decoder checkpoints the Generate tab offers, and the "not available"
+notices and rebuild hints, read from cheap file checks without torch (docs/ARCHITECTURE.md §2, §4).
+
+Tabs take their models from here by name (`get_model`); nothing here draws or lays anything out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the checkpoint folders are (configuration, never user input; tests point it at tiny models).
+CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
+# How each shipped checkpoint was trained: read by the notices, checked by tests/test_rebuild.py.
+REBUILD = ROOT / "checkpoints" / "rebuild.json"
+GPT_TINY = "gpt-tiny"  # the decoder the project trains and ships: the Generate tab's default
+
+
+# ----------------------------------------------------------------------------------------------- models
+class ModelUnavailable(Exception):
+    """A model's checkpoint or weights cannot be loaded; the message says how to fix it."""
+
+
+class ModelStore:
+    """Loads each model on first use, once per process; concurrent requests share it (inference only, so
+    nothing a request does changes the shared model).
+
+    Names are checkpoint folder names under ``CHECKPOINTS`` or the ImageNet models' torchvision names.
+    The store is the app's serving layer: on the CPU it runs the large linear layers of each model on
+    fp16-packed copies of their fp16-stored weights (``models.packed``: the same numbers up to summation
+    order, 1.2-1.3× faster end to end); ``models.load`` itself returns the plain model.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, name: str, progress: Any = None) -> Any:
+        """The model behind ``name``; ``progress(fraction, text)`` hears about a download on first use."""
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._models:
+                self._models[name] = self._load(name, progress)
+            return self._models[name]
+
+    @staticmethod
+    def _load(name: str, progress: Any = None) -> Any:
+        import models
+        from models.packed import pack_linears
+
+        if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
+            import torch
+
+            torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+        if name in IMAGENET_NAMES:
+            from models.hub import offline
+            from models.pretrained import load_imagenet
+
+            try:  # downloads on first use where the network allows, failing within seconds where it does not
+                model = load_imagenet(name, download=not offline())
+            except Exception as err:  # any failure here means "not available"
+                raise ModelUnavailable(
+                    f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
+                    f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
+                ) from None
+        elif name in CONFIGURED or name in DOWNLOADABLE:
+            from models.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
+
+            entry = CONFIGURED.get(name) or DOWNLOADABLE[name]
+            where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
+            try:
+                if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
+                    check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading
+                model = models.load(entry.folder or fetch(entry.repo, entry.revision, progress))
+            except (HubUnavailable, TooLarge) as err:
+                raise ModelUnavailable(f"{err} The other models keep working.") from None
+            except Exception as err:  # a folder the configuration named: unsupported, broken or gone
+                raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {err}. The "
+                                       "other models keep working.") from None
+        else:
+            try:
+                model = models.load(CHECKPOINTS / name)
+            except Exception as err:  # missing folder, bad hash, truncated file, bad config
+                raise ModelUnavailable(
+                    f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
+                    f" or rebuild it with {rebuild_hint(name)}. The other tabs keep working."
+                ) from None
+        device = run_device()
+        if device == "cpu":
+            pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+        return model.to(device)
+
+
+IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
+IMAGENET_NAMES = tuple(IMAGENET.values())
+MODELS = ModelStore()
+
+
+# ------------------------------------------------------------------------------------ configured models
+def run_device() -> str:
+    """Where the models run: ``ATLAS_DEVICE`` ("cpu", the default, or "cuda" where a GPU is present)."""
+    wanted = os.environ.get("ATLAS_DEVICE", "cpu").strip().lower() or "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    import torch
+
+    if wanted.startswith("cuda") and torch.cuda.is_available():
+        return wanted
+    print(f"[attention-atlas] ATLAS_DEVICE={wanted!r} is not available here; running on the CPU", flush=True)
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A model the server's configuration names (`python app.py --model ENTRY`, ATLAS_MODELS): never the UI.
+    Either a local ``folder`` or a Hub ``repo`` (at ``revision``), fetched on first use."""
+
+    folder: Path | None
+    kind: str  # the tab that shows it: "classify", "generate" or "vision"
+    repo: str | None = None
+    revision: str | None = None
+
+
+CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
+# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/hub.py).
+DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
+                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
+CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+# config.json "model_type" (Hugging Face) or "model" (the project's checkpoints) -> the tab that shows it
+TAB_OF_TYPE = {"gpt2": "generate", "llama": "generate", "GPT": "generate", "bert": "classify",
+               "BertClassifier": "classify", "TextClassifier": "classify", "vit": "vision", "ViT": "vision",
+               "Swin": "vision"}
+
+
+def configure(entries: list[str]) -> None:
+    """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
+    or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
+    problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
+    CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    from models.hub import parse_entry
+
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        try:
+            hub = parse_entry(entry)
+        except ValueError as err:
+            _problem(None, f"`{entry}`: {err}")
+            continue
+        if hub is not None:
+            kind, repo, revision = hub
+            name, found = repo, Configured(None, kind, repo, revision)
+        else:
+            folder = Path(entry).expanduser()
+            name, kind, why = folder.name, *_folder_kind(folder)
+            if kind is None:
+                _problem(None, f"`{entry}`: {why}")
+                continue
+            found = Configured(folder.resolve(), kind)
+        if name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or (CHECKPOINTS / name).exists():
+            _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
+        else:
+            CONFIGURED[name] = found
+
+
+def _folder_kind(folder: Path) -> tuple[str | None, str]:
+    """(the tab a folder's config.json names, or None; why not)."""
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        kind = TAB_OF_TYPE.get(meta.get("model_type") or meta.get("model"))
+    except (OSError, ValueError, AttributeError) as err:
+        return None, f"no readable config.json ({type(err).__name__})"
+    return kind, (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
+                  f"({', '.join(k for k in TAB_OF_TYPE if k.islower())})")
+
+
+def _problem(kind: str | None, problem: str) -> None:
+    CONFIG_PROBLEMS.append((kind, problem))
+    print(f"[attention-atlas] model not added: {problem}", flush=True)
+
+
+def configured(kind: str) -> list[str]:
+    """The configured model names shown in one tab."""
+    return [name for name, c in CONFIGURED.items() if c.kind == kind]
+
+
+def configuration_notice(kind: str) -> str:
+    """The configured entries this tab could not add (and those no tab can), for its notice."""
+    return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
+
+
+def checkpoint_labels(*names: str) -> list[str]:
+    """The class labels that these checkpoints' (or configured folders') config.json lists, in label order, read
+    without torch: the classes a model can be asked to explain, and that a permalink may name."""
+    return list(dict.fromkeys(label for name in names for label in _labels_of(name)))
+
+
+def _labels_of(name: str) -> list[str]:
+    folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
+    try:  # a Hub entry has no folder until it is fetched
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        id2label = meta.get("id2label") or {}
+        labels = meta.get("labels") or [id2label[k] for k in sorted(id2label, key=int)]
+    except (OSError, ValueError, TypeError):
+        return []
+    return [str(label) for label in labels]
+
+
+def get_model(name: str, progress: Any = None) -> Any:
+    """The model behind a name, or a gr.Error whose message says how to restore, rebuild or fetch it;
+    ``progress`` (a gr.Progress) shows a download on first use."""
+    from tabs.common import Error  # the tabs' error (escaped text); imported here, as common imports this module
+
+    try:
+        return MODELS.get(name, progress)
+    except ModelUnavailable as err:
+        raise Error(str(err), duration=None) from None
+
+
+@cache
+def rebuild_commands() -> dict[str, dict[str, Any]]:
+    """``{name: {"command": ..., "needs": [...]}}`` from checkpoints/rebuild.json (no torch needed)."""
+    try:
+        return json.loads(REBUILD.read_text(encoding="utf-8"))["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def rebuild_hint(name: str) -> str:
+    """`command` (needs: ...), or a pointer to the README when the model has no recorded command."""
+    entry = rebuild_commands().get(name)
+    if not entry:
+        return "the training command in README.md"
+    needs = "; ".join(entry.get("needs", []))
+    after = f", then `{entry['after']}`" if entry.get("after") else ""
+    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "") + after
+
+
+def checkpoint_status(*names: str) -> str:
+    """A notice for the tab when one of its checkpoints is missing (cheap file checks, no torch)."""
+    missing = [n for n in names if not (CHECKPOINTS / n / "manifest.json").is_file()]
+    if not missing:
+        return ""
+    return ("**Not available:** " + ", ".join(f"`checkpoints/{n}` is missing (rebuild: {rebuild_hint(n)})"
+                                             for n in missing) + ". Everything else keeps working.")
+
+
+def decoder_models() -> list[str]:
+    """The Generate tab's models: gpt-tiny first (even when it is missing: its notice says so), the other decoder
+    checkpoints under CHECKPOINTS, the downloadable and the configured ones."""
+    found = _decoder_checkpoints(CHECKPOINTS)
+    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *DOWNLOADABLE, *configured("generate")]
+
+
+@cache
+def _decoder_checkpoints(folder: Path) -> tuple[str, ...]:
+    """The decoder checkpoint folders under ``folder``, from their config.json: read once per process (a request
+    does not rescan them; a checkpoint added while the server runs appears after a restart)."""
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+        try:
+            meta = json.loads((sub / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and TAB_OF_TYPE.get(meta.get("model") or meta.get("model_type")) == "generate":
+            found.append(sub.name)
+    return tuple(found)
