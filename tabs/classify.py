@@ -31,7 +31,7 @@ from tabs.common import (
 )
 from tabs.permalink import Permalink, chain, one_of
 from tabs.serving import checkpoint_labels, configured, get_model
-from viz import attribution as va
+from viz import attribution as vattr
 from viz import images as vi
 
 TITLE = "Classify"
@@ -207,7 +207,7 @@ def colouring(attribution) -> str:
         title += " · read from " + ("the position the classifier reads" if attribution.pooling == "cls"
                                     else "every token (the classifier reads their mean)")
     title += completeness(attribution)
-    return va.signed_highlight(attribution.tokens, attribution.values, title=title)
+    return vattr.signed_highlight(attribution.tokens, attribution.values, title=title)
 
 
 def recolour(state, explanation: str, progress=gr.Progress()):

@@ -388,18 +388,6 @@ def _png_uri(shape: tuple[int, ...], data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(_png_bytes(img)).decode("ascii")
 
 
-def downsample(image: np.ndarray, max_side: int) -> np.ndarray:
-    """Shrink an image by an integer factor (block mean) so its longer side is ≤ ``max_side``."""
-    img = as_uint8_image(image)
-    f = int(np.ceil(max(img.shape[:2]) / max_side))
-    if f <= 1:
-        return img
-    h, w = (img.shape[0] // f) * f, (img.shape[1] // f) * f
-    x = img[:h, :w].astype(np.float32)
-    x = x.reshape(h // f, f, w // f, f, *img.shape[2:]).mean(axis=(1, 3))
-    return x.round().astype(np.uint8)
-
-
 def rect_path(x0: float, y0: float, x1: float, y1: float) -> str:
     """SVG path of one rectangle (several can be joined into one layout shape)."""
     return f"M{x0:g},{y0:g}H{x1:g}V{y1:g}H{x0:g}Z"
