@@ -284,14 +284,14 @@ def probabilities(model: nn.Module, inputs: Sequence[Sequence[int]] | Tensor, ba
     if isinstance(inputs, Tensor):
         p = _param(model)
         for s in _chunks(inputs.shape[0], batch_size):
-            out.append(torch.softmax(model(inputs[s].to(p.device, p.dtype)).float(), -1))
+            out.append(torch.softmax(model(inputs[s].to(p.device, p.dtype)).float() / _temperature(model), -1))
     else:
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))  # similar lengths: less padding
         probs: list[Tensor | None] = [None] * len(inputs)
         for s in _chunks(len(order), batch_size):
             idx = order[s]
             ids, pad = _pad_ids(model, [inputs[i] for i in idx])
-            for i, row in zip(idx, torch.softmax(model(ids, pad).float(), -1)):
+            for i, row in zip(idx, torch.softmax(model(ids, pad).float() / _temperature(model), -1)):
                 probs[i] = row
         out = [torch.stack(probs)] if probs else []  # type: ignore[arg-type]
     return torch.cat(out).cpu().numpy().astype(np.float32) if out else np.zeros((0, 0), np.float32)
@@ -341,7 +341,7 @@ def _text_attributions(
                 pooled_rollout(weights[i, :, :, :n, :n].double().cpu().numpy(), pooling).astype(np.float64)
                 for i, n in enumerate(lengths)
             ]
-        return values, tgt, _probs(logits, tgt), gaps
+        return values, tgt, _probs(model, logits, tgt), gaps
     with _autograd():
         emb = model.token_embeddings(ids).detach()  # (B, N, D)
         if method == "relevance":
@@ -351,7 +351,7 @@ def _text_attributions(
             chosen = logits.gather(1, torch.tensor(tgt, device=logits.device)[:, None]).sum()
             grads = torch.autograd.grad(chosen, weights)
             values = _read(_relevance([w.detach() for w in weights], grads, added=True), lengths, pooling)
-            return values, tgt, _probs(logits.detach(), tgt), gaps
+            return values, tgt, _probs(model, logits.detach(), tgt), gaps
         with torch.no_grad():
             tgt = _targets(model.forward_embedded(emb, pad, need_weights=False)[0], targets)
         t = torch.tensor(tgt, device=emb.device)
@@ -359,7 +359,7 @@ def _text_attributions(
         if method == "gradxinput":
             g, logits = _gradients(model, "text", emb, pad, t, rows)
             values = [v[:n].double().cpu().numpy() for v, n in zip((g * emb).sum(-1), lengths)]
-            return values, tgt, _probs(logits, tgt), gaps
+            return values, tgt, _probs(model, logits, tgt), gaps
         # integrated gradients: baseline [PAD] at every non-special real position
         special = torch.zeros_like(pad)
         for i, item in enumerate(items):
@@ -405,7 +405,7 @@ def _integrate(
         delta = float(f_x[i] - f_base[i])
         total = float(contrib[i].sum())
         gaps[i] = abs(total - delta) / max(abs(delta), 1e-12)
-    return [v.double().cpu().numpy() for v in per], _probs(logits[b * steps : b * steps + b], t.tolist())
+    return [v.double().cpu().numpy() for v in per], _probs(model, logits[b * steps : b * steps + b], t.tolist())
 
 
 def _image_attributions(
@@ -431,7 +431,7 @@ def _image_attributions(
             read = [w[0] for w in weights[:, -1].mean(1).double().cpu().numpy()]
         else:
             read = [pooled_rollout(w, "cls").astype(np.float64) for w in weights.double().cpu().numpy()]
-        return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(logits, tgt), gaps
+        return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(model, logits, tgt), gaps
     with _autograd():
         if method == "relevance":
             xi = x.detach().requires_grad_(True)
@@ -440,7 +440,7 @@ def _image_attributions(
             chosen = logits.gather(1, torch.tensor(tgt, device=logits.device)[:, None]).sum()
             grads = torch.autograd.grad(chosen, weights)
             read = _read(_relevance([w.detach() for w in weights], grads, added=True), [n] * x.shape[0], "cls")
-            return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(logits.detach(), tgt), gaps
+            return [r[prefix:].reshape(rows_, cols) for r in read], tgt, _probs(model, logits.detach(), tgt), gaps
         with torch.no_grad():
             tgt = _targets(_forward_logits(model, kind, x, None), targets)
         t = torch.tensor(tgt, device=x.device)
@@ -448,7 +448,7 @@ def _image_attributions(
         if method == "gradxinput":
             g, logits = _gradients(model, kind, x, None, t, rows)
             per = _patch_sum(g * x, patch)
-            return [v.double().cpu().numpy() for v in per], tgt, _probs(logits, tgt), gaps
+            return [v.double().cpu().numpy() for v in per], tgt, _probs(model, logits, tgt), gaps
         values, probs = _integrate(model, kind, x, blur(x, blur_sigma), None, t, steps, rows, gaps)
         return values, tgt, probs, gaps
 
@@ -466,8 +466,15 @@ def _targets(logits: Tensor, targets: Sequence[int | None]) -> list[int]:
     return out
 
 
-def _probs(logits: Tensor, targets: Sequence[int]) -> list[float]:
-    p = torch.softmax(logits.detach().double(), -1)
+def _temperature(model: nn.Module) -> float:
+    """The softmax temperature the model reports its probabilities at (models/calibration.py; 1 without one), so
+    that an explanation's probability and its deletion curve match the class probabilities the app shows."""
+    calibration = getattr(model, "calibration", None)
+    return calibration.temperature if calibration is not None else 1.0
+
+
+def _probs(model: nn.Module, logits: Tensor, targets: Sequence[int]) -> list[float]:
+    p = torch.softmax(logits.detach().double() / _temperature(model), -1)
     return [float(p[i, t]) for i, t in enumerate(targets)]
 
 
