@@ -7,8 +7,8 @@ arrays travel as float32 (or uint8) typed arrays, hover text comes from hovertem
 The attention playground figure lives in ``viz.playground``.
 """
 
-from viz.attention import attention_heatmap, head_view, model_view, select_head
-from viz.common import TEMPLATE, max_pool
+from viz.attention import attention_heatmap, attention_zoom, head_view, model_view, select_head
+from viz.common import TEMPLATE, max_pool, pool_blocks
 from viz.generate import copy_losses, distribution_change, generation_highlight, logit_lens, step_candidates
 from viz.images import image_attention, image_attention_grid, patch_map, query_patch_attention, topk_bars
 from viz.positional import (
@@ -35,11 +35,12 @@ from viz.swin import (
 from viz.text import beam_tree, cross_alignment, token_highlight
 
 __all__ = [
-    "TEMPLATE", "all_window_masks", "attention_heatmap", "beam_tree", "copy_losses", "cross_alignment",
-    "cyclic_shift", "distribution_change", "entropy_heatmap", "generation_highlight", "head_metric_scatter",
+    "TEMPLATE", "all_window_masks", "attention_heatmap", "attention_zoom", "beam_tree", "copy_losses",
+    "cross_alignment", "cyclic_shift", "distribution_change", "entropy_heatmap", "generation_highlight",
+    "head_metric_scatter",
     "head_share_heatmap", "head_view", "image_attention", "image_attention_grid", "learned_pe_grid",
-    "logit_lens", "max_pool", "model_view", "patch_map", "position_similarity", "query_patch_attention",
-    "region_map", "relative_bias_tables", "rope_offset_scores", "rope_rotation", "select_head",
+    "logit_lens", "max_pool", "model_view", "patch_map", "pool_blocks", "position_similarity",
+    "query_patch_attention", "region_map", "relative_bias_tables", "rope_offset_scores", "rope_rotation", "select_head",
     "shifted_window_ids", "similarity_matrix", "sinusoidal_curves", "sinusoidal_heatmap", "step_candidates",
     "token_highlight", "token_shares", "topk_bars", "window_attention_grid", "window_attention_map",
     "window_mask", "window_partitions",

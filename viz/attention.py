@@ -19,7 +19,7 @@ from viz.common import (
     colorbar,
     esc,
     f32,
-    max_pool,
+    pool_blocks,
     rect_path,
     shorten,
     tile,
@@ -77,28 +77,37 @@ def attention_heatmap(
     title: str | None = None,
     autoscale: bool = False,
     max_label: int = 12,
+    pool: str = "max",
 ) -> go.Figure:
-    """Query × key heatmap of one head (or the mean/max over heads), always at full resolution.
+    """Query × key heatmap of one head (or the mean/max over heads), at full resolution up to POOL_ABOVE tokens.
 
     weights: (Q, K), (H, Q, K) or (L, H, Q, K) (then ``layer`` selects). Query 0 is at the top; tick
-    labels are shortened, hover shows "i · query → j · key: weight" with the full tokens.
+    labels are shortened, hover shows "i · query → j · key: weight" with the full tokens. A longer input is
+    drawn from tiles: the map pooled to at most TILE_CELLS × TILE_CELLS cells by ``pool`` ("max" or "mean", the
+    title says which); ``attention_zoom`` draws any block of it at full resolution.
     """
     return heatmap_fig(weights, queries, keys, layer=layer, head=head, kind=kind, title=title,
-                       autoscale=autoscale, max_label=max_label).build()
+                       autoscale=autoscale, max_label=max_label, pool=pool).build()
 
 
 READABLE = 128  # tokens up to which a heatmap labels every one (the scratch models' whole input)
+POOL_ABOVE = 512  # tokens above which a heatmap is drawn from pooled tiles (models.limits.LONG_TOKENS)
+TILE_CELLS = 512  # cells a side of a pooled heatmap (models.limits.MAX_TILE_CELLS): ≤ 1.1 MB of float32
 
 
 def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
                 layer: int | None = None, head: Head = 0, kind: str = "Self-attention", title: str | None = None,
-                autoscale: bool = False, max_label: int = 12) -> Fig:
-    """``attention_heatmap`` before it is built, for figures that draw on top of it."""
+                autoscale: bool = False, max_label: int = 12, pool: str = "max", start: tuple[int, int] = (0, 0),
+                ) -> Fig:
+    """``attention_heatmap`` before it is built, for figures that draw on top of it. ``start``: the positions of
+    the first query and key (a zoomed block keeps the whole input's positions in its labels)."""
     keys = queries if keys is None else keys
     w = select_head(weights, layer, head)
     _check_labels(w, queries, keys)
+    if max(len(queries), len(keys)) > POOL_ABOVE:
+        return _pooled_heatmap(w, queries, keys, title or describe(kind, layer, head), autoscale, pool, start)
     zmin, zmax = weight_range(w, autoscale)
-    qcat, kcat = unique_labels(queries), unique_labels(keys)
+    qcat, kcat = unique_labels(queries, start[0]), unique_labels(keys, start[1])
     fig = Fig(dict(
         type="heatmap", z=f32(w), x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
         colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0, hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
@@ -119,15 +128,85 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
     return fig
 
 
-def _block_labels(tokens: Sequence[str], edges: np.ndarray, prefix: str) -> list[str]:
+def _block_labels(tokens: Sequence[str], edges: np.ndarray, prefix: str, offset: int = 0) -> list[str]:
     out = []
     for a, b in zip(edges[:-1], edges[1:]):
         a, b = int(a), int(b)
         if b - a == 1:
-            out.append(f"{prefix}{a} {esc(shorten(tokens[a], 16))}")
+            out.append(f"{prefix}{a + offset} {esc(shorten(tokens[a], 16))}")
         else:
-            out.append(f"{prefix}{a}–{b - 1} {esc(shorten(tokens[a], 10))} … {esc(shorten(tokens[b - 1], 10))}")
+            out.append(f"{prefix}{a + offset}–{b - 1 + offset} {esc(shorten(tokens[a], 10))} … "
+                       f"{esc(shorten(tokens[b - 1], 10))}")
     return out
+
+
+def _pooled_heatmap(w: np.ndarray, queries: Sequence[str], keys: Sequence[str], head_title: str, autoscale: bool,
+                    pool: str, start: tuple[int, int]) -> Fig:
+    """A long input's (Q, K) map as at most TILE_CELLS × TILE_CELLS pooled cells: the browser never holds the
+    whole map (2,048 tokens: 16.8 MB of float32; the tiles: ≤ 1.1 MB), the title says how it was pooled and
+    where the full resolution is (zoom)."""
+    Q, K = w.shape
+    pooled, qe, ke = pool_blocks(w, TILE_CELLS, pool)  # (q, k) float32
+    q, k = pooled.shape
+    zmin, zmax = weight_range(pooled, autoscale)
+    qcat, kcat = _block_labels(queries, qe, "", start[0]), _block_labels(keys, ke, "", start[1])
+    fig = Fig(dict(
+        type="heatmap", z=pooled, x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
+        colorbar=colorbar(f"{pool} attention weight"), xgap=0, ygap=0,
+        hovertemplate=f"queries %{{y}}<br>keys %{{x}}<br>{pool} weight: %{{z:.3f}}<extra></extra>",
+    ))
+    fq, fk = int(qe[1] - qe[0]), int(ke[1] - ke[0])
+    sub = (f"{Q}×{K} tokens, {pool}-pooled to {q}×{k} cells of {fq}×{fk} tokens · zoom into any block for full "
+           "resolution")
+    cell = 2  # px a pooled cell: ~1 000 px for 512 cells
+    base_layout(fig, f"{head_title} · {pool}-pooled<br><sup>{sub}</sup>", width=cell * k + 300,
+                height=int(max(cell * q + 240, 380)))
+    fig.update_xaxes(**_block_ticks(kcat, keys, ke, start[1]), tickangle=-60, tickfont=dict(size=10),
+                     title=dict(text="key"), side="bottom")
+    fig.update_yaxes(**_block_ticks(qcat, queries, qe, start[0]), autorange="reversed", tickfont=dict(size=10),
+                     title=dict(text="query"), scaleanchor="x", constrain="domain")
+    fig.update_layout(margin=dict(t=100))
+    return fig
+
+
+def _block_ticks(categories: list[str], tokens: Sequence[str], edges: np.ndarray, offset: int,
+                 max_ticks: int = 32) -> dict:
+    """Ticks of a pooled axis: every k-th block, labelled by the position and token it starts with."""
+    n = len(categories)
+    idx = list(range(0, n, max(1, int(np.ceil(n / max_ticks)))))
+    return dict(type="category", tickmode="array", tickvals=[categories[i] for i in idx],
+                ticktext=[f"{int(edges[i]) + offset} {esc(shorten(tokens[int(edges[i])], 10))}" for i in idx],
+                categoryorder="array", categoryarray=list(categories))
+
+
+def attention_block(weights: np.ndarray, rows: tuple[int, int], cols: tuple[int, int], *, layer: int | None = None,
+                    head: Head = 0) -> np.ndarray:
+    """The (rows[1] − rows[0], cols[1] − cols[0]) block of one head's (or a fusion's) map, exactly as in the whole
+    map: queries rows[0] … rows[1] − 1, keys cols[0] … cols[1] − 1. Only the block is read, so a zoom into a long
+    input costs the block, not the whole map. Ranges outside the map, reversed or empty are a ValueError."""
+    w = np.asarray(weights)
+    Q, K = w.shape[-2:]
+    (r0, r1), (c0, c1) = (int(rows[0]), int(rows[1])), (int(cols[0]), int(cols[1]))
+    if not (0 <= r0 < r1 <= Q and 0 <= c0 < c1 <= K):
+        raise ValueError(f"the block queries {r0}…{r1 - 1} × keys {c0}…{c1 - 1} is not inside the map's {Q} queries "
+                         f"and {K} keys (or is empty)")
+    return select_head(w[..., r0:r1, c0:c1], layer, head)
+
+
+def attention_zoom(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
+                   rows: tuple[int, int], cols: tuple[int, int], layer: int | None = None, head: Head = 0,
+                   kind: str = "Self-attention", pool: str = "max", autoscale: bool = False) -> go.Figure:
+    """One block of a (long) attention map at full resolution: queries ``rows[0] … rows[1] − 1`` against keys
+    ``cols[0] … cols[1] − 1`` (half-open, as Python slices), labelled with their positions in the whole input. A
+    block larger than POOL_ABOVE a side is itself pooled (the title says so); zoom further for single tokens."""
+    keys = queries if keys is None else keys
+    block = attention_block(weights, rows, cols, layer=layer, head=head)
+    r0, r1, c0, c1 = int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])
+    title = describe(kind, layer, head) + f" · zoom: queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1}"
+    if max(r1 - r0, c1 - c0) <= POOL_ABOVE:
+        title += " (full resolution)"
+    return heatmap_fig(block, list(queries[r0:r1]), list(keys[c0:c1]), title=title, pool=pool, start=(r0, c0),
+                       autoscale=autoscale).build()
 
 
 def model_view(
@@ -152,13 +231,13 @@ def model_view(
     more precision, and the single-head heatmap shows exact values).
     """
     keys = queries if keys is None else keys
-    w = np.asarray(weights, dtype=np.float32)
+    w = np.asarray(weights)  # float16 for long inputs: pooled slice by slice, never copied whole
     if w.ndim != 4:
         raise ValueError(f"model view needs (layers, heads, queries, keys), got {w.shape}")
     _check_labels(w, queries, keys)
     L, H, Q, K = w.shape
     max_cells = min(max_cells, max(8, int((max_total_cells / (L * H)) ** 0.5)))
-    pooled, qe, ke = max_pool(w, max_cells)
+    pooled, qe, ke = pool_blocks(w, max_cells, "max")
     q, k = pooled.shape[-2:]
     is_pooled = (q, k) != (Q, K)
     pct = np.clip(np.rint(pooled * 100.0), 0, 100).astype(np.uint8)  # (L, H, q, k)
@@ -244,11 +323,12 @@ def head_view(
     Click a head in the legend to hide or show it.
     """
     keys = queries if keys is None else keys
-    w = np.asarray(weights, dtype=np.float32)
+    w = np.asarray(weights)
     if w.ndim == 4:
         if layer is None:
             raise ValueError("weights are (layers, heads, queries, keys): pass layer=")
         w = w[layer]
+    w = w.astype(np.float32, copy=False)  # one layer only: a long input's float16 tensor is never copied whole
     if w.ndim != 3:
         raise ValueError(f"head view needs (heads, queries, keys), got {w.shape}")
     _check_labels(w, queries, keys)
@@ -260,9 +340,9 @@ def head_view(
     raised = 0  # how many lines passed the threshold when there were too many to draw
     if int(keep.sum()) > max_segments:
         # Keep exactly the strongest max_segments lines (ties broken by position) and say so.
-        flat = np.where(keep, sel, -1.0).ravel()
-        top = np.argpartition(flat, -max_segments)[-max_segments:]
-        keep = np.zeros(flat.shape, bool)
+        cand = np.flatnonzero(keep)  # partition only the lines that passed (a whole long map is slow to sort)
+        top = cand[np.argpartition(sel.ravel()[cand], -max_segments)[-max_segments:]]
+        keep = np.zeros(sel.size, bool)
         keep[top] = True
         keep = keep.reshape(sel.shape)
         thr = float(sel[keep].min())

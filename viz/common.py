@@ -269,10 +269,11 @@ def shorten(text: str, max_len: int = 12) -> str:
     return text[: max_len - 1] + "…"
 
 
-def unique_labels(tokens: Sequence[str]) -> list[str]:
+def unique_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """Full, escaped, position-tagged labels ("3 · the"): unique, so that repeated tokens stay separate
-    categories on a categorical axis, and informative in hover text."""
-    return [f"{i} · {esc(t)}" for i, t in enumerate(tokens)]
+    categories on a categorical axis, and informative in hover text. ``start``: the position of the first token
+    (a zoomed block keeps the positions of the whole input)."""
+    return [f"{i} · {esc(t)}" for i, t in enumerate(tokens, start)]
 
 
 def tick_labels(tokens: Sequence[str], max_len: int = 12, max_ticks: int = 64) -> tuple[list[int], list[str]]:
@@ -325,6 +326,37 @@ def max_pool(a: np.ndarray, max_cells: int = 64) -> tuple[np.ndarray, np.ndarray
     padded = np.pad(a, pad, constant_values=-np.inf) if (pr or pc) else a
     shape = a.shape[:-2] + (len(re) - 1, fr, len(ce) - 1, fc)
     return padded.reshape(shape).max(axis=(-3, -1)), re, ce
+
+
+POOLS = ("max", "mean")  # how a pooled attention cell summarises its block
+
+
+def pool_blocks(a: np.ndarray, max_cells: int, how: str = "max") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pool the last two axes of ``a`` (..., R, C) to at most ``max_cells`` each: (pooled float32, row_edges,
+    col_edges), the blocks those of ``block_edges`` (the last one may be smaller).
+
+    ``how``: "max" keeps each block's largest value (a single strong weight never disappears), "mean" its
+    average over the block's cells (masked cells count as the zeros they are). Works one (R, C) slice at a time
+    with ``ufunc.reduceat``, in float32 whatever the input's dtype, so pooling a (12, 12, 2048, 2048) float16
+    tensor never holds a float32 copy of it. Equal to a direct max/mean over each block (tests/test_long_context.py).
+    """
+    if how not in POOLS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLS)}, got {how!r}")
+    a = np.asarray(a)
+    rows, cols = a.shape[-2:]
+    if not rows or not cols:
+        raise ValueError(f"nothing to pool: the map is {rows} × {cols}")
+    re, ce = block_edges(rows, max_cells), block_edges(cols, max_cells)
+    lead = a.shape[:-2]
+    flat = a.reshape(-1, rows, cols)
+    out = np.empty((flat.shape[0], len(re) - 1, len(ce) - 1), np.float32)
+    reduce = np.maximum if how == "max" else np.add
+    for i, m in enumerate(flat):
+        m = m if how == "max" else m.astype(np.float32, copy=False)  # a max is exact in any float dtype
+        out[i] = reduce.reduceat(reduce.reduceat(m, re[:-1], axis=0), ce[:-1], axis=1)
+    if how == "mean":
+        out /= np.outer(np.diff(re), np.diff(ce)).astype(np.float32)
+    return out.reshape(lead + out.shape[1:]), re, ce
 
 
 def tile(blocks: np.ndarray, ncols: int, gap: int = 1, fill: float = np.nan, row_gap: int | None = None
