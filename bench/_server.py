@@ -73,6 +73,8 @@ ACTIONS: list[Action] = [
     Action("swin_windows", "swin_windows", lambda: (8, 4, 2, 3)),
     Action("positional_encoding", "positional_encoding", lambda: (64, 128)),
     Action("playground", "playground", lambda: (6, 8, 0, "causal", True)),
+    Action("trained_swin", "trained_swin", lambda: ("ankle-boot", 1, 0)),
+    Action("vit_positions", "vit_positions", lambda: ()),
     Action("generate", "generate", lambda: (PROMPT, 20), needs="gpt-tiny"),
     Action("head_roles", "head_roles", lambda: ("gpt-tiny", 50, 0), needs="gpt-tiny"),
     # the last layer's last head (gpt-tiny's induction head, layer 3 head 7), last token -> the first

@@ -108,11 +108,11 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
                   scores=list(-rng.random(8) * t), finished=list(rng.random(8) < 0.1)) for t in range(160)]
     yield "text", "beam tree 160 steps x 8", lambda: viz.beam_tree(steps, chosen=[0] * 160)
     yield "text", "token highlight 256 (HTML)", lambda: viz.token_highlight(t256, rng.random(256))
-    yield "images", "image overlay 224 RGB", lambda: viz.image_attention(photo, vit[11, 0, 0], (14, 14))
-    yield "images", "head grid 12 heads", lambda: viz.image_attention_grid(photo, vit[11, :, 0], (14, 14))
+    yield "images", "image overlay 224 RGB", lambda: viz.image_attention(photo, vit[11, 0, 0, 1:], (14, 14))
+    yield "images", "head grid 12 heads", lambda: viz.image_attention_grid(photo, vit[11, :, 0, 1:], (14, 14))
     yield "images", "CLS grid all 12x12 heads", lambda: viz.image_attention_grid(
-        photo, vit[:, :, 0].reshape(144, 197), (14, 14), ncols=12)
-    yield "images", "query patch 224 RGB", lambda: viz.query_patch_attention(photo, vit[5, 3, 30], (14, 14), 29)
+        photo, vit[:, :, 0, 1:].reshape(144, 196), (14, 14), ncols=12)
+    yield "images", "query patch 224 RGB", lambda: viz.query_patch_attention(photo, vit[5, 3, 30, 1:], (14, 14), 29)
     yield "images", "top-10 of 1000 classes", lambda: viz.topk_bars(tokens(1000, "class "),
                                                                     rng.dirichlet(np.ones(1000)), 10)
     yield "stats", "entropy 12x12", lambda: viz.entropy_heatmap(rng.random((12, 12)) * 7)
@@ -127,7 +127,7 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
     yield "positional", "rope rotation 256", lambda: viz.rope_rotation(np.stack([np.cos(ang), np.sin(ang)], 1))
     yield "positional", "rope offset 256", lambda: viz.rope_offset_scores(rng.random((256, 256)))
     yield "positional", "learned ViT-B grid 14x14", lambda: viz.learned_pe_grid(
-        rng.standard_normal((197, 768)), (14, 14))
+        rng.standard_normal((196, 768)), (14, 14))
     yield "positional", "relative bias 24 heads 49x49", lambda: viz.relative_bias_tables(
         rng.standard_normal((24, 49, 49)), expanded=True)
     for layers, heads in ((12, 12), (24, 16)):  # GPT-2 small and medium shapes, the LM token cap

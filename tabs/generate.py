@@ -314,14 +314,13 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
 def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Progress()):
     """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
     repeated twice; the strongest induction head's attention and the loss on each copy."""
-    from models.analysis import duplicate_token_score, first_token_share, induction_score, previous_token_score
+    from models.analysis import head_roles as role_scores
 
     net = _model(model, progress)
     n = int(np.clip(int(n or 50), 2, (net.context_limit() - 1) // 2))
     ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)
-    scores = {"previous": previous_token_score(weights), "induction": induction_score(weights, n),
-              "duplicate": duplicate_token_score(weights, n), "sink": first_token_share(weights)}
+    scores = role_scores(weights, n)
     fig = vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
                                 title=f"Head roles · {model} · N = {n}",
                                 subtitle="mean attention on the role's key (induction, duplicate: over the "

@@ -281,13 +281,14 @@ def l3_model(inp: str) -> Question:
 
 # --------------------------------------------------------------------------------- 4 · induction heads
 def _repeated(inp: str):
-    from models.analysis import induction_score, previous_token_score
+    from models.analysis import head_roles
 
     net = get_model("gpt-tiny")
     n = min(30, (net.context_limit() - 1) // 2)
     ids = net.repeated_tokens(n, seed=_seed(inp))
     loss, weights = _lm_run("gpt-tiny", tuple(ids))
-    return net, n, ids, loss, weights, previous_token_score(weights), induction_score(weights, n)
+    roles = head_roles(weights, n)
+    return net, n, ids, loss, weights, roles["previous"], roles["induction"]
 
 
 def _head_question(score: np.ndarray, text: str, fact: str, explanation: str, reveal) -> Question:
@@ -497,7 +498,8 @@ def _vit(inp: str):
     index = int(np.clip(_seed(inp), 0, len(EXAMPLE_IMAGES) - 1)) if (inp or "").strip() else 7
     r = get_model("vit-fashion").classify(str(EXAMPLE_IMAGES[index]))
     w = r.attention["encoder"].weights
-    return r, index, w[-1].mean(0)[0, 1:], rollout(w)[-1][0, 1:]
+    k = r.prefix_tokens  # the patches come after [CLS]
+    return r, index, w[-1].mean(0)[0, k:], rollout(w)[-1][0, k:]
 
 
 def _patch(grid: tuple[int, int], i: int) -> str:

@@ -78,6 +78,6 @@ def positional_encoding(length: int = 64, d_model: int = 128, dims: str = "0, 1,
 def vit_positions():
     """Cosine similarity of the shipped ViT's learned position embeddings (ViT paper, Fig. 7 centre)."""
     net = get_model(MODEL)
-    return vp.learned_pe_grid(net.position_embeddings(), net.grid,
+    return vp.learned_pe_grid(net.position_embeddings()[net.num_prefix_tokens:], net.grid,
                               title=f"{MODEL}: learned position embeddings<br><sup>cosine similarity of each "
                                     "patch's embedding to every other</sup>")

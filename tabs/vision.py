@@ -268,8 +268,9 @@ def draw_image(result, layer: int, head: str, view: str):
         else:
             values = va.select_head(w, None, head)[0]
             title = va.describe("CLS → patch attention", layer, head)
-        overlay = fit(vi.image_attention(result.image, values[1:], result.grid, title=title))
-        grid_fig = vi.image_attention_grid(result.image, w[:, 0, 1:], result.grid,
+        k = result.prefix_tokens  # [CLS] (and any other prefix token) before the patches
+        overlay = fit(vi.image_attention(result.image, values[k:], result.grid, title=title))
+        grid_fig = vi.image_attention_grid(result.image, w[:, 0, k:], result.grid,
                                            titles=[f"head {h}" for h in range(w.shape[0])],
                                            title=f"CLS → patch attention, every head of layer {layer}")
         return overlay, grid_fig
@@ -294,9 +295,10 @@ def draw_query(result, layer: int, head: str, query: tuple[int, int]):
     if result.attention:
         amap = result.attention["encoder"]
         layer = min(int(layer), amap.layers - 1)
-        index = 1 + query[0] * result.grid[1] + query[1]  # token 0 is CLS
+        k = result.prefix_tokens  # the patches come after [CLS] (and any other prefix token)
+        index = k + query[0] * result.grid[1] + query[1]
         values = va.select_head(amap.weights[layer], None, head)[index]
-        return fit(vi.query_patch_attention(result.image, values[1:], result.grid, query,
+        return fit(vi.query_patch_attention(result.image, values[k:], result.grid, query,
                                             title=va.describe(f"Patch r{query[0]}c{query[1]} → patches", layer, head)))
     block = result.windows[min(int(layer), len(result.windows) - 1)]
     return fit(window_figure(result, block, head, block.token_at(*result.patch_centre(query))))
@@ -308,7 +310,7 @@ def distance_figure(result):
 
     if result.attention:
         amap = result.attention["encoder"]
-        dist = mean_attention_distance(amap.weights, grid=result.grid, patch=result.patch, skip=1)
+        dist = mean_attention_distance(amap.weights, grid=result.grid, patch=result.patch, skip=result.prefix_tokens)
         return vs.head_metric_scatter(dist, metric="mean attention distance", unit="pixels",
                                       title="Mean attention distance per head (ViT paper, Fig. 7)")
     dist = window_attention_distance([(w.weights, w.window, w.patch) for w in result.windows])

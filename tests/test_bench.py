@@ -138,7 +138,8 @@ def test_helpers() -> None:
     assert [a.name for a in select_actions("classify")] == ["classify_sst2", "classify_agnews"]
     assert {a.api for a in select_actions(None)} == {"translate", "classify", "classify_image", "swin_windows",
                                                      "positional_encoding", "playground", "generate", "head_roles",
-                                                     "attention_why", "patch", "lesson", "lesson_answer"}
+                                                     "attention_why", "patch", "lesson", "lesson_answer",
+                                                     "trained_swin", "vit_positions"}
     with pytest.raises(SystemExit):
         select_actions("nope")
     assert len(SENTENCE_20.split()) == 20

@@ -181,11 +181,11 @@ def test_image_figures():
     rng = np.random.default_rng(4)
     img = (rng.random((224, 224, 3)) * 255).astype(np.uint8)
     cls = softmax_attention((197,), seed=5)
-    fig = viz.image_attention(img, cls, (14, 14))
+    fig = viz.image_attention(img, cls[1:], (14, 14))
     assert fig.data[0].type == "image" and fig.data[0].source.startswith("data:image/png;base64,")
     np.testing.assert_allclose(np.asarray(fig.data[1].z), cls[1:].reshape(14, 14), rtol=1e-6)
     assert fig.data[1].dx == 16
-    fig = viz.query_patch_attention(img, cls, (14, 14), (2, 5))
+    fig = viz.query_patch_attention(img, cls[1:], (14, 14), (2, 5))
     assert len(fig.layout.shapes) == 1 and "r2c5" in fig.layout.title.text
     grey = (rng.random((28, 28)) * 255).astype(np.uint8)
     maps = softmax_attention((5, 16))
@@ -230,7 +230,7 @@ def test_positional_figures():
     np.testing.assert_allclose(np.asarray(fig.data[1].customdata)[:5], np.degrees(ang[:5]), atol=1e-3)
     fig = viz.rope_offset_scores(np.random.default_rng(0).random((20, 20)), [0, 5])
     assert list(np.asarray(fig.data[1].x)[:3]) == [-5, -4, -3]
-    fig = viz.learned_pe_grid(np.random.default_rng(0).standard_normal((1 + 16, 8)), (4, 4))
+    fig = viz.learned_pe_grid(np.random.default_rng(0).standard_normal((16, 8)), (4, 4))
     assert np.asarray(fig.data[0].z).shape == (4 * 5 - 1, 4 * 5 - 1)
     fig = viz.relative_bias_tables(np.random.default_rng(0).standard_normal((3, 13, 13)))
     assert len(fig.layout.annotations) == 3

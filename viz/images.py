@@ -26,12 +26,10 @@ from viz.common import (
 
 
 def patch_map(values: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """(rows, cols) map out of a per-patch vector. Accepts rows·cols values, or 1 + rows·cols (a CLS
-    entry first, which is dropped)."""
+    """(rows, cols) map out of a per-patch vector of rows·cols values (the caller drops [CLS] and any other
+    prefix token: ``ImageResult.prefix_tokens`` says how many there are)."""
     v = np.asarray(values, dtype=np.float32).reshape(-1)
     rows, cols = grid
-    if v.size == rows * cols + 1:
-        v = v[1:]
     if v.size != rows * cols:
         raise ValueError(f"{v.size} values do not fit a {rows}×{cols} patch grid")
     return v.reshape(rows, cols)
@@ -75,8 +73,8 @@ def image_attention(
 ) -> go.Figure:
     """A per-patch map (CLS → patch attention of one head, or rollout) laid over the image.
 
-    image: uint8 (H, W) grey or (H, W, 3) RGB, exactly what the model saw; values: rows·cols (or
-    1 + rows·cols with CLS first) per patch; grid: (rows, cols). A CLS row spreads over ~200 patches,
+    image: uint8 (H, W) grey or (H, W, 3) RGB, exactly what the model saw; values: rows·cols, one
+    per patch (no prefix tokens); grid: (rows, cols). A CLS row spreads over ~200 patches,
     so the colour scale runs 0–max by default (``autoscale=False`` for fixed 0–1)."""
     return _image_attention(image, values, grid, title=title, label=label, opacity=opacity,
                             autoscale=autoscale).build()
@@ -158,7 +156,7 @@ def query_patch_attention(
 ) -> go.Figure:
     """Attention of one chosen query patch over all patches, on the image, with the query outlined.
 
-    values: that query's attention row (rows·cols, or 1 + rows·cols with CLS first); query: the patch
+    values: that query's attention row over the patches (rows·cols); query: the patch
     as (row, col) or its index in the rows·cols grid."""
     rows, cols = grid
     qr, qc = divmod(int(query), cols) if np.ndim(query) == 0 else (int(query[0]), int(query[1]))

@@ -130,11 +130,9 @@ def learned_pe_grid(pos_embed: np.ndarray, grid: tuple[int, int], *,
     """ViT paper Fig. 7 (centre): for each patch (r, c) a small rows × cols image of its position
     embedding's cosine similarity to every other patch, the small images laid out in the patch grid.
 
-    pos_embed: (rows·cols, D), or (1 + rows·cols, D) with the CLS embedding first (dropped)."""
+    pos_embed: (rows·cols, D), the patches' embeddings only (the caller drops the prefix tokens')."""
     rows, cols = grid
     e = np.asarray(pos_embed, dtype=np.float32)
-    if e.shape[0] == rows * cols + 1:
-        e = e[1:]
     if e.shape[0] != rows * cols:
         raise ValueError(f"{e.shape[0]} embeddings do not fit a {rows}×{cols} grid")
     sim = similarity_matrix(e, "cosine").astype(np.float32).reshape(rows * cols, rows, cols)
