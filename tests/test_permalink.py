@@ -186,13 +186,14 @@ def test_model_choices_come_from_the_fixed_lists(links) -> None:
         assert pl.read_query({"tab": "generate", "model": name}, links).values == {"model": name}
 
 
-def test_the_app_restores_at_one_page_load_and_writes_every_tab() -> None:
+def test_the_app_restores_at_one_page_load_and_writes_every_tab(links) -> None:
     demo = app.build_demo()
     config = demo.get_config_file()
     deps = config["dependencies"]
     loads = [d for d in deps if any(t[1] == "load" for t in d["targets"])]
-    assert len(loads) == 1  # the restore; the tabs that need no trained model draw right after it
-    assert sum(1 for d in deps if d.get("trigger_after") == loads[0]["id"]) == 3
+    assert len(loads) == 1  # the restore; the tabs that need no trained model (at_load) draw right after it
+    at_load = [key for key, link in links.items() if link is not None and link.at_load]
+    assert at_load and sum(1 for d in deps if d.get("trigger_after") == loads[0]["id"]) == len(at_load)
     tab_ids = [c["props"].get("id") for c in config["components"] if c.get("type") == "tabitem"]
     assert tab_ids == [pl.tab_key(t) for t in app.TABS]
     writers = [d for d in deps if any(t[1] == "select" for t in d["targets"]) and d["trigger_mode"] == "always_last"]
