@@ -141,13 +141,13 @@ def preview(image: str | None, model: str):
     from models.images import fashion_array, open_image
 
     try:
-        img, _ = open_image(image)
+        img, _ = open_image(image)  # decoded once, for both pictures
+        seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
         shown = np.asarray(img.convert("RGB"))
-        seen = enlarge(fashion_array(image)[0], PREVIEW_SIDE) if model in FASHION else shown
     except ValueError:
         return None, None
-    return shown, seen
+    return shown, shown if seen is None else seen
 
 
 def example_path(name: str) -> str:

@@ -388,3 +388,20 @@ def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> 
     assert calls == [32, 64] and found.steps == 64 and "with 64 integration steps" in common.completeness(found)
     common.attribute(state, "integrated_gradients")  # kept: no third run
     assert calls == [32, 64]
+
+
+def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_path: Path) -> None:
+    from models.images import fashion_array
+    from tabs.vision import PREVIEW_SIDE, enlarge, preview
+
+    shown, seen = preview(common.EXAMPLE_IMAGES[0], "vit-fashion")
+    assert shown.shape == (28, 28, 3)  # the example is 28×28: shown as it is
+    assert np.array_equal(seen, enlarge(fashion_array(common.EXAMPLE_IMAGES[0])[0], PREVIEW_SIDE))
+    big = tmp_path / "big.png"
+    from PIL import Image
+
+    Image.new("RGB", (2000, 1000), (200, 30, 30)).save(big)
+    shown, seen = preview(str(big), "ViT-B/16 (ImageNet)")
+    assert shown.shape == (2 * PREVIEW_SIDE // 2, 2 * PREVIEW_SIDE, 3) and seen is shown  # a thumbnail, aspect kept
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    assert preview(str(tmp_path / "broken.png"), "vit-fashion") == (None, None)  # classifying it says why
