@@ -133,16 +133,27 @@ def fit(fig):
     return fig
 
 
-def save_npz(prefix: str, **arrays: Any) -> str:
-    """Write the arrays behind the current figures for download; returns the file's path."""
+def save_npz(prefix: str, compressed: bool = False, **arrays: Any) -> str:
+    """Write the arrays behind the current figures for download; returns the file's path. ``compressed``: deflate
+    each array (a long input's attention), at zlib level 1 — the same .npz as np.savez_compressed (np.load reads
+    it), a third faster at nearly the same size, streamed in chunks so nothing is copied whole."""
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
-    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
+    if not compressed:
+        np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
+        return str(path)
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
     return str(path)
 
 
-def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str):
-    """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view."""
+def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str, pool: str = "max"):
+    """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view. ``pool``: how a
+    long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE)."""
     layer = min(int(layer), amap.layers - 1)
     if view == "model view":
         return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
@@ -152,7 +163,8 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
         threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
         return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title,
                             threshold=threshold)
-    return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title)
+    return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title,
+                                pool=pool)
 
 
 def stats_figure(amap, kind_title: str):

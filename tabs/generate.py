@@ -30,6 +30,7 @@ from tabs.serving import GPT_TINY, decoder_models, get_model
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
+from viz.common import POOLS
 
 TITLE = "Generate"
 DEFAULT = GPT_TINY
@@ -95,10 +96,26 @@ def build() -> Permalink:
     candidates = gr.Plot(label="next-token candidates of each step")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="decoder self-attention (causal)", elem_id="generate-attention")
+    with gr.Accordion(f"Long inputs: pooled tiles and zoom (over {limits.LONG_TOKENS} tokens)", open=False,
+                      elem_id="generate-zoom-section"):
+        gr.Markdown(f"Over {limits.LONG_TOKENS} tokens the heatmap is drawn from at most {limits.MAX_TILE_CELLS} × "
+                    f"{limits.MAX_TILE_CELLS} tiles, each the maximum (a single strong weight stays visible) or the "
+                    "mean of its block of tokens. Zoom shows any block of the layer and head above at full "
+                    "resolution: query positions first … last against key positions first … last (both included).")
+        with gr.Row():
+            pooling = gr.Radio(list(POOLS), value="max", label="tiles show each block's")
+            q_first = gr.Number(0, label="queries from", precision=0)
+            q_last = gr.Number(63, label="queries to", precision=0)
+            k_first = gr.Number(0, label="keys from", precision=0)
+            k_last = gr.Number(63, label="keys to", precision=0)
+            zoom_run = gr.Button("Zoom")
+        zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
     why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
                    [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     lens = gr.Plot(label="logit lens")
+    lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
+                         "one more pass over the input)", size="sm")
     gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
                 "text), with the head's output zeroed: the causal check of what the head does.")
     with gr.Row():
@@ -120,18 +137,26 @@ def build() -> Permalink:
         stripe = gr.Plot(label="the strongest induction head")
         losses = gr.Plot(label="loss on each copy")
     why.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section, repeated=True)
-    download = gr.File(label="attention arrays (.npz)")
+    with gr.Row():
+        download = gr.File(label="attention arrays (.npz)", scale=3)
+        write_npz = gr.Button(f"Write the attention arrays (.npz; over {limits.LONG_TOKENS} tokens on request)",
+                              scale=1)
 
-    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer, head, view]
+    # the State last: not an API parameter (Gradio fills it), so API clients see the same inputs
+    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer, head, view, pooling, state]
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
     chain(run.click, steps, api_name="generate")
     chain(prompt.submit, steps)
-    for control in (step, layer, head, view):
-        control.change(draw_generation, [state, step, layer, head, view], [text_html, candidates, attn],
+    for control in (step, layer, head, view, pooling):
+        control.change(draw_generation, [state, step, layer, head, view, pooling], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
+    zoom_run.click(zoom, [state, layer, head, q_first, q_last, k_first, k_last, pooling], [zoom_plot],
+                   api_name="attention_zoom", **FAST)
+    write_npz.click(attention_npz, [state], [download], api_name="attention_npz", concurrency_limit=1)
+    lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
     ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation],
                  api_name="ablate_head")
@@ -184,8 +209,12 @@ def _model(name: str | None, progress=None):
 
 def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
-             head: str = "mean", view: str = "heatmap", progress=gr.Progress()):
-    """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens."""
+             head: str = "mean", view: str = "heatmap", pooling: str = "max", previous: dict | None = None,
+             progress=gr.Progress()):
+    """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens.
+    Over limits.LONG_TOKENS tokens the heatmap is drawn from pooled tiles (``pooling``: "max" or "mean"), the
+    lens and the .npz are made on request (/logit_lens, /attention_npz). ``previous``: the session's kept result,
+    released before a new run when it is long (its 1.2 GB of attention would otherwise double the peak)."""
     prompt = read_text(prompt)
     seed = read_seed(seed)
     net = _model(model, progress)
@@ -195,33 +224,141 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     temperature = float(np.clip(float(temperature or 1.0), 0.05, MAX_TEMPERATURE))
     top_k = int(np.clip(int(top_k or 0), 0, MAX_TOP_K))
     top_p = float(np.clip(float(top_p or 1.0), 0.01, 1.0))
+    pooling = read_pooling(pooling)
+    if previous and len(previous["result"].tokens) > limits.LONG_TOKENS:
+        previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
     result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
                           top_p=top_p, seed=seed)
     amap = result.attention["decoder"]
-    lens = net.logit_lens(result.ids)
+    long = len(result.tokens) > limits.LONG_TOKENS
     layer_u, head_u = controls_for(amap.layers, amap.heads)
     n_steps = len(result.steps)
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
-    weights = amap.weights if amap.weights.nbytes <= 64 << 20 else amap.weights.astype(np.float16)
-    from models.decompose import attention_scores
-
-    scores = attention_scores(net, result.ids)  # pre-softmax, masked cells −inf
-    scores = scores if scores.nbytes <= 64 << 20 else scores.astype(np.float16)
-    npz = save_npz("generation", attention=weights, scores=scores, tokens=np.array(result.tokens),
-                   prompt_len=result.prompt_len,
-                   step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
-                   step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
+    kept = {"result": result, "model": model or DEFAULT}
+    npz = None if long else write_arrays(kept, net)
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
-    notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings)) if x)
-    kept = {"result": result, "model": model or DEFAULT}
-    html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view)
-    lens_fig = vg.logit_lens(lens.top_tokens, lens.target_probs, result.tokens, lens.targets,
-                             title=f"Logit lens · {kept['model']}")
+    notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
+                                  long_notice(result, pooling) if long else "") if x)
+    html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view, pooling)
+    lens_fig = None if long else lens_figure(kept, net)
     return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
             ablate_head_u)
+
+
+LENS_LAST = 256  # positions a long input's logit lens decodes (each costs layers × vocabulary)
+
+
+def read_pooling(pooling: str | None) -> str:
+    """How a long input's tiles are pooled: "max" (default) or "mean"; anything else is refused in words."""
+    pooling = (pooling or "max").strip()
+    if pooling not in POOLS:
+        raise Error(f"Unknown pooling {pooling[:40]!r}; choose max or mean.")
+    return pooling
+
+
+def long_notice(result, pooling: str) -> str:
+    """What a long input changes, said once under the continuation."""
+    amap = result.attention["decoder"]
+    return (f"· {len(result.tokens):,} tokens: the heatmap shows {pooling}-pooled tiles (zoom below for full "
+            f"resolution); the logit lens of the last {LENS_LAST} positions and the attention arrays "
+            f"({amap.layers} × {amap.heads} × {len(result.tokens):,}², float16, compressed, without the pre-softmax "
+            "scores) are made on request, with their buttons.")
+
+
+def write_arrays(kept: dict, net=None) -> str:
+    """The .npz of a kept generation: attention, tokens, per-step candidates and, up to limits.LONG_TOKENS tokens,
+    the pre-softmax scores. A long input's arrays are float16 and deflated (docs/ARCHITECTURE.md §2)."""
+    result = kept["result"]
+    amap = result.attention["decoder"]
+    n_steps = len(result.steps)
+    long = len(result.tokens) > limits.LONG_TOKENS
+    extra = {}
+    if not long:
+        from models.decompose import attention_scores
+
+        net = net or _model(kept["model"])
+        extra["scores"] = attention_scores(net, result.ids)  # pre-softmax, masked cells −inf
+    weights = amap.weights.astype(np.float16, copy=False) if long else amap.weights
+    return save_npz("generation", compressed=long, attention=weights, **extra, tokens=np.array(result.tokens),
+                    prompt_len=result.prompt_len,
+                    step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
+                    step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))
+
+
+def lens_figure(kept: dict, net=None):
+    """The logit lens of a kept generation: every position, or the last LENS_LAST of a long input."""
+    result = kept["result"]
+    net = net or _model(kept["model"])
+    t = len(result.tokens)
+    lens = net.logit_lens(result.ids, last=LENS_LAST if t > limits.LONG_TOKENS else None)
+    shown = result.tokens[t - len(lens.targets):]
+    return vg.logit_lens(lens.top_tokens, lens.target_probs, shown, lens.targets,
+                         title=f"Logit lens · {kept['model']}"
+                               + (f" · the last {len(shown)} of {t} positions" if len(shown) < t else ""))
+
+
+def logit_lens(state: dict | None):
+    """The lens button: the logit lens of the last generation (a long input's is computed only here)."""
+    if not state:
+        raise Error("Generate a continuation first.")
+    return lens_figure(state)
+
+
+def attention_npz(state: dict | None) -> str:
+    """The attention arrays of the last generation as an .npz: for a long input written now (float16, deflated;
+    12 × 12 heads over 2,048 tokens take about 20 s and 0.5 GB), for a short one as Generate wrote them."""
+    if not state:
+        raise Error("Generate a continuation first.")
+    return write_arrays(state)
+
+
+def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_last: float | None,
+         k_first: float | None, k_last: float | None, pooling: str = "max"):
+    """One block of the last generation's attention at full resolution: query positions ``q_first`` … ``q_last``
+    against key positions ``k_first`` … ``k_last`` (both included) of the layer and head shown. A block over
+    limits.LONG_TOKENS a side is pooled like the whole map (the title says so)."""
+    if not state:
+        raise Error("Generate a continuation first: zoom reads its attention.")
+    result = state["result"]
+    amap = result.attention["decoder"]
+    t = len(result.tokens)
+    pooling = read_pooling(pooling)
+    first_q, last_q = _position(q_first, 0, t, "first query"), _position(q_last, t - 1, t, "last query")
+    first_k, last_k = _position(k_first, 0, t, "first key"), _position(k_last, t - 1, t, "last key")
+    if first_q > last_q or first_k > last_k:
+        raise Error(f"Empty block: queries {first_q} … {last_q}, keys {first_k} … {last_k}; each range goes from a "
+                    "smaller position to a larger one.")
+    layer = min(max(int(_position(layer, amap.layers - 1, amap.layers, "layer")), 0), amap.layers - 1)
+    h = parse_head(head)
+    if isinstance(h, str) and h not in ("mean", "max"):
+        raise Error(f"Unknown head {str(head)[:40]!r}; choose mean, max or 0 … {amap.heads - 1}.")
+    if isinstance(h, int) and not 0 <= h < amap.heads:
+        raise Error(f"This model has heads 0 … {amap.heads - 1}; got {h}.")
+    return va.attention_zoom(amap.weights, amap.queries, amap.keys, rows=(first_q, last_q + 1),
+                             cols=(first_k, last_k + 1), layer=layer, head=h, kind="Decoder self-attention",
+                             pool=pooling)
+
+
+def _position(value, default: int, n: int, name: str) -> int:
+    """A token position (or layer) from the UI or the API: empty is ``default``, −1 counts from the end, anything
+    outside 0 … n − 1 or not a whole number is refused in words."""
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Error(f"The {name} must be a whole number, got {str(value)[:40]!r}.") from None
+    if not number.is_integer():
+        raise Error(f"The {name} must be a whole number, got {str(value)[:40]}.")
+    i = int(number)
+    if -n <= i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise Error(f"The {name} {int(number)} is outside 0 … {n - 1} (this input has {n} positions).")
+    return i
 
 
 def ending(result, eos: str, settings: str) -> str:
@@ -258,7 +395,7 @@ def _shown(result, step: int | None) -> int:
     return len(result.tokens) if s <= 0 else min(result.prompt_len + s, len(result.tokens))
 
 
-def draw_generation(state: dict | None, step: int, layer: int, head: str, view: str):
+def draw_generation(state: dict | None, step: int, layer: int, head: str, view: str, pooling: str = "max"):
     """Redraw the text, the candidates and the attention up to the replayed step (no model run)."""
     if not state:
         return None, None, None
@@ -273,7 +410,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
     amap = result.attention["decoder"]
     shown = AttentionMap(amap.weights[:, :, :t, :t], amap.queries[:t], amap.keys[:t])
     title = "Decoder self-attention (causal)" + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
-    return html, cand, attention_figure(shown, title, layer, parse_head(head), view)
+    return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling))
 
 
 def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from models import limits
 from tabs.common import FAST, Error, read_text
 from tabs.serving import get_model
 from viz import attention as va
@@ -407,6 +408,9 @@ def _pair(net, clean: str, corrupted: str, target: str) -> tuple[int | None, lis
     if len(a) != len(b):
         raise Error(f"The clean input has {len(a)} tokens and the corrupted one {len(b)}: patching needs the same "
                     "number of tokens (change a word for one of the same length in tokens).")
+    if len(a) > limits.MAX_PATCH_TOKENS:  # a sweep runs a forward per head or per position
+        raise Error(f"Patching reads at most {limits.MAX_PATCH_TOKENS} tokens; these inputs have {len(a)}. Shorten "
+                    "both texts the same way.")
     return wanted, a, b
 
 
