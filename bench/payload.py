@@ -6,12 +6,17 @@
 2. The largest JSON of every figure family at the app's input caps (text: 128 tokens, MiniLM 256 with
    6 × 12 heads; ViT-B/16: 12 × 12 heads over 197 tokens; Swin-T: 56 × 56 tokens in 7 × 7 windows;
    language models at GPT-2 small's 12 × 12 and GPT-2 medium's 24 × 16 heads over 256 tokens, 64 steps).
-3. The time headless Chromium takes to draw our model view from a static HTML page with plotly.js
+3. Long inputs (the language models' 2,048-token context): a causal 12 × 12 × 2,048 tensor (float16, as the app
+   keeps it) drawn as the pooled heatmap (max and mean), a zoomed 512 × 512 block, the head view, the model view
+   and the logit lens of the last 256 positions, against their own budget of 3 MB (``max_long_figure_mb``), with the
+   seconds each takes to build.
+4. The time headless Chromium takes to draw our model view from a static HTML page with plotly.js
    inlined (until ``plotly_afterplot``), plus the time of a second ``Plotly.newPlot`` in the warm page.
 
-Run: ``python bench/payload.py`` (add ``--no-browser`` to skip Chromium). The last stdout line is one
-JSON object with ``max_figure_mb`` and ``ratio_vs_bertviz`` (at 12, 12, 128); the Chromium field is
-null when Chromium or Playwright is missing.
+Run: ``python bench/payload.py`` (add ``--no-browser`` to skip Chromium, ``--no-long`` to skip the long inputs). The
+last stdout line is one JSON object with ``max_figure_mb`` and ``ratio_vs_bertviz`` (at 12, 12, 128), and
+``max_long_figure_mb`` with ``long_figures`` (MB and build seconds each); the Chromium field is null when Chromium or
+Playwright is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ if str(ROOT) not in sys.path:
 import viz  # noqa: E402
 
 BUDGET_BYTES = 2_000_000
+LONG_BUDGET_BYTES = 3_000_000  # a figure of a 2,048-token input (issue 37: pooled tiles, zoom by re-query)
+LONG_TOKENS = 2048
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run"]
 
@@ -157,6 +164,41 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
         random_attention((64, 3, 49, 49), 6), (56, 56), 7, 3, (55, 2), image=photo, patch=4)
 
 
+def long_attention(layers: int = 12, heads: int = 12, n: int = LONG_TOKENS) -> np.ndarray:
+    """A causal (layers, heads, n, n) float16 tensor, rows summing to 1, built a layer at a time (1.2 GB in all)."""
+    out = np.empty((layers, heads, n, n), np.float16)
+    for layer in range(layers):
+        w = np.tril(random_attention((heads, n, n), seed=layer))
+        out[layer] = w / w.sum(-1, keepdims=True)
+    return out
+
+
+def long_cases() -> Iterator[tuple[str, Callable[[], object]]]:
+    """(name, build) of every figure Generate draws for a 2,048-token input."""
+    w, t = long_attention(), tokens(LONG_TOKENS)
+    rng = np.random.default_rng(1)
+    yield "heatmap 2048 max-pooled (head mean)", lambda: viz.attention_heatmap(w, t, layer=11, head="mean")
+    yield "heatmap 2048 mean-pooled (head 3)", lambda: viz.attention_heatmap(w, t, layer=11, head=3, pool="mean")
+    yield "zoom 512x512 block", lambda: viz.attention_zoom(w, t, rows=(1536, 2048), cols=(1024, 1536), layer=11,
+                                                           head=3)
+    yield "head view 12 heads 2048", lambda: viz.head_view(w, t, layer=11)
+    yield "model view 12x12x2048", lambda: viz.model_view(w, t)
+    yield "logit lens 12x256 of 2048", lambda: viz.logit_lens([tokens(256, "▁guess") for _ in range(12)],
+                                                              rng.random((12, 256)), t[-256:], t[-256:])
+
+
+def measure_long() -> dict:
+    rows = {}
+    for name, build in long_cases():
+        t0 = time.perf_counter()
+        size = payload_size(build())
+        dt = time.perf_counter() - t0
+        ok = "ok" if size <= LONG_BUDGET_BYTES else "OVER BUDGET"
+        print(f"{'long':10s} {name:40s} {size / 1e6:7.3f} MB  {dt:6.3f} s  {ok}")
+        rows[name] = {"mb": round(size / 1e6, 3), "build_s": round(dt, 3)}
+    return rows
+
+
 def payload_size(obj: object) -> int:
     return len(obj) if isinstance(obj, str) else len(obj.to_json())
 
@@ -222,6 +264,7 @@ def chromium_draw(n: int = 197) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-browser", action="store_true", help="skip the Chromium draw timing")
+    ap.add_argument("--no-long", action="store_true", help="skip the 2,048-token figures")
     args = ap.parse_args()
 
     rows = compare_bertviz()
@@ -239,6 +282,7 @@ def main() -> None:
         if size > families.get(family, {}).get("bytes", -1):
             families[family] = {"figure": name, "bytes": size}
 
+    long = None if args.no_long else measure_long()
     draw = None if args.no_browser else chromium_draw(197)
     if draw:
         print(f"chromium: model view 12x12x197 drawn {draw['load_to_plot_s']:.2f} s after navigation "
@@ -255,6 +299,9 @@ def main() -> None:
         "largest_per_family_mb": {k: {"figure": v["figure"], "mb": round(v["bytes"] / 1e6, 3)}
                                   for k, v in families.items()},
         "chromium_model_view_197": None if draw is None else {k: round(v, 3) for k, v in draw.items()},
+        "max_long_figure_mb": None if long is None else max(r["mb"] for r in long.values()),
+        "long_within_budget": None if long is None else all(r["mb"] <= LONG_BUDGET_BYTES / 1e6 for r in long.values()),
+        "long_figures": long,
     }
     print(json.dumps(result))
 

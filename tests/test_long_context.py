@@ -1,0 +1,265 @@
+"""Long contexts (2,048 tokens): pooled tiles equal a direct pooling of the full arrays, a zoom is exactly the full
+array's block, every figure of a 2,048-token input stays ≤ 3 MB (the model view at 12 × 12 heads included), the
+server's token cap, and hostile zoom, prompt and patching parameters answered or refused in words."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+import pytest
+
+import viz
+from models import limits
+from tabs import serving
+from viz.attention import POOL_ABOVE, TILE_CELLS, attention_block, select_head
+from viz.common import block_edges, pool_blocks
+
+LONG_BUDGET = 3_000_000  # bytes of JSON a figure of a 2,048-token input may take
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def direct_pool(a: np.ndarray, max_cells: int, how: str) -> np.ndarray:
+    """The reference: a plain loop over blocks with numpy's max / mean, in float64."""
+    re, ce = block_edges(a.shape[-2], max_cells), block_edges(a.shape[-1], max_cells)
+    out = np.empty(a.shape[:-2] + (len(re) - 1, len(ce) - 1))
+    for i in range(len(re) - 1):
+        for j in range(len(ce) - 1):
+            block = a[..., re[i]:re[i + 1], ce[j]:ce[j + 1]].astype(np.float64)
+            out[..., i, j] = block.max(axis=(-2, -1)) if how == "max" else block.mean(axis=(-2, -1))
+    return out
+
+
+def causal(heads: int, n: int, seed: int = 0, dtype=np.float32) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = np.tril(rng.random((heads, n, n), dtype=np.float32) ** 4)
+    return (w / w.sum(-1, keepdims=True)).astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------- tiles and zoom
+@pytest.mark.parametrize("shape,cells", [((3, 37, 53), 8), ((2, 2, 100, 100), 7), ((1031, 1030), 512),
+                                         ((5, 5), 64), ((2049, 17), 512)])
+@pytest.mark.parametrize("how", ["max", "mean"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_tiles_are_the_full_array_pooled_block_by_block(shape, cells, how, dtype) -> None:
+    a = np.random.default_rng(sum(shape)).random(shape).astype(dtype)
+    pooled, re, ce = pool_blocks(a, cells, how)
+    assert pooled.dtype == np.float32 and pooled.shape[-2:] == (len(re) - 1, len(ce) - 1)
+    assert max(pooled.shape[-2:]) <= cells and re[-1] == shape[-2] and ce[-1] == shape[-1]
+    np.testing.assert_allclose(pooled, direct_pool(a, cells, how), rtol=1e-6, atol=1e-7)
+
+
+def test_pooling_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(ValueError, match="pooling must be one of max, mean"):
+        pool_blocks(np.ones((4, 4)), 2, "median")
+    with pytest.raises(ValueError, match="nothing to pool"):
+        pool_blocks(np.ones((0, 4)), 2)
+
+
+@pytest.mark.parametrize("how", ["max", "mean"])
+def test_a_long_heatmap_is_drawn_from_the_pooled_map_and_says_so(how) -> None:
+    n = 2049
+    w = causal(2, n, dtype=np.float16)[None]  # (1 layer, 2 heads, n, n), float16 as the app keeps a long input
+    tokens = [f"t{i}" for i in range(n)]
+    fig = viz.attention_heatmap(w, tokens, layer=0, head="max", pool=how)
+    z = np.asarray(fig.data[0].z)
+    want = direct_pool(select_head(w, 0, "max"), TILE_CELLS, how)
+    assert z.shape == want.shape and max(z.shape) <= TILE_CELLS
+    np.testing.assert_allclose(z, want, rtol=1e-6, atol=1e-7)
+    title = fig.layout.title.text
+    assert f"{how}-pooled" in title and "2049×2049 tokens" in title and "zoom" in title
+    assert len(fig.to_json()) <= LONG_BUDGET
+    # the first tile covers tokens 0-4 (2049 tokens in blocks of 5), labelled by position
+    assert fig.data[0].y[0].startswith("0–4 t0")
+
+
+def test_short_inputs_keep_full_resolution_and_every_label() -> None:
+    w = causal(1, 128)[0]
+    fig = viz.attention_heatmap(w, [f"w{i}" for i in range(128)])
+    assert np.asarray(fig.data[0].z).shape == (128, 128) and "pooled" not in fig.layout.title.text
+    assert len(fig.layout.xaxis.tickvals) == 128
+    at_limit = viz.attention_heatmap(causal(1, POOL_ABOVE)[0], [f"w{i}" for i in range(POOL_ABOVE)])
+    assert np.asarray(at_limit.data[0].z).shape == (POOL_ABOVE, POOL_ABOVE)
+
+
+@pytest.mark.parametrize("head", [3, "mean", "max"])
+def test_a_zoom_is_exactly_the_full_arrays_block(head) -> None:
+    n = 2048
+    w = np.stack([causal(4, n, seed=1, dtype=np.float16), causal(4, n, seed=2, dtype=np.float16)])  # (2, 4, n, n)
+    tokens = [f"t{i}" for i in range(n)]
+    fig = viz.attention_zoom(w, tokens, rows=(1700, 2048), cols=(1000, 1400), layer=1, head=head)
+    z = np.asarray(fig.data[0].z)
+    np.testing.assert_array_equal(z, select_head(w[1], None, head)[1700:2048, 1000:1400].astype(np.float32))
+    assert fig.data[0].y[0] == "1700 · t1700" and fig.data[0].x[-1] == "1399 · t1399"
+    assert "zoom: queries 1700–2047 × keys 1000–1399 (full resolution)" in fig.layout.title.text
+    assert len(fig.to_json()) <= LONG_BUDGET
+    # a block wider than POOL_ABOVE is pooled itself, and says so
+    wide = viz.attention_zoom(w, tokens, rows=(0, 2048), cols=(0, 2048), layer=0, head=0, pool="mean")
+    assert "mean-pooled" in wide.layout.title.text and max(np.asarray(wide.data[0].z).shape) <= TILE_CELLS
+
+
+@pytest.mark.parametrize("rows,cols", [((0, 2049), (0, 10)), ((-1, 5), (0, 5)), ((10, 5), (0, 5)), ((5, 5), (0, 5)),
+                                       ((0, 5), (3, 3))])
+def test_a_zoom_outside_the_map_reversed_or_empty_is_a_value_error(rows, cols) -> None:
+    with pytest.raises(ValueError, match="is not inside the map"):
+        attention_block(np.zeros((2048, 2048), np.float16), rows, cols)
+
+
+def test_every_figure_of_a_2048_token_input_fits_3_mb() -> None:
+    """GPT-2 small's 12 × 12 heads over 2,048 tokens, float16 (1.2 GB, built a layer at a time): the pooled
+    heatmap, a zoomed block, the head view and the model view, each ≤ 3 MB of JSON."""
+    n, rng = 2048, np.random.default_rng(0)
+    w = np.empty((12, 12, n, n), np.float16)
+    for layer in range(12):
+        w[layer] = np.tril(rng.random((12, n, n), dtype=np.float32))  # uniform noise: the worst case to encode
+    tokens = [f"▁token{i}" for i in range(n)]
+    sizes = {
+        "heatmap": len(viz.attention_heatmap(w, tokens, layer=11, head="mean").to_json()),
+        "zoom": len(viz.attention_zoom(w, tokens, rows=(1536, 2048), cols=(0, 512), layer=5, head=7).to_json()),
+        "head view": len(viz.head_view(w, tokens, layer=11).to_json()),
+        "model view": len(viz.model_view(w, tokens).to_json()),
+    }
+    assert all(size <= LONG_BUDGET for size in sizes.values()), sizes
+
+
+# ------------------------------------------------------------------------------------------------ the token cap
+def test_the_token_cap_is_the_models_context_capped_by_atlas_max_tokens() -> None:
+    from models.gpt import GPT, GPTConfig
+
+    assert limits.MAX_LM_TOKENS == int(os.environ.get("ATLAS_MAX_TOKENS") or 2048)
+    assert limits.LONG_TOKENS == POOL_ABOVE and limits.MAX_TILE_CELLS == TILE_CELLS
+    small = GPT(GPTConfig(vocab_size=50, max_len=256, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32))
+    large = GPT(GPTConfig(vocab_size=50, max_len=4096, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32))
+    assert small.context_limit() == 256 and large.context_limit() == limits.MAX_LM_TOKENS
+    run = [sys.executable, "-c", "from models import limits; print(limits.MAX_LM_TOKENS)"]
+    env = dict(os.environ, ATLAS_MAX_TOKENS="4096")
+    assert subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True).stdout.strip() == "4096"
+    for bad in ("lots", "12", "-5"):
+        out = subprocess.run(run, cwd=ROOT, env=dict(env, ATLAS_MAX_TOKENS=bad), capture_output=True, text=True)
+        assert out.returncode != 0 and "ATLAS_MAX_TOKENS must be a whole number of tokens, at least 64" in out.stderr
+    assert "2,048 tokens" in limits.describe() or f"{limits.MAX_LM_TOKENS:,} tokens" in limits.describe()
+
+
+# ------------------------------------------------------------------------------ the Generate tab, long and hostile
+@pytest.fixture(scope="module")
+def long_tab(tiny_checkpoints: Path, tmp_path_factory):
+    """Generate over a tiny random LLaMA with 4,096 positions (bench/_long_model.py at a small size), in process."""
+    from bench._long_model import long_llama_folder
+
+    root = tmp_path_factory.mktemp("long") / "checkpoints"
+    shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
+    long_llama_folder(root / "long-llama", layers=2, heads=4, d_model=64, positions=4096, vocab=2000)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(serving, "CHECKPOINTS", root)
+    mp.setattr(serving, "MODELS", serving.ModelStore())
+    from tabs import generate as tab
+
+    yield tab
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def long_run(long_tab):
+    from bench._long_model import long_prompt
+
+    out = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)
+    return out
+
+
+def test_a_2048_token_generation_is_drawn_pooled_and_kept_in_float16(long_tab, long_run) -> None:
+    text, notice, html, cand, attn, lens, state, npz = long_run[:8]
+    result = state["result"]
+    t = len(result.tokens)
+    assert t == limits.MAX_LM_TOKENS and result.prompt_len == t - 1
+    assert "Prompt shortened to its last 2047 tokens" in notice and "max-pooled tiles" in notice
+    weights = result.attention["decoder"].weights
+    assert weights.dtype == np.float16 and weights.shape == (2, 4, t, t)
+    np.testing.assert_allclose(weights.astype(np.float32).sum(-1), 1.0, atol=2e-3)
+    z = np.asarray(attn.data[0].z)
+    assert max(z.shape) <= TILE_CELLS and "max-pooled" in attn.layout.title.text
+    np.testing.assert_allclose(z, direct_pool(select_head(weights, 1, "mean"), TILE_CELLS, "max"), rtol=1e-6)
+    assert lens is None and npz is None  # made on request
+    assert len(attn.to_json()) <= LONG_BUDGET
+    # mean tiles on a redraw, without running the model
+    _, _, mean_fig = long_tab.draw_generation(state, 0, 1, "2", "heatmap", "mean")
+    np.testing.assert_allclose(np.asarray(mean_fig.data[0].z), direct_pool(weights[1, 2], TILE_CELLS, "mean"),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_zoom_lens_and_npz_of_the_kept_long_generation(long_tab, long_run) -> None:
+    state = long_run[6]
+    weights = state["result"].attention["decoder"].weights
+    fig = long_tab.zoom(state, 1, "3", 1800, 2047, 1790, 2047)
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), weights[1, 3, 1800:2048, 1790:2048].astype(np.float32))
+    assert "full resolution" in fig.layout.title.text
+    last = long_tab.zoom(state, -1, "mean", -10, -1, -10, -1)  # −1 counts from the end
+    np.testing.assert_allclose(np.asarray(last.data[0].z), weights[1, :, -10:, -10:].astype(np.float32).mean(0),
+                               rtol=1e-3)
+    lens = long_tab.logit_lens(state)
+    assert np.asarray(lens.data[0].z).shape == (2, long_tab.LENS_LAST) and "last 256 of 2048" in lens.layout.title.text
+    path = long_tab.attention_npz(state)
+    with zipfile.ZipFile(path) as archive:
+        assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in archive.infolist())
+    with np.load(path) as arrays:
+        assert arrays["attention"].dtype == np.float16 and "scores" not in arrays
+        np.testing.assert_array_equal(arrays["attention"], weights)
+        assert len(arrays["tokens"]) == weights.shape[-1]
+
+
+@pytest.mark.parametrize("args,message", [
+    ((0, "mean", 0, 5000, 0, 10), "The last query 5000 is outside 0 … 2047"),
+    ((0, "mean", 100, 50, 0, 10), "Empty block: queries 100 … 50"),
+    ((0, "mean", 0, 10, 30, 20), "Empty block"),
+    ((0, "mean", 1.5, 10, 0, 10), "The first query must be a whole number"),
+    ((0, "mean", "ten", 10, 0, 10), "The first query must be a whole number"),
+    ((0, "mean", -5000, 10, 0, 10), "outside 0 … 2047"),
+    ((0, "mean", 0, 1e300, 0, 10), "outside 0 … 2047"),
+    ((0, "mean", 0, float("nan"), 0, 10), "must be a whole number"),
+    ((0, "7", 0, 10, 0, 10), "This model has heads 0 … 3; got 7"),
+    ((0, "sum", 0, 10, 0, 10), "Unknown head 'sum'"),
+    ((9, "mean", 0, 10, 0, 10), "The layer 9 is outside 0 … 1"),
+])
+def test_hostile_zoom_parameters_are_refused_in_words(long_tab, long_run, args, message) -> None:
+    with pytest.raises(gr.Error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        long_tab.zoom(long_run[6], *args)
+
+
+def test_hostile_requests_around_long_inputs(long_tab, long_run) -> None:
+    with pytest.raises(gr.Error, match="Generate a continuation first"):
+        long_tab.zoom(None, 0, "mean", 0, 10, 0, 10)
+    with pytest.raises(gr.Error, match="Generate a continuation first"):
+        long_tab.attention_npz({})
+    with pytest.raises(gr.Error, match="Unknown pooling 'median'"):
+        long_tab.zoom(long_run[6], 0, "mean", 0, 10, 0, 10, "median")
+    with pytest.raises(gr.Error, match="Unknown pooling"):
+        long_tab.generate("hello", 1, "long-llama", pooling="<script>", progress=None)
+    # empty ranges mean the whole axis: a 2,048 × 2,048 block is pooled like the whole map
+    whole = long_tab.zoom(long_run[6], 0, "0", None, "", None, None)
+    assert "max-pooled" in whole.layout.title.text
+    # a huge prompt (a million characters) is read up to 20,000 characters, then cut to the context, in words
+    out = long_tab.generate("word " * 200_000, 2, "long-llama", progress=None)
+    assert len(out[6]["result"].tokens) == limits.MAX_LM_TOKENS and "Prompt shortened to its last 2046" in out[1]
+    # patching would run a forward per head or position: more than 256 tokens is refused in words
+    from tabs import why
+
+    long_text = "the cat sat on the mat " * 200
+    with pytest.raises(gr.Error, match="Patching reads at most 256 tokens"):
+        why.patch_texts("long-llama", long_text, long_text.replace("cat", "dog", 1), "", "heads")
+
+
+def test_a_long_previous_result_is_released_before_the_next_run(long_tab) -> None:
+    from bench._long_model import long_prompt
+
+    first = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]
+    second = long_tab.generate("A short prompt", 2, "long-llama", "greedy", 1.0, 0, 1.0, 0, -1, "mean", "heatmap",
+                               "max", first, progress=None)[6]
+    assert first == {} and len(second["result"].tokens) < limits.LONG_TOKENS
+    with pytest.raises(gr.Error, match="Generate a continuation first"):
+        long_tab.zoom(first, 0, "mean", 0, 10, 0, 10)
+    assert long_tab.draw_generation(first, 0, 0, "mean", "heatmap") == (None, None, None)
