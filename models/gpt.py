@@ -348,7 +348,7 @@ class GPT(nn.Module):
         device = self.embed.weight.device
         g = torch.Generator(device="cpu").manual_seed(int(seed))
         caches = [KVCache() for _ in self.blocks]
-        logits = self(torch.tensor([ids], device=device), caches).logits[0, -1]
+        logits = self(torch.tensor([ids], device=device), caches, last_only=True).logits[0, -1]  # the prompt: last row
         steps: list[GenerationStep] = []
         for step in range(new):
             probs = torch.softmax(logits.float(), -1).cpu()
