@@ -61,8 +61,9 @@ class Decoder(Protocol):
         """The next-token distribution (V,), with heads switched off by ``head_mask`` (layers, heads): ablation."""
         ...
 
-    def logit_lens(self, ids: Sequence[int]) -> LogitLens:
-        """Each block's residual stream read through the final norm and the output projection."""
+    def logit_lens(self, ids: Sequence[int], last: int | None = None) -> LogitLens:
+        """Each block's residual stream read through the final norm and the output projection (``last``: only the
+        last that many positions, for a long input)."""
         ...
 
     def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
