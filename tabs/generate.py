@@ -108,7 +108,7 @@ def build() -> Permalink:
             q_last = gr.Number(63, label="queries to", precision=0)
             k_first = gr.Number(0, label="keys from", precision=0)
             k_last = gr.Number(63, label="keys to", precision=0)
-            zoom_run = gr.Button("Zoom")
+            zoom_run = gr.Button("Zoom into the block")
         zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
     why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
                    [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)

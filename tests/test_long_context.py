@@ -97,6 +97,7 @@ def test_a_zoom_is_exactly_the_full_arrays_block(head) -> None:
     z = np.asarray(fig.data[0].z)
     np.testing.assert_array_equal(z, select_head(w[1], None, head)[1700:2048, 1000:1400].astype(np.float32))
     assert fig.data[0].y[0] == "1700 · t1700" and fig.data[0].x[-1] == "1399 · t1399"
+    assert fig.layout.yaxis.ticktext[0] == "1700 t1700"  # ticks say positions in the whole input
     assert "zoom: queries 1700–2047 × keys 1000–1399 (full resolution)" in fig.layout.title.text
     assert len(fig.to_json()) <= LONG_BUDGET
     # a block wider than POOL_ABOVE is pooled itself, and says so

@@ -121,6 +121,10 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
     width = cell * len(keys) + 300 if cell * len(keys) > 640 else None
     base_layout(fig, title or describe(kind, layer, head), width=width, height=height)
     fs = axis_font_size(n)
+    if start != (0, 0):  # a zoomed block: each tick says its position in the whole input
+        queries = [f"{i} {t}" for i, t in enumerate(queries, start[0])]
+        keys = [f"{i} {t}" for i, t in enumerate(keys, start[1])]
+        max_label += 5
     fig.update_xaxes(**category_ticks(kcat, keys, max_label, READABLE), tickangle=-60, tickfont=dict(size=fs),
                      title=dict(text="key"), side="bottom")
     fig.update_yaxes(**category_ticks(qcat, queries, max_label, READABLE), autorange="reversed",

@@ -1,0 +1,100 @@
+"""A ~2,000-token input in the browser and through the API: the app started with a configured tiny LLaMA of 4,096
+positions (ATLAS_MODELS), its heatmap drawn from pooled tiles and a block zoomed at full resolution."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from playwright.sync_api import expect
+
+from tests.conftest import app_env, free_port, serving
+
+from .helpers import open_tab, screenshot, titles
+from .test_tabs import _panel
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def long_app(tmp_path_factory, tiny_checkpoints) -> Iterator[str]:
+    from bench._long_model import long_llama_folder
+
+    base = tmp_path_factory.mktemp("long-app")
+    long_llama_folder(base / "long-llama", layers=2, heads=4, d_model=64, positions=4096, vocab=2000)
+    env = app_env(free_port(), ATLAS_CHECKPOINTS=str(tiny_checkpoints), ATLAS_OFFLINE="1",
+                  ATLAS_MODELS=str(base / "long-llama"))
+    with serving(env, base / "server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def app_url(long_app) -> str:
+    """The page fixture opens the app started with the long-context model."""
+    return long_app
+
+
+def _plot(page, elem_id: str) -> dict:
+    """Title and z shape of the figure drawn inside #elem_id."""
+    return page.evaluate("""(id) => { const el = document.querySelector('#' + id + ' .js-plotly-plot');
+        const z = el._fullData[0].z;
+        return {title: el._fullLayout.title.text, rows: z.length, cols: z[0].length,
+                first: Array.from(z[0]).slice(0, 3), y0: el._fullData[0].y[0]}; }""", elem_id)
+
+
+def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
+    from bench._long_model import long_prompt
+
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_role("combobox", name="model").click()
+    page.get_by_role("option", name="long-llama", exact=True).click()
+    panel.get_by_label("prompt").fill(long_prompt())
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    expect(panel).to_contain_text("2,048 tokens: the heatmap shows max-pooled tiles", timeout=120_000)
+    page.wait_for_function("() => { const el = document.querySelector('#generate-attention .js-plotly-plot');"
+                           " return el && el._fullLayout && (el._fullLayout.title.text || '').includes('pooled'); }",
+                           timeout=60_000)
+    heat = _plot(page, "generate-attention")
+    assert "max-pooled" in heat["title"] and "2048×2048 tokens" in heat["title"]
+    assert heat["rows"] <= 512 and heat["cols"] <= 512 and heat["y0"].startswith("0–3 ")
+
+    page.get_by_text("Long inputs: pooled tiles and zoom").click()
+    panel.get_by_label("queries from").fill("1900")
+    panel.get_by_label("queries to").fill("2047")
+    panel.get_by_label("keys from").fill("1890")
+    panel.get_by_label("keys to").fill("2047")
+    panel.get_by_role("button", name="Zoom into the block", exact=True).click()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-zoom .js-plotly-plot');"
+                           " return el && el._fullData && el._fullData.length; }", timeout=60_000)
+    zoom = _plot(page, "generate-zoom")
+    assert "zoom: queries 1900–2047 × keys 1890–2047 (full resolution)" in zoom["title"]
+    assert (zoom["rows"], zoom["cols"]) == (148, 158) and zoom["y0"].startswith("1900 · ")
+    assert any("zoom" in t for t in titles(page))
+    screenshot(page, "generate-long-zoom")
+    assert page.js_errors == []
+
+
+def test_a_2048_token_generation_zoom_and_npz_through_the_api(long_app) -> None:
+    from gradio_client import Client
+
+    from bench._long_model import long_prompt
+    from tests.test_api import _figure_data
+
+    client = Client(long_app, verbose=False)
+    out = client.predict(long_prompt(), 1, "long-llama", api_name="/generate")
+    assert "Prompt shortened to its last 2047 tokens" in out[1] and "2,048 tokens" in out[1]
+    heat = _figure_data(out[4])[0]
+    assert np.asarray(heat["z"]).shape == (512, 512)  # 2,048 tokens in blocks of 4
+    block = np.asarray(_figure_data(client.predict(1, "2", 1000, 1099, 950, 1099, "max",
+                                                   api_name="/attention_zoom"))[0]["z"])
+    npz = client.predict(api_name="/attention_npz")
+    with np.load(npz) as arrays:
+        attention = arrays["attention"]
+    assert attention.dtype == np.float16 and attention.shape == (2, 4, 2048, 2048)
+    np.testing.assert_array_equal(block, attention[1, 2, 1000:1100, 950:1100].astype(np.float32))
+    with pytest.raises(Exception, match="Empty block"):
+        client.predict(1, "2", 1099, 1000, 950, 1099, "max", api_name="/attention_zoom")
+    lens = _figure_data(client.predict(api_name="/logit_lens"))[0]
+    assert np.asarray(lens["z"]).shape == (2, 256)
