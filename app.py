@@ -50,7 +50,10 @@ JS = """() => {
         const input = document.querySelector('#' + target + ' textarea, #' + target + ' input');
         if (!input) return;
         window._atlasClicks = (window._atlasClicks || 0) + 1;
-        input.value = p.pointNumber[0] + ',' + p.pointNumber[1] + ',' + window._atlasClicks;
+        const m = p.data.meta || {};  // a pooled heatmap's cells name their blocks' first tokens (viz.attention)
+        const row = m.rows ? m.rows[p.pointNumber[0]] : p.pointNumber[0];
+        const col = m.cols ? m.cols[p.pointNumber[1]] : p.pointNumber[1];
+        input.value = row + ',' + col + ',' + window._atlasClicks;
         input.dispatchEvent(new Event('input', {bubbles: true}));
       });
     });

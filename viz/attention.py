@@ -158,6 +158,8 @@ def _pooled_heatmap(w: np.ndarray, queries: Sequence[str], keys: Sequence[str], 
         type="heatmap", z=pooled, x=kcat, y=qcat, zmin=zmin, zmax=zmax, colorscale=ATTENTION_SCALE,
         colorbar=colorbar(f"{pool} attention weight"), xgap=0, ygap=0,
         hovertemplate=f"queries %{{y}}<br>keys %{{x}}<br>{pool} weight: %{{z:.3f}}<extra></extra>",
+        # the first query and key of each tile: app.py's click handler turns a clicked tile into that cell
+        meta=dict(rows=(qe[:-1] + start[0]).tolist(), cols=(ke[:-1] + start[1]).tolist()),
     ))
     fq, fk = int(qe[1] - qe[0]), int(ke[1] - ke[0])
     sub = (f"{Q}×{K} tokens, {pool}-pooled to {q}×{k} cells of {fq}×{fk} tokens · zoom into any block for full "

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import app_env, free_port, serving
 
-from .helpers import open_tab, screenshot, titles
+from .helpers import click_cell, open_tab, screenshot, titles
 from .test_tabs import _panel
 
 pytestmark = pytest.mark.e2e
@@ -73,6 +73,10 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
     assert (zoom["rows"], zoom["cols"]) == (148, 158) and zoom["y0"].startswith("1900 · ")
     assert any("zoom" in t for t in titles(page))
     screenshot(page, "generate-long-zoom")
+    # a click on a pooled tile asks "why" about its block's first cell (tile 300, 100 of 4 × 4 tokens: 1200 → 400)
+    click_cell(page, "generate-attention", 300, 100)
+    expect(panel).to_contain_text("query 1200", timeout=60_000)
+    expect(panel).to_contain_text("→ key 400", timeout=30_000)
     assert page.js_errors == []
 
 
