@@ -52,6 +52,8 @@ PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central ba
 ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
          "duplicate token (i → i−N)": "duplicate", "first token (sink)": "sink"}
 MAX_TEMPERATURE, MAX_TOP_K = 5.0, 1000
+# repeated random tokens stay a short input (2N + 1 ≤ limits.LONG_TOKENS): every head's full map is scored
+ROLES_MAX_N = (limits.LONG_TOKENS - 1) // 2
 # [clean, corrupted]: the same number of tokens for gpt-tiny, a different next token
 PATCH_EXAMPLES = [["Two dogs play in the snow . Two dogs play in the",
                    "Two dogs play in the water . Two dogs play in the"]]
@@ -128,7 +130,7 @@ def build() -> Permalink:
                 "an induction head attends from each token of the second copy to the token after its first "
                 "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
     with gr.Row():
-        n = gr.Slider(2, (limits.MAX_LM_TOKENS - 1) // 2, value=50, step=1, label="N (tokens per copy)")
+        n = gr.Slider(2, ROLES_MAX_N, value=50, step=1, label="N (tokens per copy)")
         roles_seed = seed_box()
         roles_run = gr.Button("Repeated random tokens")
     roles_note = gr.Markdown()
@@ -454,7 +456,7 @@ def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Pro
     from models.analysis import head_roles as role_scores
 
     net = _model(model, progress)
-    n = int(np.clip(int(n or 50), 2, (net.context_limit() - 1) // 2))
+    n = int(np.clip(int(n or 50), 2, (min(net.context_limit(), limits.LONG_TOKENS) - 1) // 2))
     ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)
     scores = role_scores(weights, n)

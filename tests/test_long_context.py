@@ -246,6 +246,9 @@ def test_hostile_requests_around_long_inputs(long_tab, long_run) -> None:
     # a huge prompt (a million characters) is read up to 20,000 characters, then cut to the context, in words
     out = long_tab.generate("word " * 200_000, 2, "long-llama", progress=None)
     assert len(out[6]["result"].tokens) == limits.MAX_LM_TOKENS and "Prompt shortened to its last 2046" in out[1]
+    # repeated random tokens stay a short input whatever N is asked for
+    roles = long_tab.head_roles("long-llama", 10_000, 0)[0]
+    assert "N = 255" in roles.layout.title.text
     # patching would run a forward per head or position: more than 256 tokens is refused in words
     from tabs import why
 
