@@ -117,9 +117,10 @@ def playground_figure(steps: PlaygroundSteps) -> go.Figure:
     T, d_k = steps.q.shape
     d_v = steps.v.shape[1]
     scale_txt = f"÷ √{d_k} (×{steps.scale:.3g})" if steps.scale != 1.0 else "scale off (×1)"
+    # two lines where a title is wider than a quarter of a laptop-wide figure, so neighbours never overlap
     titles = ["Q (queries × d_k)", "K (keys × d_k)", "V (keys × d_v)", "output = weights · V",
-              "1 · scores = QKᵀ", f"2 · scaled: QKᵀ {scale_txt}", "3 · masked (blank = −∞)",
-              "4 · weights = softmax(row)"]
+              "1 · scores = QKᵀ", f"2 · scaled: QKᵀ<br>{scale_txt}", "3 · masked<br>(blank = −∞)",
+              "4 · weights<br>= softmax(row)"]
     fig = Fig(rows=2, cols=4, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.16)
     tok, dim_k, dim_v = _labels("t", T), _labels("d", d_k), _labels("d", d_v)
 

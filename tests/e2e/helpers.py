@@ -72,6 +72,23 @@ def cut_titles(page) -> list[str]:
     )
 
 
+def overlapping_labels(page) -> list[list[str]]:
+    """Pairs of texts drawn over each other in one figure: titles, axis titles, colour-bar titles, annotations and the
+    legend (a colour bar's title across an axis title, a legend over the x-axis title)."""
+    return page.evaluate(
+        f"""() => {_DRAWN}.flatMap(e => {{
+            const items = [...e.querySelectorAll('.gtitle, .g-xtitle text, .g-ytitle text, .cbtitle text, '
+                                                 + '.annotation-text, .legend .bg')]
+              .map(t => [t.textContent || 'legend', t.getBoundingClientRect()]).filter(([_, r]) => r.width > 0);
+            const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1
+                                  && b.top < a.bottom - 1;
+            const out = [];
+            items.forEach(([ta, a], i) => items.slice(i + 1)
+              .forEach(([tb, b]) => {{ if (hit(a, b)) out.push([ta, tb]); }}));
+            return out; }})"""
+    )
+
+
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
