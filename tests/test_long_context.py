@@ -267,3 +267,29 @@ def test_a_long_previous_result_is_released_before_the_next_run(long_tab) -> Non
     with pytest.raises(gr.Error, match="Generate a continuation first"):
         long_tab.zoom(first, 0, "mean", 0, 10, 0, 10)
     assert long_tab.draw_generation(first, 0, 0, "mean", "heatmap") == (None, None, None)
+
+
+def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
+    """The compare toggle on two 2,048-token inputs: B's figure and B − A are tiles (≤ 3 MB each), B − A is the
+    mean of the aligned difference over each block, and the .npz of both is float16 and deflated."""
+    from bench._long_model import long_prompt
+    from models.analysis import align_tokens
+    from tabs import why
+
+    a = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]
+    b = long_tab.generate(long_prompt().replace("the", "a"), 1, "long-llama", progress=None)[6]
+    note, fig_b, diff, change = why.compared(long_tab.compare_view, a, b, 1, "0", "heatmap")
+    assert "tokens of B are shared with A" in note
+    for fig in (fig_b, diff, change):
+        assert len(fig.to_json()) <= LONG_BUDGET
+    wa, wb = (s["result"].attention["decoder"].weights[1, 0] for s in (a, b))
+    pairs = align_tokens(a["result"].tokens, b["result"].tokens)
+    ia, ib = [i for i, _ in pairs], [j for _, j in pairs]
+    full = wb[np.ix_(ib, ib)].astype(np.float32) - wa[np.ix_(ia, ia)].astype(np.float32)
+    np.testing.assert_allclose(np.asarray(diff.data[0].z), direct_pool(full, TILE_CELLS, "mean"), atol=1e-6)
+    assert "mean-pooled" in diff.layout.title.text
+    path = why.both_arrays("generate", long_tab.compare_view, a, b)
+    with zipfile.ZipFile(path) as archive:
+        assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in archive.infolist())
+    with np.load(path) as arrays:
+        assert arrays["attention_a"].dtype == np.float16 and arrays["attention_b"].shape[-1] == len(b["result"].tokens)

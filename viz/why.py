@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import DIVERGING_SCALE, Fig, base_layout, colorbar, esc, f32, shorten, unique_labels
+from viz.attention import POOL_ABOVE, TILE_CELLS
+from viz.common import DIVERGING_SCALE, Fig, base_layout, colorbar, esc, f32, pool_blocks, shorten, unique_labels
 
 
 def grouped_table(table: np.ndarray, parts: Sequence[str], max_parts: int = 12) -> tuple[np.ndarray, list[str],
@@ -128,6 +129,10 @@ def attention_difference(a: np.ndarray, b: np.ndarray, tokens_a: Sequence[str], 
     ib = [j for _, j in pairs]
     d = np.asarray(b, dtype=np.float32)[np.ix_(ib, ib)] - np.asarray(a, dtype=np.float32)[np.ix_(ia, ia)]
     labels = unique_labels([shorten(tokens_b[j], 12) for j in ib])
+    if len(ib) > POOL_ABOVE:  # long inputs: mean tiles (a signed difference's mean keeps its balance), as heatmaps do
+        d, edges, _ = pool_blocks(d, TILE_CELLS, "mean")
+        labels = [f"B {ib[int(s)]}–{ib[int(e) - 1]}" for s, e in zip(edges[:-1], edges[1:])]
+        title += f"<br><sup>{len(ib)} shared tokens, mean-pooled to {len(labels)}×{len(labels)} cells</sup>"
     lim = max(float(np.abs(d).max()) if d.size else 0.0, 1e-6)
     fig = Fig(dict(type="heatmap", z=f32(d), x=labels, y=labels, zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE,
                    colorbar=colorbar("B − A"), hovertemplate="%{y} → %{x}: %{z:+.3f}<extra></extra>"))
