@@ -164,7 +164,8 @@ def build() -> Permalink:
                  api_name="ablate_head")
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
     return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
-                      "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view}, steps,
+                      "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view,
+                      "pool": pooling}, steps,
                      after={"layer": layer, "head": head, "step": step}, state=state, limits=link_limits)
 
 
