@@ -64,7 +64,7 @@ def build() -> Permalink:
             gr.Examples([[p] for p in EXAMPLE_IMAGES], [image], label="Fashion-MNIST test images")
         with gr.Column(scale=1, min_width=160):
             uploaded = gr.Image(label="your image", interactive=False, height=PREVIEW_SIDE, elem_id="vision-upload")
-            will_see = gr.Image(label="what the model will see", interactive=False, height=PREVIEW_SIDE,
+            will_see = gr.Image(label="the model's input", interactive=False, height=PREVIEW_SIDE,
                                 elem_id="vision-will-see")
         with gr.Column(scale=1):
             model = gr.Radio([*MODELS, *configured("vision")], value="vit-fashion", label="model")

@@ -113,7 +113,8 @@ def deletion_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], random
     fig.add_trace(dict(type="scatter", mode="lines", x=f32(x), y=f32(y), name=f"random order (area {area:.2f})",
                        line=dict(color="#888", dash="dash", width=2),
                        hovertemplate="random<br>%{x:.0%} removed: %{y:.1%}<extra></extra>"))
-    base_layout(fig, f"Deletion curve: P({html.escape(label)}) as the top-ranked {removed} are removed", height=520)
+    base_layout(fig, f"Deletion curve: P({html.escape(label)})<br><sup>as the top-ranked {removed} are removed</sup>",
+                height=520)
     fig.update_xaxes(title=dict(text=f"share of the {removed} removed (highest-ranked first)"), tickformat=".0%",
                      range=[-0.02, 1.02])
     fig.update_yaxes(title=dict(text=f"P({html.escape(label)})"), tickformat=".0%", range=[-0.02, 1.02])
