@@ -68,8 +68,10 @@ def test_vision_shows_the_upload_and_says_when_a_photo_is_unlike_fashion_mnist(p
     expect(panel).to_contain_text("This image looks unlike Fashion-MNIST", timeout=120_000)
     _wait_for_title(page, lambda t: t.startswith("Top classes (calibrated"), timeout=60)
     screenshot(page, "vision-photo")
+    cat = page.locator("#vision-will-see img").get_attribute("src")
     panel.get_by_role("button", name="8-bag-t10k-18.png").click()
-    expect(page.locator("#vision-will-see img")).to_be_visible(timeout=30_000)
+    page.wait_for_function("(old) => { const img = document.querySelector('#vision-will-see img');"
+                           " return img && img.getAttribute('src') !== old; }", arg=cat, timeout=30_000)
     panel.get_by_role("button", name="Classify image", exact=True).click()
     expect(panel).not_to_contain_text("looks unlike Fashion-MNIST", timeout=120_000)
     _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=120)
