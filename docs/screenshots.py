@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
             panel().get_by_role("button", name="Classify image", exact=True).click()
             panel().get_by_text("This image looks unlike Fashion-MNIST").wait_for(state="detached", timeout=120_000)
             wait_for_plots(page, 7, timeout=120_000)  # with the explanation and the deletion curve
+            page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e._fullLayout"
+                                   " && (e._fullLayout.title.text || '').startsWith('Deletion curve: P(Sneaker)'))",
+                                   timeout=120_000)  # the sneaker's curve, not the photo's before it
             shot("vision", 2300)
 
             tab("Swin windows")
