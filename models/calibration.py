@@ -75,22 +75,31 @@ class Calibration:
         c = np.asarray(pixels, dtype=np.float64).reshape(len(pixels), -1) / 255.0 - self.pixel_mean
         return np.linalg.norm(c - (c @ self.pixel_basis.T) @ self.pixel_basis, axis=1)
 
+    def measure(self, pixels: np.ndarray, features: np.ndarray) -> dict[str, np.ndarray]:
+        """The three checks' scores of uint8 images (N, H, W) with their final features (N, D)."""
+        return {"background": np.array([background_share(im) for im in pixels]),
+                "residual": self.pixel_residual(pixels), "distance": self.feature_distance(features)}
+
+    def flagged(self, pixels: np.ndarray, features: np.ndarray) -> np.ndarray:
+        """(N,) bool: the images any check flags (the rule of ``check``, for many images at once)."""
+        m = self.measure(pixels, features)
+        return ((m["background"] < self.background_limit) | (m["residual"] > self.pixel_limit)
+                | (m["distance"] > self.feature_limit))
+
     def check(self, pixels: np.ndarray, features: np.ndarray) -> str:
-        """A notice when the input looks unlike Fashion-MNIST (empty when it looks like it): what was measured,
-        against which threshold, and how often held-out Fashion-MNIST images raise it."""
+        """A notice when one image (H, W) with its features (D,) looks unlike Fashion-MNIST (empty when it looks
+        like it): what was measured, against which threshold, and how often held-out Fashion-MNIST images raise it."""
+        m = {k: float(v[0]) for k, v in self.measure(pixels[None], features[None]).items()}
         reasons = []
-        share = background_share(pixels)
-        if share < self.background_limit:
-            reasons.append(f"only {share:.0%} of the object's box is black background (Fashion-MNIST images: "
-                           f"{self.background_limit:.0%} or more)")
-        residual = float(self.pixel_residual(pixels[None])[0])
-        if residual > self.pixel_limit:
+        if m["background"] < self.background_limit:
+            reasons.append(f"only {m['background']:.0%} of the object's box is black background (Fashion-MNIST "
+                           f"images: {self.background_limit:.0%} or more)")
+        if m["residual"] > self.pixel_limit:
             reasons.append(f"its pixels are far from the patterns Fashion-MNIST images are made of (residual "
-                           f"{residual:.1f}, threshold {self.pixel_limit:.1f})")
-        distance = float(self.feature_distance(features[None])[0])
-        if distance > self.feature_limit:
+                           f"{m['residual']:.1f}, threshold {self.pixel_limit:.1f})")
+        if m["distance"] > self.feature_limit:
             reasons.append(f"its features lie far from every class the model learned (log Mahalanobis distance "
-                           f"{distance:.1f}, threshold {self.feature_limit:.1f})")
+                           f"{m['distance']:.1f}, threshold {self.feature_limit:.1f})")
         if not reasons:
             return ""
         return ("⚠️ **This image looks unlike Fashion-MNIST**: " + "; ".join(reasons) + ". The model only knows ten "

@@ -114,8 +114,19 @@ def test_photos_are_flagged_and_fashion_mnist_examples_are_not(name) -> None:
     for photo in ("astronaut.png", "chelsea.png", "coffee.png"):
         result = net.classify(_package_photo(photo))
         assert "looks unlike Fashion-MNIST" in result.unusual, (photo, result.unusual)
-    flagged = [p.name for p in sorted((ROOT / "examples" / "fashion").glob("*.png")) if net.classify(p).unusual]
+    examples = sorted((ROOT / "examples" / "fashion").glob("*.png"))
+    flagged = [p.name for p in examples if net.classify(p).unusual]
     assert flagged == []
+    # the vectorised rule (train.calibrate's figures) agrees with the notice, image by image
+    from models.images import fashion_tensor
+
+    images = [net.classify(p).image for p in [*(_package_photo(n) for n in ("astronaut.png", "coffee.png")), *examples]]
+    x = fashion_tensor(np.stack(images))
+    with torch.no_grad():
+        features = (net.encode(net.embed_patches(x)) if hasattr(net, "embed_patches") else net.encode(x))[0]
+    many = net.calibration.flagged(np.stack(images), features.double().numpy())
+    one = [bool(net.calibration.check(im, f)) for im, f in zip(images, features.double().numpy())]
+    assert many.tolist() == one == [True, True] + [False] * len(examples)
 
 
 def test_a_model_without_calibration_reports_the_plain_softmax() -> None:

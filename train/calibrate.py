@@ -87,15 +87,6 @@ def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int =
     return torch.cat(logits), torch.cat(features).numpy()
 
 
-def flagged(calibration, images: np.ndarray, features: np.ndarray) -> np.ndarray:
-    """Which images either check flags (the same rule as Calibration.check, vectorised)."""
-    from models.calibration import background_share
-
-    background = np.array([background_share(im) for im in images]) < calibration.background_limit
-    return (background | (calibration.pixel_residual(images) > calibration.pixel_limit)
-            | (calibration.feature_distance(features) > calibration.feature_limit))
-
-
 def main(argv: list[str] | None = None) -> int:
     import models
     from models.calibration import (
@@ -133,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
                   background_limit=float(np.quantile([background_share(im) for im in data["val"][0]], TAIL)),
                   pixel_limit=float(np.quantile(draft.pixel_residual(data["val"][0]), 1 - TAIL)))
     draft = replace(draft, **limits)
-    test_flags = flagged(draft, data["test"][0], test_f)
+    test_flags = draft.flagged(data["test"][0], test_f)
     calibration = replace(draft, false_alarms=float(test_flags.mean()))
     calibration.save(args.checkpoint / FILE)
     add_to_manifest(args.checkpoint, FILE)
 
     others, photos = non_fashion_images()
-    other_flags = flagged(calibration, others, logits_and_features(model, others)[1])
+    other_flags = calibration.flagged(others, logits_and_features(model, others)[1])
     y = data["test"][1]
     before = torch.softmax(test_l, -1).numpy()
     after = torch.softmax(test_l / temperature, -1).numpy()
