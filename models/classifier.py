@@ -84,6 +84,11 @@ class EncoderClassifier(nn.Module):
         """Class probabilities and attention for one text (or ids with specials included)."""
         return classify_text(self, text)
 
+    def classify_many(self, texts: Sequence[str | Sequence[int]]) -> list[ClassificationResult | Exception]:
+        """``classify`` of several texts in batched forward passes (padding masked): each answer equals the text's
+        own ``classify``; an input the model refuses comes back as its exception, in its place."""
+        return classify_texts(self, texts)
+
     def token_embeddings(self, ids: Tensor) -> Tensor:
         """ids (B, N) -> the word embeddings (B, N, D) before positions are added: the input that attribution
         differentiates (models/attribution.py). Subclasses implement it."""
@@ -156,21 +161,74 @@ class TextClassifier(EncoderClassifier):
 
 
 
-@torch.no_grad()
 def classify_text(model: nn.Module, text: str | Sequence[int]) -> ClassificationResult:
     """One text (or ids, specials included) through a text classifier with a ``config`` (``max_len``,
     ``n_classes``), ``labels``, ``tokenizer`` and ``forward_with_attention``: probabilities and (L,H,N,N)
     attention. Shared by TextClassifier and the pretrained BertClassifier."""
+    result = classify_texts(model, [text])[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+# Padded cells one forward pass may hold, rows × longest² (the (B, L, H, N, N) attention grows with it): 32 inputs of
+# 128 tokens. A batch over it is split into runs of similar length (docs/ARCHITECTURE.md §9).
+BATCH_CELLS = 32 * 128 * 128
+
+
+def length_runs(lengths: Sequence[int], cells: int = BATCH_CELLS) -> list[list[int]]:
+    """Indices of ``lengths`` grouped for batched runs: sorted by length (little padding), each run holding at most
+    ``cells`` padded cells (rows × its longest²; a single input always makes a run)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and (len(runs[-1]) + 1) * max(lengths[i], 1) ** 2 <= cells:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+@torch.no_grad()
+def classify_texts(model: nn.Module, texts: Sequence[str | Sequence[int]]) -> list[ClassificationResult | Exception]:
+    """Several texts through one classifier in batched forward passes, padded on the right with a key-padding mask
+    (True on padding), so that each answer equals ``classify_text`` of that text alone (up to float summation
+    order): padded keys get weight 0 and every position keeps its index. An input the model refuses comes back as
+    its exception, in its place; the others are answered."""
     c, dev = model.config, next(model.parameters()).device
-    ids, tokens, notice = encode_input(model.tokenizer, text, c.max_len, type(model).__name__)
+    results: list[ClassificationResult | Exception] = [ValueError("not run")] * len(texts)
+    encoded: dict[int, tuple[list[int], list[str], str]] = {}
+    for i, text in enumerate(texts):
+        try:
+            found = encode_input(model.tokenizer, text, c.max_len, type(model).__name__)
+            if not found[0]:
+                raise ValueError("the input has no tokens")
+            encoded[i] = found
+        except Exception as err:  # bad input: this request's answer, not the batch's
+            results[i] = err
+    labels = list(model.labels) if len(model.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
+    reads = getattr(model, "reads", c.pooling)  # the position(s) the head reads: "cls" or "mean"
+    keys = list(encoded)
     was_training = model.training
     model.eval()
-    # one unpadded sequence: every id is real, even one that equals pad_id
-    x = torch.tensor([ids], device=dev)
-    logits, weights = model.forward_with_attention(x, torch.zeros_like(x, dtype=torch.bool))
-    model.train(was_training)
-    probs = torch.softmax(logits[0].float(), -1).cpu().numpy().astype(np.float32)
-    labels = list(model.labels) if len(model.labels) == c.n_classes else [str(i) for i in range(c.n_classes)]
-    attn = AttentionMap(weights[0].float().cpu().numpy(), tokens, tokens)
-    reads = getattr(model, "reads", c.pooling)  # the position(s) the head reads: "cls" or "mean"
-    return ClassificationResult(tokens, labels, probs, {"encoder": attn}, notice, pooling=reads)
+    try:
+        for run in length_runs([len(encoded[k][0]) for k in keys]):
+            rows = [keys[j] for j in run]
+            n = max(len(encoded[r][0]) for r in rows)
+            x = torch.full((len(rows), n), c.pad_id, dtype=torch.long, device=dev)
+            pad = torch.ones((len(rows), n), dtype=torch.bool, device=dev)  # True on padding
+            for b, r in enumerate(rows):
+                ids = encoded[r][0]
+                x[b, : len(ids)] = torch.tensor(ids, device=dev)
+                pad[b, : len(ids)] = False  # every id of an input is real, even one that equals pad_id
+            logits, weights = model.forward_with_attention(x, pad)  # (B, C), (B, L, H, N, N)
+            probs = torch.softmax(logits.float(), -1).cpu().numpy().astype(np.float32)
+            weights = weights.float().cpu().numpy()
+            for b, r in enumerate(rows):
+                ids, tokens, notice = encoded[r]
+                m = len(ids)
+                attn = AttentionMap(np.ascontiguousarray(weights[b, :, :, :m, :m]), tokens, tokens)
+                results[r] = ClassificationResult(tokens, labels, probs[b], {"encoder": attn}, notice, pooling=reads)
+    finally:
+        model.train(was_training)
+    return results

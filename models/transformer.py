@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -172,9 +173,11 @@ class Translator(nn.Module):
         # §3.4: embeddings are multiplied by √d_model before the positions are added
         return self.drop(self.positions(emb(ids) * math.sqrt(self.config.d_model), offset))
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-        """src: (B, S) ids -> (memory (B, S, D), key mask (B, 1, 1, S) or None, weights per layer (B, H, S, S))."""
-        mask = padding_mask(src == self.config.pad_id)  # (B, 1, 1, S), None without padding
+    def encode(self, src: Tensor, need_weights: bool = False,
+               src_pad: Tensor | None = None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+        """src: (B, S) ids -> (memory (B, S, D), key mask (B, 1, 1, S) or None, weights per layer (B, H, S, S)).
+        src_pad: (B, S) bool, True on padding (default: ids == pad_id)."""
+        mask = padding_mask(src == self.config.pad_id if src_pad is None else src_pad)  # None without padding
         x, weights = self._embed(self.src_embed, src), []
         for layer in self.encoder:
             x, w = layer(x, mask, need_weights)
@@ -205,10 +208,12 @@ class Translator(nn.Module):
         memory, mask, _ = self.encode(src)
         return self.decode(tgt, memory, mask)[0]
 
-    def forward_with_attention(self, src: Tensor, tgt: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_with_attention(self, src: Tensor, tgt: Tensor,
+                               src_pad: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """As forward, on the explicit path: also {"encoder" (B, L, H, S, S), "decoder" (B, L, H, T, T),
-        "cross" (B, L, H, T, S)}."""
-        memory, mask, enc = self.encode(src, need_weights=True)
+        "cross" (B, L, H, T, S)}. A target padded at its end needs no mask: under the causal mask no real
+        position sees the padding after it."""
+        memory, mask, enc = self.encode(src, need_weights=True, src_pad=src_pad)
         logits, dec, cross = self.decode(tgt, memory, mask, need_weights=True)
         attn = {"encoder": torch.stack(enc, 1), "decoder": torch.stack(dec, 1), "cross": torch.stack(cross, 1)}
         return logits, attn
@@ -240,11 +245,15 @@ class Translator(nn.Module):
 
     @torch.no_grad()
     def greedy(self, src: Tensor, max_len: int | None = None, min_len: int = 0,
-               length_penalty: float = 1.0) -> list[SearchOutput]:
-        """Greedy decoding of a batch src (B, S), cached; eos is blocked before ``min_len`` tokens."""
+               length_penalty: float = 1.0, src_pad: Tensor | None = None,
+               max_lens: Sequence[int] | None = None) -> list[SearchOutput]:
+        """Greedy decoding of a batch src (B, S), cached; eos is blocked before ``min_len`` tokens.
+        src_pad: (B, S) True on padding; max_lens: each source's own step limit (default: all ``max_len``)."""
         c = self.config
         max_len = self.default_max_len(src.size(1)) if max_len is None else min(max_len, c.max_len - 1)
-        memory, mask, _ = self.encode(src)
+        limits = [max_len] * src.size(0) if max_lens is None else [min(m, c.max_len - 1) for m in max_lens]
+        max_len = max(limits)
+        memory, mask, _ = self.encode(src, src_pad=src_pad)
         state = self.start_decoding(memory, mask)
         b = src.size(0)
         tokens = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)
@@ -262,9 +271,9 @@ class Translator(nn.Module):
                     continue
                 logps[i] += s
                 hyps[i].append(k)
-                done[i] = k == c.eos_id
+                done[i] = k == c.eos_id or t + 1 >= limits[i]
                 steps[i].append({"tokens": [k], "parents": [0 if t else -1], "scores": [logps[i]],
-                                 "finished": [done[i]]})
+                                 "finished": [k == c.eos_id]})
             if all(done):
                 break
             tokens = tok[:, None]
@@ -274,7 +283,8 @@ class Translator(nn.Module):
 
     @torch.no_grad()
     def beam_search(self, src: Tensor, beam_size: int = 5, max_len: int | None = None,
-                    length_penalty: float = 1.0, min_len: int = 0) -> list[SearchOutput]:
+                    length_penalty: float = 1.0, min_len: int = 0, src_pad: Tensor | None = None,
+                    max_lens: Sequence[int] | None = None) -> list[SearchOutput]:
         """Beam search batched over B sources × K beams with a KV cache.
 
         Each step ranks the 2K best continuations of the live beams; an eos among the first K ranks
@@ -285,7 +295,10 @@ class Translator(nn.Module):
         c, k = self.config, beam_size
         max_len = self.default_max_len(src.size(1)) if max_len is None else min(max_len, c.max_len - 1)
         b, dev = src.size(0), src.device
-        memory, mask, _ = self.encode(src)
+        # each source stops at its own limit (a batch of sentences searches each as it would be searched alone)
+        limits = [max_len] * b if max_lens is None else [min(m, c.max_len - 1) for m in max_lens]
+        max_len = max(limits)
+        memory, mask, _ = self.encode(src, src_pad=src_pad)
         state = self.start_decoding(memory, mask, repeats=k)  # rows b*K + beam
         scores = torch.full((b, k), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # K copies of <s>: only the first is live, so step 0 picks K distinct tokens
@@ -293,6 +306,7 @@ class Translator(nn.Module):
         hist: list[list[int]] = [[] for _ in range(b * k)]  # tokens of each row's hypothesis
         paths: list[list[int]] = [[] for _ in range(b * k)]  # its node index at each step
         finals: list[list[tuple[list[int], float, list[int]]]] = [[] for _ in range(b)]
+        cut: list[list[tuple[list[int], float, list[int]]]] = [[] for _ in range(b)]  # live beams at a limit
         steps: list[list[dict[str, list[Any]]]] = [[] for _ in range(b)]
         done = [False] * b
         for t in range(max_len):
@@ -331,6 +345,10 @@ class Translator(nn.Module):
                 if not done[i]:
                     steps[i].append(step)
                     done[i] = len(finals[i]) >= k
+                    if not done[i] and t + 1 >= limits[i]:  # its limit: the live beams count as unfinished
+                        cut[i] = [(h, sc, p) for h, sc, p in zip(new_hist[i * k:], new_scores[i * k:],
+                                                                 new_paths[i * k:])][:k]
+                        done[i] = True
             if all(done):
                 break
             index = torch.tensor(rows, device=dev)
@@ -340,8 +358,7 @@ class Translator(nn.Module):
             hist, paths = new_hist, new_paths
         outputs = []
         for i in range(b):
-            pool = finals[i] if done[i] else finals[i] + [
-                (hist[r], float(scores.view(-1)[r]), paths[r]) for r in range(i * k, (i + 1) * k)]
+            pool = finals[i] + cut[i]
             normed = [_normalised(s, len(h), length_penalty) for h, s, _ in pool]
             best = max(range(len(pool)), key=lambda j: normed[j])
             h, s, p = pool[best]
@@ -360,7 +377,6 @@ class Translator(nn.Module):
     def _label(self, i: int) -> str:
         return self.tokenizer.id_to_piece(i) if self.tokenizer is not None else str(i)
 
-    @torch.no_grad()
     def translate(self, text: str | Sequence[int], beam_size: int = 5, max_len: int | None = None,
                   length_penalty: float = 1.0) -> TranslationResult:
         """Translate a sentence (or source ids, specials included) with attention and the beam tree.
@@ -369,32 +385,87 @@ class Translator(nn.Module):
         final </s> is produced, never fed), so row t of "decoder"/"cross" is the step that produced
         y_{t+1}.
         """
-        c, dev = self.config, next(self.parameters()).device
-        ids, src_tokens, notice = encode_input(self.tokenizer, text, c.max_len, "Translator")
         if beam_size < 1:
             raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+        result = self.translate_many([text], beam_size, max_len, length_penalty)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def translate_many(self, texts: Sequence[str | Sequence[int]], beam_size: int = 5, max_len: int | None = None,
+                       length_penalty: float = 1.0) -> list[TranslationResult | Exception]:
+        """``translate`` of several sentences in one batched search and one batched attention pass: sources padded
+        on the right with a key-padding mask, each with its own step limit, targets padded after their end (the
+        causal mask hides that padding), so that each answer equals the sentence's own ``translate`` (up to float
+        summation order). A sentence the model refuses comes back as its exception, in its place."""
+        from models.classifier import length_runs
+
+        c, dev = self.config, next(self.parameters()).device
+        if beam_size < 1:
+            return [ValueError(f"beam_size must be at least 1, got {beam_size}") for _ in texts]
+        results: list[TranslationResult | Exception] = [ValueError("not run")] * len(texts)
+        encoded: dict[int, tuple[list[int], list[str], str]] = {}
+        for i, text in enumerate(texts):
+            try:
+                found = encode_input(self.tokenizer, text, c.max_len, "Translator")
+                if not found[0]:
+                    raise ValueError("the input has no tokens")
+                encoded[i] = found
+            except Exception as err:  # bad input: this request's answer, not the batch's
+                results[i] = err
+        keys = list(encoded)
         was_training = self.training
         self.eval()
-        src = torch.tensor([ids], device=dev)
+        try:
+            # beams multiply the rows: a run holds at most 32 sentences of 128 tokens' worth of beams
+            for run in length_runs([len(encoded[i][0]) for i in keys], cells=32 * 128 * 128 // beam_size):
+                rows = [keys[j] for j in run]
+                for r, result in zip(rows, self._translate_rows([encoded[r] for r in rows], beam_size, max_len,
+                                                                length_penalty, dev)):
+                    results[r] = result
+        finally:
+            self.train(was_training)
+        return results
+
+    def _translate_rows(self, encoded: list[tuple[list[int], list[str], str]], beam_size: int, max_len: int | None,
+                        length_penalty: float, dev: torch.device) -> list[TranslationResult]:
+        c = self.config
+        lengths = [len(ids) for ids, _, _ in encoded]
+        src, src_pad = self._padded([ids for ids, _, _ in encoded], dev)
+        limits = [self.default_max_len(n) if max_len is None else max_len for n in lengths]
         if beam_size == 1:
-            out = self.greedy(src, max_len, length_penalty=length_penalty)[0]
+            outs = self.greedy(src, length_penalty=length_penalty, src_pad=src_pad, max_lens=limits)
         else:
-            out = self.beam_search(src, beam_size, max_len, length_penalty)[0]
-        hyp = out.tokens
-        dec_in = [c.bos_id, *(hyp[:-1] if hyp and hyp[-1] == c.eos_id else hyp)]
-        _, attn = self.forward_with_attention(src, torch.tensor([dec_in], device=dev))
-        self.train(was_training)
-        tgt_tokens = [self._label(i) for i in dec_in]
-        maps = {
-            "encoder": AttentionMap(attn["encoder"][0].float().cpu().numpy(), src_tokens, src_tokens),
-            "decoder": AttentionMap(attn["decoder"][0].float().cpu().numpy(), tgt_tokens, tgt_tokens),
-            "cross": AttentionMap(attn["cross"][0].float().cpu().numpy(), tgt_tokens, src_tokens),
-        }
-        body = [i for i in hyp if i != c.eos_id]
-        if self.tokenizer is not None:
-            out_text = self.tokenizer.decode(body)
-        else:
-            out_text = " ".join(str(i) for i in body)
-        beam = [BeamStep([self._label(i) for i in s["tokens"]], list(s["parents"]), list(s["scores"]),
-                         list(s["finished"])) for s in out.steps]
-        return TranslationResult(out_text, src_tokens, tgt_tokens, maps, beam, list(out.chosen), out.score, notice)
+            outs = self.beam_search(src, beam_size, length_penalty=length_penalty, src_pad=src_pad, max_lens=limits)
+        dec_ins = [[c.bos_id, *(o.tokens[:-1] if o.tokens and o.tokens[-1] == c.eos_id else o.tokens)] for o in outs]
+        tgt, _ = self._padded(dec_ins, dev)
+        _, attn = self.forward_with_attention(src, tgt, src_pad)
+        attn = {kind: a.float().cpu().numpy() for kind, a in attn.items()}  # (B, L, H, ·, ·)
+        results = []
+        for b, ((_, src_tokens, notice), out, dec_in) in enumerate(zip(encoded, outs, dec_ins)):
+            s, t = lengths[b], len(dec_in)
+            tgt_tokens = [self._label(i) for i in dec_in]
+            maps = {
+                "encoder": AttentionMap(np.ascontiguousarray(attn["encoder"][b, :, :, :s, :s]), src_tokens, src_tokens),
+                "decoder": AttentionMap(np.ascontiguousarray(attn["decoder"][b, :, :, :t, :t]), tgt_tokens, tgt_tokens),
+                "cross": AttentionMap(np.ascontiguousarray(attn["cross"][b, :, :, :t, :s]), tgt_tokens, src_tokens),
+            }
+            body = [i for i in out.tokens if i != c.eos_id]
+            out_text = self.tokenizer.decode(body) if self.tokenizer is not None else " ".join(str(i) for i in body)
+            beam = [BeamStep([self._label(i) for i in st["tokens"]], list(st["parents"]), list(st["scores"]),
+                             list(st["finished"])) for st in out.steps]
+            results.append(TranslationResult(out_text, src_tokens, tgt_tokens, maps, beam, list(out.chosen), out.score,
+                                             notice))
+        return results
+
+    def _padded(self, rows: list[list[int]], dev: torch.device) -> tuple[Tensor, Tensor]:
+        """Id lists -> (ids (B, N) padded on the right with pad_id, pad mask (B, N) True on padding); every id of a
+        row is real, even one that equals pad_id."""
+        n = max(len(r) for r in rows)
+        ids = torch.full((len(rows), n), self.config.pad_id, dtype=torch.long, device=dev)
+        pad = torch.ones((len(rows), n), dtype=torch.bool, device=dev)
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = torch.tensor(r, dtype=torch.long, device=dev)
+            pad[b, : len(r)] = False
+        return ids, pad

@@ -1,0 +1,194 @@
+"""Several ``GPT.generate`` requests decoded as one batch, each answer equal to the request served alone.
+
+A serving speed-up (docs/ARCHITECTURE.md §9), kept out of ``models/gpt.py``: it only calls ``GPT.forward`` (the same
+modules, the same KV cache) on more rows at once. The rows advance in *lockstep by position*: every forward pass
+feeds each row the token at the same absolute position, so no row ever needs a padding mask or shifted positions
+(RoPE angles, learned positions and smeared keys all stay exactly those of the row alone):
+
+- the prompts are read together up to the shortest one's length (one causal pass, as a lone prompt is read);
+- then one token per row and pass: a row still inside its longer prompt is fed its next prompt token (its
+  prediction is not used), a row past its prompt is fed the token it just chose (greedy, or sampled with its own
+  seeded generator), and a finished row is fed a filler whose cache entries nothing reads again;
+- at the end every row's whole sequence goes through the explicit path in one pass, padded after its end (the
+  causal mask hides that padding from every real position), for the attention, surprisal and candidates.
+
+Prompts of very different lengths are decoded in separate groups (a short prompt does not wait for a long one's
+prompt tokens), and inputs over ``limits.LONG_TOKENS`` tokens are served alone (their float16 attention is large).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models import limits
+from models.outputs import AttentionMap, GenerationResult, GenerationStep
+
+PROMPT_SPAN = 32  # prompts in one group differ by at most this many tokens (each extra one is a one-token pass)
+ATTENTION_CELLS = 64 << 20  # float32 attention cells of a group's final pass, rows × layers × heads × T² (256 MB)
+MAX_ROWS = 32  # rows decoded together
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The arguments of one ``GPT.generate`` call."""
+
+    text: str | Sequence[int]
+    max_new_tokens: int = 20
+    strategy: str = "greedy"
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class _Row:
+    index: int  # the request's place in the caller's list
+    ids: list[int]  # prompt, then the tokens chosen
+    prompt_len: int
+    new: int  # tokens to generate at most
+    request: GenerateRequest
+    notice: str
+    generator: torch.Generator
+    steps: list[GenerationStep]
+    finished: bool = False
+
+
+def generate_many(model, requests: Sequence[GenerateRequest]) -> list[GenerationResult | Exception]:
+    """``model.generate(**request)`` of each request, decoded together where they fit (see the module docstring);
+    a request the model refuses (empty prompt, bad settings) comes back as its exception, in its place."""
+    from models.gpt import GPT
+
+    results: list[GenerationResult | Exception] = [ValueError("not run")] * len(requests)
+    rows: list[_Row] = []
+    for i, req in enumerate(requests):
+        try:
+            row = _prepare(model, i, req) if isinstance(model, GPT) else None
+        except Exception as err:  # bad input: this request's answer, not the batch's
+            results[i] = err
+            continue
+        if row is None or row.prompt_len + row.new > limits.LONG_TOKENS:  # served alone
+            try:
+                results[i] = model.generate(req.text, max_new_tokens=req.max_new_tokens, strategy=req.strategy,
+                                            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                            seed=req.seed)
+            except Exception as err:
+                results[i] = err
+        else:
+            rows.append(row)
+    if rows:
+        was_training = model.training
+        model.eval()
+        try:
+            for group in _groups(model, rows):
+                for row, result in zip(group, _decode(model, group)):
+                    results[row.index] = result
+        finally:
+            model.train(was_training)
+    return results
+
+
+def _prepare(model, index: int, req: GenerateRequest) -> _Row:
+    """What ``GPT.generate`` checks and cuts before decoding, exactly as it does."""
+    from models.gpt import STRATEGIES
+
+    if req.strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {req.strategy!r}")
+    if not req.temperature > 0 or not 0 < req.top_p <= 1 or req.top_k < 0:
+        raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+    ids = list(req.text) if not isinstance(req.text, str) else model.encode_prompt(req.text)[0]
+    if not ids:
+        raise ValueError("the prompt is empty")
+    limit = model.context_limit()
+    new = max(0, min(int(req.max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
+    notice = ""
+    if len(ids) + new > limit:  # keep the prompt's last tokens (and the BOS of our own models)
+        keep = limit - new
+        head = [ids[0]] if ids[0] == model.config.bos_id and model._adds_bos() else []
+        notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
+        ids = head + ids[len(ids) - (keep - len(head)):]
+    return _Row(index, ids, len(ids), new, req, notice, torch.Generator(device="cpu").manual_seed(int(req.seed)), [],
+                finished=new == 0)
+
+
+def _groups(model, rows: list[_Row]) -> list[list[_Row]]:
+    """Rows sorted by prompt length, cut where the prompts differ by over PROMPT_SPAN tokens, the final pass's
+    attention would pass ATTENTION_CELLS, or MAX_ROWS rows are reached."""
+    per_cell = model.config.n_layers * model.config.n_heads
+    groups: list[list[_Row]] = []
+    for row in sorted(rows, key=lambda r: r.prompt_len):
+        if groups:
+            g = groups[-1]
+            longest = max(max(r.prompt_len + r.new for r in g), row.prompt_len + row.new)
+            if (len(g) < MAX_ROWS and row.prompt_len - g[0].prompt_len <= PROMPT_SPAN
+                    and (len(g) + 1) * per_cell * longest ** 2 <= ATTENTION_CELLS):
+                g.append(row)
+                continue
+        groups.append([row])
+    return groups
+
+
+@torch.no_grad()
+def _decode(model, group: list[_Row]) -> list[GenerationResult]:
+    from models.attention import KVCache
+    from models.gpt import sample
+
+    device = model.embed.weight.device
+    eos = model.eos_id()
+    start = min(r.prompt_len for r in group)
+    caches = [KVCache() for _ in model.blocks]
+    x = torch.tensor([r.ids[:start] for r in group], device=device)
+    logits = model(x, caches, last_only=True).logits[:, -1]  # (B, V): the prediction after position start - 1
+    pos = start  # the position the next fed tokens take
+    while True:
+        feed = []
+        for b, row in enumerate(group):
+            if pos < row.prompt_len:  # still reading its prompt: the prediction is not used
+                feed.append(row.ids[pos])
+                continue
+            if not row.finished:  # one generation step, as GPT.generate takes it
+                probs = torch.softmax(logits[b].float(), -1).cpu()
+                top = torch.topk(probs, min(5, probs.numel()))
+                r = row.request
+                if r.strategy == "greedy":
+                    choice = int(top.indices[0])
+                else:
+                    choice = sample(logits[b].float().cpu(), r.temperature, r.top_k, r.top_p, row.generator)
+                row.steps.append(GenerationStep([model.piece(i) for i in top.indices],
+                                                top.values.numpy().astype(np.float32), model.piece(choice),
+                                                float(probs[choice])))
+                row.ids.append(choice)
+                row.finished = choice == eos or len(row.steps) == row.new
+            feed.append(row.ids[-1] if not row.finished else eos)  # a finished row's filler is never read
+        if all(r.finished for r in group):
+            break
+        logits = model(torch.tensor(feed, device=device)[:, None], caches).logits[:, -1]
+        pos += 1
+    del caches
+    # every token through the explicit path once, padded after each row's end (causal: unseen by real positions)
+    longest = max(len(r.ids) for r in group)
+    x = torch.full((len(group), longest), model.config.pad_id, dtype=torch.long, device=device)
+    for b, row in enumerate(group):
+        x[b, : len(row.ids)] = torch.tensor(row.ids, device=device)
+    full = model(x, need_weights=True)
+    results = []
+    for b, row in enumerate(group):
+        t = len(row.ids)
+        logp = torch.log_softmax(full.logits[b, :t].float(), -1)  # (T, V)
+        surprisal = np.full(t, np.nan, dtype=np.float32)
+        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(row.ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
+        weights = np.empty((len(full.attention), *full.attention[0].shape[1:2], t, t), np.float32)  # (L, H, T, T)
+        for layer, w in enumerate(full.attention):
+            weights[layer] = w[b, :, :t, :t].float().cpu().numpy()
+        tokens = [model.piece(i) for i in row.ids]
+        text = model.tokenizer.decode(row.ids[row.prompt_len:]) if model.tokenizer else ""
+        results.append(GenerationResult(text=text, tokens=tokens, ids=list(row.ids), prompt_len=row.prompt_len,
+                                        attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
+                                        steps=row.steps, surprisal=surprisal / np.float32(math.log(2)),
+                                        notice=row.notice))
+    return results
