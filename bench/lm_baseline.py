@@ -102,32 +102,25 @@ class KneserNeyTrigram:
         return total, n
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", type=Path, default=ROOT / "checkpoints" / "gpt-tiny")
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--limit", type=int, default=None, help="documents per test file (tests)")
-    args = ap.parse_args(argv)
+def compare(checkpoint: Path, data_dir: Path, limit: int | None = None) -> dict:
+    """The model's and the trigram's perplexity on each test file and on all three together (the report)."""
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     import models
     from train.lm import encode_documents, load_corpus, perplexity_sums, read_documents
 
-    model = models.load(args.checkpoint)
+    model = models.load(checkpoint)
     tok = model.tokenizer
     t0 = time.time()
-    corpus = load_corpus(args.data_dir)
+    corpus = load_corpus(data_dir)
     train_docs = [d.tolist() for texts in corpus["train"].values() for d in encode_documents(tok, texts)]
     kn = KneserNeyTrigram(train_docs, tok.vocab_size, tok.bos_id)
     fit_s = time.time() - t0
-    report: dict = {"checkpoint": str(args.checkpoint), "trigram_training_tokens": sum(len(d) - 1 for d in train_docs),
+    report: dict = {"checkpoint": str(checkpoint), "trigram_training_tokens": sum(len(d) - 1 for d in train_docs),
                     "trigram_discounts": [[round(x, 4) for x in level.d] for level in kn.levels]}
     sums = {"model": [0.0, 0], "trigram": [0.0, 0]}
     for rel in TEST_FILES:
-        docs = encode_documents(tok, read_documents(args.data_dir / rel)[: args.limit])
+        docs = encode_documents(tok, read_documents(data_dir / rel)[:limit])
         m_nll, m_n = perplexity_sums(model, docs, model.config.max_len, torch.device("cpu"))
         k_nll, k_n = kn.nll([d.tolist() for d in docs])
         assert m_n == k_n, (m_n, k_n)  # the same predicted tokens on both sides
@@ -145,7 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     report.update({"model_ppl": round(model_ppl, 2), "trigram_ppl": round(trigram_ppl, 2),
                    "ratio": round(model_ppl / trigram_ppl, 3), "tokens": sums["model"][1],
                    "trigram_fit_s": round(fit_s, 1), "seconds": round(time.time() - t0, 1)})
-    print(json.dumps(report))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", type=Path, default=ROOT / "checkpoints" / "gpt-tiny")
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=None, help="documents per test file (tests)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    print(json.dumps(compare(args.checkpoint, args.data_dir, args.limit)))
     return 0
 
 

@@ -233,7 +233,6 @@ class KVCache:
     k: Tensor | None = None  # (B, H, S, d_head)
     v: Tensor | None = None  # (B, H, S, d_head)
     static: bool = False  # True for cross-attention: never appended to
-    last_key: Tensor | None = None  # (B, H, 1, d_head): the newest key before smearing (models/gpt.py smear_keys)
 
     @property
     def length(self) -> int:
@@ -251,8 +250,6 @@ class KVCache:
         """Keep rows ``index`` (B',) of the batch: beam search follows each survivor's parent."""
         if self.k is not None and self.v is not None:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        if self.last_key is not None:
-            self.last_key = self.last_key.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):

@@ -16,7 +16,7 @@ position i and every part of k_j by position j (linear), so the same split holds
 ``content`` is the score with the rotation removed (both at offset 0) and ``by_offset`` the score the same
 q_i and k_j would get at every offset i − j (RoFormer §3.4.2: RoPE scores depend on the offset only).
 
-Only the positions asked about are split (i, j, and j − 1 for smeared keys); the stream itself is computed
+Only the positions asked about are split (i and j); the stream itself is computed
 for all positions, in float64, from the model's own modules. The whole row of scores comes from the same
 walk, so softmax(row) reproduces the attention the model returns (tests/test_decompose.py, every family).
 """
@@ -107,8 +107,6 @@ class Attn:
     causal: bool
     angles: Tensor | None = None  # RoPE (positions, d/2)
     layout: str = "interleaved"
-    q_scale: Tensor | None = None  # (H,) per-head factor on the query (models.gpt logit_scale)
-    smear: Tensor | None = None  # (Hkv,) predecessor's share of each key (models.gpt smeared keys)
 
     @property
     def d_head(self) -> int:
@@ -121,14 +119,12 @@ class Attn:
 
     def queries(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
         q = self.heads(x, self.q, self.n_heads, bias)  # (…, H, P, d)
-        if self.q_scale is not None:
-            q = q * self.q_scale.double()[:, None, None]
         if self.angles is not None and rotate:
             q = _rotate(q, self.angles[list(positions)], self.layout)
         return q
 
     def keys(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
-        """Keys at ``positions``, before any smearing (``_smeared`` mixes in the predecessor's)."""
+        """Keys at ``positions``."""
         k = self.heads(x, self.k, self.kv_heads, bias)
         if self.angles is not None and rotate:
             k = _rotate(k, self.angles[list(positions)], self.layout)
@@ -142,22 +138,12 @@ def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
     return apply_rope(x, angles.double(), layout)
 
 
-def _smeared(attn: Attn, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
-    """Keys of x (…, T, D) at every position, with the predecessor mix of smeared keys (zero before 0)."""
-    k = attn.keys(x, positions, bias, rotate)
-    if attn.smear is None:
-        return k
-    prev = torch.cat([torch.zeros_like(k[..., :1, :]), k[..., :-1, :]], dim=-2)
-    mix = attn.smear.double()[:, None, None]
-    return (1 - mix) * k + mix * prev
-
-
 def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Full scores (H, T, T) (masked −inf), weights and values (H, T, d) from the normed stream x (T, D)."""
     t = x.size(0)
     pos = range(t)
     q = attn.queries(x, pos, bias=True)
-    k = _smeared(attn, x, pos, bias=True).repeat_interleave(attn.group(), 0)
+    k = attn.keys(x, pos, bias=True).repeat_interleave(attn.group(), 0)
     v = attn.heads(x, attn.v, attn.kv_heads, bias=True).repeat_interleave(attn.group(), 0)
     s = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
     if attn.causal:
@@ -199,13 +185,8 @@ def _plan_gpt(model: nn.Module, x: Tensor) -> Plan:
     layers = []
     for block in model.blocks:
         a = block.attn
-        smear = None
-        if a.smear is not None:
-            smear = (1 - torch.sigmoid(a.smear.detach())) * c.smear_weight
-        scale = None if a.q_scale is None else a.q_scale.log_scale.detach().clamp(max=a.q_scale.MAX).exp()
         attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.o_proj, c.n_heads, c.kv_heads, block.norm1, causal=True,
-                    angles=None if c.recipe != "llama" else model.angles, layout=c.rope_layout, q_scale=scale,
-                    smear=smear)
+                    angles=None if c.recipe != "llama" else model.angles, layout=c.rope_layout)
         layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))
     return Plan(embed, layers)
 
@@ -351,8 +332,7 @@ def decompose_score(model: nn.Module, ids: Sequence[int], layer: int, head: int,
     attn0 = p.layers[layer][0]
     if attn0.causal and key > query:
         raise ValueError(f"key {key} comes after query {query}: a causal model masks that cell (score −inf)")
-    at = [query, key] + ([key - 1] if attn0.smear is not None and key > 0 else [])
-    for i, attn, inp, scores, weights in _walk(p, at):
+    for i, attn, inp, scores, weights in _walk(p, [query, key]):
         if i == layer:
             return _split(attn, inp, scores, weights, layer, head, query, key, t)
     raise AssertionError("unreachable")
@@ -371,12 +351,7 @@ def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int,
         return torch.cat([with_bias, plain[1:]])  # (C, heads, 1, d)
 
     def key_parts(rotate: bool) -> Tensor:
-        k = project(attn.keys, 1, key, rotate)
-        if attn.smear is not None:  # k_j mixed with k_{j−1} (zero before position 0)
-            prev = project(attn.keys, 2, key - 1, rotate) if key > 0 else torch.zeros_like(k)
-            mix = attn.smear.double()[None, :, None, None]
-            k = (1 - mix) * k + mix * prev
-        return k[:, kv, 0]  # (C, d)
+        return project(attn.keys, 1, key, rotate)[:, kv, 0]  # (C, d)
 
     q = project(attn.queries, 0, query)[:, head, 0]  # (C, d)
     table = (q @ key_parts(True).T * scale).cpu().numpy()

@@ -17,15 +17,10 @@ output before the output projection, so a head is switched off per call, never b
 the residual stream at chosen positions, forbids heads chosen keys, and records what activation patching needs
 (``models/patching.py``).
 
-``smear_keys`` (off unless a checkpoint's config turns it on; gpt-tiny's recipe does): each key/value head's
-key at position j becomes σ(α)·k_j + (1 − σ(α))·k_{j−1}, a learned mix of its own position-encoded key and its
-predecessor's, α one learned scalar per key/value head (the "smeared key" architecture of Olsson et al. 2022, §"Argument
-2"). A query can then match the token *before* a key in one layer, which is what an induction head needs, so such
-heads form within a small training budget; the attention weights returned stay the model's real ones. ``smear_from``
-keeps plain keys below that layer: induction heads then form there or above, and the heads below (a previous-token
-head, say) never read what they copied. ``smear_weight`` scales the predecessor's share, (1 − σ(α))·w: 1 as
-learned, 0 plain keys, so that training can use the smear as scaffolding and take it away again (``train.lm
---smear-anneal``), leaving an induction head that has to read a previous-token head below it.
+``qkv_bias`` (the LLaMA recipe has no biases; Qwen2 adds them to queries, keys and values): a query/key bias is a
+content-free direction, which RoPE turns into a score by offset alone, so a head can look one token back from the
+first training step. gpt-tiny, the decoder the project ships, uses it (train/lm.py); the other options serve
+GPT-2 and LLaMA-family folders and Hub ids (models/hf.py).
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,11 +73,6 @@ class GPTConfig:
     bos_id: int = 1  # put first in every prompt of the project's own models
     eos_id: int = 2  # generation stops after it
     pad_id: int = 0
-    smear_keys: bool = False  # keys mixed with their predecessor's (Olsson et al. 2022); see the module docstring
-    smear_from: int = 0  # with smear_keys: the first layer whose keys are smeared (the layers below keep plain keys)
-    smear_weight: float = 1.0  # with smear_keys: the predecessor's share times this (0: plain keys)
-    logit_scale: bool = False  # a learned logit scale e^g per query head (see the module docstring)
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("smear_from", "smear_weight", "logit_scale")  # newer than some checkpoints
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
 
     def __post_init__(self) -> None:
@@ -94,10 +84,6 @@ class GPTConfig:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rope_layout not in ROPE_LAYOUTS:
             raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
-        if not 0 <= self.smear_from < self.n_layers:
-            raise ValueError(f"smear_from={self.smear_from} is not a layer of {self.n_layers}")
-        if not 0 <= self.smear_weight <= 1:
-            raise ValueError(f"smear_weight must be in [0, 1], got {self.smear_weight}")
 
     @property
     def kv_heads(self) -> int:
@@ -127,23 +113,8 @@ class RMSNorm(nn.Module):
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
-class HeadScale(nn.Module):
-    """(…, H·d) queries -> each head's d entries times e^g, g (H,) learned, from 0, at most ln 100."""
-
-    MAX = math.log(100.0)
-
-    def __init__(self, n_heads: int, d_head: int) -> None:
-        super().__init__()
-        self.d_head = d_head
-        self.log_scale = nn.Parameter(torch.zeros(n_heads))
-
-    def forward(self, q: Tensor) -> Tensor:
-        scale = self.log_scale.clamp(max=self.MAX).exp().to(q.dtype)
-        return q * scale.repeat_interleave(self.d_head)
-
-
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
+    def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.c = c
         bias = c.recipe == "gpt2"
@@ -154,28 +125,16 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
-        # smear_keys: the logit α of each key/value head's own-key share σ(α), spread at the start from 0.95 (a
-        # plain key, so that positional heads such as previous-token heads stay sharp) to 0.05 (the predecessor's
-        # key: an induction head's match); at an even mix a head aiming one token back splits between two
-        self.smear = None
-        if c.smear_keys and layer >= c.smear_from:
-            self.smear = nn.Parameter(torch.linspace(3.0, -3.0, c.kv_heads) if c.kv_heads > 1 else torch.zeros(1))
-        self.q_scale = HeadScale(c.n_heads, c.d_head) if c.logit_scale else None
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
         """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys."""
         c, (b, t, _) = self.c, x.shape
-        q = self.q_proj(x)
-        if self.q_scale is not None:  # scaling a head's query scales its logits
-            q = self.q_scale(q)
-        q = q.view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
+        q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
         if angles is not None:  # angles of the T new positions, after any cached ones
             q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
-        if self.smear is not None:
-            k = self._smear(k, cache)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, Hkv, S, d), S = cached + T
         s = k.size(2)
@@ -187,17 +146,6 @@ class CausalSelfAttention(nn.Module):
             out = out * head_mask.to(out.dtype)[None, :, None, None]
         out = edit_heads(out, edit)  # (B, H, T, d): patched heads, recorded outputs
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), weights
-
-    def _smear(self, k: Tensor, cache: KVCache | None) -> Tensor:
-        """k (B, Hkv, T, d) -> (1 − m)·k_j + m·k_{j−1}, m = (1 − σ(α))·smear_weight; the key before position 0 is
-        zero, and during incremental decoding the cache keeps the newest unsmeared key."""
-        assert self.smear is not None
-        before = cache.last_key if cache is not None and cache.last_key is not None else k.new_zeros(k[:, :, :1].shape)
-        prev = torch.cat([before, k[:, :, :-1]], dim=2)
-        if cache is not None:
-            cache.last_key = k[:, :, -1:]
-        mix = ((1 - torch.sigmoid(self.smear)) * self.c.smear_weight).to(k.dtype)[None, :, None, None]
-        return (1 - mix) * k + mix * prev
 
 
 class FeedForward(nn.Module):
@@ -218,11 +166,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
+    def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if c.recipe == "gpt2" else \
             (lambda: RMSNorm(c.d_model, c.norm_eps))
-        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c, layer), norm(), FeedForward(c)
+        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c), norm(), FeedForward(c)
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
@@ -252,7 +200,7 @@ class GPT(nn.Module):
         self.labels: list[str] = []
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.recipe == "gpt2" else RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:

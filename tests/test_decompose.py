@@ -1,6 +1,6 @@
 """models/decompose.py: every attention score split into residual-stream parts sums back to the score, and the
 softmax of the walk's row of scores reproduces the attention each model returns, for every text family served
-(LLaMA recipe with GQA, RoPE, smeared keys and logit scales; GPT-2; pre- and post-norm classifiers; BERT; the
+(LLaMA recipe with GQA, RoPE and query/key/value biases; GPT-2; pre- and post-norm classifiers; BERT; the
 translator's encoder)."""
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ torch.set_num_threads(2)
 def _gpt(**kw) -> GPT:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, max_len=48, d_model=48, n_layers=3, n_heads=6, **kw)).eval()
-    with torch.no_grad():  # move every parameter off its start (norm gains 1, biases 0, scales 1)
+    with torch.no_grad():  # move every parameter off its start (norm gains 1, biases 0)
         for name, p in model.named_parameters():
-            if "norm" in name or "bias" in name or "log_scale" in name or "smear" in name:
+            if "norm" in name or "bias" in name:
                 p.add_(torch.randn_like(p) * 0.3)
     return model
 
 
 FAMILIES = {
     "llama-gqa": lambda: _gpt(recipe="llama", n_kv_heads=2),
-    "llama-half-qkv-bias-logit-scale": lambda: _gpt(recipe="llama", rope_layout="half", qkv_bias=True,
-                                                    logit_scale=True),
-    "llama-smeared": lambda: _gpt(recipe="llama", n_kv_heads=3, smear_keys=True, smear_from=1, smear_weight=0.7),
+    "llama-half-qkv-bias": lambda: _gpt(recipe="llama", rope_layout="half", qkv_bias=True),
+    "llama-gqa-qkv-bias": lambda: _gpt(recipe="llama", n_kv_heads=3, qkv_bias=True),
     "gpt2": lambda: _gpt(recipe="gpt2"),
     "classifier-pre-norm": lambda: _classifier(True, "learned"),
     "classifier-post-norm": lambda: _classifier(False, "sinusoidal"),

@@ -4,7 +4,6 @@ outputs through the explicit and the fused path; generation, ablation and the lo
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -80,23 +79,13 @@ LLAMA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layer
                                     GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2,
                                               n_heads=4),
                                     GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
-                                              n_heads=6, n_kv_heads=2, smear_keys=True),
-                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=3,
-                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_from=2),
-                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
-                                              n_heads=6, n_kv_heads=2, logit_scale=True),
-                                    GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2,
-                                              n_heads=6, n_kv_heads=2, smear_keys=True, smear_weight=0.4)],
-                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "llama-smeared-keys", "smeared-from-layer-2",
-                              "logit-scale", "smear-weight"])
+                                              n_heads=6, n_kv_heads=2, qkv_bias=True)],
+                         ids=["llama-gqa", "llama-half-qkv-bias", "gpt2", "gpt-tiny-shape"])
 def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     torch.manual_seed(0)
     model = GPT(config).eval()
     ids = torch.randint(3, 64, (2, 20))
     with torch.no_grad():
-        if config.logit_scale:  # scales away from their start, so that the three paths must apply them alike
-            for b in model.blocks:
-                b.attn.q_scale.log_scale.uniform_(-1.0, 2.0)
         fused = model(ids).logits
         explicit = model(ids, need_weights=True)
         from models.attention import KVCache
@@ -106,63 +95,10 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
                             + [model(ids[:, t : t + 1], caches).logits for t in range(12, 20)], 1)
     torch.testing.assert_close(explicit.logits, fused, atol=1e-5, rtol=0)
     torch.testing.assert_close(stepped, fused, atol=1e-5, rtol=0)
-    if config.smear_keys:  # smeared keys in the layers from smear_from up only
-        assert [b.attn.smear is not None for b in model.blocks] == [i >= config.smear_from
-                                                                    for i in range(config.n_layers)]
     for w in explicit.attention:
         assert w.shape == (2, config.n_heads, 20, 20)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, config.n_heads, 20), atol=1e-5, rtol=0)
         assert float(torch.triu(w, 1).abs().max()) == 0.0  # causal: nothing above the diagonal
-
-
-@pytest.mark.parametrize("weight", [1.0, 0.3])
-def test_smeared_keys_mix_each_key_with_its_predecessor(weight: float) -> None:
-    """Layer 0's weights with smear_keys (the predecessor's share times smear_weight), against the same
-    softmax(QKᵀ/√d)·V written out with numpy."""
-    c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                  smear_keys=True, smear_weight=weight)
-    torch.manual_seed(1)
-    model = GPT(c).eval()
-    attn = model.blocks[0].attn
-    # fresh, the key/value heads span plain keys to nearly the predecessor's
-    torch.testing.assert_close(torch.sigmoid(attn.smear.detach()), torch.tensor([0.9526, 0.0474]), atol=1e-4, rtol=0)
-    with torch.no_grad():
-        attn.smear.copy_(torch.tensor([2.0, -1.0]))
-        ids = torch.randint(3, 64, (1, 9))
-        got = model(ids, need_weights=True).attention[0][0].numpy()
-        x = model.blocks[0].norm1(model.embed(ids))[0]
-        from models.positional import apply_rope as rotate
-
-        angles = model.angles[:9]
-        q = rotate(attn.q_proj(x).view(9, 4, 8).transpose(0, 1), angles, c.rope_layout).numpy()
-        k = rotate(attn.k_proj(x).view(9, 2, 8).transpose(0, 1), angles, c.rope_layout).numpy()
-    for h in range(4):
-        mix = (1 - 1 / (1 + np.exp(-[2.0, -1.0][h // 2]))) * weight
-        kh = k[h // 2]
-        smeared = (1 - mix) * kh + mix * np.vstack([np.zeros((1, 8)), kh[:-1]])
-        s = q[h] @ smeared.T / np.sqrt(8) + np.triu(np.full((9, 9), -np.inf), 1)
-        ref = np.exp(s - s.max(1, keepdims=True))
-        np.testing.assert_allclose(got[h], ref / ref.sum(1, keepdims=True), atol=1e-5)
-    assert GPT(LLAMA).blocks[0].attn.smear is None  # off unless the config says so
-
-
-def test_smear_weight_zero_is_the_same_model_with_plain_keys() -> None:
-    """smear_weight 0 (what train.lm --smear-anneal ends with) computes exactly what the same weights compute
-    without smeared keys, whatever the learned mixes; values outside [0, 1] are refused."""
-    c = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                  smear_keys=True, smear_weight=0.0)
-    torch.manual_seed(2)
-    smeared = GPT(c).eval()
-    plain = GPT(dataclasses.replace(c, smear_keys=False)).eval()
-    missing, unexpected = plain.load_state_dict(smeared.state_dict(), strict=False)
-    assert not missing and unexpected == ["blocks.0.attn.smear", "blocks.1.attn.smear"]
-    ids = torch.randint(3, 64, (2, 16))
-    with torch.no_grad():
-        torch.testing.assert_close(smeared(ids).logits, plain(ids).logits, atol=1e-6, rtol=0)
-        smeared.config.smear_weight = 1.0  # the config is shared by the blocks: the smear is back
-        assert not torch.allclose(smeared(ids).logits, plain(ids).logits, atol=1e-3)
-    with pytest.raises(ValueError, match="smear_weight"):
-        GPTConfig(smear_keys=True, smear_weight=1.5)
 
 
 def test_query_key_biases_alone_make_a_previous_token_head() -> None:
@@ -185,37 +121,6 @@ def test_query_key_biases_alone_make_a_previous_token_head() -> None:
         w = model(torch.randint(3, 64, (2, 12)), need_weights=True).attention[0]  # (B, H, T, T)
     i = torch.arange(1, 12)
     assert float(w[:, :, i, i - 1].min()) > 0.95  # every head, every token, whatever the tokens are
-
-
-def test_a_learned_logit_scale_multiplies_each_heads_logits() -> None:
-    """logit_scale: head h's logits times e^g_h, against the same model without it whose query rows of h (weights
-    and bias) are multiplied by that factor instead; from the start (g = 0) the two models are one; capped at 100."""
-    from train.loop import TrainConfig, make_optimizer
-
-    base = dict(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                qkv_bias=True)
-    torch.manual_seed(3)
-    scaled = GPT(GPTConfig(**base, logit_scale=True)).eval()
-    plain = GPT(GPTConfig(**base)).eval()
-    plain.load_state_dict({k: v for k, v in scaled.state_dict().items() if "q_scale" not in k})
-    ids = torch.randint(3, 64, (2, 15))
-    with torch.no_grad():
-        torch.testing.assert_close(scaled(ids).logits, plain(ids).logits, atol=1e-6, rtol=0)
-        factors = torch.tensor([[3.0, 1.0, 0.5, 1000.0], [1.0, 7.0, 1.0, 1.0]])  # 1000: capped at 100
-        for b, f, pb in zip(scaled.blocks, factors, plain.blocks, strict=True):
-            b.attn.q_scale.log_scale.copy_(f.log())
-            rows = f.clamp(max=100.0).repeat_interleave(8)[:, None]
-            pb.attn.q_proj.weight.mul_(rows)
-            pb.attn.q_proj.bias.mul_(rows[:, 0])
-        got, want = scaled(ids, need_weights=True), plain(ids, need_weights=True)
-    torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
-    for a, b in zip(got.attention, want.attention, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-    assert float(got.attention[0][:, 3].amax(-1).mean()) > float(got.attention[0][:, 2].amax(-1).mean())
-    groups = make_optimizer(scaled, TrainConfig(weight_decay=0.1)).param_groups  # the scales are never decayed
-    undecayed = {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
-    assert all(id(b.attn.q_scale.log_scale) in undecayed for b in scaled.blocks)
-    assert GPT(LLAMA).blocks[0].attn.q_scale is None  # off unless the config says so
 
 
 def test_grouped_query_heads_share_their_keys() -> None:
@@ -329,18 +234,3 @@ def test_llama_folder_matches_transformers(tmp_path: Path) -> None:
         want = hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)[0].tolist()
     got = ours.generate(ids[0].tolist(), max_new_tokens=8)
     assert got.ids == want[: len(got.ids)]
-
-
-def test_a_config_saved_before_smear_from_loads_with_every_layer_smeared() -> None:
-    from models.checkpoint import CheckpointError, config_from_dict
-
-    saved = dataclasses.asdict(GPTConfig(vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4,
-                                         smear_keys=True))
-    del saved["smear_from"], saved["smear_weight"], saved["logit_scale"]  # written before the fields existed
-    config = config_from_dict(GPTConfig, saved)
-    assert config.smear_from == 0 and config.smear_weight == 1.0 and not config.logit_scale
-    assert all(b.attn.smear is not None for b in GPT(config).blocks)
-    with pytest.raises(CheckpointError, match="missing keys"):  # the other fields stay required
-        config_from_dict(GPTConfig, {k: v for k, v in saved.items() if k != "qkv_bias"})
-    with pytest.raises(CheckpointError, match="smear_from=2 is not a layer of 2"):  # would smear no layer at all
-        config_from_dict(GPTConfig, {**saved, "smear_from": 2})

@@ -32,9 +32,9 @@ def _build(kind: str) -> nn.Module:
     if kind == "llama-gqa":
         model = GPT(GPTConfig(recipe="llama", vocab_size=VOCAB, max_len=48, d_model=48, n_layers=2, n_heads=6,
                               n_kv_heads=2))
-    elif kind == "llama-smeared":
+    elif kind == "llama-qkv-bias":
         model = GPT(GPTConfig(recipe="llama", vocab_size=VOCAB, max_len=48, d_model=48, n_layers=3, n_heads=6,
-                              n_kv_heads=3, smear_keys=True, smear_from=1, logit_scale=True, qkv_bias=True))
+                              n_kv_heads=3, qkv_bias=True))
     elif kind == "gpt2":
         model = GPT(GPTConfig(recipe="gpt2", vocab_size=VOCAB, max_len=48, d_model=32, n_layers=2, n_heads=4))
     elif kind in ("pre-norm", "post-norm"):
@@ -51,7 +51,7 @@ def _build(kind: str) -> nn.Module:
     return model.double().eval()
 
 
-KINDS = ["llama-gqa", "llama-smeared", "gpt2", "pre-norm", "post-norm", "bert"]
+KINDS = ["llama-gqa", "llama-qkv-bias", "gpt2", "pre-norm", "post-norm", "bert"]
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -399,70 +399,33 @@ def test_grad_checkpointing_keeps_names_and_gradients() -> None:
         assert torch.allclose(pa.grad, pb.grad, atol=1e-5), n
 
 
-def test_train_lm_ships_a_decoder_with_smeared_keys_and_its_record(data_dir: Path, tmp_path: Path) -> None:
-    """python -m train.lm end to end on the tiny folder: a checkpoint that loads, generates, keeps its smeared
-    keys, and records the synthetic share it measured (never above the 10 % cap its flags allow)."""
+def test_train_lm_ships_a_decoder_and_its_record(data_dir: Path, tmp_path: Path) -> None:
+    """python -m train.lm end to end on the tiny folder: a checkpoint that loads and generates, with qkv biases
+    and plain keys, its last weights (selection fixed in advance), and the synthetic share it measured (never
+    above the 10 % cap)."""
     import models
     from train import lm
 
     out, run = tmp_path / "lm", tmp_path / "run"
     argv = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
-            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-            "--smear-keys", "--repeat-share", "0.02", "--copy-rows", "1", "--copy-context", "8", "--copy-spans",
-            "2", "3", "--train-limit", "64", "--epochs", "1", "--warmup-steps", "2", "--threads", "1"]
+            "32", "--batch-size", "16", "--d-model", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--repeat-share", "0.02", "--train-limit", "64", "--epochs", "1", "--warmup-steps", "2", "--threads", "1"]
     assert lm.main(argv) == 0
     model = models.load(out)
-    assert model.config.smear_keys and model.blocks[0].attn.smear.shape == (2,)
+    assert model.config.qkv_bias and model.blocks[0].attn.k_proj.bias.shape == (16,)
     assert model.generate("a man runs", max_new_tokens=3).steps
     record = json.loads((out / "metrics.json").read_text())["training"]
     assert record["command"] == "python -m train.lm " + " ".join(argv)
-    spans = record["data"]["synthetic_repeated_spans"]["up_to_shipped_weights"]
-    assert 0 < spans["synthetic_tokens"] < spans["training_tokens"]
-    assert spans["share_of_training_tokens"] == round(spans["synthetic_tokens"] / spans["training_tokens"], 4) <= 0.10
-    with pytest.raises(SystemExit):  # more than 10 % of every batch synthetic is refused
-        lm.main([*argv[:-2], "--copy-rows", "4", "--threads", "1"])
-
-
-def test_lm_heads_bench_scores_heads_on_the_training_texts_frequent_or_rare_pieces(data_dir: Path,
-                                                                                     tmp_path: Path) -> None:
-    """bench/lm_heads.py --pieces: the head scores' random tokens come from the training text's most frequent
-    pieces (counted here independently, AG News lines twice as --oversample says) or from all the others."""
-    import importlib.util
-    from collections import Counter
-
-    import models
-    from train import lm
-
-    out, run = tmp_path / "lm", tmp_path / "run"
-    assert lm.main(["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60",
-                    "--context", "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4",
-                    "--repeat-share", "0", "--train-limit", "64", "--epochs", "1", "--threads", "1"]) == 0
-    spec = importlib.util.spec_from_file_location("lm_heads", ROOT / "bench" / "lm_heads.py")
-    heads = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(heads)
-    model = models.load(out)
-    tok = model.tokenizer
-    counts: Counter[int] = Counter()
-    for source, lines in lm.load_corpus(data_dir)["train"].items():
-        for line in lines:
-            for piece in tok.sp.encode(tok.normalize(line)):
-                counts[piece] += 2 if source == "agnews" else 1
-    special = {lm.PAD_ID, lm.UNK_ID, lm.BOS_ID, lm.EOS_ID}
-    ranked = sorted((i for i in range(model.config.vocab_size) if i not in special), key=lambda i: (-counts[i], i))
-    top = heads.training_pieces(model, "frequent", data_dir, ["agnews=2"], n=10)
-    assert top.tolist() == ranked[:10]
-    rare = heads.training_pieces(model, "rare", data_dir, ["agnews=2"], n=10)
-    assert set(rare) | set(top) == set(range(model.config.vocab_size)) and not set(rare) & set(top)
-
-    seen: list[list[int]] = []
-    losses = model.token_losses
-    model.token_losses = lambda ids: seen.append(list(ids)) or losses(ids)
-    scores = model.head_role_scores(5, range(3), top)
-    assert len(seen) == 3 and all(set(ids[1:]) <= set(top.tolist()) for ids in seen)
-    assert scores["induction"].shape == scores["previous"].shape == (2, 4)
-    seen.clear()
-    model.head_role_scores(5, range(3), rare)
-    assert all(not set(ids[1:]) & (set(top.tolist()) | special) for ids in seen)
+    assert record["selection"].startswith("the last weights (epoch 1")
+    spans = record["data"]["synthetic_repeated_spans"]
+    assert spans["rows"].startswith("1 rows of 32 tokens in every batch")  # rows no longer than the context
+    shipped = spans["up_to_shipped_weights"]
+    assert shipped["synthetic_tokens"] == shipped["steps"] * 32
+    assert shipped["training_tokens"] == shipped["steps"] * (32 + 16 * 32)
+    assert shipped["share_of_training_tokens"] == round(shipped["synthetic_tokens"] / shipped["training_tokens"], 4)
+    for bad in (["--repeat-share", "0.2"], ["--repeat-share", "0.02", "--batch-size", "4"]):  # over 10 % refused
+        with pytest.raises(SystemExit):
+            lm.main([*argv, *bad])
 
 
 def test_train_lm_resumed_with_other_flags_records_every_command(data_dir: Path, tmp_path: Path) -> None:
@@ -472,20 +435,18 @@ def test_train_lm_resumed_with_other_flags_records_every_command(data_dir: Path,
 
     out, run = tmp_path / "lm", tmp_path / "run"
     base = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
-            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--copy-rows", "1",
-            "--copy-context", "8", "--copy-spans", "2", "3", "--repeat-share", "0", "--train-limit", "64",
+            "32", "--batch-size", "16", "--d-model", "32", "--layers", "2", "--heads", "4", "--train-limit", "64",
             "--warmup-steps", "2", "--threads", "1"]
-    first = [*base, "--span-sampling", "frequent", "--epochs", "1"]
+    first = [*base, "--repeat-share", "0.05", "--epochs", "1"]
     assert lm.main(first) == 0
     steps = json.loads((out / "metrics.json").read_text())["training"]["steps"]
     assert "commands" not in json.loads((out / "metrics.json").read_text())["training"]  # one command: no list
-    second = [*base, "--span-sampling", "uniform", "--epochs", "2", "--resume"]
+    second = [*base, "--repeat-share", "0", "--epochs", "2", "--resume"]
     assert lm.main(second) == 0
     record = json.loads((out / "metrics.json").read_text())["training"]
     assert record["commands"] == [{"command": "python -m train.lm " + " ".join(first), "from_step": 0},
                                   {"command": "python -m train.lm " + " ".join(second), "from_step": steps}]
     assert record["command"] == record["commands"][-1]["command"] and record["steps"] == 2 * steps
-    assert "earlier command" in record["data"]["synthetic_repeated_spans"]["flags"]  # the spans changed mid-run
 
 
 def test_train_lm_select_last_ships_the_final_weights_and_a_spent_budget_trains_no_further(
@@ -512,28 +473,3 @@ def test_train_lm_select_last_ships_the_final_weights_and_a_spent_budget_trains_
     shipped = {k: v.float() for k, v in load_file(next(out.glob("*.safetensors"))).items()}
     assert shipped.keys() <= final.keys() and shipped
     assert all(torch.allclose(shipped[k], final[k].float(), atol=1e-3) for k in shipped)
-
-
-def test_train_lm_smear_anneal_leaves_plain_keys_and_says_so(data_dir: Path, tmp_path: Path) -> None:
-    """--smear-anneal START END: the predecessor's share falls to nothing by END; the checkpoint's config holds
-    the weight its best step was trained with (0 here: plain keys), and the record says how it came about."""
-    import models
-    from train import lm
-
-    out, run = tmp_path / "lm", tmp_path / "run"
-    argv = ["--data-dir", str(data_dir), "--out", str(out), "--run-dir", str(run), "--vocab", "60", "--context",
-            "32", "--batch-size", "4", "--d-model", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-            "--smear-keys", "--smear-anneal", "0", "2", "--repeat-share", "0", "--train-limit", "64", "--epochs",
-            "2", "--warmup-steps", "2", "--threads", "1"]
-    assert lm.main(argv) == 0
-    model = models.load(out)
-    assert model.config.smear_keys and model.config.smear_weight == 0.0
-    record = json.loads((out / "metrics.json").read_text())["training"]
-    assert "from 1 at step 0 to 0 at step 2" in record["smear_anneal"]
-    assert record["smear_anneal"].endswith("0 in these weights")
-    assert all(b.attn.smear is not None for b in model.blocks)  # kept, but weighted 0 (tests/test_gpt.py)
-    task = lm.LMTask.__new__(lm.LMTask)  # the schedule alone: linear from START to END
-    task.smear_anneal = (10, 20)
-    assert [task.smear_weight(s) for s in (0, 10, 15, 19, 20, 500)] == [1.0, 1.0, 0.5, 0.1, 0.0, 0.0]
-    with pytest.raises(SystemExit):  # needs --smear-keys
-        lm.main([a for a in argv if a != "--smear-keys"])

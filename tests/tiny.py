@@ -111,9 +111,9 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
         elif name == "swin-fashion":
             model = Swin(SwinConfig(embed_dim=24, depths=(2, 2), heads=(2, 4), drop_path=0.0))
             save_checkpoint(root / name, model, labels=FASHION, text={})
-        elif name == "gpt-tiny":  # the LLaMA recipe with grouped-query attention and smeared keys, 128 positions
+        elif name == "gpt-tiny":  # as the shipped one: the LLaMA recipe, grouped-query heads, qkv biases; 128 positions
             model = GPT(GPTConfig(vocab_size=vocab, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                  smear_keys=True))  # as the shipped one
+                                  qkv_bias=True))
             save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
     return root
 
