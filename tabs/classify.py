@@ -30,7 +30,7 @@ from tabs.common import (
     target_index,
 )
 from tabs.permalink import Permalink, chain, one_of
-from tabs.serving import checkpoint_labels, configured, get_model
+from tabs.serving import batch_events, batched, checkpoint_labels, configured, get_model, heavy
 from viz import attribution as vattr
 from viz import images as vi
 
@@ -96,8 +96,8 @@ def build() -> Permalink:
     steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
              (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
              (deletion_plot, [state, explanation], [curve])]
-    chain(run.click, steps, api_name="classify")
-    chain(text.submit, steps)
+    chain(run.click, steps, api_name="classify", **batch_events("classify"))
+    chain(text.submit, steps, **batch_events("classify"))
     for control in (layer, head, view):
         control.change(draw_attention, [state, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
@@ -171,7 +171,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
     method = method_id(explanation)
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
     net = get_model(name, lambda done, what: progress(done, desc=what))  # a Hub model is fetched once
-    result = net.classify(text)
+    result = batched(name, "classify", classify_batch, net, text)  # with the requests arriving now
     amap = result.attention["encoder"]
     layer_u, head_u = controls_for(amap.layers, amap.heads)
     top = int(np.argmax(result.probs))
@@ -180,7 +180,8 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
         verdict += f"\n\n{result.notice}"
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
-    attribution = attribute(state, method, progress)
+    with heavy(method not in CHEAP):  # a gradient explanation is not batched: ATLAS_CONCURRENCY at once
+        attribution = attribute(state, method, progress)
     from models.decompose import attention_scores
 
     ids, _, _ = why.encode(net, text)
@@ -190,6 +191,23 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
                    attribution_target=attribution.label)
     return (verdict, fit(vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities")),
             colouring(attribution), *draw_attention(state, amap.layers - 1, head, view), state, npz, layer_u, head_u)
+
+
+CHEAP = ("attention", "rollout")  # explanations read from the kept attention (no model run)
+
+
+def classify_batch(model, texts: list[str]) -> list:
+    """Several texts through one classifier in batched passes (``EncoderClassifier.classify_many``); each answer
+    equals that text's own ``classify``, a refused input's answer is its exception."""
+    if hasattr(model, "classify_many"):
+        return model.classify_many(texts)
+    answers: list = []
+    for text in texts:
+        try:
+            answers.append(model.classify(text))
+        except Exception as err:
+            answers.append(err)
+    return answers
 
 
 def draw_attention(state, layer: int, head: str, view: str):

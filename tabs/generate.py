@@ -150,8 +150,8 @@ def build() -> Permalink:
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
-    chain(run.click, steps, api_name="generate")
-    chain(prompt.submit, steps)
+    chain(run.click, steps, api_name="generate", **serving.batch_events("generate"))
+    chain(prompt.submit, steps, **serving.batch_events("generate"))
     for control in (step, layer, head, view, pooling):
         control.change(draw_generation, [state, step, layer, head, view, pooling], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
@@ -230,8 +230,30 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     pooling = read_pooling(pooling)
     if previous and len(previous["result"].tokens) > limits.LONG_TOKENS:
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
-    result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
-                          top_p=top_p, seed=seed)
+    from models.lockstep import GenerateRequest
+
+    request = GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
+    # a long input is served alone, ATLAS_CONCURRENCY at once (its attention is large); the others in a batch with the
+    # requests for this model arriving meanwhile (models/lockstep.py)
+    long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
+    with serving.heavy(long_input):
+        result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed) if long_input else \
+            serving.batched(model or DEFAULT, "generate", generate_batch, net, request)
+        return _answer(net, model, result, strategy, temperature, top_k, top_p, seed, head, view, pooling)
+
+
+def generate_batch(net, requests: list) -> list:
+    """Several Generate requests for one model decoded together (``models.lockstep.generate_many``); each answer
+    equals that request's own ``generate``, a refused request's answer is its exception."""
+    from models.lockstep import generate_many
+
+    return generate_many(net, requests)
+
+
+def _answer(net, model: str | None, result, strategy: str, temperature: float, top_k: int, top_p: float, seed: int,
+            head: str, view: str, pooling: str):
+    """Generate's outputs for one result."""
     amap = result.attention["decoder"]
     long = len(result.tokens) > limits.LONG_TOKENS
     layer_u, head_u = controls_for(amap.layers, amap.heads)

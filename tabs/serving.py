@@ -7,9 +7,13 @@ Tabs take their models from here by name (`get_model`); nothing here draws or la
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -41,7 +45,16 @@ class ModelStore:
     def __init__(self) -> None:
         self._models: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {}
+        self._batchers: dict[tuple[str, str], Batcher] = {}
         self._guard = threading.Lock()
+
+    def batcher(self, name: str, action: str, run: Callable[[list[Any]], Sequence[Any]]) -> Batcher:
+        """The batcher of one model and action (made on first use with ``run``; one worker thread each)."""
+        with self._guard:
+            key = (name, action)
+            if key not in self._batchers:
+                self._batchers[key] = Batcher(run, name=f"{action}:{name}")
+            return self._batchers[key]
 
     def get(self, name: str, progress: Any = None) -> Any:
         """The model behind ``name``; ``progress(fraction, text)`` hears about a download on first use."""
@@ -98,6 +111,117 @@ class ModelStore:
         if device == "cpu":
             pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
         return model.to(device)
+
+
+# ---------------------------------------------------------------------------------------------- batching
+# Requests that arrive together for one model and action run as one batch (docs/ARCHITECTURE.md §9). ATLAS_BATCH=0
+# serves each request alone, as before (the benchmarks' baseline).
+# ATLAS_BATCH=gradio: Translate through Gradio's own batch=True instead (measured, not the default; §9).
+BATCH_MODE = os.environ.get("ATLAS_BATCH", "1").strip().lower()
+BATCHING = BATCH_MODE not in ("0", "gradio")
+GRADIO_BATCH = BATCH_MODE == "gradio"
+# Requests a batch takes at most; each batch function splits further by size (models' length runs).
+BATCH_MAX = max(1, int(os.environ.get("ATLAS_BATCH_MAX", "32")))
+# Handlers of a batched action that may run at once: they must reach the batcher together for it to batch them.
+BATCH_CONCURRENCY = max(1, int(os.environ.get("ATLAS_BATCH_CONCURRENCY", "32")))
+# The app's concurrency for everything else; work that is not batched inside a batched handler (long inputs,
+# slow explanations) takes one of this many permits, so raising a handler's concurrency never multiplies it.
+CONCURRENCY = max(1, int(os.environ.get("ATLAS_CONCURRENCY", "2")))
+_HEAVY = threading.BoundedSemaphore(CONCURRENCY)
+
+
+class Batcher:
+    """Runs ``run(items) -> answers`` (one answer or exception per item, in order) over the items submitted while
+    the previous batch ran: a worker thread takes everything queued (up to ``max_size``) the moment it is free, so
+    a lone request starts at once (no batch window) and a burst is served in a few large batches.
+
+    Every request gets its own answer: an item whose answer is an exception gets that exception; when ``run``
+    itself fails, each item of that batch is run again alone, so one bad request never fails the others. A
+    request cancelled before its batch starts (``Future.cancel``) is left out; one abandoned while its batch runs
+    is answered to nobody.
+    """
+
+    def __init__(self, run: Callable[[list[Any]], Sequence[Any]], max_size: int = BATCH_MAX, name: str = "batch"):
+        self.run, self.max_size, self.name = run, max(1, max_size), name
+        self.sizes: Counter[int] = Counter()  # how many batches of each size ran (tests, logs)
+        self._pending: deque[tuple[Any, Future]] = deque()
+        self._cond = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+    def submit(self, item: Any) -> Future:
+        future: Future = Future()
+        with self._cond:
+            self._pending.append((item, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name=f"batcher-{self.name}", daemon=True)
+                self._worker.start()
+            self._cond.notify()
+        return future
+
+    def __call__(self, item: Any, timeout: float | None = None) -> Any:
+        """Submit one item and wait for its answer (raising its exception)."""
+        return self.submit(item).result(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                batch = []
+                while self._pending and len(batch) < self.max_size:
+                    item, future = self._pending.popleft()
+                    if future.set_running_or_notify_cancel():  # False: cancelled while it waited
+                        batch.append((item, future))
+            if batch:
+                self.sizes[len(batch)] += 1
+                self._execute(batch)
+
+    def _execute(self, batch: list[tuple[Any, Future]]) -> None:
+        try:
+            answers = list(self.run([item for item, _ in batch]))
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{self.name}: {len(answers)} answers for {len(batch)} requests")
+        except BaseException as err:  # the batch as a whole failed: each request alone, so only a bad one fails
+            if len(batch) == 1:
+                batch[0][1].set_exception(err if isinstance(err, Exception) else RuntimeError(str(err)))
+                return
+            for one in batch:
+                self._execute([one])
+            return
+        for (_, future), answer in zip(batch, answers):
+            if isinstance(answer, BaseException):
+                future.set_exception(answer)
+            else:
+                future.set_result(answer)
+
+
+def batched(name: str, action: str, run: Callable[[Any, list[Any]], Sequence[Any]], model: Any, item: Any) -> Any:
+    """``run(model, [item])[0]``, served in a batch with the other requests for this model and action that
+    arrive meanwhile (ATLAS_BATCH=0: alone, in the calling thread). Raises the item's exception."""
+    if not BATCHING:
+        answer = run(model, [item])[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+    return MODELS.batcher(name, action, lambda items: run(model, items))(item)
+
+
+def batch_events(action: str) -> dict[str, Any]:
+    """The event options of a batched action's handler (``chain(..., **batch_events(...))``): its own pool of
+    BATCH_CONCURRENCY handlers (a pool shared by the button and the textbox's submit), so that a burst reaches the
+    batcher together; the app's default concurrency when batching is off."""
+    return {"concurrency_limit": BATCH_CONCURRENCY, "concurrency_id": f"batched-{action}"} if BATCHING else {}
+
+
+@contextlib.contextmanager
+def heavy(needed: bool = True) -> Iterator[None]:
+    """Hold one of ATLAS_CONCURRENCY permits while doing work that is not batched (a long input, a slow
+    explanation) inside a handler whose concurrency batching raised."""
+    if not needed:
+        yield
+        return
+    with _HEAVY:
+        yield
 
 
 IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's

@@ -24,7 +24,7 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
-from tabs.serving import get_model
+from tabs.serving import BATCH_MAX, GRADIO_BATCH, batch_events, batched, get_model
 from viz import text as vt
 
 TITLE = "Translate"
@@ -69,8 +69,11 @@ def build() -> Permalink:
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
              (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"})]
-    chain(run.click, steps, api_name="translate")
-    chain(text.submit, steps)
+    if GRADIO_BATCH:  # the measured alternative to the model store's batcher (docs/ARCHITECTURE.md §9)
+        steps[0] = (translate_gradio_batch, inputs, outputs,
+                    {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})
+    chain(run.click, steps, api_name="translate", **batch_events("translate"))
+    chain(text.submit, steps, **batch_events("translate"))
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
@@ -91,7 +94,13 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     model = get_model(MODEL)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
-    result = model.translate(text, beam_size=beam)
+    result = batched(MODEL, "translate", translate_batch, model, (text, beam))  # with the requests arriving now
+    return _translated(model, text, beam, rest, split_notice, result, kind, head, view)
+
+
+def _translated(model, text: str, beam: int, rest: list[str], split_notice: str, result, kind: str, head: str,
+                view: str):
+    """translate's outputs for one result."""
     translation = " ".join([result.text, *(model.translate(s, beam_size=beam).text for s in rest)])
     cross = result.attention["cross"]
     layer_u, head_u = controls_for(cross.layers, cross.heads)
@@ -107,6 +116,36 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
+
+
+def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str], layers: list[int], heads: list[str],
+                           views: list[str]):
+    """The measured alternative (ATLAS_BATCH=gradio, docs/ARCHITECTURE.md §9): Gradio's ``batch=True`` hands the
+    queued requests over as lists; one batched search, then every request's figures in this one thread. A request
+    that fails fails the whole batch (a batch function returns no per-request errors)."""
+    model = get_model(MODEL)
+    prepared = []
+    for text, beam_size in zip(texts, beams):
+        beam = max(1, min(int(beam_size), MAX_BEAM))
+        prepared.append((*split_long(model, read_text(text)), beam))
+    results = translate_batch(model, [(text, beam) for text, _, _, beam in prepared])
+    outputs = []
+    for (text, rest, notice, beam), result, kind, head, view in zip(prepared, results, kinds, heads, views):
+        if isinstance(result, Exception):
+            raise result
+        outputs.append(_translated(model, text, beam, rest, notice, result, kind, head, view))
+    return [list(column) for column in zip(*outputs)]
+
+
+def translate_batch(model, items: list[tuple[str, int]]) -> list:
+    """Several (text, beam size) requests: one batched search per beam size (``Translator.translate_many``); each
+    answer equals that text's own ``translate``, a refused input's answer is its exception."""
+    answers: list = [None] * len(items)
+    for beam in sorted({b for _, b in items}):
+        rows = [i for i, (_, b) in enumerate(items) if b == beam]
+        for i, answer in zip(rows, model.translate_many([items[i][0] for i in rows], beam_size=beam)):
+            answers[i] = answer
+    return answers
 
 
 SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'»”)\]]))\s+")  # the space after . ! ? … (and a quote)
