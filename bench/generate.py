@@ -3,18 +3,26 @@
 GPT-2 small's shape (12 layers, 12 heads, d=768, 50,257 tokens, 124 M parameters), random weights rounded
 to fp16 and given to both sides, a 20-token prompt, exactly 30 new tokens, greedy, attention kept for every
 step:
-- ours: ``GPT.generate`` (KV cache, fused attention while generating, then one explicit pass over every
-  token for the attention, the step candidates and the surprisal), its large linear layers fp16-packed as
-  the app's model store packs them (``models.packed``);
+- ours: ``models.fastgen.generate`` (the serving path: attention weights computed while decoding, a preallocated
+  KV cache, no second pass), on the model with its large linear layers fp16-packed as the app's model store packs
+  them (``models.packed``); ``GPT.generate``, the readable version it reproduces (KV cache with the fused
+  kernel, then one explicit pass over every token), is timed beside it as ``plain``;
 - reference: transformers' ``GPT2LMHeadModel`` in float32, ``attn_implementation="eager"``, its KV cache
   and ``generate(output_attentions=True, return_dict_in_generate=True)``.
 Warm-up, then the median of ``--repeats`` alternating runs. ``identical``: the same 30 token ids, and every
-step's attention rows within 1e-4 of ours.
+step's attention rows within 1e-5 of ours.
+
+The bandwidth floor: a decoding step multiplies one row by every weight matrix, so it reads every weight once
+(``weight_bytes``: the blocks' and the output projection's weights as stored for the multiply, fp16 where
+packed, plus biases and norms; the embedding reads one row). ``copy_gb_s`` is this machine's memory bandwidth,
+measured here as a large tensor copy (bytes read + bytes written per second, as STREAM's "copy" counts).
+``floor_ms_per_token`` = weight_bytes / bandwidth; ``ours_ms_per_token`` = ours_s / new tokens (prompt pass
+included), and ``ratio_to_floor`` their quotient (1.0 would be the memory-bound limit).
 
     python bench/generate.py [--repeats 5] [--threads 0]
 
-Last stdout line: one JSON object with ``speedup`` (reference / ours), ``ours_s``, ``reference_s``,
-``identical`` and the machine.
+Last stdout line: one JSON object with ``speedup`` (reference / ours), ``ours_s``, ``reference_s``, ``plain_s``,
+``identical``, ``max_attention_diff``, the floor figures above and the machine.
 """
 
 from __future__ import annotations
@@ -35,6 +43,37 @@ if str(ROOT) not in sys.path:
 from bench._server import machine_info  # noqa: E402
 
 PROMPT, NEW = 20, 30
+TOLERANCE = 1e-5  # attention: ours against transformers'
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
+    """This machine's memory bandwidth in bytes/s: a ``mib``-MiB float32 tensor copied into another (far larger
+    than any cache), bytes read + written over the median time."""
+    src = torch.ones(mib << 18)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch of the pages
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every block's parameters and the final norm and output projection,
+    fp16-packed matrices at 2 bytes a weight (models.packed), the rest as stored; of the embeddings one row each."""
+    from models.packed import PackedLinear
+
+    total = 0
+    parts = [model.blocks, model.norm, model.lm_head]
+    for part in parts:
+        for m in part.modules():
+            for name, p in m.named_parameters(recurse=False):
+                packed = isinstance(m, PackedLinear) and name == "weight"
+                total += p.numel() * (2 if packed else p.element_size())
+    rows = [model.embed] + ([model.positions] if model.positions is not None else [])
+    return total + sum(e.weight[0].numel() * e.weight.element_size() for e in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from models import fastgen
     from models.hf import gpt2_from_state
     from models.packed import pack_linears
 
@@ -64,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
 
     def run_ours():
+        return fastgen.generate(ours, prompt[0].tolist(), max_new_tokens=NEW)
+
+    def run_plain():
         return ours.generate(prompt[0].tolist(), max_new_tokens=NEW)
 
     def run_ref():
@@ -71,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             return ref.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, use_cache=True,
                                 output_attentions=True, return_dict_in_generate=True, pad_token_id=50256)
 
-    a, b = run_ours(), run_ref()  # warm-up, and the comparison
+    a, b, c = run_ours(), run_ref(), run_plain()  # warm-up, and the comparison
     same_ids = a.ids == b.sequences[0].tolist()
+    plain_same = a.ids == c.ids
     diff = 0.0
     mine = a.attention["decoder"].weights  # (L, H, T, T)
     for step, layers in enumerate(b.attentions):  # step 0: the prompt (PROMPT queries); then one query each
@@ -82,20 +126,35 @@ def main(argv: list[str] | None = None) -> int:
             s = w.shape[3]
             assert q == rows.stop - rows.start
             diff = max(diff, float((torch.from_numpy(mine[layer, :, rows, :s]) - w[0]).abs().max()))
-    times: dict[str, list[float]] = {"ours": [], "reference": []}
+    plain_diff = float(abs(mine - c.attention["decoder"].weights).max())
+    bandwidth = copy_bandwidth()
+    times: dict[str, list[float]] = {"ours": [], "reference": [], "plain": []}
     for _ in range(args.repeats):
-        for name, fn in (("ours", run_ours), ("reference", run_ref)):
+        for name, fn in (("ours", run_ours), ("reference", run_ref), ("plain", run_plain)):
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+    bandwidth = max(bandwidth, copy_bandwidth())  # before and after the timed runs: the better of the two
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["reference"])
+    plain_s = statistics.median(times["plain"])
+    nbytes = weight_bytes(ours)
+    floor_ms = 1e3 * nbytes / bandwidth
+    ours_ms = 1e3 * ours_s / len(a.steps)
     report = {"speedup": round(ref_s / ours_s, 2), "ours_s": round(ours_s, 3), "reference_s": round(ref_s, 3),
-              "identical": bool(same_ids and diff < 1e-4), "same_ids": same_ids, "max_attention_diff": diff,
+              "plain_s": round(plain_s, 3), "speedup_plain": round(ref_s / plain_s, 2),
+              "identical": bool(same_ids and diff < TOLERANCE), "same_ids": same_ids, "max_attention_diff": diff,
+              "plain_same_ids": plain_same, "plain_max_attention_diff": plain_diff,
+              "weight_bytes": nbytes, "copy_gb_s": round(bandwidth / 1e9, 2), "floor_ms_per_token": round(floor_ms, 2),
+              "ours_ms_per_token": round(ours_ms, 2), "ratio_to_floor": round(ours_ms / floor_ms, 2),
+              "reference_ms_per_token": round(1e3 * ref_s / len(a.steps), 2),
+              "times": {k: [round(t, 3) for t in v] for k, v in times.items()},
               "new_tokens": len(a.steps), "prompt_tokens": PROMPT, "layers": args.layers, "packed_layers": packed,
               "parameters": sum(p.numel() for p in ref.parameters()), "repeats": args.repeats,
               "threads": torch.get_num_threads(), **machine_info()}
-    print(f"ours {ours_s:.3f} s, transformers {ref_s:.3f} s: ×{ref_s / ours_s:.2f}; same ids {same_ids}, "
-          f"attention within {diff:.1e}", file=sys.stderr)
+    print(f"ours {ours_s:.3f} s, transformers {ref_s:.3f} s: ×{ref_s / ours_s:.2f} (GPT.generate {plain_s:.3f} s: "
+          f"×{ref_s / plain_s:.2f}); same ids {same_ids}, attention within {diff:.1e}; {ours_ms:.1f} ms/token against "
+          f"a floor of {floor_ms:.1f} ({nbytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s): ×{ours_ms / floor_ms:.2f}",
+          file=sys.stderr)
     print(json.dumps(report))
     return 0
 

@@ -12,11 +12,15 @@ its 256x1024 feed-forward layers, but slower for small square matrices, so only 
 same module object, parameters and state-dict names; only its no-grad float32 CPU forward changes.
 Training (grad enabled), other devices and other dtypes run plain ``F.linear``, and a weight changed in
 place is packed again on its next use.
+
+``joined(*linears)``: one function computing several layers that read the same input (a query, key and value
+projection; a gate and an up projection) in one multiply, packed when the layers are (``models/fastgen.py``).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +54,17 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or not x.numel():
             return F.linear(x, self.weight, self.bias)
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.prepacked())
+
+    def prepacked(self) -> object:
+        """The fp16-packed copy of the current weight and bias (packed again after an in-place change)."""
         key = self._key()
         packed = self._packed
         if packed is None or self._packed_key != key:
             bias = None if self.bias is None else self.bias.detach().float()
             packed = torch.ops.quantized.linear_prepack_fp16(self.weight.detach().float(), bias)
             self._packed, self._packed_key = packed, key
-        return torch.ops.quantized.linear_dynamic_fp16(x, packed)
+        return packed
 
     def __getstate__(self) -> dict:  # copies and pickles re-pack on first use
         state = self.__dict__.copy()
@@ -85,3 +93,33 @@ def pack_linears(model: nn.Module, min_weights: int = MIN_WEIGHTS) -> int:
         m.__class__ = PackedLinear
         n += 1
     return n
+
+
+def joined(*linears: nn.Linear) -> Callable[[Tensor], Tensor]:
+    """x -> torch.cat([lin(x) for lin in linears], -1), for inference, on the weights as they are now. Packed layers
+    (:class:`PackedLinear`) read their fp16-packed copy; several layers that read the same input (a query, key and
+    value projection; a gate and an up projection) are then one multiply, on one packed copy of their concatenated
+    weights when every weight and bias is exact in fp16 (the same numbers up to summation order). Plain layers run
+    ``F.linear`` on their own weights."""
+
+    def plain(lin: nn.Linear) -> Callable[[Tensor], Tensor]:
+        bias = None if lin.bias is None else lin.bias.detach()
+        return functools.partial(F.linear, weight=lin.weight.detach(), bias=bias)
+
+    cpu32 = all(lin.weight.device.type == "cpu" and lin.weight.dtype == torch.float32 for lin in linears)
+    if not cpu32 or not any(isinstance(lin, PackedLinear) for lin in linears):
+        if len(linears) == 1:
+            return plain(linears[0])
+        parts = [plain(lin) for lin in linears]
+        return lambda x: torch.cat([f(x) for f in parts], -1)
+    if len(linears) == 1:  # its own packed copy
+        return functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=linears[0].prepacked())
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    zero = [lin.weight.new_zeros(lin.out_features) for lin in linears]
+    bias = None if all(lin.bias is None for lin in linears) else torch.cat(
+        [z if lin.bias is None else lin.bias.detach() for lin, z in zip(linears, zero)])
+    if fp16_exact(weight) and (bias is None or fp16_exact(bias)):
+        packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        return functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=packed)
+    parts = [lin if isinstance(lin, PackedLinear) else plain(lin) for lin in linears]
+    return lambda x: torch.cat([f(x) for f in parts], -1)

@@ -1,0 +1,295 @@
+"""``GPT.generate``'s result, computed the way a server computes it (docs/ARCHITECTURE.md §2, the serving layer).
+
+``models/gpt.py`` is the readable version: a KV-cache loop that uses the fused attention kernel, then one more
+explicit pass over every token for the attention rows, the surprisal of every token and nothing else. This module
+returns the same ``GenerationResult`` (the same token ids and choices; every attention row, candidate probability
+and surprisal equal up to summation order) in about half the time, because:
+
+- the attention weights are computed while decoding: the prompt pass and each new token go through the explicit
+  softmax (a few hundred keys at most, as cheap as the fused kernel here), so no final pass re-reads every weight
+  matrix for every token; the last token chosen goes through the layers once more, without the output projection
+  (its attention rows are all that is missing), and without the last layer's feed-forward;
+- the surprisal of the prompt's tokens comes from the prompt pass (the output projection over the prompt's rows,
+  read in chunks), that of each generated token from the step that chose it;
+- keys and values go into a cache allocated once for the whole sequence, not grown by ``torch.cat`` each step;
+  query heads that share a key/value head (grouped-query attention) read it through a reshape, not a copy;
+- everything runs under ``torch.inference_mode``, and the model's own modules do the arithmetic (its norms,
+  projections and feed-forward layers), so the model store's fp16-packed linear layers (``models.packed``) serve
+  both paths: on a GPT-2-small-shaped model a decoding step reads about as many bytes as the weights hold.
+
+``generate(model, text, ...)`` takes ``GPT.generate``'s arguments. Models with a part this module does not
+know (an attention module with more than its four projections) are passed to ``model.generate`` unchanged.
+``bench/generate.py`` measures it against transformers; ``tests/test_fastgen.py`` compares it with
+``GPT.generate`` field by field.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models import limits
+from models.outputs import AttentionMap, GenerationResult, GenerationStep
+from models.packed import joined
+from models.positional import apply_rope
+
+LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (vocabulary-wide logits each)
+ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
+FF_PARTS = frozenset({"up", "gate", "down"})
+
+
+def supports(model) -> bool:
+    """Whether this module computes what ``model.generate`` computes: a ``models.gpt.GPT`` whose attention is
+    its four projections and whose feed-forward layer its two or three, nothing else (no learned parts of
+    their own, no extra modules)."""
+    from models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        return False
+    for block in model.blocks:
+        for module, parts in ((block.attn, ATTENTION_PARTS), (block.ff, FF_PARTS)):
+            extra = {name for name, m in module.named_children() if m is not None} - parts
+            if extra or any(p is not None for p in module._parameters.values()):
+                return False
+    return True
+
+
+def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
+    """``model.generate(text, ...)``'s result (models/gpt.py), computed as the module docstring says."""
+    if not supports(model):
+        return model.generate(text, max_new_tokens=max_new_tokens, strategy=strategy, temperature=temperature,
+                              top_k=top_k, top_p=top_p, seed=seed)
+    with torch.inference_mode():
+        return _Decoder(model, plan(model)).run(text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
+
+
+# --------------------------------------------------------------------------------------------------- the plan
+Fn = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One block as plain functions of (T, D) rows: the model's own norms and weights, no module calls."""
+
+    norm1: Fn
+    qkv: Fn  # -> (T, (H + 2·Hkv)·d): queries, keys, values
+    o: Fn
+    norm2: Fn
+    up: Fn  # GPT-2: the up projection; LLaMA: gate and up together -> (T, 2·F)
+    down: Fn
+    gated: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    key: tuple  # the parameters' versions and storage when it was made: a changed weight makes a new plan
+    layers: list[_Layer]
+    norm: Fn
+    head: Fn
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Plan
+
+
+def _version(model) -> tuple:
+    return tuple((p._version, p.data_ptr()) for p in model.parameters())
+
+
+def _norm(module) -> Fn:
+    if type(module) is torch.nn.LayerNorm:
+        return functools.partial(F.layer_norm, normalized_shape=module.normalized_shape,
+                                 weight=module.weight.detach(), bias=module.bias.detach(), eps=module.eps)
+    return module  # RMSNorm: its own forward
+
+
+def plan(model) -> Plan:
+    """The functions one generation runs, made once per model (and again after any weight changes in place): the
+    model's norms, its linear layers as ``models.packed.joined`` makes them (query, key and value projections in
+    one multiply, gate and up in one; fp16-packed where the model store packed them)."""
+    key = _version(model)
+    made = _PLANS.get(model)
+    if made is not None and made.key == key:
+        return made
+    layers = []
+    with torch.inference_mode():
+        for block in model.blocks:
+            attn, ff = block.attn, block.ff
+            gated = ff.gate is not None
+            layers.append(_Layer(norm1=_norm(block.norm1), qkv=joined(attn.q_proj, attn.k_proj, attn.v_proj),
+                                 o=joined(attn.o_proj), norm2=_norm(block.norm2),
+                                 up=joined(ff.gate, ff.up) if gated else joined(ff.up), down=joined(ff.down),
+                                 gated=gated))
+        made = Plan(key, layers, _norm(model.norm), joined(model.lm_head))
+    _PLANS[model] = made
+    return made
+
+
+class _Decoder:
+    """One generation: the model, its plan, the preallocated caches and the attention array being filled."""
+
+    def __init__(self, model, plan: Plan) -> None:
+        self.model, self.plan = model, plan
+        self.c = model.config
+        self.device = model.embed.weight.device
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def run(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed) -> GenerationResult:
+        from models.gpt import STRATEGIES, sample
+
+        model, c = self.model, self.c
+        # what GPT.generate checks and cuts, in its order and with its messages
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+        ids = list(text) if not isinstance(text, str) else model.encode_prompt(text)[0]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        limit = model.context_limit()
+        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
+        notice = ""
+        if len(ids) + new > limit:  # keep the prompt's last tokens (and the BOS of our own models)
+            keep = limit - new
+            head = [ids[0]] if ids[0] == c.bos_id and model._adds_bos() else []
+            notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
+            ids = head + ids[len(ids) - (keep - len(head)):]
+        prompt_len = len(ids)
+        g = torch.Generator(device="cpu").manual_seed(int(seed))
+        eos = model.eos_id()
+
+        self._allocate(prompt_len + new, prompt_len)
+        surprisal = np.full(prompt_len + new, np.nan, dtype=np.float32)
+        logits = self._prompt(ids, surprisal)  # (V,) after the prompt's last token
+        steps: list[GenerationStep] = []
+        for step in range(new):
+            scores = logits.float()
+            probs = torch.softmax(scores, -1).cpu()
+            top = torch.topk(probs, min(5, probs.numel()))
+            if strategy == "greedy":
+                choice = int(top.indices[0])
+            else:
+                choice = sample(scores.cpu(), temperature, top_k, top_p, g)
+            steps.append(GenerationStep([model.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
+                                        model.piece(choice), float(probs[choice])))
+            surprisal[len(ids)] = -float(torch.log_softmax(scores, -1)[choice])
+            ids.append(choice)
+            last = choice == eos or step == new - 1
+            logits = self._step(choice, len(ids) - 1, last)  # the last token: its attention rows only
+            if last:
+                break
+        tokens = [model.piece(i) for i in ids]
+        weights = self._attention(len(ids))
+        return GenerationResult(text=model.tokenizer.decode(ids[prompt_len:]) if model.tokenizer else "",
+                                tokens=tokens, ids=ids, prompt_len=prompt_len,
+                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
+                                steps=steps, surprisal=surprisal[: len(ids)] / np.float32(math.log(2)),
+                                notice=notice)
+
+    # ------------------------------------------------------------------------------------------ the buffers
+    def _allocate(self, n: int, prompt_len: int) -> None:
+        """Caches for n positions, and the (L, H, n, n) attention array the passes write their rows into."""
+        c, dev = self.c, self.device
+        dtype = self.model.embed.weight.dtype
+        self.k = [torch.zeros(c.kv_heads, n, c.d_head, device=dev, dtype=dtype) for _ in range(c.n_layers)]
+        self.v = [torch.zeros(c.kv_heads, n, c.d_head, device=dev, dtype=dtype) for _ in range(c.n_layers)]
+        # GPT.generate returns float32 up to limits.LONG_TOKENS tokens and float16 above (gpt.attention_array):
+        # float16 from the start when the prompt alone is longer, else float32, rounded at the end if need be
+        long = prompt_len > limits.LONG_TOKENS
+        self.att = torch.zeros(c.n_layers, c.n_heads, n, n, dtype=torch.float16 if long else torch.float32)
+
+    def _attention(self, t: int) -> np.ndarray:
+        """The (L, H, t, t) block of the attention array, as GPT.generate returns it. A stop at EOS leaves the
+        array's last rows unused: the block is moved to the front of the same buffer (no second copy)."""
+        a = self.att.numpy()
+        n = a.shape[-1]
+        if t < n:
+            out = a.reshape(-1)[: a.shape[0] * a.shape[1] * t * t].reshape(*a.shape[:2], t, t)
+            for i in range(a.shape[0]):  # plane by plane: each lands before any plane not yet moved
+                for j in range(a.shape[1]):
+                    out[i, j] = a[i, j, :t, :t]
+            a = out
+        if t > limits.LONG_TOKENS and a.dtype != np.float16:
+            a = a.astype(np.float16)
+        return a
+
+    # ---------------------------------------------------------------------------------------------- passes
+    def _prompt(self, ids: list[int], surprisal: np.ndarray) -> Tensor:
+        """Every prompt token at once: cache, attention rows 0..P-1, the prompt's surprisal; returns the logits
+        after its last token (V,)."""
+        p = len(ids)
+        h = self.plan.norm(self._layers(torch.tensor(ids, device=self.device), 0, skip_last_ff=False))  # (P, D)
+        target = torch.tensor(ids[1:], device=self.device)
+        logits = None
+        for a in range(0, p, LOGIT_CHUNK):  # vocabulary-wide logits a chunk of rows at a time
+            b = min(a + LOGIT_CHUNK, p)
+            logits = self.plan.head(h[a:b])
+            e = min(b, p - 1)  # rows a..e-1 predict the prompt's tokens a+1..e
+            if e > a:
+                logp = torch.log_softmax(logits[: e - a].float(), -1)
+                surprisal[a + 1 : e + 1] = (-logp.gather(1, target[a:e, None])[:, 0]).cpu().numpy()
+        assert logits is not None
+        return logits[-1]
+
+    def _step(self, token: int, pos: int, last: bool) -> Tensor | None:
+        """One new token at position ``pos``: cache, attention rows; its logits (V,), or None for the last."""
+        x = self._layers(torch.tensor([token], device=self.device), pos, skip_last_ff=last)
+        if last:
+            return None
+        return self.plan.head(self.plan.norm(x))[0]
+
+    def _layers(self, ids: Tensor, start: int, skip_last_ff: bool) -> Tensor:
+        """Tokens ``ids`` (T,) at positions start.. through every block; their residual stream (T, D)."""
+        model, c = self.model, self.c
+        t = ids.numel()
+        end = start + t
+        x = F.embedding(ids, model.embed.weight)
+        angles = None
+        if model.positions is not None:
+            x = x + model.positions.weight[start:end]
+        else:
+            angles = model.angles[start:end]
+        h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
+        group = h_q // h_kv
+        scale = 1.0 / math.sqrt(d)
+        mask = None
+        if t > 1:  # query i (position start + i) sees keys 0..start + i
+            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(start).logical_not_()
+        last = len(self.plan.layers) - 1
+        for i, layer in enumerate(self.plan.layers):
+            qkv = layer.qkv(layer.norm1(x))  # (T, (H + 2·Hkv)·d)
+            q, k, v = qkv.split((h_q * d, h_kv * d, h_kv * d), -1)
+            q = q.view(t, h_q, d).transpose(0, 1)  # (H, T, d)
+            k = k.view(t, h_kv, d).transpose(0, 1)  # (Hkv, T, d)
+            if angles is not None:
+                q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
+            keys, values = self.k[i][:, :end], self.v[i][:, :end]  # (Hkv, S, d), this pass's rows written next
+            keys[:, start:] = k
+            values[:, start:] = v.view(t, h_kv, d).transpose(0, 1)
+            # the query heads h·group .. h·group + group − 1 share key/value head h: (Hkv, group·T, d)
+            scores = torch.baddbmm(keys.new_empty(()), q.reshape(h_kv, group * t, d), keys.transpose(1, 2),
+                                   beta=0.0, alpha=scale)
+            if mask is not None:
+                scores = scores.view(h_kv, group, t, end).masked_fill_(mask, float("-inf")).view(h_kv, group * t, end)
+            w = torch.softmax(scores, -1)
+            self.att[i, :, start:end, :end] = w.view(h_q, t, end)
+            out = torch.bmm(w, values).view(h_q, t, d).transpose(0, 1).reshape(t, h_q * d)  # (T, H·d)
+            x = x + layer.o(out)
+            if skip_last_ff and i == last:
+                break
+            h = layer.up(layer.norm2(x))
+            if layer.gated:
+                gate, up = h.chunk(2, -1)
+                h = F.silu(gate) * up
+            else:
+                h = F.gelu(h, approximate="tanh")
+            x = x + layer.down(h)
+        return x
