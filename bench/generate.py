@@ -22,7 +22,8 @@ included), and ``ratio_to_floor`` their quotient (1.0 would be the memory-bound 
     python bench/generate.py [--repeats 5] [--threads 0]
 
 Last stdout line: one JSON object with ``speedup`` (reference / ours), ``ours_s``, ``reference_s``, ``plain_s``,
-``identical``, ``max_attention_diff``, the floor figures above and the machine.
+``identical``, ``max_attention_diff``, the floor figures above, ``cpu_s`` and ``speedup_cpu`` (the process's CPU
+seconds, medians: with ``--threads 1`` a comparison that other work on a busy machine hardly moves) and the machine.
 """
 
 from __future__ import annotations
@@ -129,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     plain_diff = float(abs(mine - c.attention["decoder"].weights).max())
     bandwidth = copy_bandwidth()
     times: dict[str, list[float]] = {"ours": [], "reference": [], "plain": []}
+    cpu: dict[str, list[float]] = {"ours": [], "reference": [], "plain": []}
     for _ in range(args.repeats):
         for name, fn in (("ours", run_ours), ("reference", run_ref), ("plain", run_plain)):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     bandwidth = max(bandwidth, copy_bandwidth())  # before and after the timed runs: the better of the two
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["reference"])
     plain_s = statistics.median(times["plain"])
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
               "ours_ms_per_token": round(ours_ms, 2), "ratio_to_floor": round(ours_ms / floor_ms, 2),
               "reference_ms_per_token": round(1e3 * ref_s / len(a.steps), 2),
               "times": {k: [round(t, 3) for t in v] for k, v in times.items()},
+              # CPU seconds of this process: with --threads 1 a measure that other work on the machine hardly moves
+              "cpu_s": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
+              "speedup_cpu": round(statistics.median(cpu["reference"]) / statistics.median(cpu["ours"]), 2),
+              "ratio_to_floor_cpu": round(1e3 * statistics.median(cpu["ours"]) / len(a.steps) / floor_ms, 2),
               "new_tokens": len(a.steps), "prompt_tokens": PROMPT, "layers": args.layers, "packed_layers": packed,
               "parameters": sum(p.numel() for p in ref.parameters()), "repeats": args.repeats,
               "threads": torch.get_num_threads(), **machine_info()}

@@ -199,8 +199,8 @@ class _Decoder:
         """Caches for n positions, and the (L, H, n, n) attention array the passes write their rows into."""
         c, dev = self.c, self.device
         dtype = self.model.embed.weight.dtype
-        self.k = [torch.zeros(c.kv_heads, n, c.d_head, device=dev, dtype=dtype) for _ in range(c.n_layers)]
-        self.v = [torch.zeros(c.kv_heads, n, c.d_head, device=dev, dtype=dtype) for _ in range(c.n_layers)]
+        # per layer (n, keys | values × Hkv × d): a token's keys and values side by side, as the projection gives them
+        self.kv = [torch.zeros(n, 2 * c.kv_heads * c.d_head, device=dev, dtype=dtype) for _ in range(c.n_layers)]
         # GPT.generate returns float32 up to limits.LONG_TOKENS tokens and float16 above (gpt.attention_array):
         # float16 from the start when the prompt alone is longer, else float32, rounded at the end if need be
         long = prompt_len > limits.LONG_TOKENS
@@ -266,17 +266,16 @@ class _Decoder:
         last = len(self.plan.layers) - 1
         for i, layer in enumerate(self.plan.layers):
             qkv = layer.qkv(layer.norm1(x))  # (T, (H + 2·Hkv)·d)
-            q, k, v = qkv.split((h_q * d, h_kv * d, h_kv * d), -1)
-            q = q.view(t, h_q, d).transpose(0, 1)  # (H, T, d)
-            k = k.view(t, h_kv, d).transpose(0, 1)  # (Hkv, T, d)
-            if angles is not None:
-                q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
-            keys, values = self.k[i][:, :end], self.v[i][:, :end]  # (Hkv, S, d), this pass's rows written next
-            keys[:, start:] = k
-            values[:, start:] = v.view(t, h_kv, d).transpose(0, 1)
+            cache = self.kv[i][:end].view(end, 2, h_kv, d)  # (S, keys | values, Hkv, d): this pass's rows next
+            cache[start:] = qkv[:, h_q * d :].view(t, 2, h_kv, d)
+            q = qkv[:, : h_q * d].view(t, h_q, d).transpose(0, 1)  # (H, T, d)
+            if angles is not None:  # RoPE: queries and keys turned by their positions, the keys before caching
+                q = apply_rope(q, angles, c.rope_layout)
+                k = cache[start:, 0].transpose(0, 1)  # (Hkv, T, d)
+                cache[start:, 0] = apply_rope(k, angles, c.rope_layout).transpose(0, 1)
+            keys, values = cache[:, 0].permute(1, 2, 0), cache[:, 1].transpose(0, 1)  # (Hkv, d, S), (Hkv, S, d)
             # the query heads h·group .. h·group + group − 1 share key/value head h: (Hkv, group·T, d)
-            scores = torch.baddbmm(keys.new_empty(()), q.reshape(h_kv, group * t, d), keys.transpose(1, 2),
-                                   beta=0.0, alpha=scale)
+            scores = torch.baddbmm(qkv.new_empty(()), q.reshape(h_kv, group * t, d), keys, beta=0.0, alpha=scale)
             if mask is not None:
                 scores = scores.view(h_kv, group, t, end).masked_fill_(mask, float("-inf")).view(h_kv, group * t, end)
             w = torch.softmax(scores, -1)

@@ -109,3 +109,23 @@ def test_shipped_translator_decodes_the_same_packed_or_not() -> None:
         assert abs(a.score - b.score) < 1e-4
         for kind in a.attention:
             np.testing.assert_allclose(a.attention[kind].weights, b.attention[kind].weights, atol=1e-4)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_joined_layers_give_each_layers_output(bias: bool) -> None:
+    from models.packed import joined
+
+    q, k, v = fp16_linear(256, 1024, bias, seed=1), fp16_linear(256, 256, bias, seed=2), fp16_linear(256, 256, bias, 3)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        want = torch.cat([F.linear(x, m.weight, m.bias) for m in (q, k, v)], -1)
+        plain = joined(q, k, v)(x)  # nothing packed: each layer's own F.linear
+        assert torch.equal(plain, want)
+        assert torch.equal(joined(k)(x), F.linear(x, k.weight, k.bias))
+        pack_linears(q)  # only the large one qualifies, as in a grouped-query model
+        packed = joined(q, k, v)(x)  # one multiply on one packed copy of all three, where fbgemm is there
+        torch.testing.assert_close(packed, want, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(joined(q)(x), F.linear(x, q.weight, q.bias), atol=2e-5, rtol=1e-5)
+        inexact = nn.Linear(256, 256, bias=bias)  # not exact in fp16: never packed, its own F.linear
+        torch.testing.assert_close(joined(q, inexact)(x), torch.cat([q(x), inexact(x)], -1))
+    assert q.weight.shape == (1024, 256) and (q.weight.grad is None)  # the layers themselves are untouched
