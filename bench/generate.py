@@ -15,7 +15,8 @@ step's attention rows within 1e-5 of ours.
 The bandwidth floor: a decoding step multiplies one row by every weight matrix, so it reads every weight once
 (``weight_bytes``: the blocks' and the output projection's weights as stored for the multiply, fp16 where
 packed, plus biases and norms; the embedding reads one row). ``copy_gb_s`` is this machine's memory bandwidth,
-measured here as a large tensor copy (bytes read + bytes written per second, as STREAM's "copy" counts).
+measured here as a large tensor copy (bytes read + bytes written per second, as STREAM's "copy" counts; the best
+of 7 copies, before and after the timed runs).
 ``floor_ms_per_token`` = weight_bytes / bandwidth; ``ours_ms_per_token`` = ours_s / new tokens (prompt pass
 included), and ``ratio_to_floor`` their quotient (1.0 would be the memory-bound limit).
 
@@ -49,7 +50,7 @@ TOLERANCE = 1e-5  # attention: ours against transformers'
 
 def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
     """This machine's memory bandwidth in bytes/s: a ``mib``-MiB float32 tensor copied into another (far larger
-    than any cache), bytes read + written over the median time."""
+    than any cache), bytes read + written over the best of ``repeats`` times (STREAM's convention)."""
     src = torch.ones(mib << 18)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch of the pages
@@ -58,7 +59,7 @@ def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
         t0 = time.perf_counter()
         dst.copy_(src)
         times.append(time.perf_counter() - t0)
-    return 2 * src.numel() * src.element_size() / statistics.median(times)
+    return 2 * src.numel() * src.element_size() / min(times)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -1,26 +1,31 @@
 """``GPT.generate``'s result, computed the way a server computes it (docs/ARCHITECTURE.md §2, the serving layer).
 
 ``models/gpt.py`` is the readable version: a KV-cache loop that uses the fused attention kernel, then one more
-explicit pass over every token for the attention rows, the surprisal of every token and nothing else. This module
-returns the same ``GenerationResult`` (the same token ids and choices; every attention row, candidate probability
-and surprisal equal up to summation order) in about half the time, because:
+explicit pass over every token for the attention rows and the surprisal. This module returns the same
+``GenerationResult`` (the same token ids, texts and candidates; every attention weight, probability and surprisal
+equal up to summation order) in about 30 % less time on a GPT-2-small-shaped model (``bench/generate.py``):
 
 - the attention weights are computed while decoding: the prompt pass and each new token go through the explicit
-  softmax (a few hundred keys at most, as cheap as the fused kernel here), so no final pass re-reads every weight
-  matrix for every token; the last token chosen goes through the layers once more, without the output projection
-  (its attention rows are all that is missing), and without the last layer's feed-forward;
+  softmax (a few hundred keys at most), so no final pass re-reads every weight matrix for every token; the last
+  token chosen goes through the layers once more for its attention rows alone (no output projection, no last
+  feed-forward layer);
 - the surprisal of the prompt's tokens comes from the prompt pass (the output projection over the prompt's rows,
-  read in chunks), that of each generated token from the step that chose it;
-- keys and values go into a cache allocated once for the whole sequence, not grown by ``torch.cat`` each step;
-  query heads that share a key/value head (grouped-query attention) read it through a reshape, not a copy;
-- everything runs under ``torch.inference_mode``, and the model's own modules do the arithmetic (its norms,
-  projections and feed-forward layers), so the model store's fp16-packed linear layers (``models.packed``) serve
-  both paths: on a GPT-2-small-shaped model a decoding step reads about as many bytes as the weights hold.
+  a chunk of rows at a time), that of each generated token from the step that chose it;
+- keys and values go into a cache allocated once for the whole sequence (token-major, one copy per layer and
+  step), not grown by ``torch.cat``; the attention rows are written straight into the result's array; query
+  heads that share a key/value head (grouped-query attention) read it through a reshape, not a copy;
+- the model's own weights do the arithmetic, as plain functions made once per model (``plan``): its norms, and
+  its linear layers through ``models.packed.joined``, so the layers the model store packed run on their fp16
+  copies, and the query, key and value projections (and LLaMA's gate and up) are one multiply each. That costs
+  one more fp16 copy of those weights per served model (GPT-2 small: 42 MB);
+- everything runs under ``torch.inference_mode``.
 
-``generate(model, text, ...)`` takes ``GPT.generate``'s arguments. Models with a part this module does not
-know (an attention module with more than its four projections) are passed to ``model.generate`` unchanged.
-``bench/generate.py`` measures it against transformers; ``tests/test_fastgen.py`` compares it with
-``GPT.generate`` field by field.
+A decoding step then reads each weight once, nearly at the machine's memory bandwidth: what is left above the
+floor is the prompt pass, the last token's pass and a few hundred small operations per step.
+
+``generate(model, text, ...)`` takes ``GPT.generate``'s arguments. A model with a part this module does not know
+(an attention or feed-forward module with more than its projections) goes to ``model.generate`` unchanged.
+``tests/test_fastgen.py`` compares the two field by field.
 """
 
 from __future__ import annotations
