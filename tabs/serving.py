@@ -132,8 +132,9 @@ _HEAVY = threading.BoundedSemaphore(CONCURRENCY)
 
 class Batcher:
     """Runs ``run(items) -> answers`` (one answer or exception per item, in order) over the items submitted while
-    the previous batch ran: a worker thread takes everything queued (up to ``max_size``) the moment it is free, so
-    a lone request starts at once (no batch window) and a burst is served in a few large batches.
+    the previous batch ran: a lone request runs at once in its own thread (no batch window, no hand-over), and a
+    worker thread takes everything that queued meanwhile (up to ``max_size``) the moment the running batch ends, so
+    a burst is served in a few large batches, one at a time.
 
     Every request gets its own answer: an item whose answer is an exception gets that exception; when ``run``
     itself fails, each item of that batch is run again alone, so one bad request never fails the others. A
@@ -147,15 +148,31 @@ class Batcher:
         self._pending: deque[tuple[Any, Future]] = deque()
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._running = False  # a batch runs (in the worker, or alone in a caller's thread)
 
     def submit(self, item: Any) -> Future:
+        """Queue one item; its Future gets the answer. When nothing runs or waits, the item runs at once in the
+        calling thread (a lone request costs no hand-over); the worker then takes whatever queued meanwhile."""
         future: Future = Future()
         with self._cond:
-            self._pending.append((item, future))
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._loop, name=f"batcher-{self.name}", daemon=True)
-                self._worker.start()
-            self._cond.notify()
+            alone = not self._running and not self._pending
+            if alone:
+                self._running = True
+            else:
+                self._pending.append((item, future))
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._loop, name=f"batcher-{self.name}", daemon=True)
+                    self._worker.start()
+                self._cond.notify_all()
+        if alone:
+            future.set_running_or_notify_cancel()
+            try:
+                self.sizes[1] += 1
+                self._execute([(item, future)])
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
         return future
 
     def __call__(self, item: Any, timeout: float | None = None) -> Any:
@@ -165,16 +182,22 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
+                while self._running or not self._pending:
                     self._cond.wait()
                 batch = []
                 while self._pending and len(batch) < self.max_size:
                     item, future = self._pending.popleft()
                     if future.set_running_or_notify_cancel():  # False: cancelled while it waited
                         batch.append((item, future))
+                self._running = bool(batch)
             if batch:
-                self.sizes[len(batch)] += 1
-                self._execute(batch)
+                try:
+                    self.sizes[len(batch)] += 1
+                    self._execute(batch)
+                finally:
+                    with self._cond:
+                        self._running = False
+                        self._cond.notify_all()
 
     def _execute(self, batch: list[tuple[Any, Future]]) -> None:
         try:

@@ -45,8 +45,9 @@ def gated(run):
         return run(items)
 
     batcher = serving.Batcher(wrapped, max_size=32, name="test")
-    warm = batcher.submit("warm-up")
-    assert blocked.wait(30)  # the worker is busy with the warm-up: what comes next queues
+    warm: list[Future] = []
+    threading.Thread(target=lambda: warm.append(batcher.submit("warm-up")), daemon=True).start()  # runs alone
+    assert blocked.wait(30)  # a batch is running: what comes next queues
     return batcher, gate, seen, warm
 
 
@@ -66,7 +67,10 @@ def at_once(run, items, cancel: tuple[int, ...] = ()):
     for i in cancel:
         assert futures[i].cancel()  # still queued: cancellable
     gate.set()
-    assert warm.result(30) == "warm"
+    deadline = time.monotonic() + 30
+    while not warm and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert warm[0].result(30) == "warm"
     for i, f in enumerate(futures):
         if i not in cancel:
             f.exception(60)  # wait for every answer
@@ -101,7 +105,8 @@ def same_generation(a, b) -> None:
     assert np.allclose(a.surprisal, b.surprisal, atol=ATOL, rtol=0, equal_nan=True)
     for sa, sb in zip(a.steps, b.steps, strict=True):
         assert sa.candidates == sb.candidates and sa.chosen == sb.chosen
-        assert close(np.asarray(sa.probs), np.asarray(sb.probs)) and sa.chosen_prob == pytest.approx(sb.chosen_prob, abs=ATOL)
+        assert close(np.asarray(sa.probs), np.asarray(sb.probs))
+        assert sa.chosen_prob == pytest.approx(sb.chosen_prob, abs=ATOL)
 
 
 def generate_solo(net, r: GenerateRequest):
@@ -230,25 +235,33 @@ def test_an_abandoned_request_while_its_batch_runs(tiny) -> None:
     """A caller that stops waiting (a closed browser tab) while its batch runs: the others are answered and the
     batcher serves the next request."""
     net = tiny["translator-en-de"]
-    started, release = threading.Event(), threading.Event()
+    started = [threading.Event(), threading.Event()]
+    release = [threading.Event(), threading.Event()]
+    calls: list[int] = []
 
     def run(batch):
-        started.set()
-        release.wait(30)
+        n = len(calls)
+        calls.append(len(batch))
+        if n < 2:
+            started[n].set()
+            release[n].wait(30)
         return translate_batch(net, batch)
 
     batcher = serving.Batcher(run, name="test")
-    futures = [batcher.submit((TEXTS[i], 3)) for i in range(3)]
-    assert started.wait(30)
+    first: list[Future] = []
+    threading.Thread(target=lambda: first.append(batcher.submit((TEXTS[0], 3))), daemon=True).start()  # runs alone
+    assert started[0].wait(30)
+    queued = [batcher.submit((TEXTS[i], 3)) for i in (1, 2)]  # wait behind it: the next batch
+    release[0].set()
+    assert started[1].wait(30)  # the batch of the two queued requests is running
     with pytest.raises(TimeoutError):
-        futures[1].result(timeout=0.01)  # gives up; its future cannot be cancelled any more
-    assert not futures[1].cancel() or futures[1].cancelled()
-    release.set()
-    for i in (0, 2):
-        same_translation(futures[i].result(60), net.translate(TEXTS[i], beam_size=3))
-    deadline = time.monotonic() + 60
-    later = batcher.submit((TEXTS[5], 3))
-    same_translation(later.result(max(1.0, deadline - time.monotonic())), net.translate(TEXTS[5], beam_size=3))
+        queued[0].result(timeout=0.01)  # its caller gives up
+    assert not queued[0].cancel()  # too late to cancel: it runs, and its answer goes to nobody
+    release[1].set()
+    same_translation(queued[1].result(60), net.translate(TEXTS[2], beam_size=3))
+    same_translation(first[0].result(60), net.translate(TEXTS[0], beam_size=3))
+    same_translation(batcher((TEXTS[5], 3), timeout=60), net.translate(TEXTS[5], beam_size=3))  # still serving
+    assert calls == [1, 2, 1]
 
 
 def test_unbatched_mode_serves_in_the_calling_thread(tiny, monkeypatch) -> None:
