@@ -271,3 +271,23 @@ def test_unbatched_mode_serves_in_the_calling_thread(tiny, monkeypatch) -> None:
     with pytest.raises(ValueError):
         serving.batched("sst2", "classify", classify_batch, net, [])
     assert serving.batch_events("classify") == {}
+
+
+@pytest.mark.slow
+def test_burst_benchmark_runs_beside_the_unbatched_server(tiny_checkpoints: Path) -> None:
+    """bench/load.py --burst end to end over the tiny checkpoints: both servers, every press answered."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "bench/load.py", "--burst", "classify", "--clients", "3", "--rounds", "1",
+                          "--single", "1", "--compare", "--distinct", "--checkpoints", str(tiny_checkpoints),
+                          "--request-timeout", "90"], cwd=root, capture_output=True, text=True, timeout=600)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert report["burst"] == "classify_sst2" and report["requests"] == 6 and report["errors"] == 0
+    for mode in ("unbatched", "batched"):
+        assert report[mode]["requests"] == 3 and report[mode]["server_up"] is True
+        assert report[mode]["classify_p95_s"] >= report[mode]["classify_p50_s"] > 0
+    assert report["single_ratio"] > 0 and report["peak_rss_mb"] > 50
