@@ -230,6 +230,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     pooling = read_pooling(pooling)
     if previous and len(previous["result"].tokens) > limits.LONG_TOKENS:
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
+    from models import fastgen
     from models.lockstep import GenerateRequest
 
     request = GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
@@ -237,8 +238,8 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     # requests for this model arriving meanwhile (models/lockstep.py)
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     with serving.heavy(long_input):
-        result = net.generate(prompt, max_new_tokens=new, strategy=strategy, temperature=temperature, top_k=top_k,
-                              top_p=top_p, seed=seed) if long_input else \
+        result = fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, seed=seed) if long_input else \
             serving.batched(model or DEFAULT, "generate", generate_batch, net, request)
         return _answer(net, model, result, strategy, temperature, top_k, top_p, seed, head, view, pooling)
 

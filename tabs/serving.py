@@ -110,6 +110,10 @@ class ModelStore:
         device = run_device()
         if device == "cpu":
             pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+            from models import fastgen
+
+            if fastgen.supports(model):  # the decoder's joined projections, built now rather than on first use
+                fastgen.plan(model)
         return model.to(device)
 
 
