@@ -52,7 +52,8 @@ def gated(run):
 
 
 def at_once(run, items, cancel: tuple[int, ...] = ()):
-    """Submit ``items`` from one thread each while a batch runs, then let it finish: (futures, the batches run)."""
+    """Submit ``items`` from one thread each while a batch runs, then let it finish: (futures, the batches run).
+    The threads queue in whatever order the scheduler runs them, so a batch's order is not the items' order."""
     batcher, gate, seen, warm = gated(run)
     futures: list[Future | None] = [None] * len(items)
 
@@ -217,14 +218,14 @@ def test_a_batch_that_fails_as_a_whole_is_retried_one_by_one() -> None:
     assert [f.result() for i, f in enumerate(futures) if i != 1] == ["A", "B"]
     with pytest.raises(RuntimeError, match="the batch broke"):
         futures[1].result()
-    assert seen[0] == ["a", "poison", "b"] and sorted(map(tuple, seen[1:])) == [("a",), ("b",), ("poison",)]
+    assert sorted(seen[0]) == ["a", "b", "poison"] and sorted(map(tuple, seen[1:])) == [("a",), ("b",), ("poison",)]
 
 
 def test_a_cancelled_request_in_the_middle_of_a_batch(tiny) -> None:
     """Cancelled while queued: left out of its batch, the others answered as alone."""
     net = tiny["sst2"]
     futures, seen = at_once(lambda batch: classify_batch(net, batch), TEXTS[:5], cancel=(2,))
-    assert seen == [[TEXTS[0], TEXTS[1], TEXTS[3], TEXTS[4]]]
+    assert len(seen) == 1 and sorted(seen[0]) == sorted([TEXTS[0], TEXTS[1], TEXTS[3], TEXTS[4]])  # any order
     with pytest.raises(CancelledError):
         futures[2].result()
     for i in (0, 1, 3, 4):

@@ -32,9 +32,9 @@ def model():
 
 def _lines(source: str) -> list[str]:
     if source == "captions":
-        with gzip.open(DATA / "multi30k" / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(TEXT_FILES["captions"], "rt", encoding="utf-8") as f:
             return [line.strip() for line in f if line.strip()]
-    rows = (DATA / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    rows = TEXT_FILES["sst2"].read_text(encoding="utf-8").splitlines()[1:]
     return [r.split("\t")[0] for r in rows if r.strip()]
 
 
@@ -63,7 +63,12 @@ def _attention(model, ids: list[int]) -> np.ndarray:
     return w
 
 
-@pytest.mark.parametrize("source", list(BARS))
+TEXT_FILES = {"captions": DATA / "multi30k" / "test_2016_flickr.en.gz", "sst2": DATA / "sst2" / "dev.tsv"}
+
+
+@pytest.mark.parametrize("source", [
+    pytest.param(s, marks=pytest.mark.skipif(s in TEXT_FILES and not TEXT_FILES[s].is_file(),
+                                             reason="../shared/data is not there")) for s in BARS])
 def test_heads_and_copying_hold_on_each_source(model, source: str) -> None:
     """Previous token (on the text as it is; on random pieces on BOS + x + x), induction (BOS + x + x: token i of
     the second copy to i − N + 1) and copying (BOS + x[:30] + x[:10]: greedy goes on with x[10:15]), measured from
