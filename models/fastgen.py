@@ -148,25 +148,10 @@ class _Decoder:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def run(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed) -> GenerationResult:
-        from models.gpt import STRATEGIES, sample
+        from models.gpt import sample
 
-        model, c = self.model, self.c
-        # what GPT.generate checks and cuts, in its order and with its messages
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
-        ids = list(text) if not isinstance(text, str) else model.encode_prompt(text)[0]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        limit = model.context_limit()
-        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
-        notice = ""
-        if len(ids) + new > limit:  # keep the prompt's last tokens (and the BOS of our own models)
-            keep = limit - new
-            head = [ids[0]] if ids[0] == c.bos_id and model._adds_bos() else []
-            notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
-            ids = head + ids[len(ids) - (keep - len(head)):]
+        model = self.model
+        ids, new, notice = model.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
         prompt_len = len(ids)
         g = torch.Generator(device="cpu").manual_seed(int(seed))
         eos = model.eos_id()

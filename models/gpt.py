@@ -265,16 +265,10 @@ class GPT(nn.Module):
         """Prompt + generated tokens: MAX_LM_TOKENS, or fewer where the model has fewer positions."""
         return min(limits.MAX_LM_TOKENS, self.config.max_len)
 
-    @torch.no_grad()
-    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
-        """Continue ``text`` (or prompt ids) by up to ``max_new_tokens`` tokens, greedy or sampled.
-
-        temperature > 0 divides the logits; top_k > 0 keeps the k most likely tokens; top_p < 1 keeps the
-        smallest set whose probability reaches p (Holtzman et al. 2020). Each step records the model's
-        own top-5 candidates (temperature 1). After generating, every token (the last generated one too)
-        is run through the explicit path once, so the attention has a row for each token.
-        """
+    def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[list[int], int, str]:
+        """What ``generate`` checks and cuts before decoding: (prompt ids, new tokens, notice). Raises ValueError for
+        bad settings or an empty prompt; a prompt too long for the context keeps its last tokens (and our BOS)."""
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
@@ -290,6 +284,19 @@ class GPT(nn.Module):
             head = [ids[0]] if ids[0] == self.config.bos_id and self._adds_bos() else []
             notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
             ids = head + ids[len(ids) - (keep - len(head)):]
+        return ids, new, notice
+
+    @torch.no_grad()
+    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
+        """Continue ``text`` (or prompt ids) by up to ``max_new_tokens`` tokens, greedy or sampled.
+
+        temperature > 0 divides the logits; top_k > 0 keeps the k most likely tokens; top_p < 1 keeps the
+        smallest set whose probability reaches p (Holtzman et al. 2020). Each step records the model's
+        own top-5 candidates (temperature 1). After generating, every token (the last generated one too)
+        is run through the explicit path once, so the attention has a row for each token.
+        """
+        ids, new, notice = self.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
         prompt_len = len(ids)
         was_training = self.training
         self.eval()

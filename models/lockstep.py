@@ -102,24 +102,9 @@ def _alone(model, req: GenerateRequest) -> GenerationResult | Exception:
 
 
 def _prepare(model, index: int, req: GenerateRequest) -> _Row:
-    """What ``GPT.generate`` checks and cuts before decoding, exactly as it does."""
-    from models.gpt import STRATEGIES
-
-    if req.strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {req.strategy!r}")
-    if not req.temperature > 0 or not 0 < req.top_p <= 1 or req.top_k < 0:
-        raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
-    ids = list(req.text) if not isinstance(req.text, str) else model.encode_prompt(req.text)[0]
-    if not ids:
-        raise ValueError("the prompt is empty")
-    limit = model.context_limit()
-    new = max(0, min(int(req.max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
-    notice = ""
-    if len(ids) + new > limit:  # keep the prompt's last tokens (and the BOS of our own models)
-        keep = limit - new
-        head = [ids[0]] if ids[0] == model.config.bos_id and model._adds_bos() else []
-        notice = f"Prompt shortened to its last {keep - len(head)} tokens (it had {len(ids)})."
-        ids = head + ids[len(ids) - (keep - len(head)):]
+    """What ``GPT.generate`` checks and cuts before decoding (``GPT.prepare_prompt``), as a row of the batch."""
+    ids, new, notice = model.prepare_prompt(req.text, req.max_new_tokens, req.strategy, req.temperature, req.top_k,
+                                            req.top_p)
     return _Row(index, ids, len(ids), new, req, notice, torch.Generator(device="cpu").manual_seed(int(req.seed)), [],
                 finished=new == 0)
 
