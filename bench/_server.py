@@ -29,6 +29,7 @@ SENTENCE_20 = "A young man in a red jacket is riding his old bicycle slowly down
 SST2 = "a warm , funny and beautifully acted film , though the ending drags a little ."
 AGNEWS = "The central bank raised interest rates again on Tuesday, citing stubborn inflation."
 PROMPT = "A man in a blue shirt is riding a bicycle down the"
+PROMPT_20 = "Two dogs play in the snow . A man in a red"  # gpt-tiny writes all 20 new tokens (PROMPT ends after 3)
 # 40 gpt-tiny tokens each, the same but for one word: the activation-patching actions
 PATCH_CLEAN = ("A man in a blue shirt is riding a bicycle down the street . A woman in a red coat walks her dog on the "
                "beach . Two dogs play in the snow . Two dogs play in the")
@@ -97,6 +98,8 @@ NAMED_ONLY: list[Action] = [
            lambda: (SST2_30, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
     Action("classify_minilm_256_ig", "classify",
            lambda: (LONGEST, "SST-2 sentiment", MINILM, 0, "mean", "heatmap", "integrated_gradients", "")),
+    # issue 37's Generate burst: 20 new tokens each (greedy)
+    Action("generate_20", "generate", lambda: (PROMPT_20, 20), needs="gpt-tiny"),
     # GPT-2 small (12 × 12 heads) from the Hub: run only where it is downloaded or downloadable
     Action("patch_heads_gpt2_small_40", "patch",
            lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "openai-community/gpt2", "", "heads")),
@@ -163,6 +166,87 @@ def client_for(url: str, timeout: float = 180.0) -> Any:
 
     return Client(url, verbose=False, download_files=False, analytics_enabled=False,
                   httpx_kwargs={"timeout": float(timeout)})
+
+
+class PageClient:
+    """Gradio's queue protocol (sse_v3) as the app's page speaks it, and no more: join the queue, read the session's
+    event stream until the answer, over one kept-alive connection. Same interface as gradio_client for `call`.
+
+    Why: gradio_client opens a new HTTP client (with a TLS context) for every join and polls each pending job 20
+    times a second; on this 2-core machine its 32 clients of a burst took 2.2-3.2 CPU-seconds a burst, as much as
+    the server they measured (docs/ARCHITECTURE.md §9). A class's pages run on the students' machines, so
+    `bench/load.py --burst` measures with this client by default (`--client gradio`: with gradio_client). Text,
+    number and choice inputs only: uploads need gradio_client.
+    """
+
+    def __init__(self, url: str, timeout: float = 180.0) -> None:
+        import httpx
+
+        self.http = httpx.Client(base_url=url, timeout=timeout)
+        config = self.http.get("config").raise_for_status().json()
+        self.prefix = config.get("api_prefix", "/gradio_api")
+        state = {c["id"] for c in config["components"] if c.get("type") == "state"}
+        shown = {c["id"]: (c.get("props") or {}).get("value") for c in config["components"]}
+        # per api_name: (fn_index, each input's page value, or None for a state input)
+        self.endpoints = {d["api_name"]: (d["id"], [None if i in state else (shown.get(i),) for i in d["inputs"]])
+                          for d in config["dependencies"] if d.get("api_name")}
+        self.session = os.urandom(6).hex()
+
+    def submit(self, *args: Any, api_name: str) -> _PageJob:
+        return _PageJob(self, api_name.lstrip("/"), args)
+
+    def predict(self, *args: Any, api_name: str) -> Any:
+        return self.submit(*args, api_name=api_name).result()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class _PageJob:
+    """One request of a PageClient; it runs when its result is asked for (in the asking thread)."""
+
+    def __init__(self, client: PageClient, api: str, args: tuple[Any, ...]) -> None:
+        self.client, self.api, self.args = client, api, args
+
+    def cancel(self) -> None:
+        pass  # the request ran (and ended) inside result()
+
+    def result(self, timeout: float | None = None) -> Any:
+        import json
+
+        import httpx
+        from gradio_client.exceptions import AppError
+        from gradio_client.utils import QueueError
+
+        c = self.client
+        fn, shown = c.endpoints[self.api]
+        values = iter(self.args)  # the arguments given, then what the page shows (a state input travels as null)
+        data = [None if page is None else next(values, page[0]) for page in shown]
+        join = c.http.post(f"{c.prefix}/queue/join", json={"data": data, "fn_index": fn, "session_hash": c.session,
+                                                            "event_data": None, "trigger_id": None}, timeout=timeout)
+        if join.status_code == 503:
+            raise QueueError("Queue is full! Please try again.")
+        event = join.raise_for_status().json()["event_id"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            with c.http.stream("GET", f"{c.prefix}/queue/data", params={"session_hash": c.session},
+                               timeout=timeout) as stream:
+                for line in stream.iter_lines():
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"{self.api}: no answer within {timeout} s")
+                    if not line.startswith("data:"):
+                        continue
+                    message = json.loads(line[5:])
+                    if message.get("msg") == "process_completed" and message.get("event_id") == event:
+                        output = message.get("output") or {}
+                        if not message.get("success"):
+                            raise AppError(str(output.get("error")))
+                        return output["data"]
+                    if message.get("msg") in ("close_stream", "unexpected_error"):
+                        break
+        except httpx.TimeoutException as err:
+            raise TimeoutError(f"{self.api}: no answer within {timeout} s") from err
+        raise RuntimeError(f"{self.api}: the event stream ended without the answer")
 
 
 # -------------------------------------------------------------------------------- stats and machine

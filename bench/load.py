@@ -34,7 +34,7 @@ opened before the burst, as a browser's page load opens it (Gradio builds a sess
 0.1-0.3 s of the event loop each here); `--cold` leaves that to the press itself.
   python bench/load.py --burst translate --clients 32 --compare   # p95 <= 3 s, wall <= 3.5 s
   python bench/load.py --burst classify --clients 32 --compare    # p95 <= 1 s
-  python bench/load.py --burst generate --clients 32 --compare    # gpt-tiny, 20 new tokens: p95 <= 4 s
+  python bench/load.py --burst generate_20 --clients 32 --compare  # gpt-tiny, 20 new tokens: p95 <= 4 s
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
 from bench._server import (  # noqa: E402
     Action,
     AppServer,
+    PageClient,
     available,
     call,
     client_for,
@@ -146,8 +147,8 @@ def _distinct(action: Action, i: int) -> Action:
 OPEN_SESSION = Action("playground", "playground", lambda: (6, 8, 0, "causal", True))
 
 
-def _burst_round(url: str, actions: list[Action], request_timeout: float,
-                 cold: bool = False) -> tuple[list[float], list[str], float]:
+def _burst_round(url: str, actions: list[Action], request_timeout: float, cold: bool = False,
+                 make_client: Any = client_for) -> tuple[list[float], list[str], float]:
     """Every client connects (and, unless ``cold``, opens its session as a page load does), then all send one
     request at the same instant: (latencies of the answered ones, error messages, wall seconds from the release to
     the last answer)."""
@@ -161,7 +162,7 @@ def _burst_round(url: str, actions: list[Action], request_timeout: float,
 
     def connect(i: int) -> None:
         try:
-            clients[i] = client_for(url, timeout=request_timeout)
+            clients[i] = make_client(url, timeout=request_timeout)
             if not cold:
                 call(clients[i], OPEN_SESSION, timeout=request_timeout)
         except Exception as err:
@@ -221,6 +222,8 @@ def burst(args: argparse.Namespace) -> int:
     if "1" not in wanted or any(m not in names for m in wanted):
         raise SystemExit("--modes: a comma-separated list of 0 (unbatched), 1 (batched, required), gradio")
     modes = [(names[m], {"ATLAS_BATCH": m}) for m in wanted]
+    make_client = PageClient if args.client == "page" else client_for
+    report["client"] = args.client
     failed = False
     total_requests = total_errors = 0
     peak = 0.0
@@ -228,7 +231,7 @@ def burst(args: argparse.Namespace) -> int:
         if args.concurrency is not None:
             env["ATLAS_CONCURRENCY"] = str(args.concurrency)
         with AppServer(args.checkpoints, env=env, ready_timeout=180.0) as server:
-            warm = client_for(server.url, timeout=args.request_timeout)
+            warm = make_client(server.url, timeout=args.request_timeout)
             call(warm, action, timeout=args.request_timeout)  # the model loads on first use: not measured
             single = []
             for _ in range(args.single):  # a lone user: one request at a time
@@ -240,7 +243,7 @@ def burst(args: argparse.Namespace) -> int:
             errors: list[str] = []
             walls = []
             for _ in range(args.rounds):
-                lat, err, wall = _burst_round(server.url, per_client, args.request_timeout, args.cold)
+                lat, err, wall = _burst_round(server.url, per_client, args.request_timeout, args.cold, make_client)
                 latencies += lat
                 errors += err
                 walls.append(round(wall, 3))
@@ -295,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", metavar="ACTION", default=None,
                         help="burst mode: every client presses ACTION (translate, classify, generate, ...) at once")
     parser.add_argument("--rounds", type=int, default=3, help="burst mode: bursts per server")
+    parser.add_argument("--client", choices=("page", "gradio"), default="page",
+                        help="burst mode: the clients speak the page's protocol (bench/_server.PageClient, default) "
+                             "or are gradio_client sessions")
     parser.add_argument("--single", type=int, default=10, help="burst mode: lone-user requests before the bursts")
     parser.add_argument("--compare", action="store_true",
                         help="burst mode: also run the unbatched server (ATLAS_BATCH=0) first, in the same run")

@@ -3,6 +3,8 @@ pretrained MiniLM fine-tuned here (`checkpoints/sst2`, `agnews`, `minilm-sst2`, 
 
 from __future__ import annotations
 
+from functools import partial
+
 import gradio as gr
 import numpy as np
 
@@ -171,7 +173,16 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
     method = method_id(explanation)
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
     net = get_model(name, lambda done, what: progress(done, desc=what))  # a Hub model is fetched once
-    result = batched(name, "classify", classify_batch, net, text)  # with the requests arriving now
+    finish = partial(_classified, net, name, text, method, target, head, view, progress)
+    if method in CHEAP:  # drawn in the batch's thread (tabs/serving.batched), with the requests arriving now
+        return batched(name, "classify", classify_batch, net, text, finish=finish)
+    result = batched(name, "classify", classify_batch, net, text)
+    with heavy():  # a gradient explanation is not batched: ATLAS_CONCURRENCY at once
+        return finish(result)
+
+
+def _classified(net, name: str, text: str, method: str, target: str, head: str, view: str, progress, result):
+    """classify's outputs for one result: the verdict, the explanation, the figures and the download."""
     amap = result.attention["encoder"]
     layer_u, head_u = controls_for(amap.layers, amap.heads)
     top = int(np.argmax(result.probs))
@@ -180,8 +191,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
         verdict += f"\n\n{result.notice}"
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
-    with heavy(method not in CHEAP):  # a gradient explanation is not batched: ATLAS_CONCURRENCY at once
-        attribution = attribute(state, method, progress)
+    attribution = attribute(state, method, progress)
     from models.decompose import attention_scores
 
     ids, _, _ = why.encode(net, text)

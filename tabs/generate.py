@@ -3,6 +3,8 @@ attention, head roles on repeated random tokens, head ablation and the logit len
 
 from __future__ import annotations
 
+from functools import partial
+
 import gradio as gr
 import numpy as np
 
@@ -237,11 +239,13 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     # a long input is served alone, ATLAS_CONCURRENCY at once (its attention is large); the others in a batch with the
     # requests for this model arriving meanwhile (models/lockstep.py)
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
-    with serving.heavy(long_input):
-        result = fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
-                                  top_k=top_k, top_p=top_p, seed=seed) if long_input else \
-            serving.batched(model or DEFAULT, "generate", generate_batch, net, request)
-        return _answer(net, model, result, strategy, temperature, top_k, top_p, seed, head, view, pooling)
+    finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
+                     seed=seed, head=head, view=view, pooling=pooling)
+    if not long_input:  # drawn in the batch's thread (tabs/serving.batched)
+        return serving.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
+    with serving.heavy():
+        return finish(fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
+                                       top_k=top_k, top_p=top_p, seed=seed))
 
 
 def generate_batch(net, requests: list) -> list:
@@ -252,8 +256,8 @@ def generate_batch(net, requests: list) -> list:
     return generate_many(net, requests)
 
 
-def _answer(net, model: str | None, result, strategy: str, temperature: float, top_k: int, top_p: float, seed: int,
-            head: str, view: str, pooling: str):
+def _answer(net, model: str | None, result, *, strategy: str, temperature: float, top_k: int, top_p: float,
+            seed: int, head: str, view: str, pooling: str):
     """Generate's outputs for one result."""
     amap = result.attention["decoder"]
     long = len(result.tokens) > limits.LONG_TOKENS

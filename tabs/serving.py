@@ -144,26 +144,32 @@ class Batcher:
     itself fails, each item of that batch is run again alone, so one bad request never fails the others. A
     request cancelled before its batch starts (``Future.cancel``) is left out; one abandoned while its batch runs
     is answered to nobody.
+
+    A request's ``finish(answer)`` (what it makes of its answer: figures, downloads) runs in the batch's thread
+    right after the batch, one request after another, and answers that request the moment it is done: 32 handler
+    threads drawing at once contend for the GIL and took twice as long on 2 cores (docs/ARCHITECTURE.md §9). An
+    exception in it is that request's answer alone.
     """
 
     def __init__(self, run: Callable[[list[Any]], Sequence[Any]], max_size: int = BATCH_MAX, name: str = "batch"):
         self.run, self.max_size, self.name = run, max(1, max_size), name
         self.sizes: Counter[int] = Counter()  # how many batches of each size ran (tests, logs)
-        self._pending: deque[tuple[Any, Future]] = deque()
+        self._pending: deque[tuple[Any, Callable[[Any], Any] | None, Future]] = deque()
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
         self._running = False  # a batch runs (in the worker, or alone in a caller's thread)
 
-    def submit(self, item: Any) -> Future:
-        """Queue one item; its Future gets the answer. When nothing runs or waits, the item runs at once in the
-        calling thread (a lone request costs no hand-over); the worker then takes whatever queued meanwhile."""
+    def submit(self, item: Any, finish: Callable[[Any], Any] | None = None) -> Future:
+        """Queue one item; its Future gets the answer (through ``finish``). When nothing runs or waits, the item
+        runs at once in the calling thread (a lone request costs no hand-over); the worker then takes whatever
+        queued meanwhile."""
         future: Future = Future()
         with self._cond:
             alone = not self._running and not self._pending
             if alone:
                 self._running = True
             else:
-                self._pending.append((item, future))
+                self._pending.append((item, finish, future))
                 if self._worker is None:
                     self._worker = threading.Thread(target=self._loop, name=f"batcher-{self.name}", daemon=True)
                     self._worker.start()
@@ -172,16 +178,16 @@ class Batcher:
             future.set_running_or_notify_cancel()
             try:
                 self.sizes[1] += 1
-                self._execute([(item, future)])
+                self._execute([(item, finish, future)])
             finally:
                 with self._cond:
                     self._running = False
                     self._cond.notify_all()
         return future
 
-    def __call__(self, item: Any, timeout: float | None = None) -> Any:
+    def __call__(self, item: Any, finish: Callable[[Any], Any] | None = None, timeout: float | None = None) -> Any:
         """Submit one item and wait for its answer (raising its exception)."""
-        return self.submit(item).result(timeout)
+        return self.submit(item, finish).result(timeout)
 
     def _loop(self) -> None:
         while True:
@@ -190,9 +196,9 @@ class Batcher:
                     self._cond.wait()
                 batch = []
                 while self._pending and len(batch) < self.max_size:
-                    item, future = self._pending.popleft()
-                    if future.set_running_or_notify_cancel():  # False: cancelled while it waited
-                        batch.append((item, future))
+                    entry = self._pending.popleft()
+                    if entry[2].set_running_or_notify_cancel():  # False: cancelled while it waited
+                        batch.append(entry)
                 self._running = bool(batch)
             if batch:
                 try:
@@ -203,34 +209,40 @@ class Batcher:
                         self._running = False
                         self._cond.notify_all()
 
-    def _execute(self, batch: list[tuple[Any, Future]]) -> None:
+    def _execute(self, batch: list[tuple[Any, Callable[[Any], Any] | None, Future]]) -> None:
         try:
-            answers = list(self.run([item for item, _ in batch]))
+            answers = list(self.run([item for item, _, _ in batch]))
             if len(answers) != len(batch):
                 raise RuntimeError(f"{self.name}: {len(answers)} answers for {len(batch)} requests")
         except BaseException as err:  # the batch as a whole failed: each request alone, so only a bad one fails
             if len(batch) == 1:
-                batch[0][1].set_exception(err if isinstance(err, Exception) else RuntimeError(str(err)))
+                batch[0][2].set_exception(err if isinstance(err, Exception) else RuntimeError(str(err)))
                 return
             for one in batch:
                 self._execute([one])
             return
-        for (_, future), answer in zip(batch, answers):
+        for (_, finish, future), answer in zip(batch, answers):
+            if finish is not None and not isinstance(answer, BaseException):
+                try:
+                    answer = finish(answer)
+                except Exception as err:  # this request's figures failed: its answer alone
+                    answer = err
             if isinstance(answer, BaseException):
                 future.set_exception(answer)
             else:
                 future.set_result(answer)
 
 
-def batched(name: str, action: str, run: Callable[[Any, list[Any]], Sequence[Any]], model: Any, item: Any) -> Any:
-    """``run(model, [item])[0]``, served in a batch with the other requests for this model and action that
-    arrive meanwhile (ATLAS_BATCH=0: alone, in the calling thread). Raises the item's exception."""
+def batched(name: str, action: str, run: Callable[[Any, list[Any]], Sequence[Any]], model: Any, item: Any,
+            finish: Callable[[Any], Any] | None = None) -> Any:
+    """``finish(run(model, [item])[0])``, served in a batch with the other requests for this model and action that
+    arrive meanwhile (``Batcher``; ATLAS_BATCH=0: alone, in the calling thread). Raises the item's exception."""
     if not BATCHING:
         answer = run(model, [item])[0]
         if isinstance(answer, BaseException):
             raise answer
-        return answer
-    return MODELS.batcher(name, action, lambda items: run(model, items))(item)
+        return finish(answer) if finish is not None else answer
+    return MODELS.batcher(name, action, lambda items: run(model, items))(item, finish)
 
 
 def batch_events(action: str) -> dict[str, Any]:

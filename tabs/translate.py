@@ -24,7 +24,7 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
-from tabs.serving import BATCH_MAX, GRADIO_BATCH, batch_events, batched, get_model
+from tabs.serving import BATCH_MAX, GRADIO_BATCH, batch_events, batched, get_model, heavy
 from viz import text as vt
 
 TITLE = "Translate"
@@ -94,14 +94,17 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     model = get_model(MODEL)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
-    result = batched(MODEL, "translate", translate_batch, model, (text, beam))  # with the requests arriving now
-    return _translated(model, text, beam, rest, split_notice, result, kind, head, view)
+    # with the requests arriving now; each one's figures are drawn in the batch's thread (tabs/serving.batched)
+    out = batched(MODEL, "translate", translate_batch, model, (text, beam),
+                  finish=lambda result: _translated(model, text, beam, split_notice, result, kind, head, view))
+    if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)
+        with heavy():
+            out = (" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:])
+    return out
 
 
-def _translated(model, text: str, beam: int, rest: list[str], split_notice: str, result, kind: str, head: str,
-                view: str):
-    """translate's outputs for one result."""
-    translation = " ".join([result.text, *(model.translate(s, beam_size=beam).text for s in rest)])
+def _translated(model, text: str, beam: int, split_notice: str, result, kind: str, head: str, view: str):
+    """translate's outputs for one result (the translation of ``text``, the first sentence of a long text)."""
     cross = result.attention["cross"]
     layer_u, head_u = controls_for(cross.layers, cross.heads)
     from models.decompose import attention_scores
@@ -112,7 +115,7 @@ def _translated(model, text: str, beam: int, rest: list[str], split_notice: str,
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
     notice = " ".join(x for x in (split_notice, result.notice) if x) or \
         f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
-    return (translation, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
+    return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
@@ -133,7 +136,8 @@ def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str],
     for (text, rest, notice, beam), result, kind, head, view in zip(prepared, results, kinds, heads, views):
         if isinstance(result, Exception):
             raise result
-        outputs.append(_translated(model, text, beam, rest, notice, result, kind, head, view))
+        out = _translated(model, text, beam, notice, result, kind, head, view)
+        outputs.append((" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:]))
     return [list(column) for column in zip(*outputs)]
 
 

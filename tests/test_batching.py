@@ -292,3 +292,66 @@ def test_burst_benchmark_runs_beside_the_unbatched_server(tiny_checkpoints: Path
         assert report[mode]["requests"] == 3 and report[mode]["server_up"] is True
         assert report[mode]["classify_p95_s"] >= report[mode]["classify_p50_s"] > 0
     assert report["single_ratio"] > 0 and report["peak_rss_mb"] > 50
+
+
+def test_finish_runs_in_the_batch_thread_one_request_at_a_time(tiny) -> None:
+    """Each request's ``finish`` runs in the batch's thread after the batch, never two at once; its answer is the
+    finished one, and a failing finish fails only its own request."""
+    net = tiny["sst2"]
+    batcher, gate, seen, warm = gated(lambda batch: classify_batch(net, batch))
+    lock, threads, overlap = threading.Lock(), set(), []
+
+    def finish(tag):
+        def done(result):
+            if not lock.acquire(blocking=False):
+                overlap.append(tag)
+                lock.acquire()
+            try:
+                threads.add(threading.current_thread().name)
+                if tag == "bad":
+                    raise RuntimeError("figure failed")
+                return tag, result
+            finally:
+                lock.release()
+        return done
+
+    tags = ["a", "bad", "b", "c"]
+    futures = [None] * 4
+    submitters = [threading.Thread(target=lambda i=i: futures.__setitem__(i, batcher.submit(TEXTS[i], finish(tags[i]))))
+                  for i in range(4)]
+    for t in submitters:
+        t.start()
+    for t in submitters:
+        t.join()
+    gate.set()
+    for i, tag in enumerate(tags):
+        if tag == "bad":
+            with pytest.raises(RuntimeError, match="figure failed"):
+                futures[i].result(60)
+            continue
+        got_tag, result = futures[i].result(60)
+        assert got_tag == tag
+        same_classification(result, net.classify(TEXTS[i]))
+    assert threads == {"batcher-test"} and not overlap
+    assert sorted(len(b) for b in seen) == [4]
+
+
+@pytest.mark.slow
+def test_page_client_answers_as_gradio_client_does(tiny_checkpoints: Path) -> None:
+    """bench/_server.PageClient (the burst benchmark's default client) gets the same answers as gradio_client,
+    page defaults for the arguments it is not given, and the app's message for a refused input."""
+    from gradio_client.exceptions import AppError
+
+    from bench._server import AppServer, PageClient, call, client_for, select_actions
+
+    with AppServer(tiny_checkpoints) as server:
+        page, reference = PageClient(server.url, timeout=90), client_for(server.url, timeout=90)
+        try:
+            for action in select_actions("translate,classify_sst2,generate_20"):
+                ours, theirs = call(page, action, timeout=90), call(reference, action, timeout=90)
+                assert ours[:2] == list(theirs[:2]), action.name  # the answer and its notice
+            with pytest.raises(AppError, match="type some text"):
+                page.predict("", api_name="/classify")
+        finally:
+            page.close()
+            reference.close()
