@@ -266,7 +266,9 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
-    kept = {"result": result, "model": model or DEFAULT}
+    kept = serving.Kept(result=result, model=model or DEFAULT)
+    if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
+        serving.LONG_RESULTS.keep(kept, amap.weights.nbytes)
     npz = None if long else write_arrays(kept, net)
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
@@ -278,6 +280,8 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
             ablate_head_u)
 
 
+NO_RESULT = ("Generate a continuation first. (A long input's result is let go when newer long results need the "
+             "server's memory: generate it again.)")
 LENS_LAST = 256  # positions a long input's logit lens decodes (each costs layers × vocabulary)
 
 
@@ -335,7 +339,7 @@ def lens_figure(kept: dict, net=None):
 def logit_lens(state: dict | None):
     """The lens button: the logit lens of the last generation (a long input's is computed only here)."""
     if not state:
-        raise Error("Generate a continuation first.")
+        raise Error(NO_RESULT)
     return lens_figure(state)
 
 
@@ -343,7 +347,7 @@ def attention_npz(state: dict | None) -> str:
     """The attention arrays of the last generation as an .npz: for a long input written now (float16, deflated;
     12 × 12 heads over 2,048 tokens take about 20 s and 0.5 GB), for a short one as Generate wrote them."""
     if not state:
-        raise Error("Generate a continuation first.")
+        raise Error(NO_RESULT)
     return write_arrays(state)
 
 
@@ -353,7 +357,7 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     against key positions ``k_first`` … ``k_last`` (both included) of the layer and head shown. A block over
     limits.LONG_TOKENS a side is pooled like the whole map (the title says so)."""
     if not state:
-        raise Error("Generate a continuation first: zoom reads its attention.")
+        raise Error(NO_RESULT)
     result = state["result"]
     amap = result.attention["decoder"]
     t = len(result.tokens)
@@ -448,7 +452,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
 def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     """The next-token distribution with one head switched off, against the full model's."""
     if not state:
-        raise Error("Generate a continuation first.")
+        raise Error(NO_RESULT)
     import torch
 
     result = state["result"]

@@ -269,6 +269,43 @@ def test_a_long_previous_result_is_released_before_the_next_run(long_tab) -> Non
     assert long_tab.draw_generation(first, 0, 0, "mean", "heatmap") == (None, None, None)
 
 
+def test_all_sessions_long_results_stay_under_the_cap(long_tab, monkeypatch) -> None:
+    """Three sessions generate long inputs under a cap of two and a half results: the oldest is let go (its state
+    empty, its zoom asks for a new generation), the two newest keep zooming; a short result is never counted."""
+    from bench._long_model import long_prompt
+    from tabs import serving
+
+    states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]]
+    size = states[0]["result"].attention["decoder"].weights.nbytes
+    monkeypatch.setattr(serving, "LONG_RESULTS", serving.LongResults(2.5 * size / 2**20))
+    states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6] for _ in range(3)]
+    short = long_tab.generate("A short prompt", 2, "long-llama", progress=None)[6]
+    assert states[0] == {} and all(s["result"] for s in states[1:]) and short["result"]
+    assert serving.LONG_RESULTS.total() == 2 * size
+    with pytest.raises(gr.Error, match="let go when newer long results need"):
+        long_tab.zoom(states[0], 0, "mean", 0, 10, 0, 10)
+    assert long_tab.zoom(states[2], 0, "mean", 0, 10, 0, 10).data[0].z is not None
+
+
+def test_a_dropped_session_leaves_the_count_of_long_results() -> None:
+    import gc
+
+    from tabs.serving import Kept, LongResults
+
+    kept = LongResults(cap_mb=3)
+    a, b = Kept(result=1), Kept(result=2)
+    assert kept.keep(a, 2**20) == [] and kept.keep(b, 2**20) == [] and kept.total() == 2 * 2**20
+    del a
+    gc.collect()
+    assert kept.total() == 2**20
+    c = Kept(result=3)
+    assert kept.keep(c, 2 * 2**20) == [] and b == {"result": 2}  # 3 MB: both fit
+    d = Kept(result=4)
+    assert kept.keep(d, 2**20) == [b] and b == {} and c and d  # the oldest goes first
+    huge = Kept(result=5)
+    assert kept.keep(huge, 10 * 2**20) == [c, d] and huge  # the newest is kept even alone over the cap
+
+
 def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     """The compare toggle on two 2,048-token inputs: B's figure and B − A are tiles (≤ 3 MB each), B − A is the
     mean of the aligned difference over each block, and the .npz of both is float16 and deflated."""
