@@ -31,7 +31,9 @@ before batching) first, in the same run, and reports the ratios; `--modes 0,1,gr
 Gradio's own `batch=True` (the alternative measured in §9). `--distinct` gives each client its own input (the
 action's text without its first i mod 6 words: mixed lengths) instead of the same one. Each client's session is
 opened before the burst, as a browser's page load opens it (Gradio builds a session's state on its first event:
-0.1-0.3 s of the event loop each here); `--cold` leaves that to the press itself.
+0.1-0.3 s of the event loop each here); `--cold` leaves that to the press itself. The clients speak the page's own
+protocol (bench/_server.PageClient; `--client gradio`: gradio_client sessions, which cost this machine as much CPU
+as the server). `--floor` also bursts bench/_floor_app.py, a Gradio app that does no work: Gradio's own share.
   python bench/load.py --burst translate --clients 32 --compare   # p95 <= 3 s, wall <= 3.5 s
   python bench/load.py --burst classify --clients 32 --compare    # p95 <= 1 s
   python bench/load.py --burst generate_20 --clients 32 --compare  # gpt-tiny, 20 new tokens: p95 <= 4 s
@@ -54,6 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._server import (  # noqa: E402
+    FLOOR_ACTIONS,
     Action,
     AppServer,
     PageClient,
@@ -148,7 +151,7 @@ OPEN_SESSION = Action("playground", "playground", lambda: (6, 8, 0, "causal", Tr
 
 
 def _burst_round(url: str, actions: list[Action], request_timeout: float, cold: bool = False,
-                 make_client: Any = client_for) -> tuple[list[float], list[str], float]:
+                 make_client: Any = client_for, opener: Action = OPEN_SESSION) -> tuple[list[float], list[str], float]:
     """Every client connects (and, unless ``cold``, opens its session as a page load does), then all send one
     request at the same instant: (latencies of the answered ones, error messages, wall seconds from the release to
     the last answer)."""
@@ -164,7 +167,7 @@ def _burst_round(url: str, actions: list[Action], request_timeout: float, cold: 
         try:
             clients[i] = make_client(url, timeout=request_timeout)
             if not cold:
-                call(clients[i], OPEN_SESSION, timeout=request_timeout)
+                call(clients[i], opener, timeout=request_timeout)
         except Exception as err:
             with lock:
                 errors.append(f"connect: {type(err).__name__}: {err}")
@@ -263,6 +266,20 @@ def burst(args: argparse.Namespace) -> int:
         print(f"{mode}: {action.name} x {args.clients} at once, {args.rounds} round(s): p50 "
               f"{report[mode][f'{key}_p50_s']} s, p95 {report[mode][f'{key}_p95_s']} s, wall {walls} s, "
               f"{len(errors)} errors; lone user p50 {report[mode]['single_p50_s']} s", file=sys.stderr)
+    if args.floor:  # Gradio's own cost of a burst: the same clients against an app that does no work
+        floor_action = FLOOR_ACTIONS[0]
+        with AppServer(script="bench/_floor_app.py") as server:
+            latencies, walls = [], []
+            for _ in range(args.rounds):
+                lat, err, wall = _burst_round(server.url, [floor_action] * args.clients, args.request_timeout,
+                                              args.cold, make_client, opener=floor_action)
+                latencies += lat
+                walls.append(round(wall, 3))
+                failed |= bool(err)
+        report["floor"] = {"p50_s": rounded(percentile(latencies, 50)), "p95_s": rounded(percentile(latencies, 95)),
+                           "wall_s": rounded(sorted(walls)[len(walls) // 2]), "walls_s": walls}
+        print(f"floor (a Gradio app that does no work): p50 {report['floor']['p50_s']} s, p95 "
+              f"{report['floor']['p95_s']} s, wall {walls} s", file=sys.stderr)
     b = report["batched"]
     if "unbatched" in report:
         u = report["unbatched"]
@@ -298,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", metavar="ACTION", default=None,
                         help="burst mode: every client presses ACTION (translate, classify, generate, ...) at once")
     parser.add_argument("--rounds", type=int, default=3, help="burst mode: bursts per server")
+    parser.add_argument("--floor", action="store_true",
+                        help="burst mode: also burst a Gradio app that does no work (bench/_floor_app.py): the floor")
     parser.add_argument("--client", choices=("page", "gradio"), default="page",
                         help="burst mode: the clients speak the page's protocol (bench/_server.PageClient, default) "
                              "or are gradio_client sessions")

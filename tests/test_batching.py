@@ -283,7 +283,7 @@ def test_burst_benchmark_runs_beside_the_unbatched_server(tiny_checkpoints: Path
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "bench/load.py", "--burst", "classify", "--clients", "3", "--rounds", "1",
-                          "--single", "1", "--compare", "--distinct", "--checkpoints", str(tiny_checkpoints),
+                          "--single", "1", "--compare", "--distinct", "--floor", "--checkpoints", str(tiny_checkpoints),
                           "--request-timeout", "90"], cwd=root, capture_output=True, text=True, timeout=600)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 0, out.stderr[-2000:]
@@ -292,6 +292,7 @@ def test_burst_benchmark_runs_beside_the_unbatched_server(tiny_checkpoints: Path
         assert report[mode]["requests"] == 3 and report[mode]["server_up"] is True
         assert report[mode]["classify_p95_s"] >= report[mode]["classify_p50_s"] > 0
     assert report["single_ratio"] > 0 and report["peak_rss_mb"] > 50
+    assert report["client"] == "page" and report["floor"]["p95_s"] >= report["floor"]["p50_s"] > 0
 
 
 def test_finish_runs_in_the_batch_thread_one_request_at_a_time(tiny) -> None:
