@@ -106,12 +106,12 @@ def joined(*linears: nn.Linear) -> Callable[[Tensor], Tensor]:
         bias = None if lin.bias is None else lin.bias.detach()
         return functools.partial(F.linear, weight=lin.weight.detach(), bias=bias)
 
+    def side_by_side(parts: list[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+        return parts[0] if len(parts) == 1 else lambda x: torch.cat([f(x) for f in parts], -1)
+
     cpu32 = all(lin.weight.device.type == "cpu" and lin.weight.dtype == torch.float32 for lin in linears)
     if not cpu32 or not any(isinstance(lin, PackedLinear) for lin in linears):
-        if len(linears) == 1:
-            return plain(linears[0])
-        parts = [plain(lin) for lin in linears]
-        return lambda x: torch.cat([f(x) for f in parts], -1)
+        return side_by_side([plain(lin) for lin in linears])
     if len(linears) == 1:  # its own packed copy
         return functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=linears[0].prepacked())
     weight = torch.cat([lin.weight.detach() for lin in linears])
@@ -121,5 +121,4 @@ def joined(*linears: nn.Linear) -> Callable[[Tensor], Tensor]:
     if fp16_exact(weight) and (bias is None or fp16_exact(bias)):
         packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         return functools.partial(torch.ops.quantized.linear_dynamic_fp16, W_prepack=packed)
-    parts = [lin if isinstance(lin, PackedLinear) else plain(lin) for lin in linears]
-    return lambda x: torch.cat([f(x) for f in parts], -1)
+    return side_by_side([lin if isinstance(lin, PackedLinear) else plain(lin) for lin in linears])

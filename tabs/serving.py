@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import threading
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -271,7 +272,7 @@ LONG_KEEP_MB = max(0, int(os.environ.get("ATLAS_LONG_KEEP_MB", "2560")))
 
 
 class Kept(dict):
-    """A session's kept result (a dict that ``keep_long`` can follow without keeping it alive)."""
+    """A session's kept result (a dict that ``LongResults`` can follow without keeping it alive)."""
 
 
 class LongResults:
@@ -286,8 +287,6 @@ class LongResults:
 
     def keep(self, kept: Kept, nbytes: int) -> list[Kept]:
         """Follow ``kept`` (``nbytes`` of arrays); returns the states released to make room for it."""
-        import weakref
-
         key = id(kept)
         released = []
         with self._lock:
@@ -295,8 +294,8 @@ class LongResults:
             for other in list(self._kept):
                 if self.total() <= self.cap or other == key:
                     break
-                ref, _ = self._kept.pop(other, (lambda: None, 0))  # (gone meanwhile: nothing to release)
-                state = ref()
+                entry = self._kept.pop(other, None)  # None: collected meanwhile, nothing to release
+                state = entry[0]() if entry else None
                 if state is not None:
                     state.clear()
                     released.append(state)

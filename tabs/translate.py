@@ -99,8 +99,13 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
                   finish=lambda result: _translated(model, text, beam, split_notice, result, kind, head, view))
     if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)
         with heavy():
-            out = (" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:])
+            return with_rest(model, out, rest, beam)
     return out
+
+
+def with_rest(model, out: tuple, rest: list[str], beam: int) -> tuple:
+    """translate's outputs with a long text's other sentences translated after the first one's translation."""
+    return (" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:])
 
 
 def _translated(model, text: str, beam: int, split_notice: str, result, kind: str, head: str, view: str):
@@ -136,8 +141,7 @@ def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str],
     for (text, rest, notice, beam), result, kind, head, view in zip(prepared, results, kinds, heads, views):
         if isinstance(result, Exception):
             raise result
-        out = _translated(model, text, beam, notice, result, kind, head, view)
-        outputs.append((" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:]))
+        outputs.append(with_rest(model, _translated(model, text, beam, notice, result, kind, head, view), rest, beam))
     return [list(column) for column in zip(*outputs)]
 
 
