@@ -78,7 +78,7 @@ ACTIONS: list[Action] = [
     Action("vit_positions", "vit_positions", lambda: ()),
     Action("generate", "generate", lambda: (PROMPT, 20), needs="gpt-tiny"),
     Action("head_roles", "head_roles", lambda: ("gpt-tiny", 50, 0), needs="gpt-tiny"),
-    # the last layer's last head (gpt-tiny's induction head, layer 3 head 7), last token -> the first
+    # the last layer's last head (gpt-tiny's layer 3 head 7), last token -> the first: one score split, timed
     Action("attention_why_gpt_tiny", "attention_why", lambda: (PATCH_CLEAN, "gpt-tiny", -1, -1, -1, 0),
            needs="gpt-tiny"),
     Action("patch_heads_gpt_tiny_40", "patch", lambda: (PATCH_CLEAN, PATCH_CORRUPTED, "gpt-tiny", "", "heads"),

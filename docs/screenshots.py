@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tabs import lessons  # noqa: E402
 from tests.conftest import app_env, free_port, wait_until_serving  # noqa: E402
 from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
 from tests.e2e.helpers import click_cell, wait_for_plots  # noqa: E402
@@ -43,10 +45,14 @@ def _top(page, locator) -> float:
 def why_shots(page, panel, shot) -> None:
     """Why gpt-tiny's induction head attends (patching finds it; click it; its score split), and the sink."""
     panel().get_by_role("button", name="Induction example: first copy replaced").click()
-    panel().get_by_text("The strongest single patch").wait_for(timeout=120_000)
+    strongest = panel().get_by_text("The strongest single patch")
+    strongest.wait_for(timeout=120_000)
     page.wait_for_timeout(1000)
-    click_cell(page, "generate-patch", 3, 7)  # layer 3, head 7: the induction head
-    panel().get_by_text("Layer 3, head 7: query").first.wait_for(timeout=120_000)
+    # the head that restores the most (the induction head), as the notice names it: "... is layer L head H, ..."
+    found = re.search(r"strongest single patch is layer (\d+) head (\d+)", strongest.inner_text())
+    layer, head = int(found[1]), int(found[2])
+    click_cell(page, "generate-patch", layer, head)
+    panel().get_by_text(f"Layer {layer}, head {head}: query").first.wait_for(timeout=120_000)
     shot("generate-patching", 2300, y=_top(page, panel().get_by_text("Does it matter? Activation patching")) - 20)
     panel().get_by_role("button", name="Split this score").click()
     page.wait_for_timeout(3000)
@@ -65,8 +71,10 @@ def lesson_shots(page, panel, tab, shot) -> None:
         for _ in range(step - 1):
             panel().get_by_role("button", name="next step →").click()
         panel().get_by_text(f"step {step} of").wait_for(timeout=60_000)
-        options = panel().get_by_role("radio")
-        options.nth(options.count() - 1 if pick_answer else 0).check()
+        # the right answer or a wrong one, whichever the screenshot shows, from the lesson's own question
+        q = lessons.question(int(title.split(" ")[0]), step)
+        pick = q.answer if pick_answer else next(c for c in q.choices if c != q.answer)
+        panel().get_by_role("radio", name=pick, exact=True).check()
         panel().get_by_role("button", name="Check my prediction").click()
         page.wait_for_timeout(3000)
         shot(name, 1500)
@@ -99,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
 
             def shot(name: str, height: int = 2200, y: float = 0) -> None:
                 page.wait_for_timeout(1500)
+                # Chromium decodes a heatmap's image (a data URL) below the fold only during a first full-page
+                # capture, which then shows the axes without cells: the second capture is the one kept
+                page.screenshot(full_page=True)
+                page.wait_for_timeout(300)
                 page.screenshot(path=str(out / f"{name}.png"), full_page=True,
                                 clip={"x": 0, "y": y, "width": width, "height": height})
 
