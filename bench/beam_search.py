@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from models.transformer import Translator, TranslatorConfig  # noqa: E402
+from models.families.translator import Translator, TranslatorConfig  # noqa: E402
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Faithfulness of the five attribution methods (models/attribution.py) against a random ranking, same run.
+"""Faithfulness of the five attribution methods (models/inspect/attribution.py) against a random ranking, same run.
 
 Text (``sst2`` and ``minilm-sst2`` on SST-2 dev, ``agnews`` on the first 1,000 lines of AG News test): ERASER
 comprehensiveness and sufficiency (DeYoung et al. 2020, "ERASER: A Benchmark to Evaluate Rationalized NLP
@@ -126,7 +126,7 @@ def explain_all(
     model: Any, inputs: list[Any], method: str, targets: list[int] | None, steps: int, batch: int
 ) -> list[Any]:
     """``explain_batch`` over every input, ``batch`` at a time, texts grouped by length (less padding)."""
-    from models import attribution as A
+    from models.inspect import attribution as A
 
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]) if isinstance(inputs[i], list) else 0)
     out: list[Any] = [None] * len(inputs)
@@ -143,8 +143,8 @@ def explain_all(
 # ---------------------------------------------------------------------------------------------- model randomisation
 def randomisation_steps(model: Any) -> list[tuple[str, list[Any]]]:
     """Adebayo et al.'s cascade, top first: (step name, the modules and parameters it re-initialises)."""
-    from models.bert import BertClassifier
-    from models.vit import ViT
+    from models.families.bert import BertClassifier
+    from models.families.vit import ViT
 
     if isinstance(model, ViT):
         head, layers, embed = (
@@ -184,7 +184,7 @@ def sanity(
     model: Any, inputs: list[Any], trained: dict[str, list[Any]], steps: int, seed: int, batch: int
 ) -> dict[str, Any]:
     """Spearman's ρ of each cumulatively randomised model's attributions with the trained model's."""
-    from models import attribution as A
+    from models.inspect import attribution as A
 
     rand = copy.deepcopy(model)
     cascade = randomisation_steps(rand)
@@ -212,7 +212,7 @@ def sanity(
 # ---------------------------------------------------------------------------------------------- one model
 def attributions(model: Any, inputs: list[Any], steps: int, batch: int, seed: int) -> tuple[dict, dict, dict]:
     """({method: [Attribution]}, {method: [ranking]}, {method: seconds}) with "random" added to the rankings."""
-    from models import attribution as A
+    from models.inspect import attribution as A
 
     attrs: dict[str, list[Any]] = {}
     seconds: dict[str, float] = {}
@@ -250,7 +250,7 @@ def eraser(
     model: Any, ids: list[list[int]], attrs: list[Any], order: dict[str, list[np.ndarray]], resamples: int, seed: int
 ) -> dict[str, dict[str, Any]]:
     """Comprehensiveness and sufficiency (AOPC over BINS) per ranking, with bootstrap intervals."""
-    from models import attribution as A
+    from models.inspect import attribution as A
 
     targets = [a.target for a in attrs]
     full = A.probabilities(model, ids)[np.arange(len(ids)), targets]
@@ -293,7 +293,7 @@ def curves(
     """Deletion (to the mean pixel) and insertion (from the blurred copy) AUC, 10 points, per ranking."""
     import torch
 
-    from models import attribution as A
+    from models.inspect import attribution as A
 
     patch = attrs[0].patch
     canvas = A.blur(x, sigma)
@@ -319,9 +319,9 @@ def curves(
 
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import models
-    from models import attribution as A
-    from models.images import fashion_tensor
-    from models.packed import pack_linears
+    from models.decoding.packed import pack_linears
+    from models.inspect import attribution as A
+    from models.io.images import fashion_tensor
 
     t0 = time.perf_counter()
     model = models.load(Path(args.checkpoints) / name)

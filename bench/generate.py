@@ -1,11 +1,11 @@
-"""Generation with attention: ours (models/gpt.py as the app serves it) against transformers, same run.
+"""Generation with attention: ours (models/families/gpt.py as the app serves it) against transformers, same run.
 
 GPT-2 small's shape (12 layers, 12 heads, d=768, 50,257 tokens, 124 M parameters), random weights rounded
 to fp16 and given to both sides, a 20-token prompt, exactly 30 new tokens, greedy, attention kept for every
 step:
-- ours: ``models.fastgen.generate`` (the serving path: attention weights computed while decoding, a preallocated
+- ours: ``models.decoding.fastgen.generate`` (the serving path: attention weights computed while decoding, a preallocated
   KV cache, no second pass), on the model with its large linear layers fp16-packed as the app's model store packs
-  them (``models.packed``); ``GPT.generate``, the readable version it reproduces (KV cache with the fused
+  them (``models.decoding.packed``); ``GPT.generate``, the readable version it reproduces (KV cache with the fused
   kernel, then one explicit pass over every token), is timed beside it as ``plain``;
 - reference: transformers' ``GPT2LMHeadModel`` in float32, ``attn_implementation="eager"``, its KV cache
   and ``generate(output_attentions=True, return_dict_in_generate=True)``.
@@ -64,8 +64,8 @@ def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every block's parameters and the final norm and output projection,
-    fp16-packed matrices at 2 bytes a weight (models.packed), the rest as stored; of the embeddings one row each."""
-    from models.packed import PackedLinear
+    fp16-packed matrices at 2 bytes a weight (models.decoding.packed), the rest as stored; of the embeddings one row each."""
+    from models.decoding.packed import PackedLinear
 
     total = 0
     parts = [model.blocks, model.norm, model.lm_head]
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from models import fastgen
-    from models.hf import gpt2_from_state
-    from models.packed import pack_linears
+    from models.decoding import fastgen
+    from models.decoding.packed import pack_linears
+    from models.io.hf import gpt2_from_state
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=args.layers, bos_token_id=50256, eos_token_id=50256)

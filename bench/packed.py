@@ -1,7 +1,7 @@
-"""fp16-packed linear layers (models.packed) against plain float32, same checkpoints, same run.
+"""fp16-packed linear layers (models.decoding.packed) against plain float32, same checkpoints, same run.
 
 For each model, both versions are loaded (``models.load``, which is plain, and a copy packed by
-``models.packed.pack_linears`` as the app's model store packs it) and timed interleaved on the app's
+``models.decoding.packed.pack_linears`` as the app's model store packs it) and timed interleaved on the app's
 inputs: the translator on the 20-word sentence with beam 5 (``translate``: beam search plus the attention
 pass), the MiniLM and from-scratch classifiers on the SST-2 sentence.
 Outputs are compared as they are timed: the same translation, scores within 1e-4, attention within 1e-4.
@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sentences", type=int, default=0, help="also decode this many Multi30k test sentences")
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--min-weights", type=int, default=None,
-                    help="pack layers from this many weights (default: models.packed.MIN_WEIGHTS, as the app)")
+                    help="pack layers from this many weights (default: models.decoding.packed.MIN_WEIGHTS, as the app)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     import models
-    from models.classifier import classify_text
-    from models.packed import MIN_WEIGHTS, PackedLinear, pack_linears, supported
+    from models.decoding.packed import MIN_WEIGHTS, PackedLinear, pack_linears, supported
+    from models.families.classifier import classify_text
 
     report: dict[str, Any] = {"fbgemm": supported(), **machine_info()}
     plain_translator = packed_translator = None

@@ -1,4 +1,4 @@
-"""Activation patching's cost (models/patching.py): each sweep beside one plain forward pass of the same input,
+"""Activation patching's cost (models/inspect/patching.py): each sweep beside one plain forward pass of the same input,
 in the same run.
 
 - gpt-tiny (the shipped checkpoint, its large linear layers fp16-packed as the app's model store runs them):
@@ -42,7 +42,7 @@ def measure(name: str, model, clean: list[int], corrupted: list[int], sweeps: tu
             repeats: int) -> dict[str, float]:
     import torch
 
-    from models.patching import patch_sweep
+    from models.inspect.patching import patch_sweep
 
     ids = torch.tensor([corrupted])
     with torch.inference_mode():
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     import models
-    from models.gpt import GPT, GPTConfig
-    from models.packed import pack_linears
-    from models.patching import repeated_pair
+    from models.decoding.packed import pack_linears
+    from models.families.gpt import GPT, GPTConfig
+    from models.inspect.patching import repeated_pair
 
     torch.set_num_threads(args.threads)
     n = args.tokens // 2

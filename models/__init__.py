@@ -2,32 +2,23 @@
 
 ``models.load(name_or_path)`` returns the plain model behind a checkpoint folder (docs/ARCHITECTURE.md
 §4): in eval mode, float32, with ``.labels``, ``.text`` settings and, for text models,
-``.tokenizer`` attached. Serving speed-ups (``models.packed``) are the server's choice and are applied by
+``.tokenizer`` attached. Serving speed-ups (``models.decoding.packed``) are the server's choice and are applied by
 whoever serves the model (the app's model store, the serving benchmarks), never here.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from models import registry
 
 if TYPE_CHECKING:  # torch is imported on first use, so `models.limits` stays cheap for the UI
     from torch import nn
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
-# config["model"] -> (module, model class, config class); imported lazily so a missing or broken
-# vision file never stops the text models from loading (and the reverse).
-REGISTRY: dict[str, tuple[str, str, str]] = {
-    "Translator": ("models.transformer", "Translator", "TranslatorConfig"),
-    "TextClassifier": ("models.classifier", "TextClassifier", "ClassifierConfig"),
-    "ViT": ("models.vit", "ViT", "ViTConfig"),
-    "Swin": ("models.swin", "Swin", "SwinConfig"),
-    "BertClassifier": ("models.bert", "BertClassifier", "BertConfig"),
-    "GPT": ("models.gpt", "GPT", "GPTConfig"),
-}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -56,33 +47,34 @@ def resolve(name_or_path: str | Path) -> Path:
 
 def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
     """Load the model of a checkpoint folder name (under checkpoints/) or path; a Hugging Face folder
-    (config.json with a ``model_type`` and no ``format``) is read by ``models.hf``, without a manifest."""
-    from models.checkpoint import CheckpointError, config_from_dict, load_checkpoint
-    from models.hf import is_hf_folder, load_hf
+    (config.json with a ``model_type`` and no ``format``) is read by ``models.io.hf``, without a manifest."""
+    from models.io.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+    from models.io.hf import is_hf_folder, load_hf
 
     folder = resolve(name_or_path)
     if is_hf_folder(folder):
         return load_hf(folder).to(device)
     meta, state = load_checkpoint(folder, verify_hashes=verify)
     kind = meta["model"]
-    if kind not in REGISTRY:
-        raise CheckpointError(folder / "config.json", f"unknown model {kind!r}; known: {sorted(REGISTRY)}")
-    module_name, class_name, config_name = REGISTRY[kind]
-    module = importlib.import_module(module_name)
-    config = config_from_dict(getattr(module, config_name), meta["config"], folder / "config.json")
-    model = getattr(module, class_name)(config)
+    family = registry.by_model_name(kind) if isinstance(kind, str) else None
+    if family is None:
+        known = sorted(n for f in registry.FAMILIES.values() for n in f.model_names)
+        raise CheckpointError(folder / "config.json", f"unknown model {kind!r}; known: {known}")
+    model_class, config_class = family.classes()
+    config = config_from_dict(config_class, meta["config"], folder / "config.json")
+    model = model_class(config)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise CheckpointError(folder / "model.safetensors", f"weights do not fit {kind}: {e}") from e
     model.labels = list(meta["labels"])
     model.text = dict(meta["text"])
-    if kind in ("Translator", "TextClassifier", "BertClassifier", "GPT"):
-        from models.tokenizer import load_tokenizer
+    if family.text:
+        from models.io.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
     if (folder / "calibration.safetensors").is_file():  # image models: temperature and the unusual-input check
-        from models.calibration import load_calibration
+        from models.inspect.calibration import load_calibration
 
         model.calibration = load_calibration(folder / "calibration.safetensors")
     return model.float().eval().to(device)
@@ -90,10 +82,10 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
 
 def __getattr__(name: str) -> Any:
     if name == "CheckpointError":
-        from models.checkpoint import CheckpointError
+        from models.io.checkpoint import CheckpointError
 
         return CheckpointError
     raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "CHECKPOINTS", "REGISTRY", "load", "resolve"]
+__all__ = ["CheckpointError", "CHECKPOINTS", "load", "resolve"]

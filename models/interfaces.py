@@ -1,8 +1,8 @@
 """What a model must provide to appear in a tab, written as ``typing.Protocol`` classes (docs/ARCHITECTURE.md §7).
 
 ``Decoder``: the decoder-only language models of the Generate tab (its generation, replay, ablation, logit lens and
-head roles, and the lessons over it). ``models.gpt.GPT`` is one, and so is every Hugging Face GPT-2 or LLaMA-family
-folder, which ``models/hf.py`` reads into it; a new decoder family either maps its weights into ``GPT`` or implements
+head roles, and the lessons over it). ``models.families.gpt.GPT`` is one, and so is every Hugging Face GPT-2 or LLaMA-family
+folder, which ``models/io/hf.py`` reads into it; a new decoder family either maps its weights into ``GPT`` or implements
 this interface. tests/test_interfaces.py checks that ``GPT`` satisfies it method by method, parameters included.
 """
 
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     import numpy as np
     from torch import Tensor
 
-    from models.attention import Intervention, KVCache
-    from models.gpt import Forward
+    from models.blocks.attention import Intervention, KVCache
+    from models.families.gpt import Forward
     from models.outputs import GenerationResult, LogitLens
 
 
@@ -34,7 +34,7 @@ class Decoder(Protocol):
     """A decoder-only language model as the Generate tab uses it; every array is numpy on the CPU."""
 
     config: DecoderConfig
-    tokenizer: Any  # models.tokenizer: id_to_piece, decode, encode_prompt, bos_id / eos_id
+    tokenizer: Any  # models.io.tokenizer: id_to_piece, decode, encode_prompt, bos_id / eos_id
 
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
         """Prompt ids and their token labels, exactly as the model sees them (BOS first for our own models)."""
@@ -76,12 +76,12 @@ class Decoder(Protocol):
 
     def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
                          pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """``models.analysis.head_roles`` on ``repeated_tokens``, averaged over the seeds: (L, H) per role."""
+        """``models.inspect.analysis.head_roles`` on ``repeated_tokens``, averaged over the seeds: (L, H) per role."""
         ...
 
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
                 head_mask: Tensor | None = None, keep_hidden: bool = False, edit: Intervention | None = None,
                 last_only: bool = False) -> Forward:
         """Logits (and on request attention, hidden states, per-head outputs) of ids (B, T); ``edit`` patches heads
-        or positions and forbids keys (activation patching, sink ablation: models/patching.py)."""
+        or positions and forbids keys (activation patching, sink ablation: models/inspect/patching.py)."""
         ...

@@ -98,7 +98,7 @@ class ImageResult:
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
     temperature: float = 1.0  # probs = softmax(logits / temperature); 1 for a model without calibration
-    unusual: str = ""  # the out-of-distribution notice (models/calibration.py), empty when the input looks usual
+    unusual: str = ""  # the out-of-distribution notice (models/inspect/calibration.py), empty when the input looks usual
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
 
     def patch_at(self, y: float, x: float) -> tuple[int, int]:
@@ -146,7 +146,7 @@ class LogitLens:
     targets: list[str]  # (T,) that token (at the last position: the final layer's choice)
 
 
-# Attribution methods (models/attribution.py): id -> display name, importable without torch (the UI's choices)
+# Attribution methods (models/inspect/attribution.py): id -> display name, importable without torch (the UI's choices)
 METHODS: dict[str, str] = {
     "attention": "Attention (last layer)",
     "rollout": "Attention rollout",
@@ -166,7 +166,7 @@ METHODS_FOR: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Attribution:
-    """How much each token or patch supports one class, by one method (models/attribution.py).
+    """How much each token or patch supports one class, by one method (models/inspect/attribution.py).
 
     Signed: positive supports ``target``, negative speaks against it (attention, rollout and relevance are
     never negative). Rankings (deletion curves, faithfulness) use the signed value and skip ``special``.
@@ -191,7 +191,7 @@ class Attribution:
 
 @dataclass(frozen=True)
 class DeletionCurve:
-    """The target's probability as the top-ranked tokens or patches are removed (models/attribution.py)."""
+    """The target's probability as the top-ranked tokens or patches are removed (models/inspect/attribution.py)."""
 
     fractions: np.ndarray  # (K,) share of the removable tokens/patches removed: 0 first, 1 last; K <= 10
     removed: np.ndarray  # (K,) int: how many were removed
@@ -206,7 +206,7 @@ class DeletionCurve:
 
 @dataclass(frozen=True)
 class PatchResult:
-    """An activation-patching sweep (models/patching.py): how much of the clean answer each patch restores.
+    """An activation-patching sweep (models/inspect/patching.py): how much of the clean answer each patch restores.
 
     ``restored[l, j] = (LD_patched − LD_corrupted) / (LD_clean − LD_corrupted)`` with the logit difference
     LD = logit[target] − logit[foil] (Heimersheim & Nanda 2024): 1 = patching that one activation from the
@@ -231,7 +231,7 @@ class PatchResult:
 @dataclass(frozen=True)
 class SinkAblation:
     """One head forbidden to attend to token 0 (the attention sink, Xiao et al. 2023) during the forward pass:
-    its weight on key 0 is set to zero and every row renormalised over the other keys (models/patching.py).
+    its weight on key 0 is set to zero and every row renormalised over the other keys (models/inspect/patching.py).
     Query 0 of a causal model has no other key and keeps its row."""
 
     layer: int

@@ -192,7 +192,7 @@ def _classified(net, name: str, text: str, method: str, target: str, head: str, 
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
     attribution = attribute(state, method, progress)
-    from models.decompose import attention_scores
+    from models.inspect.decompose import attention_scores
 
     ids, _, _ = why.encode(net, text)
     npz = save_npz(name, encoder=amap.weights, scores=attention_scores(net, ids), tokens=amap.queries,

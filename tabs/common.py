@@ -169,7 +169,7 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
 
 def stats_figure(amap, kind_title: str):
     """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
-    from models.analysis import head_entropy
+    from models.inspect.analysis import head_entropy
 
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)
@@ -240,7 +240,7 @@ def completeness(attribution) -> str:
 def attribute(state: dict, method: str, progress: Any = None):
     """The explanation ``method`` of the kept input toward the kept target, computed once and kept in the
     state. A model that does not offer it (Swin: gradient methods only) gets gradient × input, with a notice."""
-    from models.attribution import explain, methods_for
+    from models.inspect.attribution import explain, methods_for
 
     kept = state["attributions"]
     if method not in kept:
@@ -267,7 +267,7 @@ def deletion_plot(state: dict | None, explanation: str, progress: Any = None):
     explanations not asked for yet; the curves are kept in the state)."""
     if not state:
         return None
-    from models.attribution import deletion_curves, methods_for
+    from models.inspect.attribution import deletion_curves, methods_for
     from viz import attribution as vattr
 
     net = get_model(state["model"])

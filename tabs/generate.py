@@ -232,12 +232,12 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     pooling = read_pooling(pooling)
     if previous and len(previous["result"].tokens) > limits.LONG_TOKENS:
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
-    from models import fastgen
-    from models.lockstep import GenerateRequest
+    from models.decoding import fastgen
+    from models.decoding.lockstep import GenerateRequest
 
     request = GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
     # a long input is served alone, ATLAS_CONCURRENCY at once (its attention is large); the others in a batch with the
-    # requests for this model arriving meanwhile (models/lockstep.py)
+    # requests for this model arriving meanwhile (models/decoding/lockstep.py)
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, head=head, view=view, pooling=pooling)
@@ -249,9 +249,9 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
 
 
 def generate_batch(net, requests: list) -> list:
-    """Several Generate requests for one model decoded together (``models.lockstep.generate_many``); each answer
+    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each answer
     equals that request's own ``generate``, a refused request's answer is its exception."""
-    from models.lockstep import generate_many
+    from models.decoding.lockstep import generate_many
 
     return generate_many(net, requests)
 
@@ -311,7 +311,7 @@ def write_arrays(kept: dict, net=None) -> str:
     long = len(result.tokens) > limits.LONG_TOKENS
     extra = {}
     if not long:
-        from models.decompose import attention_scores
+        from models.inspect.decompose import attention_scores
 
         net = net or _model(kept["model"])
         scores = attention_scores(net, result.ids)  # pre-softmax, masked cells −inf
@@ -414,7 +414,7 @@ def model_notice(name: str) -> str:
     entry = serving.DOWNLOADABLE.get(name) or serving.CONFIGURED.get(name)
     if entry is None or entry.folder is not None or not entry.repo:
         return ""
-    from models.hub import cached, how_to_get, offline
+    from models.io.hub import cached, how_to_get, offline
 
     if cached(entry.repo, entry.revision):
         return f"`{name}` is in the local Hugging Face cache: it loads on the first Generate."
@@ -487,7 +487,7 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
 def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Progress()):
     """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
     repeated twice; the strongest induction head's attention and the loss on each copy."""
-    from models.analysis import head_roles as role_scores
+    from models.inspect.analysis import head_roles as role_scores
 
     net = _model(model, progress)
     n = int(np.clip(int(n or 50), 2, (min(net.context_limit(), limits.LONG_TOKENS) - 1) // 2))

@@ -215,7 +215,7 @@ def l2_model(inp: str) -> Question:
 
 # ----------------------------------------------------------------------------------------- 3 · positions
 def l3_sinusoid(inp: str) -> Question:
-    from models.positional import sinusoidal_table
+    from models.blocks.positional import sinusoidal_table
     from viz import positional as vp
 
     n = int(np.clip(_seed(inp) or 64, 8, 512))
@@ -233,7 +233,7 @@ def l3_sinusoid(inp: str) -> Question:
 
 
 def l3_rope(inp: str) -> Question:
-    from models.positional import rope_demo
+    from models.blocks.positional import rope_demo
     from viz import positional as vp
 
     _, scores = rope_demo(24, 16, 0, seed=_seed(inp))
@@ -252,8 +252,8 @@ def l3_rope(inp: str) -> Question:
 
 
 def l3_model(inp: str) -> Question:
-    from models.analysis import previous_token_score
-    from models.decompose import decompose_score
+    from models.inspect.analysis import previous_token_score
+    from models.inspect.decompose import decompose_score
     from viz import why as vw
 
     net = get_model("gpt-tiny")
@@ -281,7 +281,7 @@ def l3_model(inp: str) -> Question:
 
 # --------------------------------------------------------------------------------- 4 · induction heads
 def _repeated(inp: str):
-    from models.analysis import head_roles
+    from models.inspect.analysis import head_roles
 
     net = get_model("gpt-tiny")
     n = min(30, (net.context_limit() - 1) // 2)
@@ -385,7 +385,7 @@ def l5_target(inp: str) -> Question:
 
 
 def l5_renormalised(inp: str) -> Question:
-    from models.decompose import decompose_score
+    from models.inspect.decompose import decompose_score
     from viz import why as vw
 
     net, ids, tokens, weights, share, layer, head = _sink_setup(inp)
@@ -409,7 +409,7 @@ def l5_renormalised(inp: str) -> Question:
 
 
 def l5_ablate(inp: str) -> Question:
-    from models.patching import sink_ablation
+    from models.inspect.patching import sink_ablation
 
     net, ids, tokens, weights, share, layer, head = _sink_setup(inp)
     r = sink_ablation(net, ids, layer, head)
@@ -493,7 +493,7 @@ def l6_greedy(inp: str) -> Question:
 
 # ---------------------------------------------------------------------------------------- 7 · ViT and Swin
 def _vit(inp: str):
-    from models.analysis import rollout
+    from models.inspect.analysis import rollout
 
     index = int(np.clip(_seed(inp), 0, len(EXAMPLE_IMAGES) - 1)) if (inp or "").strip() else 7
     r = get_model("vit-fashion").classify(str(EXAMPLE_IMAGES[index]))
@@ -540,7 +540,7 @@ def l7_rollout(inp: str) -> Question:
 
 
 def l7_swin(inp: str) -> Question:
-    from models.swin import shifted_window_regions
+    from models.families.swin import shifted_window_regions
     from viz import swin as vs
 
     regions = shifted_window_regions(8, 8, 4, 2).numpy()
@@ -563,7 +563,7 @@ def _explained(text: str):
 
 @functools.lru_cache(maxsize=16)
 def _explain(net, text: str):
-    from models.attribution import deletion_curves, explain
+    from models.inspect.attribution import deletion_curves, explain
 
     att = explain(net, text, "attention")
     ig = explain(net, text, "integrated_gradients")

@@ -52,7 +52,7 @@ def build() -> Permalink:
 def positional_encoding(length: int = 64, d_model: int = 128, dims: str = "0, 1, 6, 7, 32",
                         rope_pair: int = 0):
     """Sinusoidal encodings, RoPE rotations and offsets, for the chosen length and width."""
-    from models.positional import rope_demo, sinusoidal_table
+    from models.blocks.positional import rope_demo, sinusoidal_table
 
     length, d_model = max(2, min(int(length), MAX_POSITIONS)), max(2, min(int(d_model), MAX_WIDTH))
     d_model += d_model % 2

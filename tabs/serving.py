@@ -39,7 +39,7 @@ class ModelStore:
 
     Names are checkpoint folder names under ``CHECKPOINTS`` or the ImageNet models' torchvision names.
     The store is the app's serving layer: on the CPU it runs the large linear layers of each model on
-    fp16-packed copies of their fp16-stored weights (``models.packed``: the same numbers up to summation
+    fp16-packed copies of their fp16-stored weights (``models.decoding.packed``: the same numbers up to summation
     order, 1.2-1.3× faster end to end); ``models.load`` itself returns the plain model.
     """
 
@@ -69,15 +69,15 @@ class ModelStore:
     @staticmethod
     def _load(name: str, progress: Any = None) -> Any:
         import models
-        from models.packed import pack_linears
+        from models.decoding.packed import pack_linears
 
         if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
             import torch
 
             torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
         if name in IMAGENET_NAMES:
-            from models.hub import offline
-            from models.pretrained import load_imagenet
+            from models.io.hub import offline
+            from models.io.pretrained import load_imagenet
 
             try:  # downloads on first use where the network allows, failing within seconds where it does not
                 model = load_imagenet(name, download=not offline())
@@ -87,7 +87,7 @@ class ModelStore:
                     f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
                 ) from None
         elif name in CONFIGURED or name in DOWNLOADABLE:
-            from models.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
+            from models.io.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
 
             entry = CONFIGURED.get(name) or DOWNLOADABLE[name]
             where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
@@ -111,7 +111,7 @@ class ModelStore:
         device = run_device()
         if device == "cpu":
             pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
-            from models import fastgen
+            from models.decoding import fastgen
 
             if fastgen.supports(model):  # the decoder's joined projections, built now rather than on first use
                 fastgen.plan(model)
@@ -343,7 +343,7 @@ class Configured:
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
-# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/hub.py).
+# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/io/hub.py).
 DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
                 ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
@@ -358,7 +358,7 @@ def configure(entries: list[str]) -> None:
     or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
     problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
     CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
-    from models.hub import parse_entry
+    from models.io.hub import parse_entry
 
     for entry in (e.strip() for e in entries):
         if not entry:

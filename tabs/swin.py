@@ -61,7 +61,7 @@ def build() -> Permalink:
 
 def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):
     """Window partition, cyclic shift, region ids and the −100 masks for a token grid."""
-    from models.swin import window_geometry
+    from models.families.swin import window_geometry
 
     window = max(1, int(window))
     geo = window_geometry(max(1, int(grid)), window, max(0, min(int(shift), window - 1)))

@@ -112,7 +112,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
     """translate's outputs for one result (the translation of ``text``, the first sentence of a long text)."""
     cross = result.attention["cross"]
     layer_u, head_u = controls_for(cross.layers, cross.heads)
-    from models.decompose import attention_scores
+    from models.inspect.decompose import attention_scores
 
     ids, _, _ = why.encode(model, text)
     npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},

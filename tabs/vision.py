@@ -138,7 +138,7 @@ def preview(image: str | None, model: str):
     that cannot be read (classifying it says why)."""
     if not image:
         return None, None
-    from models.images import fashion_array, open_image
+    from models.io.images import fashion_array, open_image
 
     try:
         img, _ = open_image(image)  # decoded once, for both pictures
@@ -257,7 +257,7 @@ def draw_image(result, layer: int, head: str, view: str):
         return None, None
     head = parse_head(head)
     if result.attention:  # ViT: CLS → patch attention
-        from models.analysis import rollout
+        from models.inspect.analysis import rollout
 
         amap = result.attention["encoder"]
         layer = min(int(layer), amap.layers - 1)
@@ -306,7 +306,7 @@ def draw_query(result, layer: int, head: str, query: tuple[int, int]):
 
 def distance_figure(result):
     """Mean attention distance per head: over the whole image (ViT), inside the windows (Swin)."""
-    from models.analysis import mean_attention_distance, window_attention_distance
+    from models.inspect.analysis import mean_attention_distance, window_attention_distance
 
     if result.attention:
         amap = result.attention["encoder"]

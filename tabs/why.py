@@ -1,7 +1,7 @@
 """Why a head attends, and whether it matters: the sections that the text tabs (Generate, Classify, Translate's
 encoder) share. A clicked cell of a head's heatmap (or the query/key boxes) splits that score into the parts of
-the residual stream (`models.decompose`); "ablate the sink" forbids the head its first token; activation patching
-between a clean and a corrupted input (`models.patching`) measures which heads and positions carry the answer.
+the residual stream (`models.inspect.decompose`); "ablate the sink" forbids the head its first token; activation patching
+between a clean and a corrupted input (`models.inspect.patching`) measures which heads and positions carry the answer.
 
 Each tab calls `decomposition(...)` (and Generate/Classify `patching(...)`) inside its own layout, with a
 function that turns its kept Result into (model name, token ids, token labels). The API endpoints
@@ -165,7 +165,7 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
 
 def compared(view_of, state_a, state_b, layer, head, view):
     """(note, B's figure, B − A, the change per token or class) from two kept states: no model runs."""
-    from models.analysis import align_tokens
+    from models.inspect.analysis import align_tokens
     from tabs.common import attention_figure, parse_head
 
     if not state_a:
@@ -201,7 +201,7 @@ def compared(view_of, state_a, state_b, layer, head, view):
 
 def both_arrays(tab: str, view_of, state_a, state_b) -> str:
     """The .npz of both inputs: attention, tokens, the per-token or per-class values, the shared-token pairs."""
-    from models.analysis import align_tokens
+    from models.inspect.analysis import align_tokens
     from tabs.common import save_npz
 
     a, b = view_of(state_a), view_of(state_b)
@@ -234,7 +234,7 @@ def encode(net, text: str) -> tuple[list[int], list[str], str]:
         if len(ids) > limit:  # keep the start: BOS and the first tokens, as a reader would
             return ids[:limit], tokens[:limit], f"Input shortened to its first {limit} tokens (it had {len(ids)})."
         return ids, tokens, ""
-    from models.tokenizer import encode_input
+    from models.io.tokenizer import encode_input
 
     ids, tokens, notice = encode_input(net.tokenizer, text, net.config.max_len, type(net).__name__)
     return list(ids), list(tokens), notice
@@ -255,7 +255,7 @@ def _index(value, n: int, name: str) -> int:
 
 def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: str = ""):
     """Decompose one score: (summary Markdown, figure, table dict). Positions and indices are checked here."""
-    from models.decompose import decompose_score, n_layers
+    from models.inspect.decompose import decompose_score, n_layers
 
     c = net.config
     layer, head = _index(layer, n_layers(net), "layer"), _index(head, c.n_heads, "head")
@@ -319,8 +319,8 @@ def from_cell(cell: str, layer, head, w_head, *shown):
 
 def ablate_sink(sequence, state, layer, head) -> str:
     """Forbid the head its first token in the forward pass: the change in loss (LM) or class probability."""
-    from models.decompose import n_layers
-    from models.patching import sink_ablation
+    from models.inspect.decompose import n_layers
+    from models.inspect.patching import sink_ablation
 
     if not state:
         raise Error("Run the model first.")
@@ -369,7 +369,7 @@ def _target(net, target: str) -> int | None:
 def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target: int | None, sweep: str,
               progress=None):
     """The sweep over ids: (note, figure, JSON dict, kept state)."""
-    from models.patching import patch_sweep
+    from models.inspect.patching import patch_sweep
 
     net = get_model(name)
     if type(net).__name__ == "Translator":
@@ -424,8 +424,8 @@ def patch_texts(name: str, clean: str, corrupted: str, target: str, sweep: str, 
 
 
 def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
-    """The induction example: BOS + A + A[:−1] against BOS + B + A[:−1] (models.patching.repeated_pair)."""
-    from models.patching import repeated_pair
+    """The induction example: BOS + A + A[:−1] against BOS + B + A[:−1] (models.inspect.patching.repeated_pair)."""
+    from models.inspect.patching import repeated_pair
 
     net = get_model(name)
     try:
@@ -442,7 +442,7 @@ def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
 def patched_head(cell: str, kept):
     """A clicked cell of the head sweep: that head's attention on the clean input, the score of its last query
     on the key it attends to most split by parts, and the section's sliders set to it."""
-    from models.decompose import attention_scores
+    from models.inspect.decompose import attention_scores
 
     if not kept or kept.get("sweep") != "heads":
         raise Error("Clicks open a head: run the sweep by head (layer × head) first.")

@@ -80,7 +80,7 @@ def test_imagenet_choice_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     import torch
     from torchvision.models import swin_t
 
-    from models.pretrained import weights_path
+    from models.io.pretrained import weights_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
@@ -106,7 +106,7 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
     import html
     import re
 
-    from models.analysis import pooled_rollout
+    from models.inspect.analysis import pooled_rollout
 
     monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
     monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
@@ -128,9 +128,9 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
 
 
 def test_the_model_store_serves_packed_layers(monkeypatch) -> None:
-    """models.load returns the plain model; the app's store packs the large layers (models.packed)."""
+    """models.load returns the plain model; the app's store packs the large layers (models.decoding.packed)."""
     import models
-    from models.packed import PackedLinear, supported
+    from models.decoding.packed import PackedLinear, supported
 
     monkeypatch.setattr(serving, "CHECKPOINTS", common.ROOT / "checkpoints")
     plain = models.load(common.ROOT / "checkpoints" / "translator-en-de")
@@ -368,7 +368,7 @@ def test_a_rough_integral_is_refined_once_and_then_said_to_be_rough() -> None:
 def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> None:
     from dataclasses import replace
 
-    import models.attribution as attribution_module
+    import models.inspect.attribution as attribution_module
     from models.outputs import Attribution
 
     calls = []
@@ -391,7 +391,7 @@ def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> 
 
 
 def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_path: Path) -> None:
-    from models.images import fashion_array
+    from models.io.images import fashion_array
     from tabs.vision import PREVIEW_SIDE, enlarge, preview
 
     shown, seen = preview(common.EXAMPLE_IMAGES[0], "vit-fashion")

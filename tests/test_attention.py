@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import (
+from models.blocks.attention import (
     KVCache,
     MultiHeadAttention,
     attend,
@@ -15,8 +15,8 @@ from models.attention import (
     padding_mask,
     scaled_dot_product,
 )
-from models.gpt import CausalSelfAttention, GPTConfig
-from models.positional import RotaryEmbedding
+from models.blocks.positional import RotaryEmbedding
+from models.families.gpt import CausalSelfAttention, GPTConfig
 
 
 def _mha(d: int = 32, h: int = 4, seed: int = 0) -> MultiHeadAttention:

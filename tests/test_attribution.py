@@ -1,4 +1,4 @@
-"""models/attribution.py: integrated gradients' completeness on the shipped models, gradients against central
+"""models/inspect/attribution.py: integrated gradients' completeness on the shipped models, gradients against central
 finite differences, Chefer relevance against the formula written out here, batched == alone, packed models,
 Swin's refusal, deletion curves, and bench/faithfulness.py end to end on the tiny checkpoints."""
 
@@ -18,12 +18,12 @@ import torch
 
 import models
 from examples.sentences import SENTIMENT, TOPIC
-from models import attribution as A
-from models.analysis import pooled_rollout
-from models.bert import BertClassifier, BertConfig
-from models.classifier import ClassifierConfig, TextClassifier
-from models.swin import Swin, SwinConfig
-from models.vit import ViT, ViTConfig
+from models.families.bert import BertClassifier, BertConfig
+from models.families.classifier import ClassifierConfig, TextClassifier
+from models.families.swin import Swin, SwinConfig
+from models.families.vit import ViT, ViTConfig
+from models.inspect import attribution as A
+from models.inspect.analysis import pooled_rollout
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def inputs_for(name: str, dtype: torch.dtype = torch.float32) -> list:
 
 
 def shipped(name: str) -> torch.nn.Module:
-    from models.packed import pack_linears
+    from models.decoding.packed import pack_linears
 
     if not (models.CHECKPOINTS / name / "config.json").is_file():
         pytest.skip(f"checkpoints/{name} is not there")
@@ -311,7 +311,7 @@ def test_swin_offers_the_gradient_methods_only() -> None:
 
 
 def test_packed_model_gives_the_same_attributions_and_is_left_unchanged() -> None:
-    from models.packed import PackedLinear, pack_linears, supported
+    from models.decoding.packed import PackedLinear, pack_linears, supported
 
     plain = bert_model()
     with torch.no_grad():  # fp16-exact weights, as the shipped checkpoints store them

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import models
-from models.lockstep import GenerateRequest
+from models.decoding.lockstep import GenerateRequest
 from tabs import serving
 from tabs.classify import classify_batch
 from tabs.generate import generate_batch

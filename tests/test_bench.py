@@ -147,7 +147,7 @@ def test_helpers() -> None:
 
 @pytest.mark.slow
 def test_packed_bench_compares_both_paths(runs) -> None:
-    from models.packed import supported
+    from models.decoding.packed import supported
 
     report = _report(runs, "packed")
     assert report["fbgemm"] is supported()

@@ -1,4 +1,4 @@
-"""models/bert.py: the BERT/MiniLM encoder against transformers' BertModel, the key mapping, the classifier.
+"""models/families/bert.py: the BERT/MiniLM encoder against transformers' BertModel, the key mapping, the classifier.
 
 The reference test builds a random ``BertModel`` of the MiniLM shape (6 layers, 12 heads, 384 wide; a
 small vocabulary) and maps its weights over, so CI needs no download. The check on the real MiniLM
@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.bert import BertClassifier, BertConfig, BertEncoder, config_from_hf, hf_key, hf_to_ours, load_hf_weights
+from models.families.bert import (
+    BertClassifier,
+    BertConfig,
+    BertEncoder,
+    config_from_hf,
+    hf_key,
+    hf_to_ours,
+    load_hf_weights,
+)
 from tests.tiny import WORDS, tiny_bert_checkpoint, tiny_wordpiece  # noqa: F401 (shared with app tests)
 
 
@@ -104,7 +112,7 @@ def test_key_mapping_names() -> None:
 
 def test_classifier_classify_and_checkpoint(tmp_path: Path) -> None:
     import models
-    from models.tokenizer import JsonTokenizer
+    from models.io.tokenizer import JsonTokenizer
 
     folder = tiny_bert_checkpoint(tmp_path / "minilm-tiny")
     model = models.load(folder)
@@ -154,7 +162,7 @@ def test_real_minilm_weights_load() -> None:
     enc = BertEncoder(cfg).eval()
     ignored = load_hf_weights(enc, folder / "model.safetensors")
     assert sorted(ignored) == ["embeddings.position_ids", "pooler.dense.bias", "pooler.dense.weight"]
-    from models.tokenizer import JsonTokenizer
+    from models.io.tokenizer import JsonTokenizer
 
     tok = JsonTokenizer(folder / "tokenizer.json")
     enc_ids = tok.encode("Attention is all you need.")

@@ -1,4 +1,4 @@
-"""Calibrated probabilities and the unusual-input check of the Fashion-MNIST models (models/calibration.py):
+"""Calibrated probabilities and the unusual-input check of the Fashion-MNIST models (models/inspect/calibration.py):
 the pieces against direct computations, and the shipped models on real photographs that a package ships."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import models
-from models.calibration import (
+from models.inspect.calibration import (
     FILE,
     Calibration,
     background_share,
@@ -20,7 +20,7 @@ from models.calibration import (
     fit_temperature,
     load_calibration,
 )
-from models.checkpoint import CheckpointError, verify
+from models.io.checkpoint import CheckpointError, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 FASHION = ("vit-fashion", "swin-fashion")
@@ -84,7 +84,7 @@ def test_shipped_models_carry_a_verified_calibration(name, tmp_path) -> None:
     # classify() reports softmax(logits / T) with the argmax of the plain softmax
     example = sorted((ROOT / "examples" / "fashion").glob("*.png"))[0]
     result = net.classify(example)
-    from models.images import fashion_tensor
+    from models.io.images import fashion_tensor
 
     x = fashion_tensor(result.image[None])
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_photos_are_flagged_and_fashion_mnist_examples_are_not(name) -> None:
     flagged = [p.name for p in examples if net.classify(p).unusual]
     assert flagged == []
     # the vectorised rule (train.calibrate's figures) agrees with the notice, image by image
-    from models.images import fashion_tensor
+    from models.io.images import fashion_tensor
 
     images = [net.classify(p).image for p in [*(_package_photo(n) for n in ("astronaut.png", "coffee.png")), *examples]]
     x = fashion_tensor(np.stack(images))
@@ -130,12 +130,12 @@ def test_photos_are_flagged_and_fashion_mnist_examples_are_not(name) -> None:
 
 
 def test_a_model_without_calibration_reports_the_plain_softmax() -> None:
-    from models.vit import ViT, ViTConfig
+    from models.families.vit import ViT, ViTConfig
 
     torch.manual_seed(0)
     net = ViT(ViTConfig(dim=16, depth=1, heads=2, mlp_dim=32)).eval()
     result = net.classify(np.full((28, 28), 90, np.uint8))
-    from models.images import fashion_tensor
+    from models.io.images import fashion_tensor
 
     logits = net(fashion_tensor(result.image[None]))[0]
     assert np.allclose(result.probs, torch.softmax(logits, -1).detach().numpy(), atol=1e-6)

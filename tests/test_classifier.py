@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.classifier import ClassifierConfig, TextClassifier
+from models.families.classifier import ClassifierConfig, TextClassifier
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""models/decompose.py: every attention score split into residual-stream parts sums back to the score, and the
+"""models/inspect/decompose.py: every attention score split into residual-stream parts sums back to the score, and the
 softmax of the walk's row of scores reproduces the attention each model returns, for every text family served
 (LLaMA recipe with GQA, RoPE and query/key/value biases; GPT-2; pre- and post-norm classifiers; BERT; the
 translator's encoder)."""
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.bert import BertClassifier, BertConfig
-from models.classifier import ClassifierConfig, TextClassifier
-from models.decompose import attention_scores, decompose_score
-from models.gpt import GPT, GPTConfig
-from models.transformer import Translator, TranslatorConfig
+from models.families.bert import BertClassifier, BertConfig
+from models.families.classifier import ClassifierConfig, TextClassifier
+from models.families.gpt import GPT, GPTConfig
+from models.families.translator import Translator, TranslatorConfig
+from models.inspect.decompose import attention_scores, decompose_score
 
 torch.set_num_threads(2)
 
@@ -170,8 +170,8 @@ def test_hugging_face_gpt2_and_llama_folders_against_transformers(tmp_path) -> N
 def test_shipped_checkpoints(name: str) -> None:
     """The shipped models, fp16-packed as the app serves them: the split holds on a real sentence."""
     import models
-    from models.packed import pack_linears
-    from models.tokenizer import encode_input
+    from models.decoding.packed import pack_linears
+    from models.io.tokenizer import encode_input
 
     model = models.load(name)
     pack_linears(model)

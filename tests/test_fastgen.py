@@ -1,4 +1,4 @@
-"""models.fastgen: the serving path of generation returns what GPT.generate returns (models/gpt.py), field by field:
+"""models.decoding.fastgen: the serving path of generation returns what GPT.generate returns (models/families/gpt.py), field by field:
 the same token ids, texts, candidates and notices; every attention weight and probability within 1e-5, the
 surprisal (bits) within 1e-5 absolute + 1e-5 relative;
 for both recipes (LLaMA with grouped-query heads, GPT-2), greedy and seeded sampling, shortened prompts, a stop at
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from models import fastgen, limits
-from models.gpt import GPT, GPTConfig
+from models import limits
+from models.decoding import fastgen
+from models.decoding.packed import PackedLinear, pack_linears, supported
+from models.families.gpt import GPT, GPTConfig
 from models.outputs import GenerationResult
-from models.packed import PackedLinear, pack_linears, supported
 
 LLAMA_GQA = GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2)
 CONFIGS = {

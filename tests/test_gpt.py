@@ -1,4 +1,4 @@
-"""models/gpt.py and models/hf.py: GPT-2 weights from a folder written by transformers give transformers'
+"""models/families/gpt.py and models/io/hf.py: GPT-2 weights from a folder written by transformers give transformers'
 logits, attention and greedy tokens; the LLaMA recipe (grouped-query attention included) gives the same
 outputs through the explicit and the fused path; generation, ablation and the logit lens behave."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.gpt import GPT, GPTConfig, sample
+from models.families.gpt import GPT, GPTConfig, sample
 
 torch.set_num_threads(2)
 
@@ -61,7 +61,7 @@ def test_hf_folder_with_only_pickle_weights_is_refused(gpt2_folder, tmp_path: Pa
     import shutil
 
     import models
-    from models.checkpoint import CheckpointError
+    from models.io.checkpoint import CheckpointError
 
     folder, _ = gpt2_folder
     shutil.copy(folder / "config.json", tmp_path / "config.json")
@@ -88,7 +88,7 @@ def test_explicit_equals_fused_and_cache(config: GPTConfig) -> None:
     with torch.no_grad():
         fused = model(ids).logits
         explicit = model(ids, need_weights=True)
-        from models.attention import KVCache
+        from models.blocks.attention import KVCache
 
         caches = [KVCache() for _ in model.blocks]
         stepped = torch.cat([model(ids[:, :12], caches).logits]
@@ -108,8 +108,8 @@ def test_query_key_biases_alone_make_a_previous_token_head() -> None:
     model = GPT(c).eval()
     attn = model.blocks[0].attn
     assert attn.o_proj.bias is None and GPT(LLAMA).blocks[0].attn.k_proj.bias is None
-    from models.positional import apply_rope as rotate
-    from models.positional import rope_angles
+    from models.blocks.positional import apply_rope as rotate
+    from models.blocks.positional import rope_angles
 
     key = torch.ones(1, 4, 1, 8)
     query = 60 * rotate(key, rope_angles(1, 8, offset=-1), c.rope_layout)  # b_k turned one position back
@@ -194,7 +194,7 @@ def test_ablation_and_logit_lens() -> None:
 
 
 def test_head_role_scores_average_the_seeds_sequences_drawn_from_the_pieces() -> None:
-    from models.analysis import head_roles
+    from models.inspect.analysis import head_roles
 
     torch.manual_seed(0)
     model = GPT(LLAMA).train()

@@ -55,7 +55,7 @@ def test_gpt2_vocab_and_merges_encode_as_transformers(tmp_path: Path) -> None:
 
 def test_folder_without_any_tokenizer_is_refused(tmp_path: Path) -> None:
     import models
-    from models.checkpoint import CheckpointError
+    from models.io.checkpoint import CheckpointError
     from tests.tiny import tiny_gpt2_folder
 
     tiny_gpt2_folder(tmp_path / "gpt2")

@@ -1,4 +1,4 @@
-"""Hub models (models/hub.py) without a network: entries, the offline message and its speed, the cache, a faked
+"""Hub models (models/io/hub.py) without a network: entries, the offline message and its speed, the cache, a faked
 download with its progress, and the size limit read from safetensors headers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import hub
+from models.io import hub
 from tabs import serving
 
 pytest.importorskip("transformers")

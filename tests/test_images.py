@@ -1,4 +1,4 @@
-"""models/images.py: every kind of image a person may upload becomes exactly what the model expects."""
+"""models/io/images.py: every kind of image a person may upload becomes exactly what the model expects."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from models import images
-from models.images import (
+from models.io import images
+from models.io.images import (
     FASHION_MEAN,
     FASHION_STD,
     fashion_array,

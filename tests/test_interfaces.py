@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import typing
 
-from models.gpt import GPT, GPTConfig
+from models.families.gpt import GPT, GPTConfig
 from models.interfaces import Decoder, DecoderConfig
 
 TINY = GPTConfig(vocab_size=32, max_len=16, d_model=16, n_layers=1, n_heads=2)

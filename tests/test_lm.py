@@ -111,7 +111,7 @@ def test_packing_and_synthetic_spans() -> None:
 
 
 def test_synthetic_rows_join_every_batch_and_weigh_in_the_loss() -> None:
-    from models.gpt import GPT, GPTConfig
+    from models.families.gpt import GPT, GPTConfig
 
     assert rows_per_batch(0.0, 16, 256) == 0 and rows_per_batch(0.065, 16, 256) == 3
     assert rows_per_batch(0.001, 2, 8) == 1  # at least one row when asked for any
@@ -147,7 +147,7 @@ def test_copied_targets_are_the_repeats_a_copy_predicts() -> None:
 
 
 def test_perplexity_sums_score_every_piece_after_bos() -> None:
-    from models.gpt import GPT, GPTConfig
+    from models.families.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, max_len=8, d_model=16, n_layers=1, n_heads=2)).eval()
@@ -227,7 +227,7 @@ def test_lm_heads_bench_scores_three_sources(tiny_checkpoints: Path, tmp_path: P
     import json
 
     import models
-    from models.analysis import induction_score, previous_token_score
+    from models.inspect.analysis import induction_score, previous_token_score
 
     spec = importlib.util.spec_from_file_location("lm_heads", ROOT / "bench" / "lm_heads.py")
     heads = importlib.util.module_from_spec(spec)

@@ -131,7 +131,7 @@ def test_every_figure_of_a_2048_token_input_fits_3_mb() -> None:
 
 # ------------------------------------------------------------------------------------------------ the token cap
 def test_the_token_cap_is_the_models_context_capped_by_atlas_max_tokens() -> None:
-    from models.gpt import GPT, GPTConfig
+    from models.families.gpt import GPT, GPTConfig
 
     assert limits.MAX_LM_TOKENS == int(os.environ.get("ATLAS_MAX_TOKENS") or 2048)
     assert limits.LONG_TOKENS == POOL_ABOVE and limits.MAX_TILE_CELLS == TILE_CELLS
@@ -310,7 +310,7 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     """The compare toggle on two 2,048-token inputs: B's figure and B − A are tiles (≤ 3 MB each), B − A is the
     mean of the aligned difference over each block, and the .npz of both is float16 and deflated."""
     from bench._long_model import long_prompt
-    from models.analysis import align_tokens
+    from models.inspect.analysis import align_tokens
     from tabs import why
 
     a = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]

@@ -1,4 +1,4 @@
-"""models.packed: fp16-packed linear layers give F.linear's numbers (up to summation order) for weights that
+"""models.decoding.packed: fp16-packed linear layers give F.linear's numbers (up to summation order) for weights that
 fp16 holds exactly, leave training and everything else on plain F.linear, and the shipped translator
 decodes the same with and without them."""
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.packed import MIN_WEIGHTS, PackedLinear, fp16_exact, pack_linears, supported
+from models.decoding.packed import MIN_WEIGHTS, PackedLinear, fp16_exact, pack_linears, supported
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -113,7 +113,7 @@ def test_shipped_translator_decodes_the_same_packed_or_not() -> None:
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_joined_layers_give_each_layers_output(bias: bool) -> None:
-    from models.packed import joined
+    from models.decoding.packed import joined
 
     q, k, v = fp16_linear(256, 1024, bias, seed=1), fp16_linear(256, 256, bias, seed=2), fp16_linear(256, 256, bias, 3)
     x = torch.randn(3, 256)

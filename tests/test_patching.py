@@ -1,4 +1,4 @@
-"""models/patching.py and the ``edit`` argument (models/attention.py Intervention): activation patching and
+"""models/inspect/patching.py and the ``edit`` argument (models/blocks/attention.py Intervention): activation patching and
 attention-sink ablation on tiny random models, each checked against a plain loop over a deep copy of the model
 with ordinary PyTorch forward hooks (test-only code that shares nothing with the code under test), and one
 measurement on the shipped gpt-tiny's induction heads."""
@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models.attention import Intervention, LayerEdit
-from models.bert import BertClassifier, BertConfig
-from models.classifier import ClassifierConfig, TextClassifier
-from models.gpt import GPT, GPTConfig
-from models.patching import patch_sweep, repeated_pair, sink_ablation
+from models.blocks.attention import Intervention, LayerEdit
+from models.families.bert import BertClassifier, BertConfig
+from models.families.classifier import ClassifierConfig, TextClassifier
+from models.families.gpt import GPT, GPTConfig
+from models.inspect.patching import patch_sweep, repeated_pair, sink_ablation
 
 torch.set_num_threads(2)
 
@@ -408,7 +408,7 @@ def test_gpt_tiny_induction_head_restores_the_copy() -> None:
     The strongest induction head as /head_roles reports it (its defaults: N = 50, seed 0) is the sweep's top head
     or restores at least half."""
     import models
-    from models.analysis import induction_score
+    from models.inspect.analysis import induction_score
 
     model = models.load("gpt-tiny")
     clean, corrupted = repeated_pair(model, 20, seed=0)

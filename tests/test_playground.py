@@ -12,7 +12,7 @@ from viz import playground as pg
 @pytest.mark.parametrize("scale", [True, False])
 def test_steps_match_model_attention(mask: str, scale: bool) -> None:
     torch = pytest.importorskip("torch")
-    from models.attention import scaled_dot_product
+    from models.blocks.attention import scaled_dot_product
 
     s = pg.compute_steps(seq_len=7, d_k=5, seed=3, mask=mask, scale=scale)
     out, weights = scaled_dot_product(torch.tensor(s.q), torch.tensor(s.k), torch.tensor(s.v),

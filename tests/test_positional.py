@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.positional import (
+from models.blocks.positional import (
     LearnedPositions,
     RotaryEmbedding,
     SinusoidalPositions,

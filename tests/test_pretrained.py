@@ -1,4 +1,4 @@
-"""models/pretrained.py: torchvision's ViT-B/16 and Swin-T, randomly initialised and converted, give
+"""models/io/pretrained.py: torchvision's ViT-B/16 and Swin-T, randomly initialised and converted, give
 torchvision's logits; the ImageNet loader works offline from torchvision's cache and fails fast without it.
 
 One ViT-B and one Swin-T (torchvision's, module-scoped) serve every test; ours are built from them."""
@@ -15,8 +15,10 @@ import torchvision.models as tvm
 from torchvision.models.swin_transformer import SwinTransformer
 from torchvision.models.vision_transformer import VisionTransformer
 
-from models import pretrained
-from models.pretrained import (
+from models.families.swin import Swin, SwinConfig
+from models.families.vit import ViT, ViTConfig
+from models.io import pretrained
+from models.io.pretrained import (
     WeightsUnavailableError,
     convert_swin,
     convert_vit,
@@ -26,8 +28,6 @@ from models.pretrained import (
     vit_from_torchvision,
     weights_path,
 )
-from models.swin import Swin, SwinConfig
-from models.vit import ViT, ViTConfig
 
 torch.set_num_threads(2)
 

@@ -1,4 +1,4 @@
-"""models/swin.py: window geometry against the Swin paper's construction, fused = explicit attention,
+"""models/families/swin.py: window geometry against the Swin paper's construction, fused = explicit attention,
 and the ImageResult of the small Fashion-MNIST model."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.outputs import ImageResult
-from models.swin import (
+from models.families.swin import (
     Swin,
     SwinConfig,
     relative_position_index,
@@ -18,6 +17,7 @@ from models.swin import (
     window_partition,
     window_reverse,
 )
+from models.outputs import ImageResult
 
 torch.set_num_threads(2)
 
@@ -53,7 +53,7 @@ def test_relative_position_index(window: int) -> None:
 def paper_mask(H: int, W: int, window: int, shift: int) -> np.ndarray:
     """The reference construction (Liu et al. 2021, Fig. 4 and their code): label the shifted grid with
     3×3 slices, cut it into windows, and mask pairs with different labels by −100. Written with numpy
-    and explicit loops, independent of models/swin.py."""
+    and explicit loops, independent of models/families/swin.py."""
     Hp, Wp = -(-H // window) * window, -(-W // window) * window
     img = np.zeros((Hp, Wp))
     count = 0

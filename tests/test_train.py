@@ -384,7 +384,7 @@ def test_vision_init_continues_from_a_checkpoint(data_dir: Path, tmp_path: Path)
 
 
 def test_grad_checkpointing_keeps_names_and_gradients() -> None:
-    from models.vit import ViT, ViTConfig
+    from models.families.vit import ViT, ViTConfig
 
     torch.manual_seed(0)
     a = ViT(ViTConfig(dim=16, depth=2, heads=2, mlp_dim=32, dropout=0.0))

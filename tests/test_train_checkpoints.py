@@ -29,7 +29,7 @@ def rows_sum_to_one(w: np.ndarray) -> bool:
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_checkpoint_verifies_and_fits_budget(name: str) -> None:
-    from models.checkpoint import verify
+    from models.io.checkpoint import verify
 
     folder = existing(name)
     files = verify(folder)

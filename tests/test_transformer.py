@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.transformer import Translator, TranslatorConfig
+from models.families.translator import Translator, TranslatorConfig
 
 EOS = 2
 torch.set_num_threads(1)  # tiny tensors on 2 shared cores: threads only add overhead

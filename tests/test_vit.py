@@ -1,4 +1,4 @@
-"""models/vit.py: fused = explicit attention, rows sum to 1, and the ImageResult of the small model."""
+"""models/families/vit.py: fused = explicit attention, rows sum to 1, and the ImageResult of the small model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from models.families.vit import ViT, ViTConfig
 from models.outputs import ImageResult
-from models.vit import ViT, ViTConfig
 
 torch.set_num_threads(2)
 
@@ -108,8 +108,8 @@ def test_bad_config() -> None:
 def test_two_prefix_tokens_reach_attribution_rollout_and_distance(models: dict[str, ViT]) -> None:
     """Nothing assumes exactly one [CLS]: with a second prefix token every patch map skips both, read from the
     model (``num_prefix_tokens``) and the result (``prefix_tokens``)."""
-    from models.analysis import mean_attention_distance, patch_distances, pooled_rollout
-    from models.attribution import explain
+    from models.inspect.analysis import mean_attention_distance, patch_distances, pooled_rollout
+    from models.inspect.attribution import explain
 
     model = models["two_prefix"]
     assert model.num_prefix_tokens == 2 and model.extra_tokens is not None and model.extra_tokens.shape == (1, 1, 32)
@@ -145,7 +145,7 @@ def test_two_prefix_tokens_reach_attribution_rollout_and_distance(models: dict[s
 def test_a_config_without_prefix_tokens_loads_with_one() -> None:
     import dataclasses
 
-    from models.checkpoint import config_from_dict
+    from models.io.checkpoint import config_from_dict
 
     data = dataclasses.asdict(ViTConfig())
     del data["prefix_tokens"]  # as the shipped checkpoints' config.json

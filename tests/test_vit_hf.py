@@ -1,4 +1,4 @@
-"""A Hugging Face ViTForImageClassification folder read into models.vit.ViT: the same pixel values from each
+"""A Hugging Face ViTForImageClassification folder read into models.families.vit.ViT: the same pixel values from each
 side's own preprocessing, and the same logits and attention as transformers."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_vit_folder_matches_transformers(vit_folder) -> None:
     from transformers import ViTImageProcessor
 
     import models
-    from models.images import prepare
+    from models.io.images import prepare
 
     folder, hf = vit_folder
     ours = models.load(str(folder))
@@ -60,7 +60,7 @@ def test_vit_folder_without_preprocessor_config_is_refused(vit_folder, tmp_path:
     import shutil
 
     import models
-    from models.checkpoint import CheckpointError
+    from models.io.checkpoint import CheckpointError
 
     folder, _ = vit_folder
     broken = tmp_path / "vit"

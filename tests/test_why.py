@@ -35,7 +35,7 @@ def test_attention_why_sums_and_reproduces_the_row(tiny, model: str) -> None:
     assert abs(row.sum() - 1) < 1e-5 and fig["data"]
     net = serving.get_model(model)
     ids, _, _ = why.encode(net, TEXT)
-    from models.decompose import attention_scores
+    from models.inspect.decompose import attention_scores
 
     scores = attention_scores(net, ids)[-1, 1, -1]
     np.testing.assert_allclose(row, np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum(), atol=1e-5)
@@ -140,7 +140,7 @@ def test_compare_two_inputs(tiny) -> None:
     a, b = classify("a fine film .")[5], classify("a bad film .")[5]
     note, fig_b, diff, change = why.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
     wa, wb = a["result"].attention["encoder"].weights[1, 2], b["result"].attention["encoder"].weights[1, 2]
-    from models.analysis import align_tokens
+    from models.inspect.analysis import align_tokens
 
     pairs = align_tokens(a["result"].tokens, b["result"].tokens)
     assert 0 < len(pairs) < len(b["result"].tokens)  # "fine" and "bad" are not shared

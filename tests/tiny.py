@@ -61,8 +61,8 @@ def tiny_bert_checkpoint(folder: Path, labels: list[str] | None = None) -> Path:
     """A tiny random BertClassifier checkpoint in the real format (for app and API tests)."""
     import torch
 
-    from models.bert import BertClassifier, BertConfig
-    from models.checkpoint import save_checkpoint
+    from models.families.bert import BertClassifier, BertConfig
+    from models.io.checkpoint import save_checkpoint
 
     labels = labels or ["negative", "positive"]
     tok = tiny_wordpiece(folder.parent / f"_{folder.name}_tok")
@@ -79,12 +79,12 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
                                                            "minilm-agnews", "gpt-tiny")) -> Path:
     import torch
 
-    from models.checkpoint import save_checkpoint
-    from models.classifier import ClassifierConfig, TextClassifier
-    from models.gpt import GPT, GPTConfig
-    from models.swin import Swin, SwinConfig
-    from models.transformer import Translator, TranslatorConfig
-    from models.vit import ViT, ViTConfig
+    from models.families.classifier import ClassifierConfig, TextClassifier
+    from models.families.gpt import GPT, GPTConfig
+    from models.families.swin import Swin, SwinConfig
+    from models.families.translator import Translator, TranslatorConfig
+    from models.families.vit import ViT, ViTConfig
+    from models.io.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     sp = train_sentencepiece(root / "_spm")

@@ -1,4 +1,4 @@
-"""Fit and measure a Fashion-MNIST image model's calibration and unusual-input check (models/calibration.py).
+"""Fit and measure a Fashion-MNIST image model's calibration and unusual-input check (models/inspect/calibration.py).
 
     python -m train.calibrate --checkpoint checkpoints/vit-fashion --data-dir ../shared/data
     python -m train.calibrate --checkpoint checkpoints/swin-fashion --data-dir ../shared/data
@@ -38,7 +38,7 @@ def non_fashion_images(seed: int = 0) -> tuple[np.ndarray, int]:
     import skimage
     from PIL import Image
 
-    from models.images import fashion_array
+    from models.io.images import fashion_array
 
     rng = np.random.default_rng(seed)
     folder = Path(skimage.__file__).parent / "data"
@@ -76,7 +76,7 @@ def non_fashion_images(seed: int = 0) -> tuple[np.ndarray, int]:
 def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int = 500
                         ) -> tuple[torch.Tensor, np.ndarray]:
     """(logits (N, C), final features (N, D) float64) of uint8 (N, 28, 28) images."""
-    from models.images import fashion_tensor
+    from models.io.images import fashion_tensor
 
     logits, features = [], []
     for i in range(0, len(images), batch):
@@ -89,7 +89,7 @@ def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int =
 
 def main(argv: list[str] | None = None) -> int:
     import models
-    from models.calibration import (
+    from models.inspect.calibration import (
         FILE,
         Calibration,
         background_share,
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_pixels,
         fit_temperature,
     )
-    from models.checkpoint import add_to_manifest
+    from models.io.checkpoint import add_to_manifest
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, required=True, help="a Fashion-MNIST ViT or Swin checkpoint folder")

@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     d = setup_distributed(args.device)
     cfg = config_from_args(args)
 
-    from models.classifier import ClassifierConfig, TextClassifier
-    from models.tokenizer import SentencePieceTokenizer
+    from models.families.classifier import ClassifierConfig, TextClassifier
+    from models.io.tokenizer import SentencePieceTokenizer
 
     tok_path = args.tokenizer or DEFAULT_OUT / f"{args.task}.model"
     text = TEXT_SETTINGS[args.task]
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.finished and d.main:
         state, info = load_best(args.run_dir)
         model.load_state_dict(state)
-        from models.checkpoint import save_checkpoint
+        from models.io.checkpoint import save_checkpoint
 
         cmd = ["python", "-m", "train.classifier", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)

@@ -93,7 +93,7 @@ def find_minilm(base: Path | None = None) -> Path:
 def build_model(folder: Path, n_classes: int, pooling: str = "mean", dropout: float | None = None,
                 train_embeddings: bool = False) -> nn.Module:
     """A BertClassifier with the pretrained encoder from ``folder`` and a freshly initialised head."""
-    from models.bert import BertClassifier, config_from_hf, load_hf_weights
+    from models.families.bert import BertClassifier, config_from_hf, load_hf_weights
 
     hf = json.loads((folder / "config.json").read_text())
     overrides: dict[str, object] = {"n_classes": n_classes, "pooling": pooling, "origin": ORIGIN}
@@ -112,7 +112,7 @@ def shard_limit(model: nn.Module) -> int:
     holding nothing but the (frozen, so unchanged) pretrained table; models where that split does not
     work out get the usual limit.
     """
-    from models.checkpoint import MAX_SHARD_BYTES
+    from models.io.checkpoint import MAX_SHARD_BYTES
 
     sizes = {k: t.numel() * 2 for k, t in model.state_dict().items()}  # fp16 bytes
     word = sizes.pop("bert.embeddings.word.weight")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(config_from_args(args), betas=DEFAULTS.betas)
     run_dir = args.run_dir or REPO_ROOT / "runs" / f"minilm-{args.task}"
 
-    from models.tokenizer import JsonTokenizer
+    from models.io.tokenizer import JsonTokenizer
 
     text = TEXT_SETTINGS[args.task]
     tok = JsonTokenizer(folder / "tokenizer.json", text)
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.finished and d.main:
         state, info = load_best(run_dir)
         model.load_state_dict(state)
-        from models.checkpoint import save_checkpoint
+        from models.io.checkpoint import save_checkpoint
 
         cmd = ["python", "-m", "train.minilm", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)

@@ -5,7 +5,7 @@
         --epochs 10 [--d-model 256 --layers 3 --heads 4 --d-ff 1024]
 
 The source is ``<s> en </s>``, the decoder input ``<s> de`` and the target ``de </s>``, all encoded with
-the joint SentencePiece model through ``models.tokenizer`` (as the app encodes). Model selection: cased
+the joint SentencePiece model through ``models.io.tokenizer`` (as the app encodes). Model selection: cased
 sacreBLEU of greedy output on Multi30k ``val`` after every epoch; the reported figure comes from
 ``python -m train.evaluate translation`` (beam 5) on ``test_2016_flickr``.
 """
@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     d = setup_distributed(args.device)
     cfg = config_from_args(args)
 
-    from models.tokenizer import SentencePieceTokenizer
-    from models.transformer import Translator, TranslatorConfig
+    from models.families.translator import Translator, TranslatorConfig
+    from models.io.tokenizer import SentencePieceTokenizer
 
     tok = SentencePieceTokenizer(args.tokenizer, {})
     if (tok.pad_id, tok.bos_id, tok.eos_id) != (PAD_ID, BOS_ID, EOS_ID):
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.average_last > 1:
             state, info = prefer_average(model, task, args.run_dir, args.average_last, state, info)
         model.load_state_dict(state)
-        from models.checkpoint import save_checkpoint
+        from models.io.checkpoint import save_checkpoint
 
         cmd = ["python", "-m", "train.translation", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)

@@ -56,11 +56,11 @@ DEFAULTS = TrainConfig(epochs=10, lr=1e-3, weight_decay=0.05, warmup_steps=300, 
 def build_model(kind: str, overrides: dict[str, Any]) -> nn.Module:
     """A ViT or Swin for 28×28 grey images with the given config overrides."""
     if kind == "vit":
-        from models.vit import ViT as cls
-        from models.vit import ViTConfig as cfg_cls
+        from models.families.vit import ViT as cls
+        from models.families.vit import ViTConfig as cfg_cls
     elif kind == "swin":
-        from models.swin import Swin as cls
-        from models.swin import SwinConfig as cfg_cls
+        from models.families.swin import Swin as cls
+        from models.families.swin import SwinConfig as cfg_cls
     else:
         raise ValueError(f"unknown model {kind!r} (vit or swin)")
     cfg = cfg_cls(**overrides)
@@ -69,8 +69,8 @@ def build_model(kind: str, overrides: dict[str, Any]) -> nn.Module:
 
 def parse_overrides(items: list[str], kind: str) -> dict[str, Any]:
     """``["dim=96", "depths=2,2"]`` -> {"dim": 96, "depths": (2, 2)} (types from the config's defaults)."""
-    from models.swin import SwinConfig
-    from models.vit import ViTConfig
+    from models.families.swin import SwinConfig
+    from models.families.vit import ViTConfig
 
     defaults = dataclasses.asdict(ViTConfig() if kind == "vit" else SwinConfig())
     out: dict[str, Any] = {}
@@ -90,7 +90,7 @@ def parse_overrides(items: list[str], kind: str) -> dict[str, Any]:
 
 def to_input(images: np.ndarray | Tensor) -> Tensor:
     """uint8 (B, 28, 28) -> normalised float (B, 1, 28, 28), exactly as the models' classify() prepares it."""
-    from models.images import fashion_tensor
+    from models.io.images import fashion_tensor
 
     return fashion_tensor(images)
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.average_last > 1:
             state, info = prefer_average(model, task, args.run_dir, args.average_last, state, info)
         model.load_state_dict(state)
-        from models.checkpoint import save_checkpoint
+        from models.io.checkpoint import save_checkpoint
 
         cmd = ["python", "-m", "train.vision", *(argv if argv is not None else sys.argv[1:])]
         record = training_record(result, model, d, cfg, cmd)

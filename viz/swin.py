@@ -1,7 +1,7 @@
 """Swin Transformer geometry (Liu et al. 2021): window partitions, the cyclic shift, region ids, the
 −100 attention mask, and one token's window attention painted back onto the token grid.
 
-Conventions (the same as timm's ``swin_transformer.py`` and models/swin.py): the shifted block rolls the
+Conventions (the same as timm's ``swin_transformer.py`` and models/families/swin.py): the shifted block rolls the
 token grid by −shift on both axes (``torch.roll(x, (-s, -s))``), windows are numbered row-major on the
 rolled grid, tokens row-major inside a window. Arrays come in from the caller; nothing here imports the
 model code.
@@ -188,7 +188,7 @@ def window_attention_map(
     (NaN outside the window), undoing the cyclic shift and the window partition.
 
     weights: (nW, heads, N, N) of one block, computed on the grid padded at the bottom/right to a
-    multiple of ``window`` (as models/swin.py and torchvision do); attention to padding tokens is left
+    multiple of ``window`` (as models/families/swin.py and torchvision do); attention to padding tokens is left
     out of the map and reported in ``info["padding_share"]``. Returns (map, info) with info keys
     ``window`` (window index), ``token`` (index inside the window), ``cells`` (list of (row, col) of the
     window's real tokens on the original grid) and ``padding_share``."""

@@ -10,7 +10,7 @@ et al. 2024); the head still reads the class token, and every attention map cove
 (``ViT.num_prefix_tokens``, ``ImageResult.prefix_tokens``: timm's ``num_prefix_tokens``).
 
 The layout follows torchvision's ``VisionTransformer`` so its ViT-B/16 ImageNet weights load with only
-the fused q/k/v projection split (``models/pretrained.py``). The default configuration is the small
+the fused q/k/v projection split (``models/io/pretrained.py``). The default configuration is the small
 Fashion-MNIST model: 28×28 grey, patch 4 -> 7×7 = 49 patches plus the class token.
 """
 
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention
-from models.calibration import calibrated
-from models.images import ImageInput, prepare
+from models.blocks.attention import MultiHeadAttention
+from models.inspect.calibration import calibrated
+from models.io.images import ImageInput, prepare
 from models.outputs import AttentionMap, ImageResult
 
 
@@ -140,7 +140,7 @@ class ViT(nn.Module):
         """The rest of ``forward`` from patch embeddings (B, P, D): (logits (B, classes), per-block attention
         L × (B, heads, N, N), N = prefix + P, empty unless ``need_weights``). The weights are the tensors the blocks
         multiply the values with, in the autograd graph (not stacked), so attribution can take ∂logit/∂A
-        (models/attribution.py) without hooks on the shared model."""
+        (models/inspect/attribution.py) without hooks on the shared model."""
         features, attention = self.encode(patches, need_weights)
         return self.head(features), attention
 

@@ -1,5 +1,5 @@
-"""torchvision's ImageNet ViT-B/16 and Swin-T weights, mapped into ``models.vit.ViT`` and
-``models.swin.Swin`` so they run with their attention returned.
+"""torchvision's ImageNet ViT-B/16 and Swin-T weights, mapped into ``models.families.vit.ViT`` and
+``models.families.swin.Swin`` so they run with their attention returned.
 
 The weights come through torchvision's own mechanism: the file named in the weights' URL, cached under
 ``torch.hub.get_dir()/checkpoints`` (``$TORCH_HOME/hub/checkpoints``). ``load_imagenet`` looks at that
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from models.swin import ShiftedWindowAttention, Swin, SwinConfig, relative_position_index
-from models.vit import ViT, ViTConfig
+from models.families.swin import ShiftedWindowAttention, Swin, SwinConfig, relative_position_index
+from models.families.vit import ViT, ViTConfig
 
 if TYPE_CHECKING:
     from torchvision.models import WeightsEnum

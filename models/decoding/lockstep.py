@@ -1,6 +1,6 @@
 """Several ``GPT.generate`` requests decoded as one batch, each answer equal to the request served alone.
 
-A serving speed-up (docs/ARCHITECTURE.md §9), kept out of ``models/gpt.py``: it only calls ``GPT.forward`` (the same
+A serving speed-up (docs/ARCHITECTURE.md §9), kept out of ``models/families/gpt.py``: it only calls ``GPT.forward`` (the same
 modules, the same KV cache) on more rows at once. The rows advance in *lockstep by position*: every forward pass
 feeds each row the token at the same absolute position, so no row ever needs a padding mask or shifted positions
 (RoPE angles, learned positions and smeared keys all stay exactly those of the row alone):
@@ -62,7 +62,7 @@ class _Row:
 def generate_many(model, requests: Sequence[GenerateRequest]) -> list[GenerationResult | Exception]:
     """``model.generate(**request)`` of each request, decoded together where they fit (see the module docstring);
     a request the model refuses (empty prompt, bad settings) comes back as its exception, in its place."""
-    from models.gpt import GPT
+    from models.families.gpt import GPT
 
     results: list[GenerationResult | Exception] = [ValueError("not run")] * len(requests)
     rows: list[_Row] = []
@@ -76,7 +76,7 @@ def generate_many(model, requests: Sequence[GenerateRequest]) -> list[Generation
             results[i] = _alone(model, req)
         else:
             rows.append(row)
-    if len(rows) == 1:  # a lone request: the single-row fast path (models/fastgen.py), the same answer
+    if len(rows) == 1:  # a lone request: the single-row fast path (models/decoding/fastgen.py), the same answer
         results[rows[0].index] = _alone(model, requests[rows[0].index])
     elif rows:
         was_training = model.training
@@ -91,8 +91,8 @@ def generate_many(model, requests: Sequence[GenerateRequest]) -> list[Generation
 
 
 def _alone(model, req: GenerateRequest) -> GenerationResult | Exception:
-    """One request by itself, through ``models.fastgen`` (``model.generate``'s answer, decoded faster)."""
-    from models import fastgen
+    """One request by itself, through ``models.decoding.fastgen`` (``model.generate``'s answer, decoded faster)."""
+    from models.decoding import fastgen
 
     try:
         return fastgen.generate(model, req.text, max_new_tokens=req.max_new_tokens, strategy=req.strategy,
@@ -128,8 +128,8 @@ def _groups(model, rows: list[_Row]) -> list[list[_Row]]:
 
 @torch.no_grad()
 def _decode(model, group: list[_Row]) -> list[GenerationResult]:
-    from models.attention import KVCache
-    from models.gpt import sample
+    from models.blocks.attention import KVCache
+    from models.families.gpt import sample
 
     device = model.embed.weight.device
     eos = model.eos_id()

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import Intervention, LayerEdit
+from models.blocks.attention import Intervention, LayerEdit
 from models.outputs import PatchResult, SinkAblation
 
 SWEEPS = ("heads", "positions")
@@ -58,7 +58,7 @@ class _Run:
 
 
 def _is_lm(model: nn.Module) -> bool:
-    from models.gpt import GPT
+    from models.families.gpt import GPT
 
     return isinstance(model, GPT)
 
@@ -221,7 +221,7 @@ def repeated_pair(model: nn.Module, n: int, seed: int = 0) -> tuple[list[int], l
     input, which would make it trivially visible. Patching the heads that restore the clean answer finds the
     induction circuit.
     """
-    from models.gpt import GPT
+    from models.families.gpt import GPT
 
     if not isinstance(model, GPT):
         raise ValueError("the repeated-token example needs a language model")

@@ -14,7 +14,7 @@ Training (grad enabled), other devices and other dtypes run plain ``F.linear``, 
 place is packed again on its next use.
 
 ``joined(*linears)``: one function computing several layers that read the same input (a query, key and value
-projection; a gate and an up projection) in one multiply, packed when the layers are (``models/fastgen.py``).
+projection; a gate and an up projection) in one multiply, packed when the layers are (``models/decoding/fastgen.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - Rotary (Su et al. 2021, RoFormer eq. 34): rotate each pair (x_{2i}, x_{2i+1}) of q and k by the angle
   pos · θ_i with θ_i = base^(-2i/d), so that q_m · k_n depends only on m − n.
 
-The Swin relative position bias (table and index) lives in ``models.swin``.
+The Swin relative position bias (table and index) lives in ``models.families.swin``.
 """
 
 from __future__ import annotations

@@ -3,16 +3,16 @@
 A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (weights only: a folder with only
 ``pytorch_model.bin`` is refused, since reading it means unpickling) and ``tokenizer.json``. Supported:
 
-- ``gpt2`` causal LMs -> ``models.gpt.GPT`` with ``recipe="gpt2"``. GPT-2 stores its projections as
+- ``gpt2`` causal LMs -> ``models.families.gpt.GPT`` with ``recipe="gpt2"``. GPT-2 stores its projections as
   ``Conv1D`` (y = x W + b, W of shape (in, out)), the transpose of ``nn.Linear``'s, and its q, k and v as
   one (d, 3d) matrix ``c_attn``; both are undone here.
 - ``bert`` sequence classifiers (``BertForSequenceClassification``: its pooler and classifier, labels from
-  ``id2label``) -> ``models.bert.BertClassifier`` with ``pooling="pooler"``.
-- ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.gpt.GPT`` with ``recipe="llama"``, RoPE in
+  ``id2label``) -> ``models.families.bert.BertClassifier`` with ``pooling="pooler"``.
+- ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.families.gpt.GPT`` with ``recipe="llama"``, RoPE in
   Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
   ``num_key_value_heads``; RoPE scaling variants are refused.
-- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.vit.ViT`` with
-  the folder's ``preprocessor_config.json`` as its input preparation (``models.images.processor_spec``).
+- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT`` with
+  the folder's ``preprocessor_config.json`` as its input preparation (``models.io.images.processor_spec``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from models.checkpoint import CheckpointError
+from models.io.checkpoint import CheckpointError
 
 
 def is_hf_folder(folder: Path) -> bool:
@@ -56,7 +56,7 @@ def load_hf(folder: str | Path) -> Any:
         raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
     if kind == "vit":
         return _with_processor(model, folder).float().eval()
-    from models.tokenizer import JsonTokenizer, folder_tokenizer
+    from models.io.tokenizer import JsonTokenizer, folder_tokenizer
 
     try:  # tokenizer.json, or BERT's vocab.txt / GPT-2's vocab.json + merges.txt
         pipeline = folder_tokenizer(folder, kind)
@@ -101,9 +101,9 @@ def _weights(folder: Path) -> dict[str, Tensor]:
 
 
 def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``models.gpt.GPT`` (recipe "gpt2") from a GPT-2 config dict and a transformers state dict (with or
+    """``models.families.gpt.GPT`` (recipe "gpt2") from a GPT-2 config dict and a transformers state dict (with or
     without the ``transformer.`` prefix), without a tokenizer."""
-    from models.gpt import GPT, GPTConfig
+    from models.families.gpt import GPT, GPTConfig
 
     where = Path(where)
     d = int(hf["n_embd"])
@@ -142,8 +142,8 @@ def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
 
 
 def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``models.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict."""
-    from models.gpt import GPT, GPTConfig
+    """``models.families.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict."""
+    from models.families.gpt import GPT, GPTConfig
 
     where = Path(where)
     d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
@@ -181,8 +181,8 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
 
 def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
                                where: Path | str = "config.json") -> Any:
-    """``models.bert.BertClassifier`` (pooler pooling) from a ``BertForSequenceClassification`` folder."""
-    from models.bert import BertClassifier, config_from_hf, hf_to_ours
+    """``models.families.bert.BertClassifier`` (pooler pooling) from a ``BertForSequenceClassification`` folder."""
+    from models.families.bert import BertClassifier, config_from_hf, hf_to_ours
 
     where = Path(where)
     if "BertForSequenceClassification" not in (hf.get("architectures") or []):
@@ -209,7 +209,7 @@ def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
 
 def _with_processor(model: Any, folder: Path) -> Any:
     """Give an image classifier the preprocessing of the folder's ``preprocessor_config.json``."""
-    from models.images import processor_spec
+    from models.io.images import processor_spec
 
     path = folder / "preprocessor_config.json"
     try:
@@ -222,9 +222,9 @@ def _with_processor(model: Any, folder: Path) -> Any:
 
 
 def vit_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``models.vit.ViT`` from a ``ViTForImageClassification`` folder (CLS token read after the final LayerNorm),
+    """``models.families.vit.ViT`` from a ``ViTForImageClassification`` folder (CLS token read after the final LayerNorm),
     without its preprocessing (``load_hf`` adds it)."""
-    from models.vit import ViT, ViTConfig
+    from models.families.vit import ViT, ViTConfig
 
     where = Path(where)
     if "ViTForImageClassification" not in (hf.get("architectures") or []):

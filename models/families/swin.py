@@ -10,7 +10,7 @@ for shifted configuration", Fig. 4). Each head adds a learned relative position 
 
 The layout follows torchvision's ``swin_t`` (pre-norm blocks, padding to a multiple of the window, no
 shift when the window covers the whole padded grid) so its ImageNet weights load unchanged
-(``models/pretrained.py``). The default configuration is the small Fashion-MNIST model: 28×28 grey,
+(``models/io/pretrained.py``). The default configuration is the small Fashion-MNIST model: 28×28 grey,
 patch 2 -> 14×14 tokens in 2×2 windows of 7×7, merged to 7×7 tokens in one window.
 """
 
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import attend
-from models.calibration import calibrated
-from models.images import ImageInput, prepare
+from models.blocks.attention import attend
+from models.inspect.calibration import calibrated
+from models.io.images import ImageInput, prepare
 from models.outputs import ImageResult, WindowAttention
 
 MASK_VALUE = -100.0  # the paper's (and reference code's) additive mask for tokens of different regions

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import limits
-from models.analysis import HEAD_ROLES, head_roles
-from models.attention import (
+from models.blocks.attention import (
     Intervention,
     KVCache,
     LayerEdit,
@@ -48,8 +47,9 @@ from models.attention import (
     enter_layer,
     restrict_keys,
 )
+from models.blocks.positional import ROPE_LAYOUTS, apply_rope, rope_angles
+from models.inspect.analysis import HEAD_ROLES, head_roles
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
-from models.positional import ROPE_LAYOUTS, apply_rope, rope_angles
 
 RECIPES = ("llama", "gpt2")
 STRATEGIES = ("greedy", "sample")

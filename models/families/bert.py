@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.attention import LayerEdit, MultiHeadAttention, enter_layer, padding_mask
-from models.classifier import EncoderClassifier, pool
+from models.blocks.attention import LayerEdit, MultiHeadAttention, enter_layer, padding_mask
+from models.families.classifier import EncoderClassifier, pool
 from models.limits import MAX_TOKENS_MINILM
 
 
@@ -92,7 +92,7 @@ class BertLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
                 edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, N, D); mask: (B, 1, 1, N) True on real keys; edit: the attention's part of an intervention
-        (models/attention.py). Returns (x, weights (B, H, N, N) or None)."""
+        (models/blocks/attention.py). Returns (x, weights (B, H, N, N) or None)."""
         a, w = self.self_attn(x, mask=mask, need_weights=need_weights, edit=edit)
         x = self.norm1(x + self.drop(a))
         x = self.norm2(x + self.drop(self.ff_out(F.gelu(self.ff_in(x)))))  # exact (erf) GELU, as BERT
@@ -119,8 +119,8 @@ class BertEncoder(nn.Module):
     def forward_embedded(self, word: Tensor, pad_mask: Tensor | None = None, token_types: Tensor | None = None,
                          need_weights: bool = False,
                          edits: Sequence[LayerEdit | None] | None = None) -> tuple[list[Tensor], list[Tensor]]:
-        """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/attribution.py).
-        edits: one ``LayerEdit`` or None per layer (``models.attention.bind`` of an intervention)."""
+        """As ``forward`` from word embeddings (B, N, D) instead of ids (attribution, models/inspect/attribution.py).
+        edits: one ``LayerEdit`` or None per layer (``models.blocks.attention.bind`` of an intervention)."""
         mask = None if pad_mask is None else padding_mask(pad_mask)  # (B, 1, 1, N), None without padding
         x = self.embeddings.embed(word, token_types)
         states, weights = [x], []
@@ -148,7 +148,7 @@ class BertClassifier(EncoderClassifier):
             raise ValueError(f"pooling must be 'cls', 'mean' or 'pooler', got {c.pooling!r}")
         if c.max_len > c.max_positions:
             raise ValueError(f"max_len={c.max_len} exceeds max_positions={c.max_positions}")
-        self.tokenizer = tokenizer  # models.tokenizer.JsonTokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.io.tokenizer.JsonTokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.text: dict[str, Any] = {}
         self.bert = BertEncoder(c)

@@ -1,6 +1,6 @@
 """Hugging Face Hub models, fetched on first use into huggingface_hub's own cache, and the size limit.
 
-``fetch(repo, revision)`` returns a local folder that ``models.hf.load_hf`` reads. It looks in the cache first
+``fetch(repo, revision)`` returns a local folder that ``models.io.hf.load_hf`` reads. It looks in the cache first
 (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``: the same place transformers uses)
 and only then, unless downloads are off (``ATLAS_OFFLINE=1`` or ``HF_HUB_OFFLINE=1``), asks the Hub: first
 the safetensors headers (the parameter count is checked against ``ATLAS_MAX_PARAMS`` before anything is
@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-# What the loaders read (models/hf.py): never the pickled *.bin weights.
+# What the loaders read (models/io/hf.py): never the pickled *.bin weights.
 FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json",
          "vocab.txt", "vocab.json", "merges.txt", "generation_config.json"]

@@ -42,9 +42,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import limits
+from models.blocks.positional import apply_rope
+from models.decoding.packed import joined
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
-from models.packed import joined
-from models.positional import apply_rope
 
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (vocabulary-wide logits each)
 ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
@@ -55,7 +55,7 @@ def supports(model) -> bool:
     """Whether this module computes what ``model.generate`` computes: a ``models.gpt.GPT`` whose attention is
     its four projections and whose feed-forward layer its two or three, nothing else (no learned parts of
     their own, no extra modules)."""
-    from models.gpt import GPT
+    from models.families.gpt import GPT
 
     if not isinstance(model, GPT):
         return False
@@ -148,7 +148,7 @@ class _Decoder:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def run(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed) -> GenerationResult:
-        from models.gpt import sample
+        from models.families.gpt import sample
 
         model = self.model
         ids, new, notice = model.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache, LayerEdit, MultiHeadAttention, causal_mask, padding_mask
+from models.blocks.attention import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from models.blocks.layers import EncoderLayer, FeedForward, length_runs
+from models.blocks.positional import SinusoidalPositions
+from models.io.tokenizer import encode_input
 from models.outputs import AttentionMap, BeamStep, TranslationResult
-from models.positional import SinusoidalPositions
-from models.tokenizer import encode_input
 
 
 @dataclass
@@ -39,35 +40,6 @@ class TranslatorConfig:
     pad_id: int = 0  # SentencePiece ids of the special pieces
     bos_id: int = 1
     eos_id: int = 2
-
-
-class FeedForward(nn.Sequential):
-    """FFN(x) = max(0, xW1 + b1)W2 + b2 (eq. 2)."""
-
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
-
-
-class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ff = FeedForward(d_model, d_ff, dropout)
-        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
-                rope: nn.Module | None = None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
-        """x: (B, S, D); mask: (B, 1, 1, S) or broadcastable; edit: the attention's part of an intervention
-        (models/attention.py). Returns (x, weights (B, H, S, S) or None)."""
-        if self.norm_first:
-            a, w = self.self_attn(self.norm1(x), mask=mask, need_weights=need_weights, rope=rope, edit=edit)
-            x = x + self.drop(a)
-            return x + self.drop(self.ff(self.norm2(x))), w
-        a, w = self.self_attn(x, mask=mask, need_weights=need_weights, rope=rope, edit=edit)
-        x = self.norm1(x + self.drop(a))
-        return self.norm2(x + self.drop(self.ff(x))), w
 
 
 class DecoderLayer(nn.Module):
@@ -140,7 +112,7 @@ class Translator(nn.Module):
     def __init__(self, config: TranslatorConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
-        self.tokenizer = tokenizer  # models.tokenizer.Tokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load
         self.labels: list[str] = []
         self.src_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_embed = self.src_embed if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model,
@@ -399,7 +371,6 @@ class Translator(nn.Module):
         on the right with a key-padding mask, each with its own step limit, targets padded after their end (the
         causal mask hides that padding), so that each answer equals the sentence's own ``translate`` (up to float
         summation order). A sentence the model refuses comes back as its exception, in its place."""
-        from models.classifier import length_runs
 
         c, dev = self.config, next(self.parameters()).device
         if beam_size < 1:

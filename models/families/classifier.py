@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.attention import Intervention, LayerEdit, bind, enter_layer, padding_mask
+from models.blocks.attention import Intervention, LayerEdit, bind, enter_layer, padding_mask
+from models.blocks.layers import EncoderLayer, length_runs
+from models.blocks.positional import LearnedPositions, SinusoidalPositions
+from models.io.tokenizer import encode_input
 from models.outputs import AttentionMap, ClassificationResult
-from models.positional import LearnedPositions, SinusoidalPositions
-from models.tokenizer import encode_input
-from models.transformer import EncoderLayer
 
 
 @dataclass
@@ -59,8 +59,8 @@ class EncoderClassifier(nn.Module):
     """What every text classifier shares (ours and the pretrained MiniLM): subclasses implement
     ``_run(ids, pad_mask, need_weights, edits) -> (logits, [per-layer weights])`` and ``_run_embedded`` (the
     same from word embeddings), and hold ``config`` (``max_len``, ``n_classes``, ``n_layers``), ``labels`` and
-    ``tokenizer``. ``edit`` (``models.attention.Intervention``) patches heads or residual positions and
-    forbids keys per call (models/patching.py), never by changing the shared model."""
+    ``tokenizer``. ``edit`` (``models.blocks.attention.Intervention``) patches heads or residual positions and
+    forbids keys per call (models/inspect/patching.py), never by changing the shared model."""
 
     def forward(self, ids: Tensor, pad_mask: Tensor | None = None, edit: Intervention | None = None) -> Tensor:
         """ids: (B, N); pad_mask: (B, N) bool, True on PADDING (default: ids == pad_id) -> logits (B, C)."""
@@ -91,7 +91,7 @@ class EncoderClassifier(nn.Module):
 
     def token_embeddings(self, ids: Tensor) -> Tensor:
         """ids (B, N) -> the word embeddings (B, N, D) before positions are added: the input that attribution
-        differentiates (models/attribution.py). Subclasses implement it."""
+        differentiates (models/inspect/attribution.py). Subclasses implement it."""
         raise NotImplementedError
 
     def forward_embedded(self, embeddings: Tensor, pad_mask: Tensor | None = None,
@@ -126,7 +126,7 @@ class TextClassifier(EncoderClassifier):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {c.pooling!r}")
         if c.positions not in ("learned", "sinusoidal"):
             raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {c.positions!r}")
-        self.tokenizer = tokenizer  # models.tokenizer.Tokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         nn.init.normal_(self.embed.weight, std=0.02)
@@ -169,24 +169,6 @@ def classify_text(model: nn.Module, text: str | Sequence[int]) -> Classification
     if isinstance(result, Exception):
         raise result
     return result
-
-
-# Padded cells one forward pass may hold, rows × longest² (the (B, L, H, N, N) attention grows with it): 32 inputs of
-# 128 tokens. A batch over it is split into runs of similar length (docs/ARCHITECTURE.md §9).
-BATCH_CELLS = 32 * 128 * 128
-
-
-def length_runs(lengths: Sequence[int], cells: int = BATCH_CELLS) -> list[list[int]]:
-    """Indices of ``lengths`` grouped for batched runs: sorted by length (little padding), each run holding at most
-    ``cells`` padded cells (rows × its longest²; a single input always makes a run)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    runs: list[list[int]] = []
-    for i in order:
-        if runs and (len(runs[-1]) + 1) * max(lengths[i], 1) ** 2 <= cells:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
 
 
 @torch.no_grad()

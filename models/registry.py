@@ -1,0 +1,119 @@
+"""What each model family *is*, said once (docs/ARCHITECTURE.md §1, §7).
+
+A ``Family`` names its module, model class and config class; the ``config.json`` "model" names (the project's
+checkpoints) and Hugging Face ``model_type``s it reads; the tabs it appears in; the explanation methods it
+supports; and its *walk* (a function of ``models.inspect.walk``: how its residual stream is built, which the
+score split reads). ``models.load``, ``models.io.hf``, the serving catalogue, the tabs and train/ look families
+up here (by config name, model_type, tab or model) instead of keeping tables of their own or checking class names.
+
+Importing this module costs nothing (no torch): the app reads it at start-up to sort configured folders into tabs.
+The classes are imported on first use (``Family.classes``), so a broken vision file never stops the text models.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+# Explanation methods (models.outputs.METHODS keys; repeated here so that this module imports nothing)
+ALL_METHODS = ("attention", "rollout", "relevance", "gradxinput", "integrated_gradients")
+GRADIENT_METHODS = ("gradxinput", "integrated_gradients")
+TABS = ("translate", "classify", "generate", "vision")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: one file under models/families/ and this one registration."""
+
+    name: str  # short id ("gpt"), also the tests' parameter id
+    module: str  # where the classes live
+    model_class: str  # the nn.Module
+    config_class: str  # its @dataclass config
+    model_names: tuple[str, ...]  # config.json "model" values of the project's checkpoint folders
+    hf_types: tuple[str, ...] = ()  # Hugging Face config.json "model_type"s that models.io.hf reads into it
+    tabs: tuple[str, ...] = ()  # the tabs that show it (a configured folder of this family goes to tabs[0])
+    methods: tuple[str, ...] = ()  # explanation methods (models.inspect.attribution): () where none
+    walk: str | None = None  # function of models.inspect.walk: the score split and its tests; None: no walk
+    text: bool = False  # a tokenizer is attached on load (models.io.tokenizer)
+
+    def classes(self) -> tuple[type, type]:
+        """(model class, config class), imported now."""
+        module = importlib.import_module(self.module)
+        return getattr(module, self.model_class), getattr(module, self.config_class)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add a family; a name, config name or model_type that another family already claims is an error."""
+    for other in FAMILIES.values():
+        taken = (set(other.model_names) & set(family.model_names)) | (set(other.hf_types) & set(family.hf_types))
+        if other.name == family.name or taken:
+            raise ValueError(f"family {family.name!r} clashes with {other.name!r}: {sorted(taken) or family.name}")
+    unknown = set(family.methods) - set(ALL_METHODS) | set(family.tabs) - set(TABS)
+    if unknown:
+        raise ValueError(f"family {family.name!r}: unknown methods or tabs {sorted(unknown)}")
+    FAMILIES[family.name] = family
+    return family
+
+
+register(Family("translator", "models.families.translator", "Translator", "TranslatorConfig", ("Translator",),
+                tabs=("translate",), walk="translator", text=True))
+register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
+                ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))
+register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",), ("bert",),
+                tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
+register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",), ("gpt2", "llama"), tabs=("generate",),
+                walk="gpt", text=True))
+register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",), ("vit",), tabs=("vision",),
+                methods=ALL_METHODS))
+register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",), tabs=("vision",),
+                methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
+
+
+def by_model_name(name: str) -> Family | None:
+    """The family whose checkpoints say ``"model": name`` in config.json."""
+    return next((f for f in FAMILIES.values() if name in f.model_names), None)
+
+
+def by_model_type(model_type: str) -> Family | None:
+    """The family that reads Hugging Face folders of this ``model_type``."""
+    return next((f for f in FAMILIES.values() if model_type in f.hf_types), None)
+
+
+def by_tab(tab: str) -> list[Family]:
+    """The families a tab shows, in registration order."""
+    return [f for f in FAMILIES.values() if tab in f.tabs]
+
+
+def tab_of(meta: dict[str, Any]) -> str | None:
+    """The tab a folder's config.json (already read) belongs to: its "model_type" (Hugging Face) or "model"."""
+    model_type, name = meta.get("model_type"), meta.get("model")
+    family = (by_model_type(model_type) if isinstance(model_type, str) else None) or (
+        by_model_name(name) if isinstance(name, str) else None)
+    return family.tabs[0] if family and family.tabs else None
+
+
+def hf_types() -> list[str]:
+    """Every Hugging Face model_type some family reads (for messages)."""
+    return [t for f in FAMILIES.values() for t in f.hf_types]
+
+
+def family_of(model: Any) -> Family:
+    """The family of a model object: its class or the nearest registered base class (a subclass of a family's
+    class belongs to it unless registered itself). Raises TypeError for an unregistered model."""
+    for cls in type(model).__mro__:
+        for f in FAMILIES.values():
+            if cls.__name__ == f.model_class and cls.__module__ == f.module:
+                return f
+    raise TypeError(f"{type(model).__name__} is not a registered model family ({', '.join(FAMILIES)})")
+
+
+def is_family(model: Any, *names: str) -> bool:
+    """Whether ``model`` belongs to one of the named families (instead of checking its class name)."""
+    try:
+        return family_of(model).name in names
+    except TypeError:
+        return False
