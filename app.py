@@ -15,8 +15,8 @@ import os
 import gradio as gr
 
 from models import limits
+from serving.catalogue import configure
 from tabs import classify, generate, lessons, permalink, playground, positional, swin, translate, vision, why
-from tabs.serving import configure
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear

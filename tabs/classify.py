@@ -9,6 +9,9 @@ import gradio as gr
 import numpy as np
 
 from examples import sentences
+from serving.batcher import batch_events, heavy
+from serving.catalogue import checkpoint_labels, configured
+from serving.store import batched
 from tabs import why
 from tabs.common import (
     EXPLANATIONS,
@@ -21,6 +24,7 @@ from tabs.common import (
     controls_for,
     deletion_plot,
     fit,
+    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -32,7 +36,6 @@ from tabs.common import (
     target_index,
 )
 from tabs.permalink import Permalink, chain, one_of
-from tabs.serving import batch_events, batched, checkpoint_labels, configured, get_model, heavy
 from viz import attribution as vattr
 from viz import images as vi
 
@@ -174,7 +177,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
     net = get_model(name, lambda done, what: progress(done, desc=what))  # a Hub model is fetched once
     finish = partial(_classified, net, name, text, method, target, head, view, progress)
-    if method in CHEAP:  # drawn in the batch's thread (tabs/serving.batched), with the requests arriving now
+    if method in CHEAP:  # drawn in the batch's thread (serving.store.batched), with the requests arriving now
         return batched(name, "classify", classify_batch, net, text, finish=finish)
     result = batched(name, "classify", classify_batch, net, text)
     with heavy():  # a gradient explanation is not batched: ATLAS_CONCURRENCY at once

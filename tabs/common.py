@@ -1,6 +1,6 @@
 """What the tabs share on the page: the intro and its notices, the layer/head/view controls, reading text and seeds,
 the attention figures every model tab draws, the explanations and the `.npz` download. The models come from
-`tabs/serving.py`.
+`serving/`.
 
 Nothing here imports torch at module level: the page is served before the model stack has loaded, and the
 first request that needs a model imports it (docs/ARCHITECTURE.md §2).
@@ -20,7 +20,9 @@ import numpy as np
 
 from models import limits
 from models.outputs import METHODS
-from tabs.serving import checkpoint_status, configuration_notice, get_model
+from serving import store
+from serving.catalogue import checkpoint_status, configuration_notice
+from serving.errors import ServingError
 from viz import attention as va
 from viz import stats as vs
 from viz import swin as vw
@@ -49,6 +51,15 @@ FAST = {"concurrency_limit": 4, "concurrency_id": "figures"}
 
 
 # --------------------------------------------------------------------------------------------- layout
+def get_model(name: str, progress: Any = None) -> Any:
+    """The model behind a catalogue name (``serving.store``), or an Error whose message says how to restore, rebuild
+    or fetch it; ``progress`` (a gr.Progress) shows a download on first use."""
+    try:
+        return store.get_model(name, progress)
+    except ServingError as err:
+        raise Error(str(err), duration=None) from None
+
+
 def intro(text: str, *checkpoints: str, kind: str = "", notice: str = "") -> None:
     """The tab's intro paragraph, and a notice when one of its checkpoints is missing, (for a tab that offers
     configured models, ``kind``) a configured model could not be added, or the tab has more to say (``notice``)."""

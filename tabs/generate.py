@@ -10,7 +10,9 @@ import numpy as np
 
 from models import limits
 from models.outputs import AttentionMap
-from tabs import serving, why
+from serving import batcher, catalogue, results, store
+from serving.catalogue import GPT_TINY, decoder_models
+from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -18,6 +20,7 @@ from tabs.common import (
     Error,
     attention_figure,
     controls_for,
+    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -28,7 +31,6 @@ from tabs.common import (
     seed_box,
 )
 from tabs.permalink import Permalink, chain
-from tabs.serving import GPT_TINY, decoder_models, get_model
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -63,7 +65,7 @@ PATCH_EXAMPLES = [["Two dogs play in the snow . Two dogs play in the",
 
 def availability() -> str:
     """The notice when gpt-tiny is missing: how to restore it, and which decoders the tab still offers."""
-    if not (serving.CHECKPOINTS / DEFAULT / "config.json").is_file():
+    if not (catalogue.CHECKPOINTS / DEFAULT / "config.json").is_file():
         others = decoder_models()[1:]
         return (f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
                         f"missing: restore it with `git checkout -- checkpoints/{DEFAULT}` (the commands that rebuild "
@@ -152,8 +154,8 @@ def build() -> Permalink:
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
-    chain(run.click, steps, api_name="generate", **serving.batch_events("generate"))
-    chain(prompt.submit, steps, **serving.batch_events("generate"))
+    chain(run.click, steps, api_name="generate", **batcher.batch_events("generate"))
+    chain(prompt.submit, steps, **batcher.batch_events("generate"))
     for control in (step, layer, head, view, pooling):
         control.change(draw_generation, [state, step, layer, head, view, pooling], [text_html, candidates, attn],
                        api_name=False, show_progress="hidden", **FAST)
@@ -203,7 +205,7 @@ def _model(name: str | None, progress=None):
     choices = decoder_models()
     if name not in choices:  # the API takes any string: only names found under checkpoints/ or configured
         raise Error(f"Unknown model {name!r}; choose one of {', '.join(choices)}.")
-    if name == DEFAULT and not (serving.CHECKPOINTS / DEFAULT).exists():
+    if name == DEFAULT and not (catalogue.CHECKPOINTS / DEFAULT).exists():
         others = ", ".join(f"`{n}`" for n in choices[1:]) or "none is there now"
         raise Error(f"`checkpoints/{DEFAULT}` is missing: restore it with `git checkout -- checkpoints/{DEFAULT}`, "
                     f"pick another decoder model ({others}) or add a Hugging Face GPT-2 or LLaMA-family folder "
@@ -241,9 +243,9 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, head=head, view=view, pooling=pooling)
-    if not long_input:  # drawn in the batch's thread (tabs/serving.batched)
-        return serving.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
-    with serving.heavy():
+    if not long_input:  # drawn in the batch's thread (tabs/store.batched)
+        return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
+    with batcher.heavy():
         return finish(fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
                                        top_k=top_k, top_p=top_p, seed=seed))
 
@@ -266,9 +268,9 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
-    kept = serving.Kept(result=result, model=model or DEFAULT)
+    kept = results.Kept(result=result, model=model or DEFAULT)
     if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
-        serving.LONG_RESULTS.keep(kept, amap.weights.nbytes)
+        results.LONG_RESULTS.keep(kept, amap.weights.nbytes)
     npz = None if long else write_arrays(kept, net)
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
@@ -411,7 +413,7 @@ def ending(result, eos: str, settings: str) -> str:
 def model_notice(name: str) -> str:
     """Said as soon as a Hub model is chosen, not after Generate is pressed: whether it is already downloaded, will
     be on first use, or cannot be (downloads off and not in the cache)."""
-    entry = serving.DOWNLOADABLE.get(name) or serving.CONFIGURED.get(name)
+    entry = catalogue.DOWNLOADABLE.get(name) or catalogue.CONFIGURED.get(name)
     if entry is None or entry.folder is not None or not entry.repo:
         return ""
     from models.io.hub import cached, how_to_get, offline

@@ -23,9 +23,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from examples import sentences
-from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, read_seed
+from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, get_model, read_seed
 from tabs.permalink import Permalink, chain
-from tabs.serving import get_model
 from viz import attention as va
 from viz.common import esc
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from tabs.common import FAST, fit, intro
+from tabs.common import FAST, fit, get_model, intro
 from tabs.permalink import Permalink
-from tabs.serving import get_model
 from viz import positional as vp
 from viz.common import esc, shorten
 

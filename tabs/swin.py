@@ -8,10 +8,9 @@ import json
 import gradio as gr
 import numpy as np
 
-from tabs import serving
-from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, intro, window_figure
+from serving import catalogue
+from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
 from tabs.permalink import Permalink
-from tabs.serving import get_model
 from viz import positional as vp
 from viz import swin as vw
 
@@ -80,7 +79,7 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
 def block_heads() -> list[int]:
     """Heads of each block of the trained Swin, read from its config.json without torch ([] when unreadable)."""
     try:
-        config = json.loads((serving.CHECKPOINTS / MODEL / "config.json").read_text(encoding="utf-8"))["config"]
+        config = json.loads((catalogue.CHECKPOINTS / MODEL / "config.json").read_text(encoding="utf-8"))["config"]
         return [heads for depth, heads in zip(config["depths"], config["heads"]) for _ in range(depth)]
     except (OSError, ValueError, KeyError, TypeError):
         return []

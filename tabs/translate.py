@@ -8,6 +8,8 @@ import gradio as gr
 
 from examples import sentences
 from models.outputs import AttentionMap
+from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
+from serving.store import batched
 from tabs import why
 from tabs.common import (
     FAST,
@@ -15,6 +17,7 @@ from tabs.common import (
     VIEWS,
     attention_figure,
     controls_for,
+    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -24,7 +27,6 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
-from tabs.serving import BATCH_MAX, GRADIO_BATCH, batch_events, batched, get_model, heavy
 from viz import text as vt
 
 TITLE = "Translate"
@@ -94,7 +96,7 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     model = get_model(MODEL)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
-    # with the requests arriving now; each one's figures are drawn in the batch's thread (tabs/serving.batched)
+    # with the requests arriving now; each one's figures are drawn in the batch's thread (serving.store.batched)
     out = batched(MODEL, "translate", translate_batch, model, (text, beam),
                   finish=lambda result: _translated(model, text, beam, split_notice, result, kind, head, view))
     if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)

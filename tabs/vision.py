@@ -10,6 +10,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
+from serving.catalogue import IMAGENET, checkpoint_labels, configured
 from tabs.common import (
     EXAMPLE_IMAGES,
     EXAMPLE_NAMES,
@@ -21,6 +22,7 @@ from tabs.common import (
     controls_for,
     deletion_plot,
     fit,
+    get_model,
     head_choices,
     intro,
     layer_head_view,
@@ -31,7 +33,6 @@ from tabs.common import (
     window_figure,
 )
 from tabs.permalink import Field, Permalink, chain, one_of
-from tabs.serving import IMAGENET, checkpoint_labels, configured, get_model
 from viz import attention as va
 from viz import attribution as vattr
 from viz import images as vi

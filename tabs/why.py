@@ -17,8 +17,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
-from tabs.common import FAST, Error, read_text
-from tabs.serving import get_model
+from tabs.common import FAST, Error, get_model, read_text
 from viz import attention as va
 from viz import why as vw
 from viz.common import esc

@@ -9,7 +9,8 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from tabs import common, serving
+from serving import catalogue, store
+from tabs import common
 from tabs.classify import classify
 from tabs.playground import playground
 from tabs.swin import swin_windows
@@ -27,8 +28,8 @@ def damaged(tiny_checkpoints: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    monkeypatch.setattr(serving, "CHECKPOINTS", root)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", root)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     return root
 
 
@@ -40,8 +41,8 @@ def test_missing_and_damaged_checkpoints_disable_only_their_tab(damaged: Path) -
     verdict = classify("Stocks fell sharply.", "AG News topic")[0]  # the other models keep working
     assert any(label in verdict for label in ("World", "Sports", "Business", "Sci/Tech"))
     assert playground(4)[2].startswith("Scale factor")
-    assert "translator-en-de" in serving.checkpoint_status("translator-en-de", "agnews")
-    assert serving.checkpoint_status("agnews") == ""
+    assert "translator-en-de" in catalogue.checkpoint_status("translator-en-de", "agnews")
+    assert catalogue.checkpoint_status("agnews") == ""
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t  ", None])
@@ -51,7 +52,7 @@ def test_empty_text_is_refused_with_a_message(text) -> None:
 
 
 def test_model_names_from_the_api_never_become_paths(tiny_checkpoints: Path, monkeypatch) -> None:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     with pytest.raises(gr.Error, match="Unknown model"):
         classify_image(common.EXAMPLE_IMAGES[0], "../../etc")
     # An unknown task or model choice falls back to a known checkpoint, never a path built from input.
@@ -59,8 +60,8 @@ def test_model_names_from_the_api_never_become_paths(tiny_checkpoints: Path, mon
 
 
 def test_long_text_is_truncated_with_a_notice(tiny_checkpoints: Path, monkeypatch) -> None:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     verdict, *_rest, state, npz, _layer, _head = classify("good " * 10_000)
     assert "truncated" in verdict.lower()
     assert len(state["result"].tokens) <= 128
@@ -83,7 +84,7 @@ def test_imagenet_choice_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     from models.io.pretrained import weights_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     start = time.monotonic()
     with pytest.raises(gr.Error, match="ImageNet weights for swin_t are not available"):
         classify_image(common.EXAMPLE_IMAGES[0], "Swin-T (ImageNet)")
@@ -108,8 +109,8 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
 
     from models.inspect.analysis import pooled_rollout
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     _verdict, _probs, highlight, *_rest, state, _npz, _layer, _head = classify("a fine film .", "SST-2 sentiment",
                                                                              model)
     from viz.attribution import merge_pieces
@@ -132,9 +133,9 @@ def test_the_model_store_serves_packed_layers(monkeypatch) -> None:
     import models
     from models.decoding.packed import PackedLinear, supported
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", common.ROOT / "checkpoints")
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", common.ROOT / "checkpoints")
     plain = models.load(common.ROOT / "checkpoints" / "translator-en-de")
-    served = serving.ModelStore().get("translator-en-de")
+    served = store.ModelStore().get("translator-en-de")
     assert not any(type(m) is PackedLinear for m in plain.modules())
     c = plain.config
     assert sum(type(m) is PackedLinear for m in served.modules()) == ((2 * (c.n_enc_layers + c.n_dec_layers) + 1)
@@ -142,11 +143,11 @@ def test_the_model_store_serves_packed_layers(monkeypatch) -> None:
 
 
 def test_rebuild_hints_come_from_the_committed_file(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tmp_path)  # nothing there: every checkpoint is missing
-    notice = serving.checkpoint_status("sst2")
-    entry = serving.rebuild_commands()["sst2"]
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tmp_path)  # nothing there: every checkpoint is missing
+    notice = catalogue.checkpoint_status("sst2")
+    entry = catalogue.rebuild_commands()["sst2"]
     assert entry["command"] in notice and "runs/mgB/ckpt" in notice  # the teacher it needs is named
-    assert "the training command in README.md" in serving.checkpoint_status("no-such-model")
+    assert "the training command in README.md" in catalogue.checkpoint_status("no-such-model")
 
 
 # ------------------------------------------------------------------------------------------------ Generate
@@ -154,8 +155,8 @@ def test_rebuild_hints_come_from_the_committed_file(tmp_path: Path, monkeypatch)
 def lm(tiny_checkpoints: Path, monkeypatch):
     from tabs import generate as tab
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     return tab
 
 
@@ -211,10 +212,10 @@ def test_ablation_and_head_roles(lm) -> None:
 def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch) -> None:
     from tabs import generate as tab
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tmp_path)
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tmp_path)
     notice = tab.availability()
     assert "`git checkout -- checkpoints/gpt-tiny`" in notice and "`openai-community/gpt2`" in notice
-    assert tab.decoder_models() == ["gpt-tiny", *serving.DOWNLOADABLE]
+    assert tab.decoder_models() == ["gpt-tiny", *catalogue.DOWNLOADABLE]
     with pytest.raises(gr.Error, match="`checkpoints/gpt-tiny` is missing: restore it with `git checkout"):
         tab.generate("hello")
 
@@ -227,9 +228,9 @@ def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpo
     root = tmp_path / "checkpoints"
     shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
     tiny_gpt2_folder(root / "my-gpt2")
-    monkeypatch.setattr(serving, "CHECKPOINTS", root)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
-    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2", *serving.DOWNLOADABLE]
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", root)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2", *catalogue.DOWNLOADABLE]
     text, notice, *_rest = tab.generate("the cat sat", 5, "my-gpt2")
     result = _rest[4]["result"]
     assert result.tokens[0] != "<s>" and result.prompt_len == len(result.tokens) - len(result.steps)
@@ -241,25 +242,25 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     from tabs import generate as tab
     from tests.tiny import tiny_gpt2_folder
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "CONFIGURED", {})
-    monkeypatch.setattr(serving, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
     tiny_gpt2_folder(tmp_path / "my-gpt2")
     (tmp_path / "gpt-tiny").mkdir()  # the shipped checkpoint's name
     shutil.copy(tmp_path / "my-gpt2" / "config.json", tmp_path / "gpt-tiny" / "config.json")
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
-    serving.configure([str(tmp_path / "my-gpt2"), "", str(tmp_path / "my-gpt2"), str(tmp_path / "gpt-tiny"),
+    catalogue.configure([str(tmp_path / "my-gpt2"), "", str(tmp_path / "my-gpt2"), str(tmp_path / "gpt-tiny"),
                       str(tmp_path / "bert"), str(tmp_path / "nowhere")])
-    assert list(serving.CONFIGURED) == ["my-gpt2", "bert"] and serving.configured("generate") == ["my-gpt2"]
-    assert serving.configured("classify") == ["bert"]
-    problems = "\n".join(p for _kind, p in serving.CONFIG_PROBLEMS)
-    assert len(serving.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
+    assert list(catalogue.CONFIGURED) == ["my-gpt2", "bert"] and catalogue.configured("generate") == ["my-gpt2"]
+    assert catalogue.configured("classify") == ["bert"]
+    problems = "\n".join(p for _kind, p in catalogue.CONFIG_PROBLEMS)
+    assert len(catalogue.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
     assert "no readable config.json" in problems
-    assert list(serving.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
-    assert tab.decoder_models() == ["gpt-tiny", *serving.DOWNLOADABLE, "my-gpt2"]
-    assert "Model not added" in serving.configuration_notice("generate")  # the intro shows it (tabs.common.intro)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    assert list(catalogue.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
+    assert tab.decoder_models() == ["gpt-tiny", *catalogue.DOWNLOADABLE, "my-gpt2"]
+    assert "Model not added" in catalogue.configuration_notice("generate")  # the intro shows it (tabs.common.intro)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
     from tabs.classify import classify
 
@@ -296,9 +297,9 @@ def test_a_text_over_the_translator_positions_is_translated_sentence_by_sentence
                                                                                  monkeypatch) -> None:
     from tabs.translate import split_long
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
-    net = serving.get_model("translator-en-de")
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    net = store.get_model("translator-en-de")
     first = "A man in a blue shirt is riding a bicycle down the street."
     rest = ["Two young girls are playing with a dog in the park!", "A dog runs."]
     long = " ".join([first, *rest] * 8)  # far over 128 tokens
@@ -315,10 +316,10 @@ def test_a_text_over_the_translator_positions_is_translated_sentence_by_sentence
 def test_trained_swin_names_the_blocks_and_heads_it_shows(tiny_checkpoints: Path, monkeypatch) -> None:
     from tabs import swin as tab
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     heads = tab.block_heads()
-    net = serving.get_model("swin-fashion")
+    net = store.get_model("swin-fashion")
     result = net.classify(common.EXAMPLE_IMAGES[0])
     assert heads == [w.weights.shape[1] for w in result.windows]  # read from config.json, without torch
     *_figs, note, update = tab.trained_swin("sneaker", 0, 99)

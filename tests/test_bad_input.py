@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from tabs import common, serving
+from serving import catalogue
+from tabs import common
 from tabs.classify import TASKS, classify
 from tabs.translate import translate
 from tabs.vision import classify_image
@@ -22,7 +23,7 @@ from tabs.vision import classify_image
 
 @pytest.fixture(autouse=True)
 def tiny_app(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
 
 
 def _png_header_only(width: int, height: int) -> bytes:

@@ -15,7 +15,8 @@ import pytest
 
 import models
 from models.decoding.lockstep import GenerateRequest
-from tabs import serving
+from serving import batcher as batching
+from serving import catalogue, store
 from tabs.classify import classify_batch
 from tabs.generate import generate_batch
 from tabs.translate import translate_batch
@@ -44,7 +45,7 @@ def gated(run):
         seen.append(list(items))
         return run(items)
 
-    batcher = serving.Batcher(wrapped, max_size=32, name="test")
+    batcher = batching.Batcher(wrapped, max_size=32, name="test")
     warm: list[Future] = []
     threading.Thread(target=lambda: warm.append(batcher.submit("warm-up")), daemon=True).start()  # runs alone
     assert blocked.wait(30)  # a batch is running: what comes next queues
@@ -149,9 +150,9 @@ def test_handlers_at_once_answer_as_alone(tiny_checkpoints: Path, monkeypatch) -
     from tabs.generate import generate
     from tabs.translate import translate
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
-    monkeypatch.setattr(serving, "BATCHING", True)
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    monkeypatch.setattr(batching, "BATCHING", True)
     cases = [(translate, lambda out: out[6], same_translation),  # the kept Result of each handler's outputs
              (classify, lambda out: out[5]["result"], same_classification),
              (generate, lambda out: out[6]["result"], same_generation)]
@@ -168,7 +169,7 @@ def test_handlers_at_once_answer_as_alone(tiny_checkpoints: Path, monkeypatch) -
             t.join(120)
         for text, answer in zip(TEXTS, answers):
             same(kept(answer), kept(handler(text)))
-    assert {action for _, action in serving.MODELS._batchers} == {"translate", "classify", "generate"}
+    assert {action for _, action in store.MODELS._batchers} == {"translate", "classify", "generate"}
 
 
 # ------------------------------------------------------------------------------------------- hostile cases
@@ -248,7 +249,7 @@ def test_an_abandoned_request_while_its_batch_runs(tiny) -> None:
             release[n].wait(30)
         return translate_batch(net, batch)
 
-    batcher = serving.Batcher(run, name="test")
+    batcher = batching.Batcher(run, name="test")
     first: list[Future] = []
     threading.Thread(target=lambda: first.append(batcher.submit((TEXTS[0], 3))), daemon=True).start()  # runs alone
     assert started[0].wait(30)
@@ -266,12 +267,12 @@ def test_an_abandoned_request_while_its_batch_runs(tiny) -> None:
 
 
 def test_unbatched_mode_serves_in_the_calling_thread(tiny, monkeypatch) -> None:
-    monkeypatch.setattr(serving, "BATCHING", False)
+    monkeypatch.setattr(batching, "BATCHING", False)
     net = tiny["sst2"]
-    same_classification(serving.batched("sst2", "classify", classify_batch, net, TEXTS[0]), net.classify(TEXTS[0]))
+    same_classification(store.batched("sst2", "classify", classify_batch, net, TEXTS[0]), net.classify(TEXTS[0]))
     with pytest.raises(ValueError):
-        serving.batched("sst2", "classify", classify_batch, net, [])
-    assert serving.batch_events("classify") == {}
+        store.batched("sst2", "classify", classify_batch, net, [])
+    assert batching.batch_events("classify") == {}
 
 
 @pytest.mark.slow

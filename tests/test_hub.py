@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from models.io import hub
-from tabs import serving
+from serving import catalogue, store
+from tabs import common
 
 pytest.importorskip("transformers")
 REPO = "atlas-test/tiny-gpt2"
@@ -225,14 +226,14 @@ def test_store_serves_configured_hub_entries(cache: Path, gpt2_folder, monkeypat
 
     folder, _ = gpt2_folder
     place_in_hub_cache(folder, cache, REPO)
-    monkeypatch.setattr(serving, "CONFIGURED", {})
-    monkeypatch.setattr(serving, "CONFIG_PROBLEMS", [])
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
-    serving.configure([f"generate:{REPO}", "generate:atlas-test/not-cached@main", "chat:x/y",
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    catalogue.configure([f"generate:{REPO}", "generate:atlas-test/not-cached@main", "chat:x/y",
                       "generate:openai-community/gpt2"])
-    assert serving.configured("generate") == [REPO, "atlas-test/not-cached"]
-    problems = [p for _, p in serving.CONFIG_PROBLEMS]
+    assert catalogue.configured("generate") == [REPO, "atlas-test/not-cached"]
+    problems = [p for _, p in catalogue.CONFIG_PROBLEMS]
     assert "unknown kind 'chat'" in problems[0] and "is taken" in problems[1] and len(problems) == 2
-    assert serving.get_model(REPO).generate("the cat", max_new_tokens=3).tokens
+    assert common.get_model(REPO).generate("the cat", max_new_tokens=3).tokens
     with pytest.raises(gr.Error, match="offline.*not in the cache"):
-        serving.get_model("atlas-test/not-cached")
+        common.get_model("atlas-test/not-cached")

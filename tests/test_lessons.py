@@ -12,13 +12,14 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from tabs import lessons, serving
+from serving import catalogue, store
+from tabs import lessons
 
 
 @pytest.fixture()
 def tiny(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     return tiny_checkpoints
 
 
@@ -74,7 +75,7 @@ def test_answers_against_independent_numbers(tiny) -> None:
     rot = lambda v, m: mp.apply_rope(v[None], angles[m : m + 1])[0]  # noqa: E731
     assert abs(float(rot(q, 2) @ rot(k, 5)) - float(rot(q, 10) @ rot(k, 13))) < 1e-4
     # lesson 4, steps 1 and 2: the heads with the largest previous-token and induction scores
-    net = serving.get_model("gpt-tiny")
+    net = store.get_model("gpt-tiny")
     n = min(30, (net.context_limit() - 1) // 2)
     _, weights = net.token_losses(net.repeated_tokens(n, seed=3))
     for step, score in ((1, previous_token_score(weights)), (2, induction_score(weights, n))):

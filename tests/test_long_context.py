@@ -17,7 +17,7 @@ import pytest
 
 import viz
 from models import limits
-from tabs import serving
+from serving import catalogue, store
 from viz.attention import POOL_ABOVE, TILE_CELLS, attention_block, select_head
 from viz.common import block_edges, pool_blocks
 
@@ -157,8 +157,8 @@ def long_tab(tiny_checkpoints: Path, tmp_path_factory):
     shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
     long_llama_folder(root / "long-llama", layers=2, heads=4, d_model=64, positions=4096, vocab=2000)
     mp = pytest.MonkeyPatch()
-    mp.setattr(serving, "CHECKPOINTS", root)
-    mp.setattr(serving, "MODELS", serving.ModelStore())
+    mp.setattr(catalogue, "CHECKPOINTS", root)
+    mp.setattr(store, "MODELS", store.ModelStore())
     from tabs import generate as tab
 
     yield tab
@@ -273,15 +273,15 @@ def test_all_sessions_long_results_stay_under_the_cap(long_tab, monkeypatch) -> 
     """Three sessions generate long inputs under a cap of two and a half results: the oldest is let go (its state
     empty, its zoom asks for a new generation), the two newest keep zooming; a short result is never counted."""
     from bench._long_model import long_prompt
-    from tabs import serving
+    from serving import results
 
     states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]]
     size = states[0]["result"].attention["decoder"].weights.nbytes
-    monkeypatch.setattr(serving, "LONG_RESULTS", serving.LongResults(2.5 * size / 2**20))
+    monkeypatch.setattr(results, "LONG_RESULTS", results.LongResults(2.5 * size / 2**20))
     states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6] for _ in range(3)]
     short = long_tab.generate("A short prompt", 2, "long-llama", progress=None)[6]
     assert states[0] == {} and all(s["result"] for s in states[1:]) and short["result"]
-    assert serving.LONG_RESULTS.total() == 2 * size
+    assert results.LONG_RESULTS.total() == 2 * size
     with pytest.raises(gr.Error, match="let go when newer long results need"):
         long_tab.zoom(states[0], 0, "mean", 0, 10, 0, 10)
     assert long_tab.zoom(states[2], 0, "mean", 0, 10, 0, 10).data[0].z is not None
@@ -290,7 +290,7 @@ def test_all_sessions_long_results_stay_under_the_cap(long_tab, monkeypatch) -> 
 def test_a_dropped_session_leaves_the_count_of_long_results() -> None:
     import gc
 
-    from tabs.serving import Kept, LongResults
+    from serving.results import Kept, LongResults
 
     kept = LongResults(cap_mb=3)
     a, b = Kept(result=1), Kept(result=2)

@@ -11,8 +11,8 @@ import gradio as gr
 import pytest
 
 import app
+from serving import catalogue
 from tabs import permalink as pl
-from tabs import serving
 from tabs.common import EXAMPLE_NAMES, MAX_TEXT_CHARS
 
 
@@ -170,7 +170,7 @@ def test_vision_links_carry_an_example_by_name_and_a_patch(links) -> None:
 
 def test_the_class_to_explain_must_be_a_label_of_the_tabs_models(links, tiny_checkpoints, monkeypatch) -> None:
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     assert pl.read_query({"tab": "classify", "target": "Positive"}, links).values == {"target": "Positive"}
     assert pl.read_query({"tab": "classify", "target": "Sports"}, links).values == {"target": "Sports"}
     assert pl.read_query({"tab": "classify", "target": "<b>x</b>"}, links).refused == ("target",)

@@ -10,7 +10,8 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from tabs import serving, why
+from serving import catalogue, store
+from tabs import why
 from tabs.classify import classify
 from tabs.classify import sequence as classify_sequence
 from tabs.generate import generate
@@ -21,8 +22,8 @@ TEXT = "a dog runs on the grass"
 
 @pytest.fixture()
 def tiny(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     return tiny_checkpoints
 
 
@@ -33,7 +34,7 @@ def test_attention_why_sums_and_reproduces_the_row(tiny, model: str) -> None:
     assert {"query_part", "key_part", "value"} <= set(table["components"][0])
     row = np.array(table["softmax_row"])
     assert abs(row.sum() - 1) < 1e-5 and fig["data"]
-    net = serving.get_model(model)
+    net = store.get_model(model)
     ids, _, _ = why.encode(net, TEXT)
     from models.inspect.decompose import attention_scores
 
@@ -107,7 +108,7 @@ def test_clicked_cells(tiny) -> None:
         why.from_cell("5,2,9", 1, "3", 0, "model view")
     with pytest.raises(gr.Error, match="heatmap view"):
         why.from_cell("5,2,9", 1, "3", 0, "heatmap", "cross")
-    net = serving.get_model("gpt-tiny")
+    net = store.get_model("gpt-tiny")
     ids = [why.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
     _, _, _, kept = why.run_patch("gpt-tiny", *ids, None, "heads")
     fig, summary, layer_u, head_u = why.patched_head("1,2,1", kept)

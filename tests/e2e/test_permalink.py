@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
-from tabs import serving
+from serving import catalogue, store
 from tabs.generate import PROMPTS
 
 from .helpers import figures, generate_in_tab, open_tab, plot_signature, titles, wait_for_plots
@@ -194,8 +194,8 @@ def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_c
     choices computed here over the server's tiny checkpoints)."""
     from tabs import lessons
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
 
     title = lessons.LESSONS[3].title
     open_tab(page, "Lessons")

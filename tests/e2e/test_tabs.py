@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageDraw
 from playwright.sync_api import expect
 
-from tabs import serving
+from serving import catalogue, store
 
 from .helpers import (
     click_cell,
@@ -260,8 +260,8 @@ def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
     checkpoints), the figure revealed only after the prediction, progress counted."""
     from tabs import lessons
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     open_tab(page, "Lessons")
     panel = _panel(page)
     for number, lesson in enumerate(lessons.LESSONS, 1):

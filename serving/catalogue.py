@@ -1,0 +1,186 @@
+"""Every model name the app offers and where it lives: the shipped checkpoint folders, the ImageNet models, the
+folders and Hub entries the server's configuration adds, the Hub models Generate offers unconfigured, the tab that
+shows each (``models.registry``: a folder's config.json names its family), and the "not available" notices and
+rebuild hints; all read from cheap file checks, without torch (docs/ARCHITECTURE.md §4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from models import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where the checkpoint folders are (configuration, never user input; tests point it at tiny models).
+CHECKPOINTS = Path(os.environ.get("ATLAS_CHECKPOINTS", ROOT / "checkpoints"))
+# How each shipped checkpoint was trained: read by the notices, checked by tests/test_rebuild.py.
+REBUILD = ROOT / "checkpoints" / "rebuild.json"
+GPT_TINY = "gpt-tiny"  # the decoder the project trains and ships: the Generate tab's default
+IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
+IMAGENET_NAMES = tuple(IMAGENET.values())
+IMAGENET_FAMILY = {"vit_b_16": "vit", "swin_t": "swin"}  # torchvision's name -> models.registry family
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A model the server's configuration names (`python app.py --model ENTRY`, ATLAS_MODELS): never the UI.
+    Either a local ``folder`` or a Hub ``repo`` (at ``revision``), fetched on first use."""
+
+    folder: Path | None
+    kind: str  # the tab that shows it: "classify", "generate" or "vision"
+    repo: str | None = None
+    revision: str | None = None
+
+
+CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
+# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/io/hub.py).
+DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
+                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
+CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+
+def configure(entries: list[str]) -> None:
+    """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
+    or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
+    problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
+    CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    from models.io.hub import parse_entry
+
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        try:
+            hub = parse_entry(entry)
+        except ValueError as err:
+            _problem(None, f"`{entry}`: {err}")
+            continue
+        if hub is not None:
+            kind, repo, revision = hub
+            name, found = repo, Configured(None, kind, repo, revision)
+        else:
+            folder = Path(entry).expanduser()
+            name, kind, why = folder.name, *_folder_kind(folder)
+            if kind is None:
+                _problem(None, f"`{entry}`: {why}")
+                continue
+            found = Configured(folder.resolve(), kind)
+        if name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or (CHECKPOINTS / name).exists():
+            _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
+        else:
+            CONFIGURED[name] = found
+
+
+def _folder_kind(folder: Path) -> tuple[str | None, str]:
+    """(the tab a folder's config.json names, or None; why not)."""
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        kind = registry.tab_of(meta)
+    except (OSError, ValueError, AttributeError) as err:
+        return None, f"no readable config.json ({type(err).__name__})"
+    return kind, (f"its model type {meta.get('model_type') or meta.get('model')!r} is not supported "
+                  f"({', '.join(registry.hf_types())})")
+
+
+def _problem(kind: str | None, problem: str) -> None:
+    CONFIG_PROBLEMS.append((kind, problem))
+    print(f"[attention-atlas] model not added: {problem}", flush=True)
+
+
+def configured(kind: str) -> list[str]:
+    """The configured model names shown in one tab."""
+    return [name for name, c in CONFIGURED.items() if c.kind == kind]
+
+
+def configuration_notice(kind: str) -> str:
+    """The configured entries this tab could not add (and those no tab can), for its notice."""
+    return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
+
+
+def checkpoint_labels(*names: str) -> list[str]:
+    """The class labels that these checkpoints' (or configured folders') config.json lists, in label order, read
+    without torch: the classes a model can be asked to explain, and that a permalink may name."""
+    return list(dict.fromkeys(label for name in names for label in _labels_of(name)))
+
+
+def _labels_of(name: str) -> list[str]:
+    folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
+    try:  # a Hub entry has no folder until it is fetched
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        id2label = meta.get("id2label") or {}
+        labels = meta.get("labels") or [id2label[k] for k in sorted(id2label, key=int)]
+    except (OSError, ValueError, TypeError):
+        return []
+    return [str(label) for label in labels]
+
+
+@cache
+def rebuild_commands() -> dict[str, dict[str, Any]]:
+    """``{name: {"command": ..., "needs": [...]}}`` from checkpoints/rebuild.json (no torch needed)."""
+    try:
+        return json.loads(REBUILD.read_text(encoding="utf-8"))["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def rebuild_hint(name: str) -> str:
+    """`command` (needs: ...), or a pointer to the README when the model has no recorded command."""
+    entry = rebuild_commands().get(name)
+    if not entry:
+        return "the training command in README.md"
+    needs = "; ".join(entry.get("needs", []))
+    after = f", then `{entry['after']}`" if entry.get("after") else ""
+    return f"`{entry['command']}`" + (f" (needs {needs})" if needs else "") + after
+
+
+def checkpoint_status(*names: str) -> str:
+    """A notice for the tab when one of its checkpoints is missing (cheap file checks, no torch)."""
+    missing = [n for n in names if not (CHECKPOINTS / n / "manifest.json").is_file()]
+    if not missing:
+        return ""
+    return ("**Not available:** " + ", ".join(f"`checkpoints/{n}` is missing (rebuild: {rebuild_hint(n)})"
+                                             for n in missing) + ". Everything else keeps working.")
+
+
+def decoder_models() -> list[str]:
+    """The Generate tab's models: gpt-tiny first (even when it is missing: its notice says so), the other decoder
+    checkpoints under CHECKPOINTS, the downloadable and the configured ones."""
+    found = _decoder_checkpoints(CHECKPOINTS)
+    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *DOWNLOADABLE, *configured("generate")]
+
+
+@cache
+def _decoder_checkpoints(folder: Path) -> tuple[str, ...]:
+    """The decoder checkpoint folders under ``folder``, from their config.json: read once per process (a request
+    does not rescan them; a checkpoint added while the server runs appears after a restart)."""
+    found = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []:
+        try:
+            meta = json.loads((sub / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and registry.tab_of(meta) == "generate":
+            found.append(sub.name)
+    return tuple(found)
+
+
+def family(name: str) -> registry.Family | None:
+    """The family of a model name the catalogue offers, from its config.json (no torch; None where unknown or not
+    yet fetched): what a tab offers for it (explanation methods) before the model is loaded."""
+    if name in IMAGENET:
+        name = IMAGENET[name]
+    if name in IMAGENET_FAMILY:
+        return registry.FAMILIES[IMAGENET_FAMILY[name]]
+    folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
+    try:
+        meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    kind, model_type = meta.get("model"), meta.get("model_type")
+    return ((registry.by_model_type(model_type) if isinstance(model_type, str) else None)
+            or (registry.by_model_name(kind) if isinstance(kind, str) else None))

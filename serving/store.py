@@ -1,0 +1,134 @@
+"""The model store: each model loaded once per process on first use, behind a lock per name, packed for the CPU,
+with one batcher per model and action (docs/ARCHITECTURE.md §2, §9). Models are named as the catalogue names them
+(``serving.catalogue``); a model that cannot be loaded raises ``ModelUnavailable`` with the way to restore it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from serving import batcher, catalogue
+from serving.batcher import Batcher
+from serving.errors import ModelUnavailable
+
+
+class ModelStore:
+    """Loads each model on first use, once per process; concurrent requests share it (inference only, so
+    nothing a request does changes the shared model).
+
+    Names are checkpoint folder names under ``CHECKPOINTS`` or the ImageNet models' torchvision names.
+    The store is the app's serving layer: on the CPU it runs the large linear layers of each model on
+    fp16-packed copies of their fp16-stored weights (``models.decoding.packed``: the same numbers up to summation
+    order, 1.2-1.3× faster end to end); ``models.load`` itself returns the plain model.
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._batchers: dict[tuple[str, str], Batcher] = {}
+        self._guard = threading.Lock()
+
+    def batcher(self, name: str, action: str, run: Callable[[list[Any]], Sequence[Any]]) -> Batcher:
+        """The batcher of one model and action (made on first use with ``run``; one worker thread each)."""
+        with self._guard:
+            key = (name, action)
+            if key not in self._batchers:
+                self._batchers[key] = Batcher(run, name=f"{action}:{name}")
+            return self._batchers[key]
+
+    def get(self, name: str, progress: Any = None) -> Any:
+        """The model behind ``name``; ``progress(fraction, text)`` hears about a download on first use."""
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name not in self._models:
+                self._models[name] = self._load(name, progress)
+            return self._models[name]
+
+    @staticmethod
+    def _load(name: str, progress: Any = None) -> Any:
+        import models
+        from models.decoding.packed import pack_linears
+
+        if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
+            import torch
+
+            torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+        if name in catalogue.IMAGENET_NAMES:
+            from models.io.hub import offline
+            from models.io.pretrained import load_imagenet
+
+            try:  # downloads on first use where the network allows, failing within seconds where it does not
+                model = load_imagenet(name, download=not offline())
+            except Exception as err:  # any failure here means "not available"
+                raise ModelUnavailable(
+                    f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
+                    f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
+                ) from None
+        elif name in catalogue.CONFIGURED or name in catalogue.DOWNLOADABLE:
+            from models.io.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
+
+            entry = catalogue.CONFIGURED.get(name) or catalogue.DOWNLOADABLE[name]
+            where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
+            try:
+                if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
+                    check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading
+                model = models.load(entry.folder or fetch(entry.repo, entry.revision, progress))
+            except (HubUnavailable, TooLarge) as err:
+                raise ModelUnavailable(f"{err} The other models keep working.") from None
+            except Exception as err:  # a folder the configuration named: unsupported, broken or gone
+                raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {err}. The "
+                                       "other models keep working.") from None
+        else:
+            try:
+                model = models.load(catalogue.CHECKPOINTS / name)
+            except Exception as err:  # missing folder, bad hash, truncated file, bad config
+                raise ModelUnavailable(
+                    f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
+                    f" or rebuild it with {catalogue.rebuild_hint(name)}. The other tabs keep working."
+                ) from None
+        device = run_device()
+        if device == "cpu":
+            pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
+            from models.decoding import fastgen
+
+            if fastgen.supports(model):  # the decoder's joined projections, built now rather than on first use
+                fastgen.plan(model)
+        return model.to(device)
+
+
+MODELS = ModelStore()
+
+
+def run_device() -> str:
+    """Where the models run: ``ATLAS_DEVICE`` ("cpu", the default, or "cuda" where a GPU is present)."""
+    wanted = os.environ.get("ATLAS_DEVICE", "cpu").strip().lower() or "cpu"
+    if wanted == "cpu":
+        return "cpu"
+    import torch
+
+    if wanted.startswith("cuda") and torch.cuda.is_available():
+        return wanted
+    print(f"[attention-atlas] ATLAS_DEVICE={wanted!r} is not available here; running on the CPU", flush=True)
+    return "cpu"
+
+
+def batched(name: str, action: str, run: Callable[[Any, list[Any]], Sequence[Any]], model: Any, item: Any,
+            finish: Callable[[Any], Any] | None = None) -> Any:
+    """``finish(run(model, [item])[0])``, served in a batch with the other requests for this model and action that
+    arrive meanwhile (``Batcher``; ATLAS_BATCH=0: alone, in the calling thread). Raises the item's exception."""
+    if not batcher.BATCHING:
+        answer = run(model, [item])[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return finish(answer) if finish is not None else answer
+    return MODELS.batcher(name, action, lambda items: run(model, items))(item, finish)
+
+
+def get_model(name: str, progress: Any = None) -> Any:
+    """The model behind a name, or ``ModelUnavailable`` whose message says how to restore, rebuild or fetch it;
+    ``progress(fraction, text)`` hears about a download on first use."""
+    return MODELS.get(name, progress)
