@@ -154,16 +154,8 @@ METHODS: dict[str, str] = {
     "gradxinput": "Gradient × input",
     "integrated_gradients": "Integrated gradients",
 }
+# the methods that need no global attention (a family offers them all or these; models/registry.py says which)
 GRADIENT_METHODS: tuple[str, ...] = ("gradxinput", "integrated_gradients")
-# model class -> the methods it offers: Swin's attention is local to windows, nothing global to roll out or trace
-METHODS_FOR: dict[str, tuple[str, ...]] = {
-    "TextClassifier": tuple(METHODS),
-    "BertClassifier": tuple(METHODS),
-    "ViT": tuple(METHODS),
-    "Swin": GRADIENT_METHODS,
-}
-
-
 @dataclass(frozen=True)
 class Attribution:
     """How much each token or patch supports one class, by one method (models/inspect/attribution.py).

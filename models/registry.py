@@ -6,7 +6,7 @@ supports; and its *walk* (a function of ``models.inspect.walk``: how its residua
 score split reads). ``models.load``, ``models.io.hf``, the serving catalogue, the tabs and train/ look families
 up here (by config name, model_type, tab or model) instead of keeping tables of their own or checking class names.
 
-Importing this module costs nothing (no torch): the app reads it at start-up to sort configured folders into tabs.
+Importing this module costs little (numpy, no torch): the app reads it at start-up to sort configured folders into tabs.
 The classes are imported on first use (``Family.classes``), so a broken vision file never stops the text models.
 """
 
@@ -16,9 +16,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-# Explanation methods (models.outputs.METHODS keys; repeated here so that this module imports nothing)
-ALL_METHODS = ("attention", "rollout", "relevance", "gradxinput", "integrated_gradients")
-GRADIENT_METHODS = ("gradxinput", "integrated_gradients")
+from models.outputs import GRADIENT_METHODS, METHODS
+
+ALL_METHODS = tuple(METHODS)  # every explanation method (models/inspect/attribution.py), in the UI's order
 TABS = ("translate", "classify", "generate", "vision")
 
 
@@ -31,11 +31,23 @@ class Family:
     model_class: str  # the nn.Module
     config_class: str  # its @dataclass config
     model_names: tuple[str, ...]  # config.json "model" values of the project's checkpoint folders
-    hf_types: tuple[str, ...] = ()  # Hugging Face config.json "model_type"s that models.io.hf reads into it
+    # Hugging Face config.json "model_type" -> "module:function(hf_config, state, where) -> model" that reads such a
+    # folder's weights into the family's class (models.io.hf calls it, then attaches the tokenizer or preprocessing)
+    hf: tuple[tuple[str, str], ...] = ()
     tabs: tuple[str, ...] = ()  # the tabs that show it (a configured folder of this family goes to tabs[0])
     methods: tuple[str, ...] = ()  # explanation methods (models.inspect.attribution): () where none
     walk: str | None = None  # function of models.inspect.walk: the score split and its tests; None: no walk
     text: bool = False  # a tokenizer is attached on load (models.io.tokenizer)
+
+    @property
+    def hf_types(self) -> tuple[str, ...]:
+        """The Hugging Face model_types this family reads."""
+        return tuple(t for t, _ in self.hf)
+
+    def hf_reader(self, model_type: str) -> Any:
+        """The function that reads a Hugging Face folder of ``model_type`` into this family's class."""
+        module, _, name = dict(self.hf)[model_type].partition(":")
+        return getattr(importlib.import_module(module), name)
 
     def classes(self) -> tuple[type, type]:
         """(model class, config class), imported now."""
@@ -63,12 +75,14 @@ register(Family("translator", "models.families.translator", "Translator", "Trans
                 tabs=("translate",), walk="translator", text=True))
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
                 ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))
-register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",), ("bert",),
+register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",),
+                (("bert", "models.io.hf:bert_classifier_from_state"),),
                 tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
-register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",), ("gpt2", "llama"), tabs=("generate",),
-                walk="gpt", text=True))
-register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",), ("vit",), tabs=("vision",),
-                methods=ALL_METHODS))
+register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
+                (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state")),
+                tabs=("generate",), walk="gpt", text=True))
+register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
+                (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",), tabs=("vision",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
 

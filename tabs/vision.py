@@ -10,6 +10,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
+from serving import catalogue
 from serving.catalogue import IMAGENET, checkpoint_labels, configured
 from tabs.common import (
     EXAMPLE_IMAGES,
@@ -115,17 +116,13 @@ def build() -> Permalink:
                      after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits)
 
 
-SWIN_MODELS = ("swin-fashion", "Swin-T (ImageNet)")  # windowed attention: no CLS token, no global map to roll out
-
-
 def offered(model: str, explanation: str):
     """The explanation choices and the view switch for a model: Swin offers only the gradient methods (its
     attention stays inside windows, so there is nothing global to read, roll out or trace) and no CLS → patches /
     rollout switch (it has no CLS token; its map is one token's attention inside its window, at the chosen block)."""
-    from models.outputs import GRADIENT_METHODS
-
-    swin = model in SWIN_MODELS
-    keys = GRADIENT_METHODS if swin else tuple(EXPLANATIONS)
+    family = catalogue.family(model)  # from its config.json (models.registry), before the model is loaded
+    keys = tuple(k for k in EXPLANATIONS if family is None or k in family.methods)
+    swin = "rollout" not in keys  # windowed attention: no CLS token, no global map to roll out
     value = explanation if explanation in keys else keys[0]
     view = gr.update(interactive=not swin, value="CLS → patches",
                      info="Swin has no CLS token: the map is the centre token's attention inside its window (click a "

@@ -18,6 +18,7 @@ import torch
 
 import models
 from examples.sentences import SENTIMENT, TOPIC
+from models import registry
 from models.families.bert import BertClassifier, BertConfig
 from models.families.classifier import ClassifierConfig, TextClassifier
 from models.families.swin import Swin, SwinConfig
@@ -296,9 +297,9 @@ def test_shapes_labels_and_specials() -> None:
 
 def test_swin_offers_the_gradient_methods_only() -> None:
     model = swin_model()
-    assert A.methods_for(model) == A.METHODS_FOR["Swin"] == ("gradxinput", "integrated_gradients")
-    assert A.methods_for(text_model()) == A.METHODS_FOR["TextClassifier"] == tuple(A.METHODS)
-    assert A.methods_for(vit_model()) == A.METHODS_FOR["ViT"] == tuple(A.METHODS)
+    assert A.methods_for(model) == registry.FAMILIES["swin"].methods == ("gradxinput", "integrated_gradients")
+    assert A.methods_for(text_model()) == registry.FAMILIES["classifier"].methods == tuple(A.METHODS)
+    assert A.methods_for(vit_model()) == registry.FAMILIES["vit"].methods == tuple(A.METHODS)
     for method in ("attention", "rollout", "relevance"):
         with pytest.raises(ValueError, match="windows"):
             A.explain(model, images(1)[0], method)

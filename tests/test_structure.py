@@ -26,11 +26,14 @@ def imported_packages(path: Path) -> set[str]:
     return names
 
 
+# Imports only go down: app -> tabs -> serving -> models; viz stands alone (docs/ARCHITECTURE.md §1)
 FORBIDDEN = {
-    "viz": {"models", "tabs", "gradio", "train", "app", "torch"},
-    "models": {"tabs", "viz", "train", "app", "gradio", "plotly"},
+    "viz": {"models", "serving", "tabs", "gradio", "train", "app", "torch"},
+    "models": {"serving", "tabs", "viz", "train", "app", "gradio", "plotly"},
+    "serving": {"tabs", "viz", "train", "app", "gradio", "plotly"},
     "tabs": {"train"},
 }
+PACKAGES = ("app", "tabs", "serving", "models", "viz", "train", "examples")  # what the app and training are made of
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -47,6 +50,87 @@ def test_the_checker_sees_every_kind_of_import(tmp_path: Path) -> None:
     f.write_text("import viz.common\nfrom tabs import common\ndef f():\n    import gradio as gr\n"
                  "    importlib.import_module('train.loop')\n")
     assert imported_packages(f) == {"viz", "tabs", "gradio", "train"}
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``models/families/gpt.py`` -> ``models.families.gpt``; a package's ``__init__.py`` -> the package."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, every import counted (a function's own, too: a lazy import is how
+    a circle hides). ``from a.b import c`` reaches ``a.b.c`` when that is a module, else ``a.b``."""
+    files = [p for name in packages for p in ([root / f"{name}.py"] if (root / f"{name}.py").is_file()
+                                               else sorted((root / name).rglob("*.py")))]
+    modules = {module_name(p, root): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                            for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph: its strongly connected components of more than one module (Tarjan 1972)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph(ROOT)
+    assert {"app", "tabs.common", "serving.store", "models.registry", "models.families.gpt"} <= set(graph)
+    assert "models.registry" in graph["models.io.hf"]  # the graph sees `from models import registry`
+    assert circles(graph) == []
+
+
+def test_the_circle_checker_sees_a_planted_circle(tmp_path: Path) -> None:
+    """Three modules importing one another in a ring, one of them lazily inside a function, and a fourth
+    outside it: one circle of exactly the three."""
+    pkg = tmp_path / "models"
+    (pkg / "families").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "families" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from models.families import b\n")
+    (pkg / "families" / "b.py").write_text("import models.c\n")
+    (pkg / "c.py").write_text("def f():\n    from models.a import thing\n")
+    (pkg / "d.py").write_text("from models import a\n")
+    graph = import_graph(tmp_path, ("models",))
+    assert circles(graph) == [["models.a", "models.c", "models.families.b"]]
+    (pkg / "c.py").write_text("def f():\n    pass\n")
+    assert circles(import_graph(tmp_path, ("models",))) == []
 
 
 def defines_title(path: Path) -> bool:

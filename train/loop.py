@@ -273,19 +273,20 @@ def cached_teacher(run_dir: str | Path, resume: bool, compute: Callable[[], Tens
     return soft
 
 
-def load_init(folder: str | Path, model_class: str) -> tuple[nn.Module, dict[str, Any]]:
+def load_init(folder: str | Path, family: str) -> tuple[nn.Module, dict[str, Any]]:
     """A trained checkpoint's model (in train mode, to continue training it) and where it came from.
 
-    SystemExit when the checkpoint holds another kind of model than ``model_class``. The returned record
+    SystemExit when the checkpoint holds a model of another family than ``family`` (a models.registry name). The returned record
     names the folder and keeps that checkpoint's own training record, so the history stays complete.
     """
     import models
+    from models import registry
 
     folder = Path(folder)
     model = models.load(folder)
-    if type(model).__name__ != model_class:
+    if not registry.is_family(model, family):
         raise SystemExit(f"--init {folder}: a {type(model).__name__} checkpoint, but this command trains a "
-                         f"{model_class}")
+                         f"{registry.FAMILIES[family].model_class}")
     metrics = folder / "metrics.json"
     training = json.loads(metrics.read_text()).get("training") if metrics.is_file() else None
     return model.train(), {"checkpoint": folder.name, "training": training}

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(cfg.seed)  # the head's initialisation
     init_record = None
     if args.init is not None:
-        model, init_record = load_init(args.init, "BertClassifier")
+        model, init_record = load_init(args.init, "bert")
         if model.config.n_classes != len(labels):
             raise SystemExit(f"--init {args.init}: {model.config.n_classes} classes, {args.task} has {len(labels)}")
         model.bert.embeddings.word.weight.requires_grad_(args.train_embeddings)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models import registry
 from train.data import DEFAULT_DATA_DIR, FASHION_CLASSES, load_fashion
 from train.loop import (
     TrainConfig,
@@ -50,29 +51,24 @@ from train.loop import (
     training_record,
 )
 
+# The vision families this command trains on Fashion-MNIST (models.registry names; DeiT needs a teacher's
+# distillation target and is read from Hugging Face folders instead)
+TRAINABLE = ("vit", "swin")
 DEFAULTS = TrainConfig(epochs=10, lr=1e-3, weight_decay=0.05, warmup_steps=300, label_smoothing=0.1)
 
 
 def build_model(kind: str, overrides: dict[str, Any]) -> nn.Module:
     """A ViT or Swin for 28×28 grey images with the given config overrides."""
-    if kind == "vit":
-        from models.families.vit import ViT as cls
-        from models.families.vit import ViTConfig as cfg_cls
-    elif kind == "swin":
-        from models.families.swin import Swin as cls
-        from models.families.swin import SwinConfig as cfg_cls
-    else:
-        raise ValueError(f"unknown model {kind!r} (vit or swin)")
+    if kind not in TRAINABLE:
+        raise ValueError(f"unknown model {kind!r} ({' or '.join(TRAINABLE)})")
+    cls, cfg_cls = registry.FAMILIES[kind].classes()
     cfg = cfg_cls(**overrides)
     return cls(cfg, labels=list(FASHION_CLASSES))
 
 
 def parse_overrides(items: list[str], kind: str) -> dict[str, Any]:
     """``["dim=96", "depths=2,2"]`` -> {"dim": 96, "depths": (2, 2)} (types from the config's defaults)."""
-    from models.families.swin import SwinConfig
-    from models.families.vit import ViTConfig
-
-    defaults = dataclasses.asdict(ViTConfig() if kind == "vit" else SwinConfig())
+    defaults = dataclasses.asdict(registry.FAMILIES[kind].classes()[1]())
     out: dict[str, Any] = {}
     for item in items:
         key, _, value = item.partition("=")
@@ -170,7 +166,7 @@ class VisionTask:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["vit", "swin"], required=True)
+    ap.add_argument("--model", choices=TRAINABLE, required=True)
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     ap.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     ap.add_argument("--run-dir", type=Path, required=True, help="logs and resumable state")
@@ -204,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.init is not None:
         if args.set:
             raise SystemExit("--init takes the model config from the checkpoint; drop --set")
-        model, init_record = load_init(args.init, {"vit": "ViT", "swin": "Swin"}[args.model])
+        model, init_record = load_init(args.init, args.model)
         model = model.to(d.device)
     else:
         model = build_model(args.model, parse_overrides(args.set, args.model)).to(d.device)

@@ -23,7 +23,7 @@ predicted class unless one is given. Values are signed: positive supports the ta
   Completeness (Prop. 1: Σ attributions = f(x) − f(x′)) is checked: ``completeness_gap`` is the relative gap.
 
 Swin has only local window attention (nothing global to roll out or trace), so it offers the gradient
-methods only (``METHODS_FOR``, ``methods_for``); asking for another raises ValueError.
+methods only (its ``models.registry`` family's ``methods``, ``methods_for``); asking for another raises ValueError.
 
 What a model must offer (no hooks: the app's models are shared by concurrent requests, so nothing here
 changes the model; all gradients are taken with ``torch.autograd.grad`` with respect to inputs, never
@@ -45,13 +45,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from models import registry
 from models.inspect.analysis import pooled_rollout
-from models.outputs import GRADIENT_METHODS, METHODS, METHODS_FOR, Attribution, DeletionCurve
+from models.outputs import GRADIENT_METHODS, METHODS, Attribution, DeletionCurve
 
 __all__ = [
     "GRADIENT_METHODS",
     "METHODS",
-    "METHODS_FOR",
     "Attribution",
     "DeletionCurve",
     "blur",
@@ -74,8 +74,9 @@ _ACTIVATION_BUDGET = 1 << 22  # rows × tokens × width × layers per chunk of a
 
 
 def methods_for(model: nn.Module) -> tuple[str, ...]:
-    """The methods of METHODS this model offers, in METHODS order."""
-    return tuple(METHODS) if _kind(model) in ("text", "vit") else GRADIENT_METHODS
+    """The methods of METHODS this model's family offers (models.registry), in METHODS order."""
+    offered = registry.family_of(model).methods
+    return tuple(m for m in METHODS if m in offered)
 
 
 def _kind(model: nn.Module) -> str:

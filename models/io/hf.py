@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
+from models import registry
 from models.io.checkpoint import CheckpointError
 
 
@@ -44,17 +45,16 @@ def load_hf(folder: str | Path) -> Any:
     except (OSError, ValueError) as err:
         raise CheckpointError(config_path, f"unreadable: {err}") from None
     kind = hf.get("model_type")
-    builders = {"gpt2": gpt2_from_state, "llama": llama_from_state, "bert": bert_classifier_from_state,
-                "vit": vit_classifier_from_state}
-    if kind not in builders:
+    family = registry.by_model_type(kind) if isinstance(kind, str) else None
+    if family is None:
         raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
-                                           f"{', '.join(builders)})")
+                                           f"{', '.join(registry.hf_types())})")
     state = _weights(folder)
     try:
-        model = builders[kind](hf, state, config_path)
+        model = family.hf_reader(kind)(hf, state, config_path)
     except KeyError as err:
         raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
-    if kind == "vit":
+    if not family.text:  # an image classifier: its preprocessing from preprocessor_config.json
         return _with_processor(model, folder).float().eval()
     from models.io.tokenizer import JsonTokenizer, folder_tokenizer
 
@@ -62,7 +62,7 @@ def load_hf(folder: str | Path) -> Any:
         pipeline = folder_tokenizer(folder, kind)
     except (FileNotFoundError, ValueError, OSError) as err:
         raise CheckpointError(folder / "tokenizer.json", f"no usable tokenizer: {err}") from None
-    if kind == "bert":  # [CLS] text [SEP], as its post-processor adds them
+    if "generate" not in family.tabs:  # a text classifier: [CLS] text [SEP], as its post-processor adds them
         model.tokenizer = JsonTokenizer(folder / "tokenizer.json", {}, model.config.max_len, tokenizer=pipeline)
         model.text = {}
         return model.float().eval()
