@@ -25,10 +25,12 @@ from tabs.common import (
     fit,
     get_model,
     head_choices,
+    index,
     intro,
     layer_head_view,
     method_id,
     parse_head,
+    run_layer,
     save_npz,
     target_index,
     window_figure,
@@ -94,7 +96,7 @@ def build() -> Permalink:
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    steps = [(classify_image, [image, model, top_k, layer, head, view, explanation, target],
+    steps = [(classify_image, [image, model, top_k, run_layer(), head, view, explanation, target],
               [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained]),
              (lambda: "", None, [patch], {"show_progress": "hidden"}),  # a new image: the centre patch again
              (deletion_plot, [state, explanation], [curve])]
@@ -193,7 +195,8 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which
         raise Error(str(err)) from None
     n_layers, n_heads = _depth(result)
-    layer_u, head_u = controls_for(n_layers, n_heads)
+    layer = index(layer, n_layers, "layer")  # drawn at this layer (−1: the last)
+    layer_u, head_u = controls_for(n_layers, n_heads, layer)
     if result.attention:
         arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
     else:
@@ -205,11 +208,11 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels,
                    attribution=attribution.values.astype(np.float32), attribution_method=attribution.method,
                    attribution_target=attribution.label, **arrays)
-    overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
+    overlay, grid_fig = draw_image(result, layer, head, view)
     notice = "\n\n".join(x for x in (result.unusual, result.notice, _offered(method, attribution)) if x)
     title = "Top classes" + (f" (calibrated: logits ÷ {result.temperature:.2f})" if result.temperature != 1 else "")
     return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k), title=title)), overlay, grid_fig,
-            draw_query(result, n_layers - 1, head, query), distance_figure(result), enlarge(result.image),
+            draw_query(result, layer, head, query), distance_figure(result), enlarge(result.image),
             notice, state, npz, layer_u, head_u, explanation_figure(result, attribution))
 
 

@@ -150,3 +150,18 @@ def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, mon
     created = snapshot() - before
     assert {p for p in created if not p.is_relative_to(tmp_path)} == set()
     assert all(Path(p).is_relative_to(common.DOWNLOADS.parent) for p in [classify("ok")[-3]])
+
+
+def test_an_unknown_classify_model_or_task_is_refused_by_name() -> None:
+    """tabs.classify.checkpoint_name names each known pair's checkpoint and refuses anything else in words (it
+    used to turn any unknown model or task into sst2, whose answer then came back as if asked for)."""
+    from tabs.classify import TEXT_MODELS, checkpoint_name
+
+    assert checkpoint_name("AG News topic", "MiniLM (pretrained, fine-tuned)") == "minilm-agnews"
+    assert checkpoint_name("SST-2 sentiment", "trained from scratch") == "sst2"
+    with pytest.raises(gr.Error, match="Unknown model 'gpt-tiny'"):
+        checkpoint_name("SST-2 sentiment", "gpt-tiny")
+    with pytest.raises(gr.Error, match="Unknown task 'IMDB'"):
+        checkpoint_name("IMDB", "trained from scratch")
+    with pytest.raises(gr.Error, match="Unknown task"):
+        classify("a fine film", "imdb", next(iter(TEXT_MODELS)))
