@@ -76,6 +76,8 @@ def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Pa
     folder = tiny_checkpoints / TINY[name] if TINY[name] else tiny_deit(tmp_path / "tiny")
     model = models.load(folder)
     assert registry.family_of(model) is family and type(model) is family.classes()[0]
+    c = model.config  # one config vocabulary across families
+    assert all(isinstance(getattr(c, k), int) and getattr(c, k) > 0 for k in ("d_model", "n_layers", "n_heads"))
     result = entry_point(model, family.tabs[0])
     maps = [a.weights for a in getattr(result, "attention", {}).values()] + \
         [w.weights for w in getattr(result, "windows", [])]
@@ -91,4 +93,4 @@ def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Pa
     if family.walk:
         ids = model.tokenizer.encode("a warm film").ids if hasattr(model.tokenizer, "encode") else None
         ids = ids or [1, 5, 6, 2]
-        assert len(plan(model, ids).layers) == len(next(iter(result.attention.values())).weights)
+        assert len(plan(model, ids).layers) == c.n_layers == len(next(iter(result.attention.values())).weights)

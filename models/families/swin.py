@@ -63,6 +63,20 @@ class SwinConfig:
         """Cyclic shift of the shifted blocks, in tokens (the paper: ⌊window / 2⌋)."""
         return self.window // 2
 
+    # the vocabulary every family's config speaks (models/registry.py): the widths and heads grow by stage, so the
+    # last stage's, which the head reads; every block counts as a layer
+    @property
+    def d_model(self) -> int:
+        return self.embed_dim * 2 ** (len(self.depths) - 1)
+
+    @property
+    def n_layers(self) -> int:
+        return sum(self.depths)
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads[-1]
+
 
 # ------------------------------------------------------------------------------------ window geometry
 def window_partition(x: Tensor, window: int) -> Tensor:

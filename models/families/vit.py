@@ -54,6 +54,19 @@ class ViTConfig:
         """Patches per side."""
         return self.image_size // self.patch
 
+    # the vocabulary every family's config speaks (models/registry.py; TransformerLens's and nanoGPT's names)
+    @property
+    def d_model(self) -> int:
+        return self.dim
+
+    @property
+    def n_layers(self) -> int:
+        return self.depth
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads
+
 
 class EncoderBlock(nn.Module):
     """Pre-norm Transformer encoder block (Dosovitskiy et al. 2021, eq. 2–3)."""
