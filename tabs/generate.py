@@ -254,8 +254,8 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
 
 
 def generate_batch(net, requests: list) -> list:
-    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each answer
-    equals that request's own ``generate``, a refused request's answer is its exception."""
+    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each
+    answer equals that request's own ``generate``, a refused request's answer is its exception."""
     from models.decoding.lockstep import generate_many
 
     return generate_many(net, requests)

@@ -11,7 +11,8 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 - ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.families.gpt.GPT`` with ``recipe="llama"``, RoPE in
   Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
   ``num_key_value_heads``; RoPE scaling variants are refused.
-- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT`` with
+- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT``
+  with
   the folder's ``preprocessor_config.json`` as its input preparation (``models.io.images.processor_spec``).
 """
 
