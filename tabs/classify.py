@@ -9,6 +9,7 @@ import gradio as gr
 import numpy as np
 
 from examples import sentences
+from serving import catalogue
 from serving.batcher import batch_events, heavy
 from serving.catalogue import checkpoint_labels, configured
 from serving.store import batched
@@ -60,7 +61,7 @@ the residual stream) from a clean into a corrupted sentence and measures how muc
 it shows where the difference between the two sentences is carried, not what the head does elsewhere."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
-CHECKPOINTS = tuple(prefix + task for prefix in TEXT_MODELS.values() for task in TASKS.values())
+CHECKPOINTS = catalogue.SHIPPED["classify"]  # each is TEXT_MODELS[model] + TASKS[task] (checkpoint_name)
 ENCODER = "Encoder self-attention"
 # [clean, corrupted]: one word swapped, the same number of tokens for every model of the task
 PATCH_EXAMPLES = [["a warm , funny and beautifully acted film", "a cold , dull and badly acted film"],

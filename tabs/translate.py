@@ -8,6 +8,7 @@ import gradio as gr
 
 from examples import sentences
 from models.outputs import AttentionMap
+from serving import catalogue
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
 from serving.store import batched
 from tabs import why
@@ -32,7 +33,7 @@ from tabs.permalink import Permalink, chain
 from viz import text as vt
 
 TITLE = "Translate"
-MODEL = "translator-en-de"
+MODEL = catalogue.SHIPPED["translate"][0]
 INTRO = """**English → German with an encoder–decoder Transformer trained by the project on Multi30k.**
 The *encoder* attends over the English sentence, the *decoder* over the German words produced so far
 (causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it

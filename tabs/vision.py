@@ -53,10 +53,9 @@ Swin attends only inside local windows: its maps stay within the highlighted win
 *explanation* map shows one method's signed attribution (red supports the class, blue speaks against it), and
 the *deletion curve* tests every method on this image: grey out the patches a method ranks highest and watch
 the class probability; the faster it falls, the more faithful the ranking."""
-MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 PREVIEW_SIDE = 160  # pixels of the upload preview and of what the model will see
-FASHION = ("vit-fashion", "swin-fashion")  # the models that see 28×28 grey (the others: what their preprocessing crops)
+FASHION = catalogue.SHIPPED["vision"]  # the models that see 28×28 grey (the others: what their preprocessing crops)
 
 
 def build() -> Permalink:
@@ -71,7 +70,7 @@ def build() -> Permalink:
             will_see = gr.Image(label="the model's input", interactive=False, height=PREVIEW_SIDE,
                                 elem_id="vision-will-see")
         with gr.Column(scale=1):
-            model = gr.Radio([*MODELS, *configured("vision")], value="vit-fashion", label="model")
+            model = gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model")
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
             run = gr.Button("Classify image", variant="primary")
     notice = gr.Markdown()
@@ -183,7 +182,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     explanation toward the target class (the predicted one by default)."""
     if not image:
         raise Error("Please upload an image or pick an example.")
-    choices = [*MODELS, *configured("vision")]
+    choices = catalogue.names("vision")
     if model not in choices:  # the API accepts any string: never turn it into a path
         raise Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
     method = method_id(explanation)

@@ -155,8 +155,9 @@ def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, mon
 def test_an_unknown_classify_model_or_task_is_refused_by_name() -> None:
     """tabs.classify.checkpoint_name names each known pair's checkpoint and refuses anything else in words (it
     used to turn any unknown model or task into sst2, whose answer then came back as if asked for)."""
-    from tabs.classify import TEXT_MODELS, checkpoint_name
+    from tabs.classify import CHECKPOINTS, TEXT_MODELS, checkpoint_name
 
+    assert {checkpoint_name(task, model) for task in TASKS for model in TEXT_MODELS} == set(CHECKPOINTS)
     assert checkpoint_name("AG News topic", "MiniLM (pretrained, fine-tuned)") == "minilm-agnews"
     assert checkpoint_name("SST-2 sentiment", "trained from scratch") == "sst2"
     with pytest.raises(gr.Error, match="Unknown model 'gpt-tiny'"):
