@@ -166,3 +166,20 @@ def test_an_unknown_classify_model_or_task_is_refused_by_name() -> None:
         checkpoint_name("IMDB", "trained from scratch")
     with pytest.raises(gr.Error, match="Unknown task"):
         classify("a fine film", "imdb", next(iter(TEXT_MODELS)))
+
+
+def test_one_checker_for_a_layer_head_or_position() -> None:
+    """tabs.common.index / head_index: what every handler uses for a layer, head or position from the UI, the API or
+    a link: empty is the last (or the given default), −k counts from the end, anything else is refused in words."""
+    from tabs.common import head_index, index
+
+    assert index(None, 4, "layer") == index("", 4, "layer") == index(-1, 4, "layer") == index(3.0, 4, "layer") == 3
+    assert index(0, 4, "layer") == 0 and index(-4, 4, "layer") == 0 and index("", 9, "query", default=2) == 2
+    for bad, message in ((4, "layer 4 is outside 0 … 3"), (-5, "layer -5 is outside"), ("1.5", "whole number"),
+                         ("x", "whole number"), (float("nan"), "whole number")):
+        with pytest.raises(gr.Error, match=message):
+            index(bad, 4, "layer")
+    assert head_index("mean", 4) == "mean" and head_index("", 4) == "mean" and head_index("max", 4) == "max"
+    assert head_index("2", 4) == 2 and head_index(-1, 4) == 3
+    with pytest.raises(gr.Error, match="head 9 is outside"):
+        head_index("9", 4)
