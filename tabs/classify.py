@@ -28,6 +28,7 @@ from tabs.common import (
     fit,
     get_model,
     head_choices,
+    head_index,
     index,
     intro,
     layer_head_view,
@@ -198,7 +199,7 @@ def _classified(net, name: str, text: str, method: str, target: str, layer: int 
     """classify's outputs for one result: the verdict, the explanation, the figures (at ``layer``, −1: the last)
     and the download."""
     amap = result.attention["encoder"]
-    layer = index(layer, amap.layers, "layer")
+    layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
     layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
     top = int(np.argmax(result.probs))
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"

@@ -22,6 +22,7 @@ from tabs.common import (
     controls_for,
     get_model,
     head_choices,
+    head_index,
     index,
     intro,
     layer_head_view,
@@ -266,7 +267,7 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     """Generate's outputs for one result, its attention drawn at ``layer`` (−1: the last)."""
     amap = result.attention["decoder"]
     long = len(result.tokens) > limits.LONG_TOKENS
-    layer = index(layer, amap.layers, "layer")
+    layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
     layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
     n_steps = len(result.steps)
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)

@@ -20,6 +20,7 @@ from tabs.common import (
     controls_for,
     get_model,
     head_choices,
+    head_index,
     index,
     intro,
     layer_head_view,
@@ -118,7 +119,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
     """translate's outputs for one result (the translation of ``text``, the first sentence of a long text), its
     attention drawn at ``layer`` (−1: the last)."""
     cross = result.attention["cross"]
-    layer = index(layer, cross.layers, "layer")
+    layer, head = index(layer, cross.layers, "layer"), head_index(head, cross.heads)
     layer_u, head_u = controls_for(cross.layers, cross.heads, layer)
     from models.inspect.decompose import attention_scores
 

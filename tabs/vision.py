@@ -25,6 +25,7 @@ from tabs.common import (
     fit,
     get_model,
     head_choices,
+    head_index,
     index,
     intro,
     layer_head_view,
@@ -194,7 +195,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which
         raise Error(str(err)) from None
     n_layers, n_heads = _depth(result)
-    layer = index(layer, n_layers, "layer")  # drawn at this layer (−1: the last)
+    layer, head = index(layer, n_layers, "layer"), head_index(head, n_heads)  # drawn here (layer −1: the last)
     layer_u, head_u = controls_for(n_layers, n_heads, layer)
     if result.attention:
         arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
