@@ -222,3 +222,164 @@ def test_shipped_checkpoints(name: str) -> None:
     for layer in range(weights.shape[0]):
         for head in (0, weights.shape[1] - 1):
             check_view(qk_projection(model, ids, layer, head), scores[layer, head], weights[layer, head])
+
+
+# ------------------------------------------------------------------------------------------------ the figure
+def _trace(fig, name: str):
+    return next(d for d in fig.data if d.name == name)
+
+
+def test_figure_draws_both_sets_labels_and_the_chosen_querys_keys() -> None:
+    from viz.qk import qk_scatter
+
+    rng = np.random.default_rng(0)
+    tokens = ["<s>", "the", "cat", "</s>", "<img src=x>", "sat"]
+    w = softmax(rng.normal(size=(6, 6)))
+    points = rng.normal(size=(12, 2))
+    fig = qk_scatter(points, tokens, w, title="Queries and keys", query=2, explained=[0.6, 0.25], top_k=3)
+    q, k = _trace(fig, "queries"), _trace(fig, "keys")
+    np.testing.assert_allclose(np.c_[q.x, q.y], points[:6], atol=1e-6)
+    np.testing.assert_allclose(np.c_[k.x, k.y], points[6:], atol=1e-6)
+    assert q.marker.symbol != k.marker.symbol and q.marker.color != k.marker.color
+    assert list(q.customdata) == list(range(6)) and "&lt;/s&gt;" in q.text[3] and "<img" not in "".join(q.text)
+    lines = [d for d in fig.data if d.mode == "lines"]
+    top = list(np.argsort(-w[2])[:3])
+    assert len(lines) == 3
+    for line, j in zip(lines, top):  # from the query's point to each strongest key's point, strongest first
+        np.testing.assert_allclose([line.x[0], line.y[0], line.x[1], line.y[1]], [*points[2], *points[6 + j]],
+                                   atol=1e-6)
+        assert f"{w[2, j]:.2f}" in line.name
+    assert lines[0].line.width >= lines[-1].line.width
+    assert "60% of the variance" in fig.layout.xaxis.title.text and "25%" in fig.layout.yaxis.title.text
+    assert fig.layout.yaxis.scaleanchor == "x"
+    with pytest.raises(ValueError, match="points must be"):
+        qk_scatter(points[:5], tokens, w, title="x")
+
+
+def test_long_input_is_capped_within_the_figure_budget() -> None:
+    """5,000 tokens: one in three drawn (the subtitle says so), the chosen query and its keys always among them, the
+    figure well under 2 MB."""
+    from viz.qk import qk_scatter
+
+    t = 5000
+    rng = np.random.default_rng(1)
+    w = np.zeros((t, t), np.float32)
+    w[:, 4001] = 1.0
+    fig = qk_scatter(rng.normal(size=(2 * t, 2)), [f"token{i}" for i in range(t)], w, title="long", query=4000)
+    q = _trace(fig, "queries")
+    assert 4000 in q.customdata and 4001 in _trace(fig, "keys").customdata and len(q.customdata) < 2000
+    assert "one in 3 drawn" in fig.layout.title.text
+    assert len(fig.to_json()) < 2_000_000
+
+
+# ------------------------------------------------------------------------------------- the tabs' section
+@pytest.fixture()
+def tiny(tiny_checkpoints, monkeypatch: pytest.MonkeyPatch):
+    from tabs import serving
+    from tabs.sections import qk as section
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(section, "_CACHE", type(section._CACHE)())
+    return tiny_checkpoints
+
+
+def _tab_states() -> dict:
+    """Each text tab's kept state after its own handler ran, what its section reads, and the attention it keeps."""
+    from tabs import classify, generate, translate
+
+    gen = generate.generate("a dog runs on the", 4)[6]
+    cls = classify.classify("a warm , funny film .")[5]
+    tr = translate.translate("A man rides a bike.")[6]
+    return {"generate": (generate.sequence, gen, gen["result"].attention["decoder"]),
+            "classify": (classify.sequence, cls, cls["result"].attention["encoder"]),
+            "translate": (translate.sequence, "A man rides a bike.", tr.attention["encoder"])}
+
+
+def test_section_draws_each_tabs_kept_input(tiny) -> None:
+    """Generate, Classify and Translate (its encoder): the points are the view of the kept input, and the weights
+    the lines come from are the attention the tab itself keeps and draws."""
+    from tabs.sections import qk as section
+
+    for tab, (sequence, state, amap) in _tab_states().items():
+        name, ids, tokens = sequence(state)
+        assert tokens == amap.queries, tab
+        for layer, head in [(0, 0), (amap.layers - 1, amap.heads - 1)]:
+            note, fig, p = section.qk_view(name, ids, tokens, layer, head, -1)
+            np.testing.assert_allclose(p.weights, amap.weights[layer, head], atol=1e-5, err_msg=tab)
+            reference = qk_projection(section.get_model(name), ids, layer, head)
+            np.testing.assert_allclose(p.points, reference.points, atol=1e-5)
+            q = _trace(fig, "queries")
+            np.testing.assert_allclose(np.c_[q.x, q.y], p.points[: len(ids)], atol=1e-6)
+            assert f"Layer {layer}, head {head}" in note and f"layer {layer} · head {head}" in fig.layout.title.text
+        drawn = section.draw(sequence, state, 0, 1, 0, False)
+        assert "not scaled" in drawn[1].layout.title.text
+
+
+def test_section_keeps_a_layers_vectors(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another head or query of the same layer and input runs no model; another layer does."""
+    import models.inspect.qk as mq
+    from tabs.sections import qk as section
+
+    sequence, state, _ = _tab_states()["generate"]
+    calls = []
+    real = mq.qk_vectors
+    monkeypatch.setattr(mq, "qk_vectors", lambda *a: calls.append(a[2]) or real(*a))
+    for layer, head, query in [(1, 0, -1), (1, 3, 2), (1, 2, 0), (0, 1, -1)]:
+        section.draw(sequence, state, layer, head, query, True)
+    assert calls == [1, 0]
+
+
+def test_section_follows_a_run(tiny) -> None:
+    """After a run the layer and head boxes name the model's range; a drawn figure is drawn again."""
+    from tabs.sections import qk as section
+
+    sequence, state, amap = _tab_states()["classify"]
+    layer_u, head_u, note, fig = section.follow(sequence, state, False, 7, 1, -1, True)
+    assert (layer_u["value"], head_u["value"]) == (amap.layers - 1, 1)
+    assert layer_u["label"] == f"layer (0–{amap.layers - 1})" and head_u["label"] == f"head (0–{amap.heads - 1})"
+    assert note == {"__type__": "update"} and fig == {"__type__": "update"}
+    _, _, note, fig = section.follow(sequence, state, True, 0, 1, 99, True)
+    assert note.startswith("**Layer 0, head 1") and _trace(fig, "keys") is not None
+    assert section.follow(sequence, None, True, 0, 0, -1, True) == tuple({"__type__": "update"} for _ in range(4))
+
+
+@pytest.mark.parametrize("args,message", [
+    (dict(state=None), "Run the model first"), (dict(layer=9), "layer 9 is outside"),
+    (dict(head=-9), "head -9 is outside"), (dict(query=500), "query position 500 is outside"),
+    (dict(head="x"), "whole number"),
+])
+def test_bad_input_is_refused_in_words(tiny, args: dict, message: str) -> None:
+    import gradio as gr
+
+    from tabs.sections import qk as section
+
+    sequence, state, _ = _tab_states()["generate"]
+    call = dict(state=state, layer=0, head=0, query=-1) | args
+    with pytest.raises(gr.Error, match=message):
+        section.draw(sequence, call["state"], call["layer"], call["head"], call["query"], True)
+    with pytest.raises(gr.Error, match="Not a point"):
+        section.clicked("nothing")
+    assert section.clicked("7,3") == 7
+
+
+def test_api_draws_after_the_tabs_own_action(app_url) -> None:
+    """/generate_qk and /classify_qk in the client's session after that tab's action; /translate_qk on a text."""
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    client.predict("a dog runs on the", 4, api_name="/generate")
+    note, fig = client.predict(1, 2, -1, True, api_name="/generate_qk")
+    assert note.startswith("**Layer 1, head 2")
+    from tests.test_api import _figure_data
+
+    traces = {d.get("name"): d for d in _figure_data(fig)}
+    assert len(traces["queries"]["x"]) == len(traces["keys"]["x"]) == len(traces["queries"]["customdata"])
+    client.predict("a warm , funny film .", api_name="/classify")
+    assert client.predict(0, 0, 0, False, api_name="/classify_qk")[0].startswith("**Layer 0, head 0")
+    assert client.predict("A man rides a bike.", 0, 1, -1, True, api_name="/translate_qk")[0].startswith(
+        "**Layer 0, head 1")
+    with pytest.raises(Exception, match="head 99 is outside"):
+        client.predict("A man rides a bike.", 0, 99, -1, True, api_name="/translate_qk")
+    with pytest.raises(Exception, match="Run the model first"):
+        client.predict("", 0, 0, -1, True, api_name="/translate_qk")
