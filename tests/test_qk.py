@@ -143,6 +143,27 @@ def test_half_precision_weights_give_float32() -> None:
     np.testing.assert_allclose(raw_scores(p)[finite], scores[finite], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here"))])
+def test_follows_the_models_device(device: str) -> None:
+    """The walk runs where the model's weights are (its vectors come back on that device) and the view equals the
+    CPU one; a bfloat16 copy there still answers in float32, near the float32 view."""
+    from models.inspect.qk import qk_vectors
+
+    model = FAMILIES["llama-gqa-qkv-bias"]()
+    reference = qk_projection(model, IDS, 1, 4)
+    moved = model.to(device)
+    q, k, _ = qk_vectors(moved, IDS, 1)
+    assert q.device.type == k.device.type == device
+    p = qk_projection(moved, IDS, 1, 4)
+    np.testing.assert_allclose(p.queries, reference.queries, atol=1e-5)
+    np.testing.assert_allclose(p.points, reference.points, atol=1e-4)
+    np.testing.assert_allclose(p.weights, reference.weights, atol=1e-5)
+    half = qk_projection(moved.to(torch.bfloat16), IDS, 1, 4)
+    assert half.points.dtype == half.weights.dtype == np.float32
+    np.testing.assert_allclose(half.weights, reference.weights, atol=0.05)  # bf16 weights: ~3 significant digits
+
+
 # ------------------------------------------------------------------------- transformers as the reference
 def _hf_qk(hf, kind: str, ids: list[int], layer: int) -> tuple[np.ndarray, np.ndarray]:
     """transformers' own queries and keys (heads, T, d) of ``layer``, from its hidden states and its modules."""
