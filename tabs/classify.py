@@ -90,7 +90,7 @@ def build() -> Permalink:
     why.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model], layer,
                    head, view)
     why_section = why.decomposition("classify", state, sequence, layer, head, [view])
-    qk_section = qk.section("classify", state, sequence)
+    qk_section = qk.section("classify", state, sequence, query_default=0)  # the query the classifier reads
     stats = gr.Plot(label="where each head looks")
     why.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")

@@ -46,8 +46,8 @@ def check_view(p: QKProjection, scores: np.ndarray, weights: np.ndarray) -> None
     finite = np.isfinite(scores)
     assert (np.isfinite(p.scores) == finite).all()
     # before translation: q·k/√d_k is the score
-    np.testing.assert_allclose(raw_scores(p)[finite], scores[finite], atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(p.scores[finite], scores[finite], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(raw_scores(p)[finite], scores[finite], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(p.scores[finite], scores[finite], atol=1e-5, rtol=0)
     # after scaling and translation: the score plus a constant per row (α q_i·c), so the softmax is the model's
     shifted = shown_scores(p)
     row_constant = p.shown_queries.astype(np.float64) @ p.shift.astype(np.float64) / math.sqrt(p.d_head)
@@ -356,13 +356,13 @@ def test_section_follows_a_run(tiny) -> None:
     from tabs.sections import qk as section
 
     sequence, state, amap = _tab_states()["classify"]
-    layer_u, head_u, note, fig = section.follow(sequence, state, False, 7, 1, -1, True)
+    layer_u, head_u, query_u, note, fig = section.follow(sequence, state, False, 7, 1, -1, True)
     assert (layer_u["value"], head_u["value"]) == (amap.layers - 1, 1)
     assert layer_u["label"] == f"layer (0–{amap.layers - 1})" and head_u["label"] == f"head (0–{amap.heads - 1})"
-    assert note == {"__type__": "update"} and fig == {"__type__": "update"}
-    _, _, note, fig = section.follow(sequence, state, True, 0, 1, 99, True)
-    assert note.startswith("**Layer 0, head 1") and _trace(fig, "keys") is not None
-    assert section.follow(sequence, None, True, 0, 0, -1, True) == tuple({"__type__": "update"} for _ in range(4))
+    assert note == {"__type__": "update"} and fig == {"__type__": "update"} and query_u["value"] == -1
+    _, _, query_u, note, fig = section.follow(sequence, state, True, 0, 1, 99, True)  # 99: past this input's end
+    assert query_u["value"] == -1 and note.startswith("**Layer 0, head 1") and _trace(fig, "keys") is not None
+    assert section.follow(sequence, None, True, 0, 0, -1, True) == tuple({"__type__": "update"} for _ in range(5))
 
 
 @pytest.mark.parametrize("args,message", [

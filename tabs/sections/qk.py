@@ -50,8 +50,10 @@ class Section:
 
 
 # ------------------------------------------------------------------------------------------------ layout
-def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list[int], list[str]]]) -> Section:
-    """The section, closed until opened. ``state`` is the tab's kept input (what ``sequence`` reads)."""
+def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list[int], list[str]]],
+            query_default: int = -1) -> Section:
+    """The section, closed until opened. ``state`` is the tab's kept input (what ``sequence`` reads);
+    ``query_default``: the query ringed at first (−1: the last token; a classifier's [CLS] / <s> is 0)."""
     drawn = gr.State(False)  # whether a figure is shown, so a new run redraws it
     with gr.Accordion("Queries and keys of one head (Q/K scatter)", open=False, elem_id=f"{tab}-qk-section") as box:
         gr.Markdown(TEXT)
@@ -60,7 +62,7 @@ def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list
             # range, and Gradio refuses a value over a slider's maximum; the handler checks the range in words
             layer = gr.Number(value=0, precision=0, label="layer")
             head = gr.Number(value=0, precision=0, label="head")
-            query = gr.Number(value=-1, precision=0, label="query position (−1: the last)")
+            query = gr.Number(value=query_default, precision=0, label="query position (−1: the last)")
             scale = gr.Checkbox(True, label="scale queries and keys to the same spread")
             run = gr.Button("Draw queries and keys")
         note = gr.Markdown()
@@ -73,11 +75,19 @@ def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list
 
     args, outs = [state, layer, head, query, scale], [note, plot, drawn]
     run.click(draw_state, args, outs, api_name=f"{tab}_qk", concurrency_limit=2)
-    box.expand(lambda st, dr, *a: draw_state(st, *a) if st and not dr else (gr.update(),) * 3,
-               [state, drawn, layer, head, query, scale], outs, api_name=False, show_progress="minimal")
+    def on_open(st, dr, *values):
+        if not st:
+            return gr.update(value="Run the model first: the view is drawn for the tab's current input."), None, False
+        return draw_state(st, *values) if not dr else (gr.update(),) * 3
+
+    def redraw(st, lay, hd, q, sc):  # a box being typed in (empty for a moment) waits for its number
+        if not st or lay is None or hd is None or q is None:
+            return (gr.update(),) * 3
+        return draw_state(st, lay, hd, q, sc)
+
+    box.expand(on_open, [state, drawn, layer, head, query, scale], outs, api_name=False, show_progress="minimal")
     for event in (layer.input, head.input, query.submit, scale.input):
-        event(lambda st, *a: draw_state(st, *a) if st else (gr.update(),) * 3, args, outs, api_name=False,
-              show_progress="hidden")
+        event(redraw, args, outs, api_name=False, show_progress="hidden")
     cell.change(lambda c: gr.update(value=clicked(c)), [cell], [query], api_name=False, show_progress="hidden"
                 ).then(draw_state, args, outs, api_name=False, show_progress="hidden")
 
@@ -85,7 +95,7 @@ def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list
         return follow(sequence, st, dr, lay, hd, q, sc)
 
     return Section(layer, head, query, (follow_state, [state, drawn, layer, head, query, scale],
-                                        [layer, head, note, plot], {"show_progress": "hidden"}))
+                                        [layer, head, query, note, plot], {"show_progress": "hidden"}))
 
 
 # ---------------------------------------------------------------------------------------------- handlers
@@ -175,7 +185,7 @@ def follow(sequence, state, drawn, layer, head, query, scale):
     from models.decompose import n_layers
 
     if not state:
-        return gr.update(), gr.update(), gr.update(), gr.update()
+        return (gr.update(),) * 5
     name, ids, tokens = sequence(state)
     net = get_model(name)
     layers, heads = n_layers(net), int(net.config.n_heads)
@@ -183,8 +193,8 @@ def follow(sequence, state, drawn, layer, head, query, scale):
     head = min(max(int(head or 0), 0), heads - 1)
     updates = (gr.update(value=layer, label=f"layer (0–{layers - 1})"),
                gr.update(value=head, label=f"head (0–{heads - 1})"))
+    query = query if query is not None and -len(ids) <= int(query) < len(ids) else -1  # kept where it fits
     if not drawn:
-        return (*updates, gr.update(), gr.update())
-    query = query if -len(ids) <= int(query or 0) < len(ids) else -1
+        return (*updates, gr.update(value=query), gr.update(), gr.update())
     note, fig, _ = qk_view(name, ids, tokens, layer, head, query, scale)
-    return (*updates, note, fig)
+    return (*updates, gr.update(value=query), note, fig)
