@@ -366,7 +366,8 @@ def test_section_follows_a_run(tiny) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (dict(state=None), "Run the model first"), (dict(layer=9), "layer 9 is outside"),
+    (dict(state=None), "Run the model first"), (dict(state="  "), "Run the model first"),
+    (dict(layer=9), "layer 9 is outside"),
     (dict(head=-9), "head -9 is outside"), (dict(query=500), "query position 500 is outside"),
     (dict(head="x"), "whole number"),
 ])

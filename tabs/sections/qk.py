@@ -21,7 +21,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from tabs.common import Error
+from tabs.common import Error, read_text
 from tabs.serving import get_model
 from viz import qk as vq
 from viz.common import esc
@@ -118,7 +118,7 @@ _CACHE: OrderedDict[tuple, tuple] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def layer_vectors(name: str, net, ids: list[int], layer: int) -> tuple:
+def layer_vectors(name: str, net: Any, ids: list[int], layer: int) -> tuple:
     """Every head's queries and keys of ``layer`` (H, T, d) and whether it is causal, kept for the last inputs."""
     from models.inspect.qk import qk_vectors
 
@@ -139,7 +139,8 @@ def layer_vectors(name: str, net, ids: list[int], layer: int) -> tuple:
     return value
 
 
-def qk_view(name: str, ids: list[int], tokens: list[str], layer, head, query, scale: bool = True):
+def qk_view(name: str, ids: list[int], tokens: list[str], layer: Any, head: Any, query: Any,
+            scale: bool = True) -> tuple[str, Any, Any]:
     """(note Markdown, figure, the QKProjection) of one head over a kept input."""
     from models.decompose import n_layers
     from models.inspect.qk import from_vectors
@@ -158,7 +159,7 @@ def qk_view(name: str, ids: list[int], tokens: list[str], layer, head, query, sc
     return words(p, tokens, query), fig, p
 
 
-def words(p, tokens: list[str], query: int) -> str:
+def words(p: Any, tokens: list[str], query: int) -> str:
     """What the figure shows, in two sentences: the axes' share and the chosen query's strongest keys."""
     row = p.weights[query]
     top = [int(j) for j in np.argsort(-row, kind="stable")[:3]]
@@ -170,23 +171,23 @@ def words(p, tokens: list[str], query: int) -> str:
             f"all {2 * len(tokens)} points. Query {query} `{tokens[query]}` attends most to {strongest}.")
 
 
-def draw(sequence, state, layer, head, query, scale):
-    """The section's button (and redraws): the scatter over the tab's kept input."""
-    if not state:
+def draw(sequence: Callable, state: Any, layer: Any, head: Any, query: Any, scale: bool) -> tuple[str, Any]:
+    """The section's button (and redraws): the scatter over the tab's kept input (Translate: its English text)."""
+    if not state or (isinstance(state, str) and not state.strip()):
         raise Error("Run the model first: queries and keys are drawn for the tab's current input.")
-    name, ids, tokens = sequence(state)
+    name, ids, tokens = sequence(read_text(state) if isinstance(state, str) else state)
     note, fig, _ = qk_view(name, ids, tokens, layer, head, query, scale)
     return note, fig
 
 
-def follow(sequence, state, drawn, layer, head, query, scale):
+def follow(sequence: Callable, state: Any, drawn: bool, layer: Any, head: Any, query: Any, scale: bool) -> tuple:
     """After a run: the layer and head boxes name the model's range and keep their values where they fit; a figure
     already drawn is drawn again on the new input."""
     from models.decompose import n_layers
 
-    if not state:
+    if not state or (isinstance(state, str) and not state.strip()):
         return (gr.update(),) * 5
-    name, ids, tokens = sequence(state)
+    name, ids, tokens = sequence(read_text(state) if isinstance(state, str) else state)
     net = get_model(name)
     layers, heads = n_layers(net), int(net.config.n_heads)
     layer = min(max(int(layer or 0), 0), layers - 1)
