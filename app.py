@@ -34,26 +34,30 @@ footer {display: none !important;}
   border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
 """
 # A click on a heatmap cell of an attention figure (elem_id "<tab>-attention") or a patching sweep ("<tab>-patch")
-# writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell", whose change event runs the
+# writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell" (a point of a Q/K scatter,
+# "<tab>-qk": "position,click number" into "<tab>-qk-cell"), whose change event runs the
 # handler (a script's input event is not a user's, so Gradio's .input does not fire; the click number makes a second
 # click on the same cell a change too).
 JS = """() => {
   const bind = () => {
-    document.querySelectorAll('[id$="-attention"], [id$="-patch"]').forEach((box) => {
+    document.querySelectorAll('[id$="-attention"], [id$="-patch"], [id$="-qk"]').forEach((box) => {
       const plot = box.querySelector('.js-plotly-plot');
       if (!plot || plot._atlasBound || !plot.on) return;
       plot._atlasBound = true;
       plot.on('plotly_click', (ev) => {
         const p = ev.points && ev.points[0];
-        if (!p || p.data.type !== 'heatmap' || !Array.isArray(p.pointNumber)) return;
-        const target = box.id.replace(/-attention$/, '-why-cell').replace(/-patch$/, '-patch-cell');
+        const qk = box.id.endsWith('-qk');  // a Q/K scatter (tabs/sections/qk.py): customdata is the token position
+        if (!p || (qk ? typeof p.customdata !== 'number'
+                   : p.data.type !== 'heatmap' || !Array.isArray(p.pointNumber))) return;
+        const target = qk ? box.id + '-cell'
+                          : box.id.replace(/-attention$/, '-why-cell').replace(/-patch$/, '-patch-cell');
         const input = document.querySelector('#' + target + ' textarea, #' + target + ' input');
         if (!input) return;
         window._atlasClicks = (window._atlasClicks || 0) + 1;
         const m = p.data.meta || {};  // a pooled heatmap's cells name their blocks' first tokens (viz.attention)
         const row = m.rows ? m.rows[p.pointNumber[0]] : p.pointNumber[0];
         const col = m.cols ? m.cols[p.pointNumber[1]] : p.pointNumber[1];
-        input.value = row + ',' + col + ',' + window._atlasClicks;
+        input.value = (qk ? p.customdata : row + ',' + col) + ',' + window._atlasClicks;
         input.dispatchEvent(new Event('input', {bubbles: true}));
       });
     });

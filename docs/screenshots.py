@@ -57,6 +57,20 @@ def why_shots(page, panel, shot) -> None:
     panel().get_by_role("button", name="Split this score").click()
     page.wait_for_timeout(3000)
     shot("generate-why", 1900, y=_top(page, panel().get_by_text("Why does this head attend there?")) - 20)
+    qk_shot(page, panel, shot, layer, head)
+
+
+def qk_shot(page, panel, shot, layer: int, head: int) -> None:
+    """The queries and keys of that head over the generated text (tabs/sections/qk.py), its last query ringed."""
+    section = page.locator("#generate-qk-section")
+    section.get_by_text("Queries and keys of one head (Q/K scatter)").click()
+    for label, value in (("layer", layer), ("head", head)):
+        section.get_by_label(re.compile(f"^{label}")).fill(str(value))
+        page.wait_for_timeout(1500)
+    page.wait_for_function("(t) => [...document.querySelectorAll('#generate-qk .js-plotly-plot')].some(e => "
+                           "e._fullLayout && (e._fullLayout.title.text || '').startsWith(t))",
+                           arg=f"Queries and keys · layer {layer} · head {head}", timeout=120_000)
+    shot("generate-qk", 1150, y=_top(page, panel().get_by_text("Queries and keys of one head").first) - 20)
 
 
 def lesson_shots(page, panel, tab, shot) -> None:

@@ -41,6 +41,7 @@ from tabs.common import (
     target_index,
 )
 from tabs.permalink import Permalink, chain, one_of
+from tabs.sections import qk
 from viz import attribution as vattr
 from viz import images as vi
 
@@ -97,6 +98,7 @@ def build() -> Permalink:
     why.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model], layer,
                    head, view)
     why_section = why.decomposition("classify", state, sequence, layer, head, [view])
+    qk_section = qk.section("classify", state, sequence, query_default=0)  # the query the classifier reads
     stats = gr.Plot(label="where each head looks")
     why.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
@@ -104,7 +106,7 @@ def build() -> Permalink:
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
-             (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+             (why_controls_for, [state], why_controls, {"show_progress": "hidden"}), qk_section.follow,
              (deletion_plot, [state, explanation], [curve])]
     chain(run.click, steps, api_name="classify", **batch_events("classify"))
     chain(text.submit, steps, **batch_events("classify"))

@@ -34,6 +34,7 @@ from tabs.common import (
     seed_box,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import qk
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -122,6 +123,7 @@ def build() -> Permalink:
     why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
                    [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
+    qk_section = qk.section("generate", state, sequence)
     lens = gr.Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")
@@ -157,7 +159,8 @@ def build() -> Permalink:
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
+    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+             qk_section.follow]
     chain(run.click, steps, api_name="generate", **batcher.batch_events("generate"))
     chain(prompt.submit, steps, **batcher.batch_events("generate"))
     for control in (step, layer, head, view, pooling):

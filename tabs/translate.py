@@ -31,6 +31,7 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import qk
 from viz import text as vt
 
 TITLE = "Translate"
@@ -66,6 +67,7 @@ def build() -> Permalink:
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
+    qk_section = qk.section("translate", text, sequence)  # the encoder's queries and keys of the English text
     stats = gr.Plot(label="head statistics")
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
@@ -74,7 +76,7 @@ def build() -> Permalink:
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
-             (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"})]
+             (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"}), qk_section.follow]
     if GRADIO_BATCH:  # the measured alternative to the model store's batcher (docs/ARCHITECTURE.md §9)
         steps[0] = (translate_gradio_batch, inputs, outputs,
                     {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})

@@ -1,0 +1,1 @@
+"""Analyses that read a model through its walk (the per-family description of its residual stream)."""
