@@ -296,11 +296,11 @@ def test_long_input_is_capped_within_the_figure_budget() -> None:
 # ------------------------------------------------------------------------------------- the tabs' section
 @pytest.fixture()
 def tiny(tiny_checkpoints, monkeypatch: pytest.MonkeyPatch):
-    from tabs import serving
+    from serving import catalogue, store
     from tabs.sections import qk as section
 
-    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
-    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
     monkeypatch.setattr(section, "_CACHE", type(section._CACHE)())
     return tiny_checkpoints
 
