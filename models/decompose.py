@@ -147,7 +147,7 @@ def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     v = attn.heads(x, attn.v, attn.kv_heads, bias=True).repeat_interleave(attn.group(), 0)
     s = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
     if attn.causal:
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return s, torch.softmax(s, -1), v
 
 

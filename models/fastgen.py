@@ -194,7 +194,9 @@ class _Decoder:
         # GPT.generate returns float32 up to limits.LONG_TOKENS tokens and float16 above (gpt.attention_array):
         # float16 from the start when the prompt alone is longer, else float32, rounded at the end if need be
         long = prompt_len > limits.LONG_TOKENS
-        self.att = torch.zeros(c.n_layers, c.n_heads, n, n, dtype=torch.float16 if long else torch.float32)
+        # on the CPU whatever the model's device: the result is a numpy array
+        self.att = torch.zeros(c.n_layers, c.n_heads, n, n, dtype=torch.float16 if long else torch.float32,
+                               device="cpu")
 
     def _attention(self, t: int) -> np.ndarray:
         """The (L, H, t, t) block of the attention array, as GPT.generate returns it. A stop at EOS leaves the
