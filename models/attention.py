@@ -25,9 +25,13 @@ def scaled_dot_product(
     q: (..., T, d), k: (..., S, d), v: (..., S, d_v); mask: bool broadcastable to (..., T, S), True keeps;
     bias: additive, broadcastable to (..., T, S) (relative position bias, Swin's −100 shift mask).
     Returns (out (..., T, d_v), weights (..., T, S)). A row whose keys are all masked gets zeros
-    instead of NaN.
+    instead of NaN. Half-precision q and k are scored in float32 and the weights returned in float32 (A·V then in
+    the values' dtype, as transformers' eager attention).
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half:  # scores, softmax and the returned weights in float32 whatever the weights' dtype (ATLAS_DTYPE)
+        q, k = q.float(), k.float()
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if bias is not None:
         scores = scores + bias
@@ -36,7 +40,7 @@ def scaled_dot_product(
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
         weights = torch.nan_to_num(weights, nan=0.0)
-    return weights @ v, weights
+    return (weights.to(v.dtype) if half else weights) @ v, weights
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -362,6 +362,7 @@ class Swin(nn.Module):
         """x (B, C, H, W) -> (the pooled final features (B, C), which the head reads; the window attention of
         every block, empty unless ``need_weights``)."""
         cfg = self.config
+        x = x.to(self.patch_embed.weight.dtype)  # the weights' dtype (ATLAS_DTYPE); differentiable, for attribution
         x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H/p, W/p, C)
         attention: list[BlockAttention] = []
         for s, blocks in enumerate(self.stages):
