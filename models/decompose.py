@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.bigmodel import execution_device, weight
 from models.positional import apply_rope
 
 BIAS = "bias"
@@ -60,32 +61,36 @@ class Stream:
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
-        weight = norm.weight.double() if getattr(norm, "weight", None) is not None else torch.ones_like(x[0])
+        g = weight(norm)  # an accelerate-offloaded norm's too (models/bigmodel.py)
+        gain = g.double().to(x.device) if g is not None else torch.ones_like(x[0])
         eps = float(getattr(norm, "eps", 1e-5))
         out = Stream.__new__(Stream)
         out.at, out.names = self.at, list(self.names)
         if isinstance(norm, nn.LayerNorm):
             sd = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # (T, 1)
-            bias = norm.bias.double() if norm.bias is not None else torch.zeros_like(weight)
-            out.total = (x - x.mean(-1, keepdim=True)) / sd * weight + bias
-            out.parts = (self.parts - self.parts.mean(-1, keepdim=True)) / sd[self.at] * weight
+            b = weight(norm, "bias")
+            bias = b.double().to(x.device) if b is not None else torch.zeros_like(gain)
+            out.total = (x - x.mean(-1, keepdim=True)) / sd * gain + bias
+            out.parts = (self.parts - self.parts.mean(-1, keepdim=True)) / sd[self.at] * gain
             out.parts[0] = out.parts[0] + bias
         elif type(norm).__name__ == "RMSNorm":  # models.gpt.RMSNorm: x / rms(x) · g
             rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            out.total, out.parts = x / rms * weight, self.parts / rms[self.at] * weight
+            out.total, out.parts = x / rms * gain, self.parts / rms[self.at] * gain
         else:
             raise TypeError(f"cannot freeze a {type(norm).__name__}")
         return out
 
 
 def _linear(x: Tensor, m: nn.Linear, bias: bool) -> Tensor:
-    return F.linear(x, m.weight.double(), m.bias.double() if bias and m.bias is not None else None)
+    """m(x) in float64 on x's device (the weights read where they are, offloaded ones too), with or without bias."""
+    b = weight(m, "bias") if bias else None
+    return F.linear(x, weight(m).double().to(x.device), None if b is None else b.double().to(x.device))
 
 
 def _call(module: nn.Module, x: Tensor) -> Tensor:
     """A module that is not split (a feed-forward block) run on the float64 stream, in its own dtype."""
     dtype = next(module.parameters()).dtype
-    return module(x.to(dtype)).double()
+    return module(x.to(dtype)).double().to(x.device)  # a dispatched module answers on its own device
 
 
 def _module_fn(module: nn.Module):
@@ -135,7 +140,7 @@ class Attn:
 
 
 def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
-    return apply_rope(x, angles.double(), layout)
+    return apply_rope(x, angles.double().to(x.device), layout)
 
 
 def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -164,7 +169,7 @@ class Plan:
 def plan(model: nn.Module, ids: Sequence[int]) -> Plan:
     """The walk for a GPT, a TextClassifier, a BertClassifier or a Translator (its encoder)."""
     kind = type(model).__name__
-    x = torch.tensor([list(ids)], device=next(model.parameters()).device)
+    x = torch.tensor([list(ids)], device=execution_device(model))
     if kind == "GPT":
         return _plan_gpt(model, x)
     if kind in ("TextClassifier", "Translator"):  # token (the translator's scaled by √d, §3.4) + position
@@ -236,8 +241,9 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
     """Add the layer's head outputs (H, T, D), the output bias, then the feed-forward block (and post-norms)."""
     for h in range(attn.n_heads):
         stream.add(f"L{layer}H{h}", heads_out[h])
-    if attn.o.bias is not None:
-        stream.add(BIAS, attn.o.bias.double().expand_as(stream.total))
+    o_bias = weight(attn.o, "bias")
+    if o_bias is not None:
+        stream.add(BIAS, o_bias.double().to(stream.total.device).expand_as(stream.total))
     if after[0] == "pre":  # x + FF(norm2(x))
         _, norm2, ff = after
         stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
@@ -251,7 +257,7 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
 def _head_outputs(attn: Attn, weights: Tensor, v: Tensor) -> Tensor:
     """Each head's write into the residual stream, (H, T, D): (A_h V_h) W_O[:, h]ᵀ, without the output bias."""
     d = attn.d_head
-    w_o = attn.o.weight.double().view(attn.o.out_features, attn.n_heads, d)  # (D, H, d)
+    w_o = weight(attn.o).double().to(v.device).view(attn.o.out_features, attn.n_heads, d)  # (D, H, d)
     return torch.einsum("htd,ehd->hte", weights @ v, w_o)
 
 

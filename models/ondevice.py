@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from models.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
 from models.positional import apply_rope
 
@@ -147,17 +148,6 @@ class LongGeneration:
         return GenerationResult(text=self.text, tokens=self.tokens, ids=self.ids, prompt_len=self.prompt_len,
                                 attention={"decoder": AttentionMap(weights, self.tokens, list(self.tokens))},
                                 steps=self.steps, surprisal=self.surprisal, notice=self.notice)
-
-
-def _device(module: torch.nn.Module) -> torch.device:
-    """Where a module's weights are used: accelerate's execution device when it dispatched the module."""
-    hook = getattr(module, "_hf_hook", None)
-    dev = getattr(hook, "execution_device", None)
-    if dev is not None:
-        return torch.device(dev if not isinstance(dev, int) else f"cuda:{dev}")
-    for p in module.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 class _Run:
