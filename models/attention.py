@@ -157,8 +157,8 @@ def enter_layer(x: Tensor, edit: LayerEdit | None) -> Tensor:
     """The residual stream x (B, T, D) entering a layer, with the edit's positions replaced (and recorded)."""
     if edit is None:
         return x
-    if edit.resid_select is not None and edit.resid_values is not None:
-        x = torch.where(edit.resid_select[:, :, None], edit.resid_values.to(x.dtype), x)
+    if edit.resid_select is not None and edit.resid_values is not None:  # on x's device (a dispatched layer's)
+        x = torch.where(edit.resid_select.to(x.device)[:, :, None], edit.resid_values.to(x.device, x.dtype), x)
     if edit.recording is not None:
         edit.recording.residual.append(x)
     return x
@@ -183,7 +183,8 @@ def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
     if edit is None:
         return out
     if edit.head_select is not None and edit.head_values is not None:
-        out = torch.where(edit.head_select[:, :, None, None], edit.head_values.to(out.dtype), out)
+        out = torch.where(edit.head_select.to(out.device)[:, :, None, None], edit.head_values.to(out.device, out.dtype),
+                          out)
     if edit.recording is not None:
         edit.recording.heads.append(out)
     return out
