@@ -160,7 +160,8 @@ class _Run:
             next(p.dtype for p in model.blocks[0].parameters())
         self.devices = [_device(b) for b in model.blocks]
         d = c.d_head
-        self.k = [torch.empty(c.kv_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
+        # keys in float32 (the scores' dtype: no conversion of the whole cache at every step), values as the weights
+        self.k = [torch.empty(c.kv_heads, n, d, device=dev, dtype=torch.float32) for dev in self.devices]
         self.v = [torch.empty(c.kv_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.q = [torch.empty(c.n_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.lse = [torch.empty(c.n_heads, n, device=dev, dtype=torch.float32) for dev in self.devices]
@@ -178,6 +179,7 @@ class _Run:
         group = h_q // h_kv
         scale = 1.0 / math.sqrt(d)
         rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * end))
+        rope: dict[torch.device, tuple[Tensor, Tensor]] = {}  # per device: cos and sin of this pass's angles
         for i, block in enumerate(model.blocks):
             dev = self.devices[i]
             x = x.to(dev)
@@ -187,12 +189,15 @@ class _Run:
             k = attn.k_proj(h).view(t, h_kv, d).transpose(0, 1)  # (H_kv, T, d)
             v = attn.v_proj(h).view(t, h_kv, d).transpose(0, 1)
             if self.angles is not None:  # RoPE at the absolute positions start..end-1
-                angles = self.angles[start:end].to(dev)
-                q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
+                if dev not in rope:
+                    angles = self.angles[start:end].to(dev)
+                    rope[dev] = (angles.cos().to(q.dtype), angles.sin().to(q.dtype))
+                q = apply_rope(q, None, c.rope_layout, rope[dev])
+                k = apply_rope(k, None, c.rope_layout, rope[dev])
             self.q[i][:, start:end] = q
             self.k[i][:, start:end] = k
             self.v[i][:, start:end] = v
-            keys = self.k[i][:, :end].float().transpose(1, 2)  # (H_kv, d, S) float32
+            keys = self.k[i][:, :end].transpose(1, 2)  # (H_kv, d, S) float32
             values = self.v[i][:, :end]  # (H_kv, S, d)
             out = torch.empty(h_q, t, d, device=dev, dtype=x.dtype)
             for r0 in range(0, t, rows_per):
