@@ -223,14 +223,20 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
         r["speedup"] = round(r["transformers_s"] / secs, 2)
         if r["ours_peak_gb"]:
             r["peak_ratio"] = round(r["ours_peak_gb"] / r["transformers_peak_gb"], 3)
+        r["decoding"] = res.decoding
         r["same_ids"] = res.ids == hf_seqs[p]
         forced = _teacher_forced(ours, hf_seqs[p], p)
         r["same_next_token"] = round(float(np.mean([a == b for a, b in zip(forced, hf_seqs[p][p:])])), 3)
         r["kept_on_device_mb"] = round(res.attention.nbytes() / 1e6, 1)
         r["pooled_mb"] = round(sum(a.nbytes for a in res.attention.pooled.values()) / 1e6, 2)
         del res
+        if r["decoding"] != "pass":  # beside it: the new tokens through the growing-shape pass, no graph
+            reset_peak(dev)
+            res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW, steps="pass"))
+            r["ours_pass_s"], r["ours_pass_peak_gb"] = round(secs, 3), peak_gb(dev)
+            del res
         log(f"ours, prompt {p}: {secs:.2f} s, peak {r['ours_peak_gb']} GB; same ids {r['same_ids']}, "
-            f"same next token {r['same_next_token']}")
+            f"same next token {r['same_next_token']}; {r}")
     out["generate"] = {str(p): r for p, r in runs.items()}
 
     clean, corrupted = repeated_pair(ours, 20)  # 40 tokens
@@ -257,7 +263,7 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
     ref = _hf_generate(hf32, ids[p], dev)
     ours32 = _ours(cfg32, hf32)
     del hf32
-    mine = ondevice.generate(ours32, ids[p], NEW, pool=False)
+    mine = ondevice.generate(ours32, ids[p], NEW, pool=False)  # CUDA: the new tokens replayed as a CUDA graph
     plain = ours32.generate(ids[p], NEW)
     diff = 0.0
     for step, layers in enumerate(ref.attentions):  # step 0: the prompt's rows; then one row each
@@ -266,7 +272,7 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
             got = torch.from_numpy(mine.attention.block(i, rows, slice(0, w.shape[-1])))
             diff = max(diff, float((got - w[0].float().cpu()).abs().max()))
     seq = ref.sequences[0].tolist()
-    out["fp32"] = {"layers": fp32_layers, "prompt": p, "identical": mine.ids == seq,
+    out["fp32"] = {"layers": fp32_layers, "prompt": p, "decoding": mine.decoding, "identical": mine.ids == seq,
                    "plain_identical": plain.ids == seq, "max_attention_diff": diff,
                    "agree": bool(mine.ids == seq and diff <= AGREE)}
     log("fp32", out["fp32"])

@@ -141,6 +141,7 @@ class LongGeneration:
     surprisal: np.ndarray  # bits per token (T,), NaN first
     attention: DeviceAttention
     notice: str = ""
+    decoding: str = "pass"  # how the new tokens ran: "pass", "fixed" or "graph" (``generate``'s ``steps``)
 
     def result(self) -> GenerationResult:
         """The app's ``GenerationResult`` with every weight materialised (only where T is small enough)."""
@@ -160,9 +161,11 @@ class _Run:
             next(p.dtype for p in model.blocks[0].parameters())
         self.devices = [_device(b) for b in model.blocks]
         d = c.d_head
-        # keys in float32 (the scores' dtype: no conversion of the whole cache at every step), values as the weights
-        self.k = [torch.empty(c.kv_heads, n, d, device=dev, dtype=torch.float32) for dev in self.devices]
-        self.v = [torch.empty(c.kv_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
+        self.n = n
+        # keys in float32 (the scores' dtype: no conversion of the whole cache at every step), values as the weights;
+        # zeros, so that the fixed-shape step (``step``) multiplies its masked weights by zeros, never by stale memory
+        self.k = [torch.zeros(c.kv_heads, n, d, device=dev, dtype=torch.float32) for dev in self.devices]
+        self.v = [torch.zeros(c.kv_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.q = [torch.empty(c.n_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.lse = [torch.empty(c.n_heads, n, device=dev, dtype=torch.float32) for dev in self.devices]
         self.angles = model.angles if model.positions is None else None
@@ -217,18 +220,102 @@ class _Run:
             x = x + block.ff(block.norm2(x))
         return x
 
+    def prepare_step(self) -> None:
+        """Tables for ``step``: cos and sin of every position in the weights' dtype, and the key positions."""
+        dev = self.devices[0]
+        if self.angles is not None:
+            a = self.angles[: self.n].to(dev)
+            self.cos, self.sin = a.cos().to(self.dtype), a.sin().to(self.dtype)
+        self.key_pos = torch.arange(self.n, device=dev)
+
+    def step(self, token: Tensor, pos: Tensor) -> Tensor:
+        """One new token ``token`` (1,) at position ``pos`` (1,), both device tensors, through every block with
+        shapes that do not depend on the position (every key of the buffers, the later ones masked), so that a
+        CUDA graph can replay it at each step (``_Steps``); the logits (1, V). The same numbers as ``layers``."""
+        model, c = self.model, self.c
+        h_q, h_kv, d, n = c.n_heads, c.kv_heads, c.d_head, self.n
+        group = h_q // h_kv
+        scale = 1.0 / math.sqrt(d)
+        x = model.embed(token)  # (1, D)
+        if model.positions is not None:
+            x = x + model.positions(pos)
+        later = self.key_pos > pos  # (n,): keys after this position
+        cos_sin = (self.cos.index_select(0, pos), self.sin.index_select(0, pos)) if self.angles is not None else None
+        for i, block in enumerate(model.blocks):
+            attn = block.attn
+            h = block.norm1(x)
+            q = attn.q_proj(h).view(1, h_q, d).transpose(0, 1)  # (H, 1, d)
+            k = attn.k_proj(h).view(1, h_kv, d).transpose(0, 1)
+            v = attn.v_proj(h).view(1, h_kv, d).transpose(0, 1)
+            if cos_sin is not None:
+                q, k = apply_rope(q, None, c.rope_layout, cos_sin), apply_rope(k, None, c.rope_layout, cos_sin)
+            self.q[i].index_copy_(1, pos, q)
+            self.k[i].index_copy_(1, pos, k.float())
+            self.v[i].index_copy_(1, pos, v)
+            s = torch.matmul(q.float().reshape(h_kv, group, d), self.k[i].transpose(1, 2)).mul_(scale)
+            s = s.view(h_q, 1, n).masked_fill_(later, float("-inf"))  # (H, 1, n) float32
+            lse = torch.logsumexp(s, -1)  # (H, 1)
+            self.lse[i].index_copy_(1, pos, lse)
+            w = torch.exp(s.sub_(lse[..., None]))
+            out = torch.matmul(w.to(self.v[i].dtype).view(h_kv, group, n), self.v[i]).view(h_q, 1, d)
+            x = x + attn.o_proj(out.transpose(0, 1).reshape(1, h_q * d))
+            x = x + block.ff(block.norm2(x))
+        return self.logits(x)
+
     def logits(self, x: Tensor) -> Tensor:
         model = self.model
         h = model.norm(x.to(_device(model.norm)))
         return model.lm_head(h.to(_device(model.lm_head)))
 
 
+class _Steps:
+    """The decoding steps through ``_Run.step``: on a CUDA device captured once as a CUDA graph and replayed at every
+    step (a step of an 8 B model is ~2,000 small kernels, whose launches cost more than their work), else run as
+    they are. A capture that fails falls back to running the step (``graphed`` says which ran)."""
+
+    def __init__(self, run: _Run, device: torch.device, capture: bool) -> None:
+        self.run, self.capture = run, capture and device.type == "cuda"
+        run.prepare_step()
+        self.token = torch.zeros(1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Tensor | None = None
+        self.graphed = False
+
+    def __call__(self, token: int, pos: int) -> Tensor:
+        """The logits (V,) float32 after ``token`` at ``pos`` (its q, k, v and lse written into the run)."""
+        self.token.fill_(token)
+        self.pos.fill_(pos)
+        if self.capture and self.graph is None:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # warm-up: writes this position, as the replay below does again
+                    self.run.step(self.token, self.pos)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.out = self.run.step(self.token, self.pos)
+                self.graph, self.graphed = graph, True
+            except Exception:  # any capture failure: run the steps as they are
+                torch.cuda.synchronize()
+                self.capture = False
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.out is not None
+            return self.out[0].float().clone()  # the graph's buffer is overwritten by the next replay
+        return self.run.step(self.token, self.pos)[0].float()
+
+
 @torch.inference_mode()
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             pool: bool = True) -> LongGeneration:
+             pool: bool = True, steps: str = "auto") -> LongGeneration:
     """``model.generate(text, ...)`` (models/gpt.py: the same ids, candidates and surprisal; the attention within
-    float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles."""
+    float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles.
+    ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
+    (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph
+    where the model sits whole on one CUDA device without accelerate hooks, else pass)."""
     from models.gpt import sample
 
     ids, new, notice = model.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
@@ -252,20 +339,31 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
             surprisal[a + 1 : e + 1] = (-logp.gather(1, target[a:e, None].to(logp.device))[:, 0]).cpu().numpy()
     assert logits is not None
     logits = logits[-1]
-    steps: list[GenerationStep] = []
+    if steps == "auto":
+        whole = len(set(run.devices)) == 1 and not any(hasattr(m, "_hf_hook") for m in model.modules())
+        steps = "graph" if whole and dev.type == "cuda" else "pass"
+    if steps not in ("pass", "fixed", "graph"):
+        raise ValueError(f"steps must be auto, pass, fixed or graph, got {steps!r}")
+    stepper = _Steps(run, dev, capture=steps == "graph") if steps != "pass" else None
+    chosen: list[GenerationStep] = []
     for step in range(new):
         probs = torch.softmax(logits, -1)
         top = torch.topk(probs, min(5, probs.numel()))
         top_i, top_p_ = top.indices.cpu(), top.values.cpu()
         choice = int(top_i[0]) if strategy == "greedy" else sample(logits.cpu(), temperature, top_k, top_p, g)
-        steps.append(GenerationStep([model.piece(i) for i in top_i], top_p_.numpy().astype(np.float32),
-                                    model.piece(choice), float(probs[choice])))
+        chosen.append(GenerationStep([model.piece(i) for i in top_i], top_p_.numpy().astype(np.float32),
+                                     model.piece(choice), float(probs[choice])))
         surprisal[len(ids)] = -float(torch.log_softmax(logits, -1)[choice])
         ids.append(choice)
-        x = run.layers(torch.tensor([choice], device=dev), len(ids) - 1)  # its attention rows (the last one too)
-        if choice == eos or step == new - 1:
+        last = choice == eos or step == new - 1
+        if stepper is not None:  # its attention rows (the last token's too); the logits after it
+            logits = stepper(choice, len(ids) - 1)
+        else:
+            x = run.layers(torch.tensor([choice], device=dev), len(ids) - 1)
+            if not last:
+                logits = run.logits(x)[0].float()
+        if last:
             break
-        logits = run.logits(x)[0].float()
     model.train(was_training)
     t = len(ids)
     attention = DeviceAttention([q[:, :t] for q in run.q], [k[:, :t] for k in run.k],
@@ -273,6 +371,8 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     if pool:
         attention.pool()
     tokens = [model.piece(i) for i in ids]
+    decoding = "pass" if stepper is None else "graph" if stepper.graphed else "fixed"
     return LongGeneration(text=model.tokenizer.decode(ids[prompt_len:]) if model.tokenizer else "", tokens=tokens,
-                          ids=ids, prompt_len=prompt_len, steps=steps,
-                          surprisal=surprisal[:t] / np.float32(math.log(2)), attention=attention, notice=notice)
+                          ids=ids, prompt_len=prompt_len, steps=chosen,
+                          surprisal=surprisal[:t] / np.float32(math.log(2)), attention=attention, notice=notice,
+                          decoding=decoding)

@@ -24,12 +24,13 @@ def _model(**kw) -> GPT:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("chunk", [od.ATTENTION_CHUNK_BYTES, 6 * 4 * 50 * 7])  # one chunk; a few rows a chunk
-def test_equals_gpt_generate(family: str, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("steps", ["pass", "fixed"])  # new tokens: growing shapes, or the fixed-shape step
+def test_equals_gpt_generate(family: str, chunk: int, steps: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(od, "ATTENTION_CHUNK_BYTES", chunk)
     model = _model(**FAMILIES[family])
     ids = list(range(3, 40))
     ref = model.generate(ids, max_new_tokens=10)
-    lazy = od.generate(model, ids, max_new_tokens=10)
+    lazy = od.generate(model, ids, max_new_tokens=10, steps=steps)
     got = lazy.result()
     assert got.ids == ref.ids and got.tokens == ref.tokens and got.prompt_len == ref.prompt_len
     assert [s.chosen for s in got.steps] == [s.chosen for s in ref.steps]
@@ -52,17 +53,20 @@ def test_equals_gpt_generate(family: str, chunk: int, monkeypatch: pytest.Monkey
     assert att.nbytes() < full.nbytes / 4
 
 
-def test_eos_stop_and_sampling() -> None:
+@pytest.mark.parametrize("steps", ["pass", "graph"])  # "graph" on the CPU: the fixed-shape step, not captured
+def test_eos_stop_and_sampling(steps: str) -> None:
     model = _model(recipe="llama", n_kv_heads=3)
     ids = [5, 9, 11, 4, 7]
     ref = model.generate(ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3)
-    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3).result()
+    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3,
+                      steps=steps).result()
     assert got.ids == ref.ids
     np.testing.assert_allclose(got.attention["decoder"].weights, ref.attention["decoder"].weights, atol=1e-6)
     # an EOS choice ends the generation early, with the EOS token's own attention row, as GPT.generate
     eos = ref.ids[len(ids)]
     model.config.eos_id = eos
     ref = model.generate(ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3)
-    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3).result()
+    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3,
+                      steps=steps).result()
     assert got.ids == ref.ids == ids + [eos]
     np.testing.assert_allclose(got.attention["decoder"].weights, ref.attention["decoder"].weights, atol=1e-6)
