@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from models import limits
 from models.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
 from models.positional import apply_rope
@@ -93,9 +94,15 @@ class DeviceAttention:
         return self.block(layer, slice(query, query + 1), slice(0, self.length), slice(head, head + 1))[0, 0]
 
     def full(self) -> np.ndarray:
-        """Every weight (L, H, T, T) float32 on the CPU: for short inputs and tests only."""
+        """Every weight (L, H, T, T) on the CPU, as ``GPT.generate`` returns it (``gpt.attention_array``): float32,
+        or float16 above ``limits.LONG_TOKENS`` tokens; filled a layer at a time into one array."""
         t = self.length
-        return np.stack([self.block(i, slice(0, t), slice(0, t)) for i in range(len(self.q))])
+        long = t > limits.LONG_TOKENS
+        out = np.empty(self.shape, np.float16 if long else np.float32)
+        for i in range(len(self.q)):
+            w = self._weights(i, torch.arange(t, device=self.q[i].device), slice(0, t))
+            out[i] = (w.half() if long else w).cpu().numpy()
+        return out
 
     def pool(self, max_cells: int = POOL_CELLS) -> None:
         """The tiles of the model view, max and mean over ``block_edges`` blocks (masked cells count as zeros), per

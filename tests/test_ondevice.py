@@ -70,3 +70,26 @@ def test_eos_stop_and_sampling(steps: str) -> None:
                       steps=steps).result()
     assert got.ids == ref.ids == ids + [eos]
     np.testing.assert_allclose(got.attention["decoder"].weights, ref.attention["decoder"].weights, atol=1e-6)
+
+
+@pytest.mark.parametrize("prompt", [30, 515])  # the second over limits.LONG_TOKENS: float16 weights, as GPT.generate
+def test_fastgen_hands_gpu_models_to_ondevice(prompt: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """models.fastgen.generate on a GPU model (here: the check forced on the CPU) answers through models.ondevice,
+    with GPT.generate's result: ids, candidates, surprisal and the attention array in its dtype."""
+    from models import fastgen
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, max_len=600, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)).eval()
+    ids = [int(i) for i in torch.randint(3, 64, (prompt,))]
+    ref = model.generate(ids, max_new_tokens=4)
+    called = []
+    real = od.generate
+    monkeypatch.setattr(fastgen, "on_gpu", lambda m: True)
+    monkeypatch.setattr(od, "generate", lambda *a, **k: called.append(1) or real(*a, **k))
+    got = fastgen.generate(model, ids, max_new_tokens=4)
+    assert called and got.ids == ref.ids and [s.candidates for s in got.steps] == [s.candidates for s in ref.steps]
+    np.testing.assert_allclose(got.surprisal, ref.surprisal, atol=1e-5)
+    want = ref.attention["decoder"].weights
+    assert got.attention["decoder"].weights.dtype == want.dtype == (np.float16 if prompt > 512 else np.float32)
+    np.testing.assert_allclose(got.attention["decoder"].weights.astype(np.float32), want.astype(np.float32),
+                               atol=1e-3 if prompt > 512 else 1e-6)
