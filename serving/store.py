@@ -50,12 +50,13 @@ class ModelStore:
 
     @staticmethod
     def _load(name: str, progress: Any = None) -> Any:
+        import torch
+
         import models
         from models.decoding.packed import pack_linears
+        from models.io.placement import place, run_dtype
 
         if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
-            import torch
-
             torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
         if name in catalogue.IMAGENET_NAMES:
             from models.io.hub import offline
@@ -91,13 +92,14 @@ class ModelStore:
                     f" or rebuild it with {catalogue.rebuild_hint(name)}. The other tabs keep working."
                 ) from None
         device = run_device()
-        if device == "cpu":
+        dtype = run_dtype(device)  # ATLAS_DTYPE: float32 on the CPU, bfloat16 on a GPU unless it says otherwise
+        if device == "cpu" and dtype == torch.float32:
             pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
             from models.decoding import fastgen
 
             if fastgen.supports(model):  # the decoder's joined projections, built now rather than on first use
                 fastgen.plan(model)
-        return model.to(device)
+        return place(model, device, dtype)
 
 
 MODELS = ModelStore()

@@ -35,6 +35,7 @@ from tabs.common import (
 )
 from tabs.permalink import Permalink, chain
 from tabs.sections import qk
+from tabs.zerogpu import on_gpu
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -346,6 +347,7 @@ def lens_figure(kept: dict, net=None):
                                + (f" · the last {len(shown)} of {t} positions" if len(shown) < t else ""))
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def logit_lens(state: dict | None):
     """The lens button: the logit lens of the last generation (a long input's is computed only here)."""
     if not state:
@@ -440,6 +442,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
     return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling))
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     """The next-token distribution with one head switched off, against the full model's."""
     if not state:
@@ -475,6 +478,7 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     return note, fig
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Progress()):
     """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
     repeated twice; the strongest induction head's attention and the loss on each copy."""

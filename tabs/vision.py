@@ -37,6 +37,7 @@ from tabs.common import (
     window_figure,
 )
 from tabs.permalink import Field, Permalink, chain, one_of
+from tabs.zerogpu import on_gpu
 from viz import attention as va
 from viz import attribution as vattr
 from viz import images as vi
@@ -176,6 +177,7 @@ def link_limits(state: dict) -> dict:
             "patch": {f"{r},{c}" for r in range(rows) for c in range(cols)}}
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5, layer: int = -1,
                    head: str = "mean", view: str = "CLS → patches", explanation: str = "rollout", target: str = "",
                    progress=gr.Progress(track_tqdm=True)):
@@ -230,6 +232,7 @@ def explanation_figure(result, attribution):
     return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title))
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def reexplain(state: dict | None, explanation: str, progress=gr.Progress()):
     """Another explanation: draw it (each is computed once per image) and mark it on the deletion curve."""
     if not state:

@@ -19,6 +19,7 @@ import numpy as np
 
 from models import limits
 from tabs.common import FAST, Error, get_model, read_text
+from tabs.zerogpu import on_gpu
 from viz import attention as va
 from viz import why as vw
 from viz.common import esc
@@ -461,6 +462,7 @@ def patched_head(cell: str, kept):
     return fig, summary, gr.update(value=layer), gr.update(value=head)
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def patch(clean: str, corrupted: str, model: str = "gpt-tiny", target: str = "", sweep: str = "heads"
           ) -> tuple[dict, dict]:
     """Activation patching between two texts of the same token length: (Plotly figure as JSON, {restored (layer ×
@@ -472,6 +474,7 @@ def patch(clean: str, corrupted: str, model: str = "gpt-tiny", target: str = "",
     return json.loads(fig.to_json()), table
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def attention_why(text: str, model: str = "gpt-tiny", layer: int = -1, head: int = 0, query: int = -1,
                   key: int = 0) -> tuple[dict, dict]:
     """Split one attention score of a text model into residual-stream parts: (Plotly figure as JSON, table with

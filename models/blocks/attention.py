@@ -25,9 +25,13 @@ def scaled_dot_product(
     q: (..., T, d), k: (..., S, d), v: (..., S, d_v); mask: bool broadcastable to (..., T, S), True keeps;
     bias: additive, broadcastable to (..., T, S) (relative position bias, Swin's −100 shift mask).
     Returns (out (..., T, d_v), weights (..., T, S)). A row whose keys are all masked gets zeros
-    instead of NaN.
+    instead of NaN. Half-precision q and k are scored in float32 and the weights returned in float32 (A·V then in
+    the values' dtype, as transformers' eager attention).
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if half:  # scores, softmax and the returned weights in float32 whatever the weights' dtype (ATLAS_DTYPE)
+        q, k = q.float(), k.float()
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if bias is not None:
         scores = scores + bias
@@ -36,7 +40,7 @@ def scaled_dot_product(
     weights = torch.softmax(scores, dim=-1)
     if mask is not None:
         weights = torch.nan_to_num(weights, nan=0.0)
-    return weights @ v, weights
+    return (weights.to(v.dtype) if half else weights) @ v, weights
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -153,8 +157,8 @@ def enter_layer(x: Tensor, edit: LayerEdit | None) -> Tensor:
     """The residual stream x (B, T, D) entering a layer, with the edit's positions replaced (and recorded)."""
     if edit is None:
         return x
-    if edit.resid_select is not None and edit.resid_values is not None:
-        x = torch.where(edit.resid_select[:, :, None], edit.resid_values.to(x.dtype), x)
+    if edit.resid_select is not None and edit.resid_values is not None:  # on x's device (a dispatched layer's)
+        x = torch.where(edit.resid_select.to(x.device)[:, :, None], edit.resid_values.to(x.device, x.dtype), x)
     if edit.recording is not None:
         edit.recording.residual.append(x)
     return x
@@ -179,7 +183,8 @@ def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
     if edit is None:
         return out
     if edit.head_select is not None and edit.head_values is not None:
-        out = torch.where(edit.head_select[:, :, None, None], edit.head_values.to(out.dtype), out)
+        out = torch.where(edit.head_select.to(out.device)[:, :, None, None], edit.head_values.to(out.device, out.dtype),
+                          out)
     if edit.recording is not None:
         edit.recording.heads.append(out)
     return out

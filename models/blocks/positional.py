@@ -74,13 +74,18 @@ def rope_angles(n_positions: int, d_head: int, base: float = 10000.0, offset: in
 ROPE_LAYOUTS = ("interleaved", "half")
 
 
-def apply_rope(x: Tensor, angles: Tensor, layout: str = "interleaved") -> Tensor:
+def apply_rope(x: Tensor, angles: Tensor | None, layout: str = "interleaved",
+               cos_sin: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Rotate pairs of the last axis of x (..., T, d) by ``angles`` (T, d/2), the one RoPE of the project.
 
     ``layout`` pairs (x_{2i}, x_{2i+1}) ("interleaved", RoFormer eq. 34, this project's models) or (x_i, x_{i+d/2})
     ("half", the rotate-half layout of Hugging Face's LLaMA weights). Returns the rotated x, same shape and dtype.
     """
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (T, d/2)
+    # cos_sin: (cos, sin) of ``angles`` already in x's dtype, made once for many calls (models/ondevice.py)
+    if cos_sin is None:
+        assert angles is not None
+        cos_sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos, sin = cos_sin  # (T, d/2)
     if layout == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]  # (..., T, d/2)
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (..., T, d/2, 2) -> d

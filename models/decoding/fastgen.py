@@ -15,7 +15,7 @@ equal up to summation order) in about 30 % less time on a GPT-2-small-shaped mod
   step), not grown by ``torch.cat``; the attention rows are written straight into the result's array; query
   heads that share a key/value head (grouped-query attention) read it through a reshape, not a copy;
 - the model's own weights do the arithmetic, as plain functions made once per model (``plan``): its norms, and
-  its linear layers through ``models.packed.joined``, so the layers the model store packed run on their fp16
+  its linear layers through ``models.decoding.packed.joined``, so the layers the model store packed run on their fp16
   copies, and the query, key and value projections (and LLaMA's gate and up) are one multiply each. That costs
   one more fp16 copy of those weights per served model (GPT-2 small: 42 MB);
 - everything runs under ``torch.inference_mode``.
@@ -52,7 +52,7 @@ FF_PARTS = frozenset({"up", "gate", "down"})
 
 
 def supports(model) -> bool:
-    """Whether this module computes what ``model.generate`` computes: a ``models.gpt.GPT`` whose attention is
+    """Whether this module computes what ``model.generate`` computes: a ``models.families.gpt.GPT`` whose attention is
     its four projections and whose feed-forward layer its two or three, nothing else (no learned parts of
     their own, no extra modules)."""
     from models.families.gpt import GPT
@@ -73,8 +73,20 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     if not supports(model):
         return model.generate(text, max_new_tokens=max_new_tokens, strategy=strategy, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed)
+    if on_gpu(model):  # this module's loop is built for the CPU; on a GPU the on-device path, its steps a CUDA graph
+        from models.decoding import ondevice
+
+        return ondevice.generate(model, text, max_new_tokens=max_new_tokens, strategy=strategy,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, pool=False).result()
     with torch.inference_mode():
         return _Decoder(model, plan(model)).run(text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
+
+
+def on_gpu(model) -> bool:
+    """Whether ``generate`` hands ``model`` to ``models.decoding.ondevice`` (its weights on a CUDA device). On an
+    H200 with an 8 B model that path generated 30 tokens after 512 in 0.46 s, transformers in 0.84 s
+    (bench/device.py, README); this module's loop, made for the CPU, was slower than transformers there (issue 52)."""
+    return model.embed.weight.device.type == "cuda"
 
 
 # --------------------------------------------------------------------------------------------------- the plan
@@ -118,8 +130,8 @@ def _norm(module) -> Fn:
 
 def plan(model) -> Plan:
     """The functions one generation runs, made once per model (and again after any weight changes in place): the
-    model's norms, its linear layers as ``models.packed.joined`` makes them (query, key and value projections in
-    one multiply, gate and up in one; fp16-packed where the model store packed them)."""
+    model's norms, its linear layers as ``models.decoding.packed.joined`` makes them (query, key and value projections
+    in one multiply, gate and up in one; fp16-packed where the model store packed them)."""
     key = _version(model)
     made = _PLANS.get(model)
     if made is not None and made.key == key:
@@ -194,7 +206,9 @@ class _Decoder:
         # GPT.generate returns float32 up to limits.LONG_TOKENS tokens and float16 above (gpt.attention_array):
         # float16 from the start when the prompt alone is longer, else float32, rounded at the end if need be
         long = prompt_len > limits.LONG_TOKENS
-        self.att = torch.zeros(c.n_layers, c.n_heads, n, n, dtype=torch.float16 if long else torch.float32)
+        # on the CPU whatever the model's device: the result is a numpy array
+        self.att = torch.zeros(c.n_layers, c.n_heads, n, n, dtype=torch.float16 if long else torch.float32,
+                               device="cpu")
 
     def _attention(self, t: int) -> np.ndarray:
         """The (L, H, t, t) block of the attention array, as GPT.generate returns it. A stop at EOS leaves the

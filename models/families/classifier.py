@@ -1,6 +1,6 @@
 """Transformer-encoder text classifier trained from scratch (SST-2 sentiment, AG News topic).
 
-Input is ``<s> pieces </s>`` from models.tokenizer; with CLS pooling the hidden state at position 0
+Input is ``<s> pieces </s>`` from models.io.tokenizer; with CLS pooling the hidden state at position 0
 (``<s>``, playing BERT's [CLS]) feeds the classifier head, with mean pooling the average over real tokens.
 """
 

@@ -9,11 +9,11 @@
   key/value heads, each shared by ``n_heads / n_kv_heads`` query heads.
 
 Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). It goes through
-``models.attention.attend``, the switch every model shares: with ``need_weights`` the explicit
+``models.blocks.attention.attend``, the switch every model shares: with ``need_weights`` the explicit
 ``scaled_dot_product``, returning its weights; otherwise the fused kernel. A ``KVCache`` per layer (the one of
 ``models/attention.py``) makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
-``edit`` (``models.attention.Intervention``) goes the same way: per layer it replaces chosen heads' outputs or
+``edit`` (``models.blocks.attention.Intervention``) goes the same way: per layer it replaces chosen heads' outputs or
 the residual stream at chosen positions, forbids heads chosen keys, and records what activation patching needs
 (``models/patching.py``).
 
@@ -196,7 +196,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
-        self.tokenizer = tokenizer  # models.tokenizer.Tokenizer; set by models.load / models.hf
+        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load / models.io.hf
         self.labels: list[str] = []
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
@@ -223,7 +223,7 @@ class GPT(nn.Module):
                 edit: Intervention | None = None, last_only: bool = False) -> Forward:
         """ids (B, T), the tokens after any already in ``caches`` (one KVCache per layer, appended to).
         head_mask: (layers, heads), 1 keeps a head and 0 switches its output off. edit: per-layer patches
-        and forbidden keys (``models.attention.Intervention``); with ``edit.record`` the result's ``heads``
+        and forbidden keys (``models.blocks.attention.Intervention``); with ``edit.record`` the result's ``heads``
         holds each layer's per-head outputs. last_only: logits of the last position only (B, 1, V)."""
         c, t = self.config, ids.size(1)
         start = caches[0].length if caches else 0
@@ -390,7 +390,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
                          pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Each head's role scores (``models.analysis.head_roles``: previous token, induction, duplicate token,
+        """Each head's role scores (``models.inspect.analysis.head_roles``: previous token, induction, duplicate token,
         sink; (L, H) each) on ``repeated_tokens(n, seed, pieces)``, averaged over the seeds, in eval mode."""
         was = self.training
         self.eval()

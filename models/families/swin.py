@@ -376,6 +376,7 @@ class Swin(nn.Module):
         """x (B, C, H, W) -> (the final feature map (B, H/p/2^(S-1), W/p/2^(S-1), C) after the final LayerNorm; the
         window attention of every block, empty unless ``need_weights``). The head is apart (``forward_head``)."""
         cfg = self.config
+        x = x.to(self.patch_embed.weight.dtype)  # the weights' dtype (ATLAS_DTYPE); differentiable, for attribution
         x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H/p, W/p, C)
         attention: list[BlockAttention] = []
         for s, blocks in enumerate(self.stages):

@@ -147,7 +147,8 @@ class ViT(nn.Module):
 
     def embed_patches(self, x: Tensor) -> Tensor:
         """x (B, C, H, W) normalised image -> patch embeddings (B, P, D), row-major (eq. 1, x_p E)."""
-        return self.patch_embed(x).flatten(2).transpose(1, 2)
+        # the weights' dtype (ATLAS_DTYPE); the cast is differentiable, so gradients still reach a float32 image
+        return self.patch_embed(x.to(self.patch_embed.weight.dtype)).flatten(2).transpose(1, 2)
 
     def forward_embedded(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
         """The rest of ``forward`` from patch embeddings (B, P, D): (logits (B, classes), per-block attention

@@ -188,8 +188,9 @@ def _normalisation(model: nn.Module) -> tuple[Tensor, Tensor]:
         mean, std = [FASHION_MEAN], [FASHION_STD]
     else:
         mean, std = list(IMAGENET_MEAN), list(IMAGENET_STD)
-    mean_t = torch.tensor(mean * (channels // len(mean)), dtype=torch.float64).view(-1, 1, 1)
-    std_t = torch.tensor(std * (channels // len(std)), dtype=torch.float64).view(-1, 1, 1)
+    dev = _param(model).device
+    mean_t = torch.tensor(mean * (channels // len(mean)), dtype=torch.float64, device=dev).view(-1, 1, 1)
+    std_t = torch.tensor(std * (channels // len(std)), dtype=torch.float64, device=dev).view(-1, 1, 1)
     return mean_t, std_t
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from models.inspect.walk import BIAS, Attn, Plan, _rotate, plan
+from models.io.bigmodel import weight
 
 
 # ------------------------------------------------------------------------------------------ the stream
@@ -57,19 +58,21 @@ class Stream:
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
-        weight = norm.weight.double() if getattr(norm, "weight", None) is not None else torch.ones_like(x[0])
+        g = weight(norm)  # an accelerate-offloaded norm's too (models/bigmodel.py)
+        gain = g.double().to(x.device) if g is not None else torch.ones_like(x[0])
         eps = float(getattr(norm, "eps", 1e-5))
         out = Stream.__new__(Stream)
         out.at, out.names = self.at, list(self.names)
         if isinstance(norm, nn.LayerNorm):
             sd = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # (T, 1)
-            bias = norm.bias.double() if norm.bias is not None else torch.zeros_like(weight)
-            out.total = (x - x.mean(-1, keepdim=True)) / sd * weight + bias
-            out.parts = (self.parts - self.parts.mean(-1, keepdim=True)) / sd[self.at] * weight
+            b = weight(norm, "bias")
+            bias = b.double().to(x.device) if b is not None else torch.zeros_like(gain)
+            out.total = (x - x.mean(-1, keepdim=True)) / sd * gain + bias
+            out.parts = (self.parts - self.parts.mean(-1, keepdim=True)) / sd[self.at] * gain
             out.parts[0] = out.parts[0] + bias
-        elif type(norm).__name__ == "RMSNorm":  # models.gpt.RMSNorm: x / rms(x) · g
+        elif type(norm).__name__ == "RMSNorm":  # models.families.gpt.RMSNorm: x / rms(x) · g
             rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            out.total, out.parts = x / rms * weight, self.parts / rms[self.at] * weight
+            out.total, out.parts = x / rms * gain, self.parts / rms[self.at] * gain
         else:
             raise TypeError(f"cannot freeze a {type(norm).__name__}")
         return out
@@ -84,7 +87,7 @@ def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     v = attn.heads(x, attn.v, attn.kv_heads, bias=True).repeat_interleave(attn.group(), 0)
     s = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
     if attn.causal:
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return s, torch.softmax(s, -1), v
 
 
@@ -103,8 +106,9 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
     """Add the layer's head outputs (H, T, D), the output bias, then the feed-forward block (and post-norms)."""
     for h in range(attn.n_heads):
         stream.add(f"L{layer}H{h}", heads_out[h])
-    if attn.o.bias is not None:
-        stream.add(BIAS, attn.o.bias.double().expand_as(stream.total))
+    o_bias = weight(attn.o, "bias")
+    if o_bias is not None:
+        stream.add(BIAS, o_bias.double().to(stream.total.device).expand_as(stream.total))
     if after[0] == "pre":  # x + FF(norm2(x))
         _, norm2, ff = after
         stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
@@ -118,7 +122,7 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
 def _head_outputs(attn: Attn, weights: Tensor, v: Tensor) -> Tensor:
     """Each head's write into the residual stream, (H, T, D): (A_h V_h) W_O[:, h]ᵀ, without the output bias."""
     d = attn.d_head
-    w_o = attn.o.weight.double().view(attn.o.out_features, attn.n_heads, d)  # (D, H, d)
+    w_o = weight(attn.o).double().to(v.device).view(attn.o.out_features, attn.n_heads, d)  # (D, H, d)
     return torch.einsum("htd,ehd->hte", weights @ v, w_o)
 
 

@@ -10,7 +10,7 @@ logit[foil], normalised so that 1 is the clean run and 0 the corrupted one,
 
     restored = (LD_patched − LD_corrupted) / (LD_clean − LD_corrupted).
 
-Two sweeps, each batched one forward pass per layer (``models.attention.Intervention`` rows):
+Two sweeps, each batched one forward pass per layer (``models.blocks.attention.Intervention`` rows):
 
 - ``"heads"``: every layer × head, that head's output (softmax(QKᵀ)V before the output projection) patched;
   batch row h of layer l patches head h;

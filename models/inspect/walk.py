@@ -20,18 +20,21 @@ from torch import Tensor, nn
 
 from models import registry
 from models.blocks.positional import apply_rope
+from models.io.bigmodel import execution_device, weight
 
 BIAS = "bias"
 
 
 def _linear(x: Tensor, m: nn.Linear, bias: bool) -> Tensor:
-    return F.linear(x, m.weight.double(), m.bias.double() if bias and m.bias is not None else None)
+    """m(x) in float64 on x's device (the weights read where they are, offloaded ones too), with or without bias."""
+    b = weight(m, "bias") if bias else None
+    return F.linear(x, weight(m).double().to(x.device), None if b is None else b.double().to(x.device))
 
 
 def _call(module: nn.Module, x: Tensor) -> Tensor:
     """A module that is not split (a feed-forward block) run on the float64 stream, in its own dtype."""
     dtype = next(module.parameters()).dtype
-    return module(x.to(dtype)).double()
+    return module(x.to(dtype)).double().to(x.device)  # a dispatched module answers on its own device
 
 
 def _module_fn(module: nn.Module):
@@ -81,7 +84,7 @@ class Attn:
 
 
 def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
-    return apply_rope(x, angles.double(), layout)
+    return apply_rope(x, angles.double().to(x.device), layout)
 
 
 @dataclass
@@ -142,7 +145,7 @@ def plan(model: nn.Module, ids: Sequence[int]) -> Plan:
     family = registry.family_of(model)
     if family.walk is None:
         raise TypeError(f"no score decomposition for a {type(model).__name__}")
-    x = torch.tensor([list(ids)], device=next(model.parameters()).device)
+    x = torch.tensor([list(ids)], device=execution_device(model))
     return WALKS[family.walk](model, x)
 
 

@@ -142,8 +142,12 @@ def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
     return model
 
 
-def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``models.families.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict."""
+def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
+                     config_only: bool = False, keep: bool = False) -> Any:
+    """``models.families.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict.
+    ``config_only``: just its ``GPTConfig`` (``models/bigmodel.py`` reads the weights itself). ``keep``: the
+    weights as given, same dtype, device and storage (an 8 B model in bfloat16 on a GPU is not copied, nor
+    initialised at random first); otherwise float32 copies, as the app loads them."""
     from models.families.gpt import GPT, GPTConfig
 
     where = Path(where)
@@ -162,6 +166,8 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
                        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=theta,
                        rope_layout="half", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                        bos_id=_token_id(hf, "bos_token_id", 1), eos_id=_token_id(hf, "eos_token_id", 2), pad_id=-1)
+    if config_only:
+        return config
     s = {k.removeprefix("model."): v for k, v in state.items()}
     ours: dict[str, Tensor] = {"embed.weight": s["embed_tokens.weight"], "norm.weight": s["norm.weight"]}
     for i in range(config.n_layers):
@@ -173,8 +179,19 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
         for a, b in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
             ours[o + f"ff.{b}.weight"] = s[h + f"mlp.{a}.weight"]
     ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["lm_head.weight"]
-    model = GPT(config)
-    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if keep:
+        from accelerate import init_empty_weights
+
+        with init_empty_weights():  # parameters on meta (no random initialisation), buffers real
+            model = GPT(config)
+        missing, unexpected = model.load_state_dict(ours, strict=False, assign=True)
+        model.angles = model.angles.to(ours["embed.weight"].device)
+        if config.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+    else:
+        model = GPT(config)
+        missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()},
+                                                    strict=False)
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit LLaMA: missing {missing}, unexpected {unexpected}")
     return model

@@ -241,7 +241,8 @@ def fashion_tensor(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
 
     The training code uses this function too, so a model sees the same numbers in the app as in training.
     """
-    t = torch.as_tensor(np.asarray(pixels) if not isinstance(pixels, torch.Tensor) else pixels)
+    # numpy pixels are prepared on the CPU (the caller moves the result to the model's device); a tensor stays put
+    t = pixels if isinstance(pixels, torch.Tensor) else torch.as_tensor(np.asarray(pixels), device="cpu")
     t = t.to(torch.float32).div(255.0).unsqueeze(-3)  # (..., 1, H, W)
     return (t - FASHION_MEAN) / FASHION_STD
 

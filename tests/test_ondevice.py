@@ -1,0 +1,96 @@
+"""models/ondevice.py: attention kept on the device as post-RoPE queries, keys and each row's log-sum-exp gives
+GPT.generate's answer (ids, candidates, surprisal) and, on demand, its every attention weight, block, row and
+pooled tile (against viz.common.pool_blocks of the full array), for the LLaMA recipe (grouped-query heads, biases,
+both RoPE layouts) and GPT-2; with chunked passes (the prompt's rows a few at a time) and sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import models.decoding.ondevice as od
+from models.families.gpt import GPT, GPTConfig
+from viz.common import pool_blocks
+
+FAMILIES = {"llama-gqa-bias": dict(recipe="llama", n_kv_heads=2, qkv_bias=True), "gpt2": dict(recipe="gpt2"),
+            "llama-half": dict(recipe="llama", rope_layout="half")}
+
+
+def _model(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, max_len=128, d_model=48, n_layers=3, n_heads=6, **kw)).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [od.ATTENTION_CHUNK_BYTES, 6 * 4 * 50 * 7])  # one chunk; a few rows a chunk
+@pytest.mark.parametrize("steps", ["pass", "fixed"])  # new tokens: growing shapes, or the fixed-shape step
+def test_equals_gpt_generate(family: str, chunk: int, steps: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(od, "ATTENTION_CHUNK_BYTES", chunk)
+    model = _model(**FAMILIES[family])
+    ids = list(range(3, 40))
+    ref = model.generate(ids, max_new_tokens=10)
+    lazy = od.generate(model, ids, max_new_tokens=10, steps=steps)
+    got = lazy.result()
+    assert got.ids == ref.ids and got.tokens == ref.tokens and got.prompt_len == ref.prompt_len
+    assert [s.chosen for s in got.steps] == [s.chosen for s in ref.steps]
+    assert [s.candidates for s in got.steps] == [s.candidates for s in ref.steps]
+    for a, b in zip(got.steps, ref.steps):
+        np.testing.assert_allclose(a.probs, b.probs, atol=1e-6)
+    np.testing.assert_allclose(got.surprisal, ref.surprisal, atol=1e-5)
+    full = ref.attention["decoder"].weights
+    np.testing.assert_allclose(got.attention["decoder"].weights, full, atol=1e-6)
+    att = lazy.attention
+    np.testing.assert_allclose(att.row(1, 2, 30), full[1, 2, 30], atol=1e-6)
+    np.testing.assert_allclose(att.block(2, slice(10, 20), slice(5, 15)), full[2, :, 10:20, 5:15], atol=1e-6)
+    for cells in (8, 64):
+        att.pool(cells)
+        for how in ("max", "mean"):
+            want, edges, _ = pool_blocks(full, cells, how)
+            np.testing.assert_allclose(att.pooled[how], want, atol=1e-6)
+            np.testing.assert_array_equal(att.edges, edges)
+    # what stays on the device: queries and log-sum-exps, far less than the (L, H, T, T) weights
+    assert att.nbytes() < full.nbytes / 4
+
+
+@pytest.mark.parametrize("steps", ["pass", "graph"])  # "graph" on the CPU: the fixed-shape step, not captured
+def test_eos_stop_and_sampling(steps: str) -> None:
+    model = _model(recipe="llama", n_kv_heads=3)
+    ids = [5, 9, 11, 4, 7]
+    ref = model.generate(ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3)
+    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3,
+                      steps=steps).result()
+    assert got.ids == ref.ids
+    np.testing.assert_allclose(got.attention["decoder"].weights, ref.attention["decoder"].weights, atol=1e-6)
+    # an EOS choice ends the generation early, with the EOS token's own attention row, as GPT.generate
+    eos = ref.ids[len(ids)]
+    model.config.eos_id = eos
+    ref = model.generate(ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3)
+    got = od.generate(model, ids, max_new_tokens=12, strategy="sample", temperature=1.5, top_k=20, seed=3,
+                      steps=steps).result()
+    assert got.ids == ref.ids == ids + [eos]
+    np.testing.assert_allclose(got.attention["decoder"].weights, ref.attention["decoder"].weights, atol=1e-6)
+
+
+@pytest.mark.parametrize("prompt", [30, 515])  # the second over limits.LONG_TOKENS: float16 weights, as GPT.generate
+def test_fastgen_hands_gpu_models_to_ondevice(prompt: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """models.decoding.fastgen.generate on a GPU model (here: the check forced on the CPU) answers through
+    models.decoding.ondevice, with GPT.generate's result: ids, candidates, surprisal and the attention array
+    in its dtype."""
+    from models.decoding import fastgen
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, max_len=600, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)).eval()
+    ids = [int(i) for i in torch.randint(3, 64, (prompt,))]
+    ref = model.generate(ids, max_new_tokens=4)
+    called = []
+    real = od.generate
+    monkeypatch.setattr(fastgen, "on_gpu", lambda m: True)
+    monkeypatch.setattr(od, "generate", lambda *a, **k: called.append(1) or real(*a, **k))
+    got = fastgen.generate(model, ids, max_new_tokens=4)
+    assert called and got.ids == ref.ids and [s.candidates for s in got.steps] == [s.candidates for s in ref.steps]
+    np.testing.assert_allclose(got.surprisal, ref.surprisal, atol=1e-5)
+    want = ref.attention["decoder"].weights
+    assert got.attention["decoder"].weights.dtype == want.dtype == (np.float16 if prompt > 512 else np.float32)
+    np.testing.assert_allclose(got.attention["decoder"].weights.astype(np.float32), want.astype(np.float32),
+                               atol=1e-3 if prompt > 512 else 1e-6)
