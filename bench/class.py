@@ -5,7 +5,8 @@ polls the class), against `python app.py` launched with a fresh store (ATLAS_DAT
 
 1. The teacher opens a class on lesson 1, step 1 (`class_open`), and polls it every `TICK_S` (`class_poll`, what the
    teacher page's gr.Timer sends).
-2. `--students` students are released together (a barrier): each joins (`class_join`) and sends a prediction
+2. Each student's page is opened first (one `class_follow` tick: the session a page load opens). Then the
+   `--students` students are released together (a barrier): each joins (`class_join`) and sends a prediction
    (`class_answer`, choice i mod the step's choices). `wall_s`: release to the last answer's acknowledgement.
    `errors`: joins and answers that failed; `lost`: answers acknowledged but missing from the teacher's counts
    (compared choice by choice). `teacher_lag_s`: from the last acknowledgement to the teacher's poll that shows
@@ -80,7 +81,7 @@ class Teacher(threading.Thread):
         while not self.stop_event.is_set():
             t0 = time.monotonic()
             try:
-                got = plot_counts(self.client.predict(api_name="class_poll")[2])
+                got = plot_counts(self.client.predict(api_name="class_poll")[1])
                 if got is not None:
                     self.counts = got
             except Exception:  # noqa: BLE001 (counted)
@@ -130,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         counts0 = plot_counts(opened[5])
         choices = list(counts0)
         students = [student_client(teacher, args.timeout) for _ in range(n)]
+        # each student's page is open before the room joins, as a browser's page load opens its session (Gradio
+        # builds a session's state on its first event: 0.1-0.3 s of the server each here; bench/load.py does the
+        # same): one follow tick of a page that has joined nothing
+        opening, _ = burst(students, lambda i, client: client.predict(api_name="class_follow"),
+                           threading.Barrier(n + 1))
+        report["open_errors"] = sum(isinstance(r, Exception) for r in opening)
         poller = Teacher(teacher, counts0)
         poller.start()
 
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         killed = threading.Event()
 
         def answer_again(i: int, client: PageClient) -> None:
-            client.predict(api_name="class_poll")  # the student's page timer: the page follows to step 2
+            client.predict(api_name="class_follow")  # the student's page timer: the page follows to step 2
             client.predict(choices2[i % len(choices2)], api_name="class_answer")
             with lock:
                 acked.add(i)
@@ -189,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             if not killed.is_set():  # fewer than half got through: kill now, and say so
                 killed.set()
                 server.proc.kill()
+        report["step2_acked_before_kill"] = len(acked_before_kill)
         report["step2_errors_before_kill"] = sum(isinstance(r, Exception) for i, r in enumerate(results2)
                                                  if i in acked_before_kill)
         server.proc.wait(timeout=30)

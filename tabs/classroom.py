@@ -11,7 +11,9 @@ the teacher's CSV; nobody's page shows another student's nickname."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +24,13 @@ from tabs.common import DOWNLOADS, Error
 from viz.classroom import class_counts
 from viz.common import esc
 
-TICK_S = 1.0  # how often a class page asks the store (the teacher's counts: the issue asks for ≤ 2 s)
-CLASS_EVENTS = {"concurrency_limit": 8, "concurrency_id": "classroom"}  # tiny database calls, apart from the models'
+TICK_S = 1.0  # how often the teacher's page asks for the counts (the issue asks for ≤ 2 s)
+FOLLOW_S = 2.0  # how often a student's page asks where the class is (a room of 100: 50 small requests a second)
+# The class events skip Gradio's queue: they are small database calls (a lesson step's question is built once per
+# class step, `_question`), and a room pressing "Join" or "Send" at the same moment must not be turned away by the
+# bounded queue (ATLAS_QUEUE, 64 waiting), which is there for the model requests. The page then POSTs them to
+# /gradio_api/run/<api_name> and they run in the server's thread pool.
+CLASS_EVENTS = {"queue": False}
 
 INTRO = """**A class at once.** A teacher opens a class on the step shown below and gets a join code; students open
 this app, type the code and a nickname (no account; nobody else in the class sees it), and their page follows the
@@ -47,16 +54,32 @@ def _lessons():
     return lessons
 
 
+_questions: OrderedDict[tuple[int, int, str], Any] = OrderedDict()
+_questions_lock = threading.Lock()
+
+
+def _question(number: int, step: int, text: str):
+    """The lesson step's Question, built once for everybody in the class (a room asks for the same step at the same
+    moment; a step over a model would otherwise run it once per student). The last 32 steps are kept."""
+    key = (int(number), int(step), text or "")
+    with _questions_lock:  # one build per step even when a room asks at once
+        if key not in _questions:
+            _questions[key] = _lessons().question(*key)
+            while len(_questions) > 32:
+                _questions.popitem(last=False)
+        _questions.move_to_end(key)
+        return _questions[key]
+
+
 def _title(number: int) -> str:
     return _lessons().LESSONS[number - 1].title
 
 
 def _step_of(title: str, step: Any, text: str) -> tuple[int, int, Any]:
     """(lesson number, step, its Question) of the step a page shows."""
-    lessons = _lessons()
-    number = lessons._number(title)
+    number = _lessons()._number(title)
     s = int(step or 1)
-    return number, s, lessons.question(number, s, text)
+    return number, s, _question(number, s, text)
 
 
 def _client(request: gr.Request | None) -> str:
@@ -154,7 +177,8 @@ def wire(section: Section, send: gr.Button, *, chosen: gr.Dropdown, text: gr.Tex
     s = section
     teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
     student = gr.State()  # {"token", "lesson", "step", "revealed"}: this page follows a class
-    timer = gr.Timer(TICK_S, active=False)
+    timer = gr.Timer(TICK_S, active=False)  # the teacher's counts
+    follow_timer = gr.Timer(FOLLOW_S, active=False)  # a student's page following the class
     view = [where, prompt, before, choices, said, shown, explanation]
     follow = [chosen, text, step, *view]
     reveal_view = [said, shown, explanation]
@@ -166,11 +190,13 @@ def wire(section: Section, send: gr.Button, *, chosen: gr.Dropdown, text: gr.Tex
     s.code.change(lambda c: gr.Accordion(open=True) if c else gr.skip(), [s.code], [s.accordion], api_name=False,
                   show_progress="hidden")
     s.join.click(join_class, [s.code, s.nickname, progress],
-                 [student, s.student_info, check, send, timer, *follow], api_name="class_join", **CLASS_EVENTS)
+                 [student, s.student_info, check, send, follow_timer, *follow], api_name="class_join",
+                 **CLASS_EVENTS)
     send.click(send_answer, [student, choices], [s.student_info], api_name="class_answer", **CLASS_EVENTS)
-    timer.tick(tick, [teacher, student, progress, s.present],
-               [teacher, student, s.counts, s.teacher_info, s.student_info, check, send, timer, *follow],
-               api_name="class_poll", show_progress="hidden", **CLASS_EVENTS)
+    timer.tick(teacher_tick, [teacher, s.present], [teacher, s.counts, s.teacher_info, timer], api_name="class_poll",
+               show_progress="hidden", **CLASS_EVENTS)
+    follow_timer.tick(student_tick, [student, progress], [student, s.student_info, check, send, follow_timer, *follow],
+                      api_name="class_follow", show_progress="hidden", **CLASS_EVENTS)
     s.reveal.click(reveal_class, [teacher, s.present], [teacher, s.counts, s.teacher_info, *reveal_view],
                    api_name="class_reveal", **CLASS_EVENTS)
     s.next.click(next_step, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info, step],
@@ -225,14 +251,14 @@ def reveal_class(mine: dict | None, large: bool = False):
         state = get_store().reveal(code, token)
     except ClassError as err:
         raise _error(err) from None
-    q = _lessons().question(state.lesson, state.step, state.input)
+    q = _question(state.lesson, state.step, state.input)
     return ({**mine, "counts": dict(state.counts)}, _chart(state, large), _teacher_text(state),
             f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation)
 
 
 def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
     code, token = _teacher(mine)
-    q = _lessons().question(number, s, text)
+    q = _question(number, s, text)
     try:
         return get_store().advance(code, token, number, s, q.choices, q.answer, text or "")
     except ClassError as err:
@@ -280,9 +306,12 @@ def close_class(mine: dict | None):
 def _show(state: ClassState, progress: dict | None) -> tuple:
     """The page's lesson controls set to the class's step, its question shown and the reveal cleared."""
     lessons = _lessons()
-    where, prompt, before, choices, said, shown, explanation, step, _ = lessons.show_step(
-        _title(state.lesson), state.step, state.input, progress)
-    return (_title(state.lesson), state.input, step, where, prompt, before, choices, said, shown, explanation)
+    q = _question(state.lesson, state.step, state.input)
+    steps = len(lessons.LESSONS[state.lesson - 1].steps)
+    return (_title(state.lesson), state.input, gr.update(value=state.step, maximum=steps),
+            lessons._where(state.lesson, state.step, progress), q.text,
+            gr.update(value=q.before, visible=q.before is not None), gr.update(choices=q.choices, value=None), "", None,
+            "")
 
 
 def _student_text(state: ClassState, nickname: str, mine: str | None) -> str:
@@ -322,38 +351,44 @@ def send_answer(me: dict | None, choice: str | None):
     return _student_text(state, name, mine)
 
 
-def tick(mine: dict | None, me: dict | None, progress: dict | None, large: bool = False):
-    """Every `TICK_S` on a class page: the teacher's counts when they changed; a student's page follows the class
-    to its step and shows the reveal once the teacher has revealed. Outputs: teacher, student, counts,
-    teacher_info, student_info, check, send, timer, then the lesson view (`_show`)."""
+def teacher_tick(mine: dict | None, large: bool = False):
+    """Every `TICK_S` on the teacher's page: the counts, redrawn only when they changed. Outputs: teacher, counts,
+    teacher_info, the timer."""
+    if not mine:
+        return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+    try:
+        state = get_store().teacher_state(mine["code"], mine["token"])
+    except ClassError as err:
+        return None, gr.skip(), esc(str(err)), gr.Timer(active=False)
+    if state.counts == mine.get("counts") and state.students == mine.get("students"):
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    return ({**mine, "counts": dict(state.counts), "students": state.students}, _chart(state, large),
+            _teacher_text(state), gr.skip())
+
+
+def student_tick(me: dict | None, progress: dict | None):
+    """Every `FOLLOW_S` on a student's page: follow the class to its step; show the reveal once the teacher has
+    revealed (with this student's own answer marked). Outputs: student, student_info, check, send, the timer, then
+    the lesson view (`_show`: lesson, input, step, where, prompt, before, choices, said, shown, explanation)."""
     skip = gr.skip()
-    out: list[Any] = [skip] * 18
-    store = get_store()
-    if mine:
-        try:
-            state = store.teacher_state(mine["code"], mine["token"])
-        except ClassError as err:
-            out[0], out[3], out[7] = None, esc(str(err)), gr.Timer(active=False)
-            return tuple(out)
-        if state.counts != mine.get("counts") or state.students != mine.get("students"):
-            out[0] = {**mine, "counts": dict(state.counts), "students": state.students}
-            out[2], out[3] = _chart(state, large), _teacher_text(state)
-    if me:
-        try:
-            state, name, answered = store.student_state(me["token"])
-        except ClassError as err:
-            out[1], out[4] = None, esc(str(err))
-            out[5], out[6], out[7] = gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
-            return tuple(out)
-        if (state.lesson, state.step) != (me["lesson"], me["step"]):  # the teacher moved on: follow
-            out[1] = {**me, "lesson": state.lesson, "step": state.step, "revealed": False}
-            out[4] = _student_text(state, name, answered)
-            out[8:] = _show(state, progress)
-        elif state.revealed and not me["revealed"]:  # the teacher revealed: show it with this student's answer
-            q = _lessons().question(state.lesson, state.step, state.input)
-            out[1] = {**me, "revealed": True}
-            out[4] = _student_text(state, name, answered)
-            words = _lessons().verdict(q, answered)[1] if answered else \
-                f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
-            out[15], out[16], out[17] = words, q.reveal(answered), q.explanation
+    out: list[Any] = [skip] * 15
+    if not me:
+        out[4] = gr.Timer(active=False)
+        return tuple(out)
+    try:
+        state, name, answered = get_store().student_state(me["token"])
+    except ClassError as err:
+        out[:5] = None, esc(str(err)), gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
+        return tuple(out)
+    if (state.lesson, state.step) != (me["lesson"], me["step"]):  # the teacher moved on: follow
+        out[0] = {**me, "lesson": state.lesson, "step": state.step, "revealed": False}
+        out[1] = _student_text(state, name, answered)
+        out[5:] = _show(state, progress)
+    elif state.revealed and not me["revealed"]:  # the teacher revealed: show it with this student's answer
+        q = _question(state.lesson, state.step, state.input)
+        out[0] = {**me, "revealed": True}
+        out[1] = _student_text(state, name, answered)
+        words = _lessons().verdict(q, answered)[1] if answered else \
+            f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
+        out[12], out[13], out[14] = words, q.reveal(answered), q.explanation
     return tuple(out)
