@@ -19,8 +19,9 @@ from typing import Any
 
 import gradio as gr
 
-from serving.classroom import ClassError, ClassState, get_store
+from serving.classroom import ClassError, ClassState, get_store, normalise_code
 from tabs.common import DOWNLOADS, Error
+from tabs.permalink import Field
 from viz.classroom import class_counts
 from viz.common import esc
 
@@ -207,7 +208,18 @@ def wire(section: Section, send: gr.Button, *, chosen: gr.Dropdown, text: gr.Tex
     s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer],
                   api_name="class_close", **CLASS_EVENTS)
     s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
-    return {"class": s.code, "teacher": s.token, "present": s.present}
+    return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
+            "present": s.present}
+
+
+def _code_in_link(text: str) -> str:
+    """A link's ``class``: empty or a well-formed join code (whether such a class exists is the join's business)."""
+    if not text:
+        return ""
+    try:
+        return normalise_code(text)
+    except ClassError:
+        raise ValueError("The link's join code is not one (6 letters and digits); type the teacher's.") from None
 
 
 # ------------------------------------------------------------------------------------------------ teacher

@@ -111,3 +111,36 @@ def test_the_pages_refuse_what_the_store_refuses() -> None:
     tc.close_class(resumed[0])
     page = tc.student_tick(me, None)
     assert "closed" in page[1] and page[0] is None and page[4].active is False
+
+
+def test_class_links_carry_the_code_the_teacher_token_and_the_presenter_view() -> None:
+    """The Lessons tab's link: a student's ?class=CODE, the teacher link (class and teacher token), ?present=1;
+    a malformed code is refused with a notice, never passed on."""
+    from tabs import permalink as pl
+
+    link = lessons_link()
+    links = {"lessons": link}
+    controls = {**link.fields, **link.after}
+    values = {name: pl.component_of(c).value for name, c in controls.items()}
+    values.update({"class": "K7QX3M", "teacher": "a" * 43, "present": True})
+    query = pl.write_query("lessons", link, list(values.values()))
+    asked = pl.read_query(dict(pl_parse(query)), links)
+    assert asked.values == {"class": "K7QX3M", "teacher": "a" * 43, "present": True}
+    assert not asked.refused and not asked.messages
+    assert pl.read_query({"tab": "lessons", "class": "k7qx-3m"}, links).values == {"class": "K7QX3M"}
+    bad = pl.read_query({"tab": "lessons", "class": "<script>"}, links)
+    assert "class" not in bad.values and "join code is not one" in " ".join(bad.messages)
+    assert "teacher" in pl.read_query({"tab": "lessons", "teacher": "t" * 65}, links).refused  # too long
+
+
+def lessons_link():
+    import gradio as gr
+
+    with gr.Blocks():
+        return lessons.build()
+
+
+def pl_parse(query: str) -> list[tuple[str, str]]:
+    from urllib.parse import parse_qsl
+
+    return parse_qsl(query, keep_blank_values=True)

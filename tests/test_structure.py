@@ -30,6 +30,7 @@ FORBIDDEN = {
     "viz": {"models", "tabs", "gradio", "train", "app", "torch"},
     "models": {"tabs", "viz", "train", "app", "gradio", "plotly"},
     "tabs": {"train"},
+    "serving": {"gradio", "tabs", "viz", "app", "train", "plotly"},
 }
 
 
