@@ -93,3 +93,24 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+def test_presenter_view_from_the_link_and_the_toggle(browser, app_url: str) -> None:
+    """?present=1 opens the presenter view (large type, intros folded); the toggle turns it off and the link
+    follows."""
+    ctx, page = _new_page(browser, f"{app_url}?tab=lessons&present=1")
+    try:
+        toggle = page.get_by_label("presenter view (large type for a projector)")
+        expect(toggle).to_be_checked(timeout=30_000)
+        page.wait_for_function("() => document.body.classList.contains('atlas-present')", timeout=30_000)
+        intro = page.locator("div.block.intro").filter(has_text="Predict, then reveal")
+        expect(intro).to_be_hidden()
+        size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('.prose')).fontSize)")
+        assert size >= 22  # 1.45rem
+        toggle.uncheck()
+        page.wait_for_function("() => !document.body.classList.contains('atlas-present')", timeout=30_000)
+        expect(intro).to_be_visible()
+        page.wait_for_function("() => !location.search.includes('present=')", timeout=30_000)
+        assert page.js_errors == []
+    finally:
+        ctx.close()
