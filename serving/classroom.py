@@ -151,6 +151,8 @@ def migrate(engine: Engine) -> None:
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).with_name("migrations")))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # replicas starting together migrate one at a time
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(51051)"))
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -455,10 +457,27 @@ def open_store(url: str | None = None) -> ClassStore:
     return ClassStore(engine)
 
 
+def open_in_background() -> None:
+    """Open and migrate the store in a thread as the app starts (the page does not wait for SQLAlchemy and Alembic
+    to import); a failure is printed and the first class operation tries again, with the error as its message."""
+
+    def run() -> None:
+        try:
+            get_store()
+        except Exception as err:  # noqa: BLE001 (reported; get_store raises it again where a user asks)
+            print(f"class store not opened at start: {type(err).__name__}: {err}", flush=True)
+
+    threading.Thread(target=run, name="class-store", daemon=True).start()
+
+
 def get_store() -> ClassStore:
     """The process's store, opened and migrated on first use (the app's start does not wait for it)."""
     global _store
     with _lock:
         if _store is None:
-            _store = open_store()
+            try:
+                _store = open_store()
+            except (sa.exc.SQLAlchemyError, OSError) as err:  # a database that cannot be reached or written
+                raise ClassError(f"The class store cannot be opened ({type(err).__name__}); the server's log says "
+                                 "why. Classes need ATLAS_DATA writable or ATLAS_DB reachable.") from err
         return _store

@@ -19,7 +19,7 @@ from typing import Any
 
 import gradio as gr
 
-from serving.classroom import ClassError, ClassState, get_store, normalise_code
+from serving.classroom import ClassError, ClassState, get_store, normalise_code, open_in_background
 from tabs.common import DOWNLOADS, Error
 from tabs.permalink import Field
 from viz.classroom import class_counts
@@ -91,6 +91,14 @@ def _error(err: ClassError) -> Error:
     return Error(str(err))
 
 
+def _store():
+    """The class store (opened and migrated at start; a store that cannot be opened is a message, not a trace)."""
+    try:
+        return get_store()
+    except ClassError as err:
+        raise _error(err) from None
+
+
 def _chart(state: ClassState, large: bool = False):
     return class_counts(state.choices, state.counts, answer=state.answer if state.revealed else None,
                         students=state.students, large=large,
@@ -132,7 +140,9 @@ class Section:
 
 
 def layout() -> Section:
-    """The section, placed above the lesson (the lesson's controls come later, so they are wired by `wire`)."""
+    """The section, placed above the lesson (the lesson's controls come later, so they are wired by `wire`). The
+    store opens and migrates in the background meanwhile."""
+    open_in_background()
     gr.HTML(PRESENT_CSS)
     with gr.Accordion("A class at once: the room predicts together", open=False) as accordion:
         gr.Markdown(INTRO, elem_classes=["intro"])
@@ -226,7 +236,7 @@ def _code_in_link(text: str) -> str:
 def open_class(title: str, step: Any, text: str):
     """Open a class on the step this page shows; this page becomes its teacher."""
     number, s, q = _step_of(title, step, text)
-    store = get_store()
+    store = _store()
     try:
         opened = store.open(number, s, q.choices, q.answer, text or "")
         state = store.teacher_state(opened.code, opened.token)
@@ -242,7 +252,7 @@ def resume_class(code: str, token: str):
     if not token:
         return (gr.skip(),) * (6 + 10)
     try:
-        state = get_store().teacher_state(code, token)
+        state = _store().teacher_state(code, token)
     except ClassError as err:
         raise _error(err) from None
     mine = {"code": state.code, "token": token, "counts": dict(state.counts)}
@@ -260,7 +270,7 @@ def reveal_class(mine: dict | None, large: bool = False):
     """Reveal the step to every student's page (and on this one: the answer, the figure, the explanation)."""
     code, token = _teacher(mine)
     try:
-        state = get_store().reveal(code, token)
+        state = _store().reveal(code, token)
     except ClassError as err:
         raise _error(err) from None
     q = _question(state.lesson, state.step, state.input)
@@ -272,7 +282,7 @@ def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
     code, token = _teacher(mine)
     q = _question(number, s, text)
     try:
-        return get_store().advance(code, token, number, s, q.choices, q.answer, text or "")
+        return _store().advance(code, token, number, s, q.choices, q.answer, text or "")
     except ClassError as err:
         raise _error(err) from None
 
@@ -295,7 +305,7 @@ def move_class(mine: dict | None, title: str, step: Any, text: str):
 def export_class(mine: dict | None):
     code, token = _teacher(mine)
     try:
-        text = get_store().export_csv(code, token)
+        text = _store().export_csv(code, token)
     except ClassError as err:
         raise _error(err) from None
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
@@ -307,7 +317,7 @@ def export_class(mine: dict | None):
 def close_class(mine: dict | None):
     code, token = _teacher(mine)
     try:
-        get_store().close(code, token)
+        _store().close(code, token)
     except ClassError as err:
         raise _error(err) from None
     return None, "", f"The class `{code}` is closed: students can no longer join or answer.", \
@@ -337,7 +347,7 @@ def _student_text(state: ClassState, nickname: str, mine: str | None) -> str:
 def join_class(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
     """Join with the room's code and a nickname: this page then follows the class (the lesson's own "Check" is
     replaced by "Send my prediction to the class")."""
-    store = get_store()
+    store = _store()
     try:
         joined = store.join(code, nickname, _client(request))
         state, name, mine = store.student_state(joined.token)
@@ -354,7 +364,7 @@ def send_answer(me: dict | None, choice: str | None):
         raise Error("Join a class first: its code and a nickname.")
     if not choice:
         raise Error("Pick a prediction first.")
-    store = get_store()
+    store = _store()
     try:
         store.answer(me["token"], me["lesson"], me["step"], choice)
         state, name, mine = store.student_state(me["token"])
@@ -369,7 +379,7 @@ def teacher_tick(mine: dict | None, large: bool = False):
     if not mine:
         return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
     try:
-        state = get_store().teacher_state(mine["code"], mine["token"])
+        state = _store().teacher_state(mine["code"], mine["token"])
     except ClassError as err:
         return None, gr.skip(), esc(str(err)), gr.Timer(active=False)
     if state.counts == mine.get("counts") and state.students == mine.get("students"):
@@ -388,7 +398,7 @@ def student_tick(me: dict | None, progress: dict | None):
         out[4] = gr.Timer(active=False)
         return tuple(out)
     try:
-        state, name, answered = get_store().student_state(me["token"])
+        state, name, answered = _store().student_state(me["token"])
     except ClassError as err:
         out[:5] = None, esc(str(err)), gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
         return tuple(out)

@@ -299,3 +299,14 @@ def test_where_the_database_lives(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ATLAS_DATA")
     want = Path("/data") if os.path.isdir("/data") and os.access("/data", os.W_OK) else cr.ROOT / "data"
     assert cr.data_dir() == want
+
+
+def test_a_store_that_cannot_be_opened_is_a_message(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(cr, "_store", None)
+    monkeypatch.setenv("ATLAS_DB", "postgresql://nobody@127.0.0.1:1/none")  # nothing listens on port 1
+    with pytest.raises(cr.ClassError, match="class store cannot be opened"):
+        cr.get_store()
+    monkeypatch.delenv("ATLAS_DB")
+    monkeypatch.setenv("ATLAS_DATA", str(tmp_path))
+    assert cr.get_store().state  # and the next use, with a reachable database, opens it
+    assert (tmp_path / "atlas.sqlite3").is_file()
