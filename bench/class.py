@@ -59,7 +59,10 @@ def student_client(template: PageClient, timeout: float) -> PageClient:
 
 
 def plot_counts(value: Any) -> dict[str, int] | None:
-    """The counts a teacher's bar chart shows (viz.classroom.class_counts: x = counts, y = the choices)."""
+    """The counts a teacher's bar chart shows (viz.classroom.class_counts: x = counts, y = the choices), sent as the
+    plot's value or inside an update of the plot (value and visibility)."""
+    if isinstance(value, dict) and value.get("__type__") == "update":
+        value = value.get("value")
     if not isinstance(value, dict) or value.get("type") != "plotly":
         return None
     bars = json.loads(value["plot"])["data"][0]

@@ -128,7 +128,6 @@ class Section:
     token: gr.Textbox
     teacher_info: gr.Markdown
     teacher_box: gr.Column
-    counts: gr.Plot
     reveal: gr.Button
     next: gr.Button
     move: gr.Button
@@ -137,6 +136,8 @@ class Section:
     csv: gr.File
     present: gr.Checkbox
     accordion: gr.Accordion
+    send: gr.Button | None = None  # these two are placed under the lesson's choices (`below_choices`)
+    counts: gr.Plot | None = None
 
 
 def layout() -> Section:
@@ -161,7 +162,6 @@ def layout() -> Section:
                                    show_label=False, container=False)
                 teacher_info = gr.Markdown(elem_id="class-teacher-info")
         with gr.Column(visible=False) as teacher_box:
-            counts = gr.Plot(label="the room's predictions (live)", elem_id="class-counts")
             with gr.Row():
                 reveal = gr.Button("Reveal to the class", variant="primary")
                 next_ = gr.Button("Next step for the class →")
@@ -170,22 +170,25 @@ def layout() -> Section:
                 close = gr.Button("Close the class", variant="stop")
             csv_file = gr.File(label="the class's answers", visible=False)
     present = gr.Checkbox(False, label="presenter view (large type for a projector)")
-    return Section(code, nickname, join, student_info, open_, token, teacher_info, teacher_box, counts, reveal,
-                   next_, move, export, close, csv_file, present, accordion)
+    return Section(code, nickname, join, student_info, open_, token, teacher_info, teacher_box, reveal, next_, move,
+                   export, close, csv_file, present, accordion)
 
 
-def send_button() -> gr.Button:
-    """The student's "send" button, placed by tabs/lessons.py beside the lesson's own "Check my prediction" (which a
-    class page hides: the reveal comes from the teacher)."""
-    return gr.Button("Send my prediction to the class", variant="primary", visible=False, elem_id="class-send")
+def below_choices(section: Section) -> None:
+    """What tabs/lessons.py places under the lesson's choices: the student's "send" button (beside the lesson's own
+    "Check my prediction", which a class page hides: the reveal comes from the teacher) and the teacher's live chart
+    of the room's predictions (under the question, where a projector shows it)."""
+    section.send = gr.Button("Send my prediction to the class", variant="primary", visible=False, elem_id="class-send")
+    section.counts = gr.Plot(label="the room's predictions (live)", elem_id="class-counts", visible=False)
 
 
-def wire(section: Section, send: gr.Button, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Slider, progress: Any,
+def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Slider, progress: Any,
          where: gr.Markdown, prompt: gr.Markdown, before: gr.Plot, choices: gr.Radio, check: gr.Button,
          said: gr.Markdown, shown: gr.Plot, explanation: gr.Markdown) -> dict[str, Any]:
     """Wire the section to the lesson's controls; returns the permalink fields it adds to the Lessons tab's link
     (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view)."""
     s = section
+    send = s.send
     teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
     student = gr.State()  # {"token", "lesson", "step", "revealed"}: this page follows a class
     timer = gr.Timer(TICK_S, active=False)  # the teacher's counts
@@ -215,7 +218,7 @@ def wire(section: Section, send: gr.Button, *, chosen: gr.Dropdown, text: gr.Tex
     s.move.click(move_class, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info],
                  api_name="class_move", **CLASS_EVENTS)
     s.export.click(export_class, [teacher], [s.csv], api_name="class_export", **CLASS_EVENTS)
-    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer],
+    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts],
                   api_name="class_close", **CLASS_EVENTS)
     s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
     return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
@@ -243,8 +246,8 @@ def open_class(title: str, step: Any, text: str):
     except ClassError as err:
         raise _error(err) from None
     mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts)}
-    return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True), _chart(state),
-            gr.Timer(active=True))
+    return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True),
+            gr.Plot(_chart(state), visible=True), gr.Timer(active=True))
 
 
 def resume_class(code: str, token: str):
@@ -256,7 +259,8 @@ def resume_class(code: str, token: str):
     except ClassError as err:
         raise _error(err) from None
     mine = {"code": state.code, "token": token, "counts": dict(state.counts)}
-    return (mine, _teacher_text(state), gr.Column(visible=True), _chart(state), gr.Timer(active=True),
+    return (mine, _teacher_text(state), gr.Column(visible=True), gr.Plot(_chart(state), visible=True),
+            gr.Timer(active=True),
             gr.Accordion(open=True), *_show(state, None))
 
 
@@ -321,7 +325,7 @@ def close_class(mine: dict | None):
     except ClassError as err:
         raise _error(err) from None
     return None, "", f"The class `{code}` is closed: students can no longer join or answer.", \
-        gr.Column(visible=False), gr.Timer(active=False)
+        gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False)
 
 
 # ------------------------------------------------------------------------------------------------ students

@@ -743,7 +743,7 @@ def build() -> Permalink:
     before = gr.Plot(label="before you predict", visible=False)
     choices = gr.Radio([], label="your prediction")
     check = gr.Button("Check my prediction", variant="primary")
-    class_send = classroom.send_button()  # class mode
+    classroom.below_choices(class_section)  # class mode: the student's send button, the teacher's live chart
     said = gr.Markdown()
     shown = gr.Plot(label="revealed")
     explanation = gr.Markdown()
@@ -767,7 +767,7 @@ def build() -> Permalink:
     gr.api(lesson_api, api_name="lesson")
     gr.api(lesson_answer_api, api_name="lesson_answer")
     class_fields = classroom.wire(  # class mode: the section follows and drives this lesson's controls
-        class_section, class_send, chosen=chosen, text=text, step=step, progress=progress, where=where, prompt=prompt,
+        class_section, chosen=chosen, text=text, step=step, progress=progress, where=where, prompt=prompt,
         before=before, choices=choices, check=check, said=said, shown=shown, explanation=explanation)
     return Permalink({"lesson": chosen, "input": text, **class_fields}, steps, after={"step": step}, state=current,
                      limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)})

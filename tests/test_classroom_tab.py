@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import pytest
 
 from serving import classroom as cr
@@ -24,7 +25,9 @@ def store(tmp_path, monkeypatch) -> cr.ClassStore:
 
 
 def _counts(plot) -> dict[str, int]:
-    data = json.loads(plot.to_json())["data"][0]
+    """The bars of a counts chart, returned as a figure or as a gr.Plot update holding one."""
+    spec = plot.value["plot"] if isinstance(plot, gr.Plot) else plot.to_json()
+    data = json.loads(spec)["data"][0]
     return dict(zip(data["y"], data["x"], strict=True))
 
 
