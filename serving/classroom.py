@@ -457,9 +457,10 @@ def open_store(url: str | None = None) -> ClassStore:
     return ClassStore(engine)
 
 
-def open_in_background() -> None:
-    """Open and migrate the store in a thread as the app starts (the page does not wait for SQLAlchemy and Alembic
-    to import); a failure is printed and the first class operation tries again, with the error as its message."""
+def open_in_background(delay_s: float = 3.0) -> None:
+    """Open and migrate the store in a thread ``delay_s`` after the app starts building (the page is served first:
+    importing SQLAlchemy and Alembic takes ~0.3 s of a CPU the start-up needs; a class opened sooner opens the store
+    itself). A failure is printed, and the first class operation tries again, with the error as its message."""
 
     def run() -> None:
         try:
@@ -467,7 +468,9 @@ def open_in_background() -> None:
         except Exception as err:  # noqa: BLE001 (reported; get_store raises it again where a user asks)
             print(f"class store not opened at start: {type(err).__name__}: {err}", flush=True)
 
-    threading.Thread(target=run, name="class-store", daemon=True).start()
+    timer = threading.Timer(delay_s, run)
+    timer.daemon = True
+    timer.start()
 
 
 def get_store() -> ClassStore:

@@ -45,6 +45,7 @@ PRESENT_CSS = """<style>
 body.atlas-present .intro {display: none !important;}
 body.atlas-present .prose, body.atlas-present .prose * {font-size: 1.45rem !important; line-height: 1.5 !important;}
 body.atlas-present label span, body.atlas-present button {font-size: 1.2rem !important;}
+body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {display: none !important;}
 </style>"""
 
 
@@ -189,6 +190,8 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
     (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view)."""
     s = section
     send = s.send
+    # the presenter view shows one figure per step: the one before predicting, then only the revealed one (CSS above)
+    before.elem_id, shown.elem_id = before.elem_id or "lessons-before", shown.elem_id or "lessons-revealed"
     teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
     student = gr.State()  # {"token", "lesson", "step", "revealed"}: this page follows a class
     timer = gr.Timer(TICK_S, active=False)  # the teacher's counts

@@ -96,8 +96,8 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
 
 
 def test_presenter_view_from_the_link_and_the_toggle(browser, app_url: str) -> None:
-    """?present=1 opens the presenter view (large type, intros folded); the toggle turns it off and the link
-    follows."""
+    """?present=1 opens the presenter view (large type, intros folded, one figure per step); the toggle turns it
+    off and the link follows."""
     ctx, page = _new_page(browser, f"{app_url}?tab=lessons&present=1")
     try:
         toggle = page.get_by_label("presenter view (large type for a projector)")
@@ -107,9 +107,19 @@ def test_presenter_view_from_the_link_and_the_toggle(browser, app_url: str) -> N
         expect(intro).to_be_hidden()
         size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('.prose')).fontSize)")
         assert size >= 22  # 1.45rem
+        # one figure per step: the scores shown before predicting, then only the revealed figure
+        q = lessons.question(1, 1, "")
+        page.get_by_role("button", name="Start the lesson").click()
+        before = page.locator("#lessons-before .js-plotly-plot")
+        expect(before).to_be_visible(timeout=30_000)
+        page.get_by_label(q.answer, exact=True).check()
+        page.get_by_role("button", name="Check my prediction").click()
+        expect(page.locator("#lessons-revealed .js-plotly-plot")).to_be_visible(timeout=30_000)
+        expect(before).to_be_hidden()
         toggle.uncheck()
         page.wait_for_function("() => !document.body.classList.contains('atlas-present')", timeout=30_000)
         expect(intro).to_be_visible()
+        expect(before).to_be_visible()  # both figures again outside the presenter view
         page.wait_for_function("() => !location.search.includes('present=')", timeout=30_000)
         assert page.js_errors == []
     finally:
