@@ -11,6 +11,7 @@ the teacher's CSV; nobody's page shows another student's nickname."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections import OrderedDict
@@ -85,7 +86,18 @@ def _step_of(title: str, step: Any, text: str) -> tuple[int, int, Any]:
 
 
 def _client(request: gr.Request | None) -> str:
-    return str(getattr(getattr(request, "client", None), "host", "") or "") if request else ""
+    """The address the failed-join limit counts. Behind ``ATLAS_PROXY_HOPS`` trusted reverse proxies (a hosting
+    service's front end) the connection comes from the last proxy, so the address is the entry that many places
+    from the right of X-Forwarded-For, the one the nearest trusted proxy appended; entries further left come from
+    the client and are not trusted. Without proxies (the default, 0) the header is ignored: anyone could write it."""
+    if request is None:
+        return ""
+    hops = int(os.environ.get("ATLAS_PROXY_HOPS", "0") or 0)
+    if hops > 0:
+        chain = [a.strip() for a in str((request.headers or {}).get("x-forwarded-for", "")).split(",") if a.strip()]
+        if len(chain) >= hops:
+            return chain[-hops][:64]
+    return str(getattr(getattr(request, "client", None), "host", "") or "")
 
 
 def _error(err: ClassError) -> Error:

@@ -147,3 +147,18 @@ def pl_parse(query: str) -> list[tuple[str, str]]:
     from urllib.parse import parse_qsl
 
     return parse_qsl(query, keep_blank_values=True)
+
+
+def test_the_join_limit_counts_the_right_address(monkeypatch) -> None:
+    """Direct connections count the peer's address and ignore X-Forwarded-For (anyone can write it); behind one
+    trusted proxy (ATLAS_PROXY_HOPS=1) the entry that proxy appended counts, not what the client wrote before it."""
+    from types import SimpleNamespace
+
+    request = SimpleNamespace(client=SimpleNamespace(host="10.1.1.1"),
+                              headers={"x-forwarded-for": "6.6.6.6, 203.0.113.7"})
+    monkeypatch.delenv("ATLAS_PROXY_HOPS", raising=False)
+    assert tc._client(request) == "10.1.1.1"
+    monkeypatch.setenv("ATLAS_PROXY_HOPS", "1")
+    assert tc._client(request) == "203.0.113.7"
+    assert tc._client(SimpleNamespace(client=SimpleNamespace(host="10.1.1.1"), headers={})) == "10.1.1.1"
+    assert tc._client(None) == ""
