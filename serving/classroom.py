@@ -5,12 +5,13 @@ link); students join with the code and a nickname and get a student token of the
 session). The class holds the teacher's lesson and step: the step's choices, its right answer, whether it is
 revealed. Each student's *first* answer per step is recorded; the teacher sees the counts per choice before
 revealing, reveals, moves on, exports the answers as CSV and closes the class. A class ends by itself a day after
-it was opened.
+it was opened. An ended class (closed or expired) can no longer be read by anyone, so its rows (nicknames and
+answers included) are deleted the next time any class is opened (`purge`).
 
 Storage: SQLAlchemy Core over SQLite by default (one file, WAL journal, so readers never wait for the writer and a
 committed answer survives the server being killed) or over PostgreSQL given by ``ATLAS_DB`` (several replicas
 then share one class). The schema is versioned with Alembic (``serving/migrations``) and brought up to date by
-`open_store` before first use.
+`open_store`, which the app runs in the background as it starts (`open_in_background`).
 
 Who may do what (every rule raises `ClassError` with a sentence for the user, and changes nothing):
 - only the teacher token reveals, advances, exports or closes; it is compared in constant time
@@ -337,9 +338,19 @@ class ClassStore:
         return {"lesson": int(lesson), "step": int(step), "input": str(text or "")[:MAX_INPUT_CHARS],
                 "choices": choices, "answer": str(answer)[:MAX_CHOICE_CHARS], "revealed": False}
 
+    def purge(self) -> int:
+        """Delete the classes that have ended (closed, or past their day) with their students and answers: nobody
+        can read them any more, so nothing of them is kept. Returns how many classes went."""
+        with self.engine.begin() as conn:
+            ended = sa.select(classes.c.id).where(sa.or_(classes.c.closed, classes.c.expires_at <= self.clock()))
+            conn.execute(answers.delete().where(answers.c.class_id.in_(ended)))
+            conn.execute(students.delete().where(students.c.class_id.in_(ended)))
+            return conn.execute(classes.delete().where(classes.c.id.in_(ended))).rowcount
+
     def open(self, lesson: int, step: int, choices: list[str], answer: str, text: str = "") -> Opened:
-        """A new class on this lesson step: a fresh join code and teacher token."""
+        """A new class on this lesson step: a fresh join code and teacher token (ended classes are purged first)."""
         values = self._step_values(lesson, step, choices, answer, text)
+        self.purge()
         token = secrets.token_urlsafe(32)
         now = self.clock()
         for _ in range(20):  # a clash with an existing code is about 1e-6 per class open: draw again

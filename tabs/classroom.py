@@ -339,8 +339,9 @@ def close_class(mine: dict | None):
         _store().close(code, token)
     except ClassError as err:
         raise _error(err) from None
-    return None, "", f"The class `{code}` is closed: students can no longer join or answer.", \
-        gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False)
+    said = (f"The class `{code}` is closed: students can no longer join or answer, and its answers are deleted when "
+            "the next class is opened.")
+    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False)
 
 
 # ------------------------------------------------------------------------------------------------ students

@@ -310,3 +310,33 @@ def test_a_store_that_cannot_be_opened_is_a_message(monkeypatch, tmp_path: Path)
     monkeypatch.setenv("ATLAS_DATA", str(tmp_path))
     assert cr.get_store().state  # and the next use, with a reachable database, opens it
     assert (tmp_path / "atlas.sqlite3").is_file()
+
+
+def test_ended_classes_are_deleted_with_their_students_and_answers(store: cr.ClassStore, clock: Clock) -> None:
+    """A closed or expired class can no longer be read by anyone; opening the next class deletes its rows."""
+    closed, expiring = opened(store), opened(store)
+    for o in (closed, expiring):
+        store.answer(store.join(o.code, "gone soon", "ip").token, 4, 2, "t0")
+    store.close(closed.code, closed.token)
+
+    def ids_of(*codes: str) -> list[int]:
+        with store.engine.connect() as conn:
+            return list(conn.execute(sa.select(cr.classes.c.id).where(cr.classes.c.code.in_(codes))).scalars())
+
+    ids = ids_of(closed.code, expiring.code)  # this test's classes (a PostgreSQL database is shared by the tests)
+
+    def rows() -> tuple[int, int, int]:
+        with store.engine.connect() as conn:
+            return tuple(conn.execute(sa.select(sa.func.count()).select_from(t).where(column.in_(ids))).scalar_one()
+                         for t, column in ((cr.classes, cr.classes.c.id), (cr.students, cr.students.c.class_id),
+                                           (cr.answers, cr.answers.c.class_id)))
+
+    assert rows() == (2, 2, 2)
+    clock.now += cr.LIFETIME_S - 1
+    kept = opened(store)  # purges the closed class; the other has a second left
+    ids += ids_of(kept.code)
+    store.join(kept.code, "stays", "ip")
+    assert rows() == (2, 2, 1)
+    clock.now += 1  # the second class's day is over
+    assert store.purge() >= 1 and rows() == (1, 1, 0)
+    assert store.state(kept.code).students == 1
