@@ -170,7 +170,8 @@ def client_for(url: str, timeout: float = 180.0) -> Any:
 
 class PageClient:
     """Gradio's queue protocol (sse_v3) as the app's page speaks it, and no more: join the queue, read the session's
-    event stream until the answer, over one kept-alive connection. Same interface as gradio_client for `call`.
+    event stream until the answer, over one kept-alive connection (an event declared with queue=False: one POST to
+    run/<api_name>, as the page sends it). Same interface as gradio_client for `call`.
 
     Why: gradio_client opens a new HTTP client (with a TLS context) for every join and polls each pending job 20
     times a second; on this 2-core machine its 32 clients of a burst took 2.2-3.2 CPU-seconds a burst, as much as
@@ -190,6 +191,8 @@ class PageClient:
         # per api_name: (fn_index, each input's page value, or None for a state input)
         self.endpoints = {d["api_name"]: (d["id"], [None if i in state else (shown.get(i),) for i in d["inputs"]])
                           for d in config["dependencies"] if d.get("api_name")}
+        # events declared with queue=False, which the page POSTs to <prefix>/run/<api_name> instead of queueing
+        self.direct = {d["api_name"] for d in config["dependencies"] if d.get("api_name") and d.get("queue") is False}
         self.session = os.urandom(6).hex()
 
     def submit(self, *args: Any, api_name: str) -> _PageJob:
@@ -222,6 +225,17 @@ class _PageJob:
         fn, shown = c.endpoints[self.api]
         values = iter(self.args)  # the arguments given, then what the page shows (a state input travels as null)
         data = [None if page is None else next(values, page[0]) for page in shown]
+        if self.api in c.direct:  # an event outside the queue: one POST, answered in its response
+            try:
+                done = c.http.post(f"{c.prefix}/run/{self.api}", timeout=timeout,
+                                   json={"data": data, "fn_index": fn, "session_hash": c.session, "event_data": None,
+                                         "trigger_id": None})
+            except httpx.TimeoutException as err:
+                raise TimeoutError(f"{self.api}: no answer within {timeout} s") from err
+            if done.status_code != 200:
+                raise AppError(str(done.json().get("error") if done.headers.get("content-type", "").startswith(
+                    "application/json") else done.text[:300]))
+            return done.json()["data"]
         join = c.http.post(f"{c.prefix}/queue/join", json={"data": data, "fn_index": fn, "session_hash": c.session,
                                                             "event_data": None, "trigger_id": None}, timeout=timeout)
         if join.status_code == 503:

@@ -23,6 +23,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from examples import sentences
+from tabs import classroom
 from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, get_model, read_seed
 from tabs.permalink import Permalink, chain
 from viz import attention as va
@@ -728,6 +729,8 @@ def build() -> Permalink:
                           max_length=2000, info="empty: the example shown in grey")
         start = gr.Button("Start the lesson", variant="primary", scale=1)
     about = gr.Markdown(LESSONS[0].intro)
+    # --- class mode (tabs/classroom.py, issue 51): its section here, its send button by "Check", wired at the end
+    class_section = classroom.layout()
     current = gr.State()  # the lesson number shown, for the link's step
     progress = gr.BrowserState({}, storage_key="atlas-lessons")
     where = gr.Markdown()
@@ -739,6 +742,7 @@ def build() -> Permalink:
     before = gr.Plot(label="before you predict", visible=False)
     choices = gr.Radio([], label="your prediction")
     check = gr.Button("Check my prediction", variant="primary")
+    classroom.below_choices(class_section)  # class mode: the student's send button, the teacher's live chart
     said = gr.Markdown()
     shown = gr.Plot(label="revealed")
     explanation = gr.Markdown()
@@ -761,7 +765,10 @@ def build() -> Permalink:
     export.click(export_lesson, [chosen, text, progress], [handout], api_name=False)
     gr.api(lesson_api, api_name="lesson")
     gr.api(lesson_answer_api, api_name="lesson_answer")
-    return Permalink({"lesson": chosen, "input": text}, steps, after={"step": step}, state=current,
+    class_fields = classroom.wire(  # class mode: the section follows and drives this lesson's controls
+        class_section, chosen=chosen, text=text, step=step, progress=progress, where=where, prompt=prompt,
+        before=before, choices=choices, check=check, said=said, shown=shown, explanation=explanation)
+    return Permalink({"lesson": chosen, "input": text, **class_fields}, steps, after={"step": step}, state=current,
                      limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)})
 
 

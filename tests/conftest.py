@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,9 @@ os.environ["ATLAS_VALIDATE_FIGURES"] = "1"
 # Nothing downloads in the tests (CI also sets HF_HUB_OFFLINE=1): the Hub and torchvision paths report "offline";
 # tests/test_hub.py turns this off for itself where it fakes the Hub.
 os.environ.setdefault("ATLAS_OFFLINE", "1")
+# The class store (serving/classroom.py) of the tests and of the servers they launch lives in a temporary folder,
+# never in the checkout's data/.
+os.environ.setdefault("ATLAS_DATA", tempfile.mkdtemp(prefix="atlas-test-data-"))
 
 
 def free_port() -> int:

@@ -169,3 +169,16 @@ def test_generate_bench_compares_with_transformers(capsys) -> None:
     assert report["identical"] is True and report["new_tokens"] == 30 and report["layers"] == 1
     assert report["ours_s"] > 0 and report["reference_s"] > 0
     assert report["speedup"] == pytest.approx(report["reference_s"] / report["ours_s"], rel=0.05)
+
+
+def test_class_bench_runs_a_small_class_end_to_end() -> None:
+    """bench/class.py with 5 students: nothing fails, nothing is lost, not even across the server's kill (figures
+    are never asserted: the JSON's keys and counts are)."""
+    done = subprocess.run([sys.executable, "bench/class.py", "--students", "5", "--timeout", "90"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert report["students"] == 5 and report["errors"] == 0 and report["lost"] == 0
+    assert report["sent"] == report["counts"] and sum(report["counts"].values()) == 5
+    assert report["teacher_lag_s"] is not None and report["lost_after_restart"] == 0
+    assert report["acked_before_kill"] >= 5 + 5 // 2 and report["csv_rows"] >= report["acked_before_kill"]

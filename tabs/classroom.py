@@ -1,0 +1,436 @@
+"""A class at once (issue 51): the Lessons tab's class mode. The teacher opens a class on the lesson step they show;
+students join with its code and a nickname, follow the teacher's lesson and step, and send their prediction; the
+teacher sees the room's counts live (a bar chart polled every `TICK_S`) *before* revealing, reveals to every
+student's screen at once, moves the class on, downloads the answers as CSV and closes the class. A presenter view
+(``?present=1`` or its toggle) sets large type for a projector, folds the intros and shows one figure per step.
+
+The store (serving/classroom.py) keeps everything and decides who may do what; this module is the section's layout
+and its handlers. The lesson's own controls are passed in by tabs/lessons.py (`wire`), so the class reads the step
+the teacher shows and writes the step students see. Nicknames are shown only to their own student (escaped) and in
+the teacher's CSV; nobody's page shows another student's nickname."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from serving.classroom import ClassError, ClassState, get_store, normalise_code, open_in_background
+from tabs.common import DOWNLOADS, Error
+from tabs.permalink import Field
+from viz.classroom import class_counts
+from viz.common import esc
+
+TICK_S = 1.0  # how often the teacher's page asks for the counts (the issue asks for ≤ 2 s)
+FOLLOW_S = 2.0  # how often a student's page asks where the class is (a room of 100: 50 small requests a second)
+# The class events skip Gradio's queue: they are small database calls (a lesson step's question is built once per
+# class step, `_question`), and a room pressing "Join" or "Send" at the same moment must not be turned away by the
+# bounded queue (ATLAS_QUEUE, 64 waiting), which is there for the model requests. The page then POSTs them to
+# /gradio_api/run/<api_name> and they run in the server's thread pool.
+CLASS_EVENTS = {"queue": False}
+
+INTRO = """**A class at once.** A teacher opens a class on the step shown below and gets a join code; students open
+this app, type the code and a nickname (no account; nobody else in the class sees it), and their page follows the
+teacher's lesson and step. Each student's first prediction per step is recorded; the teacher sees how the room
+voted *before* revealing, then reveals it on every screen at once. The class ends when the teacher closes it, or a
+day after it was opened."""
+
+# The presenter view: a class on <body> set by the toggle (and ?present=1 through the permalink).
+PRESENT_JS = "(on) => { document.body.classList.toggle('atlas-present', !!on); }"
+PRESENT_CSS = """<style>
+body.atlas-present .intro {display: none !important;}
+body.atlas-present .prose, body.atlas-present .prose * {font-size: 1.45rem !important; line-height: 1.5 !important;}
+body.atlas-present label span, body.atlas-present button {font-size: 1.2rem !important;}
+body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {display: none !important;}
+</style>"""
+
+
+# -------------------------------------------------------------------------------- the lesson, as the class sees it
+def _lessons():
+    from tabs import lessons  # imported when used: tabs/lessons.py imports this module for its layout
+
+    return lessons
+
+
+_questions: OrderedDict[tuple[int, int, str], Any] = OrderedDict()
+_questions_lock = threading.Lock()
+
+
+def _question(number: int, step: int, text: str):
+    """The lesson step's Question, built once for everybody in the class (a room asks for the same step at the same
+    moment; a step over a model would otherwise run it once per student). The last 32 steps are kept."""
+    key = (int(number), int(step), text or "")
+    with _questions_lock:  # one build per step even when a room asks at once
+        if key not in _questions:
+            _questions[key] = _lessons().question(*key)
+            while len(_questions) > 32:
+                _questions.popitem(last=False)
+        _questions.move_to_end(key)
+        return _questions[key]
+
+
+def _title(number: int) -> str:
+    return _lessons().LESSONS[number - 1].title
+
+
+def _step_of(title: str, step: Any, text: str) -> tuple[int, int, Any]:
+    """(lesson number, step, its Question) of the step a page shows."""
+    number = _lessons()._number(title)
+    s = int(step or 1)
+    return number, s, _question(number, s, text)
+
+
+def _client(request: gr.Request | None) -> str:
+    """The address the failed-join limit counts. Behind ``ATLAS_PROXY_HOPS`` trusted reverse proxies (a hosting
+    service's front end) the connection comes from the last proxy, so the address is the entry that many places
+    from the right of X-Forwarded-For, the one the nearest trusted proxy appended; entries further left come from
+    the client and are not trusted. Without proxies (the default, 0) the header is ignored: anyone could write it."""
+    if request is None:
+        return ""
+    hops = int(os.environ.get("ATLAS_PROXY_HOPS", "0") or 0)
+    if hops > 0:
+        chain = [a.strip() for a in str((request.headers or {}).get("x-forwarded-for", "")).split(",") if a.strip()]
+        if len(chain) >= hops:
+            return chain[-hops][:64]
+    return str(getattr(getattr(request, "client", None), "host", "") or "")
+
+
+def _error(err: ClassError) -> Error:
+    return Error(str(err))
+
+
+def _store():
+    """The class store (opened and migrated at start; a store that cannot be opened is a message, not a trace)."""
+    try:
+        return get_store()
+    except ClassError as err:
+        raise _error(err) from None
+
+
+def _chart(state: ClassState, large: bool = False):
+    return class_counts(state.choices, state.counts, answer=state.answer if state.revealed else None,
+                        students=state.students, large=large,
+                        title=f"Lesson {state.lesson}, step {state.step}: the room's predictions")
+
+
+def _teacher_text(state: ClassState) -> str:
+    said = "revealed" if state.revealed else "not revealed yet"
+    return (f"### Join code: `{state.code}`\n{state.students} student{'s' * (state.students != 1)} joined · lesson "
+            f"{state.lesson}, step {state.step} · {state.answered} answered · {said}.\n\nStudents open this app, "
+            "Lessons → *A class at once*, and type the code (or open this page with "
+            f"`?tab=lessons&class={state.code}`). **The address bar now holds your teacher link**: it carries the "
+            "secret that reveals, advances, exports and closes the class, so keep it to yourself; open it again to "
+            "take the class back (after a restart too).")
+
+
+# -------------------------------------------------------------------------------------------------- layout
+@dataclass
+class Section:
+    """The class section's controls (made by `layout`, wired by `wire`)."""
+
+    code: gr.Textbox
+    nickname: gr.Textbox
+    join: gr.Button
+    student_info: gr.Markdown
+    open: gr.Button
+    token: gr.Textbox
+    teacher_info: gr.Markdown
+    teacher_box: gr.Column
+    reveal: gr.Button
+    next: gr.Button
+    move: gr.Button
+    export: gr.Button
+    close: gr.Button
+    csv: gr.File
+    present: gr.Checkbox
+    accordion: gr.Accordion
+    send: gr.Button | None = None  # these two are placed under the lesson's choices (`below_choices`)
+    counts: gr.Plot | None = None
+
+
+def layout() -> Section:
+    """The section, placed above the lesson (the lesson's controls come later, so they are wired by `wire`). The
+    store opens and migrates in the background meanwhile."""
+    open_in_background()
+    gr.HTML(PRESENT_CSS)
+    with gr.Accordion("A class at once: the room predicts together", open=False) as accordion:
+        gr.Markdown(INTRO, elem_classes=["intro"])
+        with gr.Row():
+            with gr.Column():
+                gr.Markdown("**Students**")
+                with gr.Row():
+                    code = gr.Textbox(label="join code", max_length=12, placeholder="e.g. K7QX3M", scale=1)
+                    nickname = gr.Textbox(label="your nickname (only the teacher sees it)", max_length=32, scale=2)
+                join = gr.Button("Join the class", variant="primary")
+                student_info = gr.Markdown(elem_id="class-student-info")
+            with gr.Column():
+                gr.Markdown("**Teacher**")
+                open_ = gr.Button("Open a class on the step shown below")
+                token = gr.Textbox(elem_id="class-teacher-token", elem_classes=["atlas-hidden"], max_length=64,
+                                   show_label=False, container=False)
+                teacher_info = gr.Markdown(elem_id="class-teacher-info")
+        with gr.Column(visible=False) as teacher_box:
+            with gr.Row():
+                reveal = gr.Button("Reveal to the class", variant="primary")
+                next_ = gr.Button("Next step for the class →")
+                move = gr.Button("Move the class to the step shown")
+                export = gr.Button("Download the answers (CSV)")
+                close = gr.Button("Close the class", variant="stop")
+            csv_file = gr.File(label="the class's answers", visible=False)
+    present = gr.Checkbox(False, label="presenter view (large type for a projector)")
+    return Section(code, nickname, join, student_info, open_, token, teacher_info, teacher_box, reveal, next_, move,
+                   export, close, csv_file, present, accordion)
+
+
+def below_choices(section: Section) -> None:
+    """What tabs/lessons.py places under the lesson's choices: the student's "send" button (beside the lesson's own
+    "Check my prediction", which a class page hides: the reveal comes from the teacher) and the teacher's live chart
+    of the room's predictions (under the question, where a projector shows it)."""
+    section.send = gr.Button("Send my prediction to the class", variant="primary", visible=False, elem_id="class-send")
+    section.counts = gr.Plot(label="the room's predictions (live)", elem_id="class-counts", visible=False)
+
+
+def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Slider, progress: Any,
+         where: gr.Markdown, prompt: gr.Markdown, before: gr.Plot, choices: gr.Radio, check: gr.Button,
+         said: gr.Markdown, shown: gr.Plot, explanation: gr.Markdown) -> dict[str, Any]:
+    """Wire the section to the lesson's controls; returns the permalink fields it adds to the Lessons tab's link
+    (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view)."""
+    s = section
+    send = s.send
+    # the presenter view shows one figure per step: the one before predicting, then only the revealed one (CSS above)
+    before.elem_id, shown.elem_id = before.elem_id or "lessons-before", shown.elem_id or "lessons-revealed"
+    teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
+    student = gr.State()  # {"token", "lesson", "step", "revealed"}: this page follows a class
+    timer = gr.Timer(TICK_S, active=False)  # the teacher's counts
+    follow_timer = gr.Timer(FOLLOW_S, active=False)  # a student's page following the class
+    view = [where, prompt, before, choices, said, shown, explanation]
+    follow = [chosen, text, step, *view]
+    reveal_view = [said, shown, explanation]
+
+    s.open.click(open_class, [chosen, step, text], [teacher, s.token, s.code, s.teacher_info, s.teacher_box, s.counts,
+                                                    timer], api_name="class_open", **CLASS_EVENTS)
+    s.token.change(resume_class, [s.code, s.token], [teacher, s.teacher_info, s.teacher_box, s.counts, timer,
+                                                     s.accordion, *follow], api_name="class_resume", **CLASS_EVENTS)
+    s.code.change(lambda c: gr.Accordion(open=True) if c else gr.skip(), [s.code], [s.accordion], api_name=False,
+                  show_progress="hidden")
+    s.join.click(join_class, [s.code, s.nickname, progress],
+                 [student, s.student_info, check, send, follow_timer, *follow], api_name="class_join",
+                 **CLASS_EVENTS)
+    send.click(send_answer, [student, choices], [s.student_info], api_name="class_answer", **CLASS_EVENTS)
+    timer.tick(teacher_tick, [teacher, s.present], [teacher, s.counts, s.teacher_info, timer], api_name="class_poll",
+               show_progress="hidden", **CLASS_EVENTS)
+    follow_timer.tick(student_tick, [student, progress], [student, s.student_info, check, send, follow_timer, *follow],
+                      api_name="class_follow", show_progress="hidden", **CLASS_EVENTS)
+    s.reveal.click(reveal_class, [teacher, s.present], [teacher, s.counts, s.teacher_info, *reveal_view],
+                   api_name="class_reveal", **CLASS_EVENTS)
+    s.next.click(next_step, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info, step],
+                 api_name="class_next", **CLASS_EVENTS)
+    s.move.click(move_class, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info],
+                 api_name="class_move", **CLASS_EVENTS)
+    s.export.click(export_class, [teacher], [s.csv], api_name="class_export", **CLASS_EVENTS)
+    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts],
+                  api_name="class_close", **CLASS_EVENTS)
+    s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
+    return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
+            "present": s.present}
+
+
+def _code_in_link(text: str) -> str:
+    """A link's ``class``: empty or a well-formed join code (whether such a class exists is the join's business)."""
+    if not text:
+        return ""
+    try:
+        return normalise_code(text)
+    except ClassError:
+        raise ValueError("The link's join code is not one (6 letters and digits); type the teacher's.") from None
+
+
+# ------------------------------------------------------------------------------------------------ teacher
+def open_class(title: str, step: Any, text: str):
+    """Open a class on the step this page shows; this page becomes its teacher."""
+    number, s, q = _step_of(title, step, text)
+    store = _store()
+    try:
+        opened = store.open(number, s, q.choices, q.answer, text or "")
+        state = store.teacher_state(opened.code, opened.token)
+    except ClassError as err:
+        raise _error(err) from None
+    mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts)}
+    return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True),
+            gr.Plot(_chart(state), visible=True), gr.Timer(active=True))
+
+
+def resume_class(code: str, token: str):
+    """The teacher link opened again: this page becomes the class's teacher and shows the class's step."""
+    if not token:
+        return (gr.skip(),) * (6 + 10)
+    try:
+        state = _store().teacher_state(code, token)
+    except ClassError as err:
+        raise _error(err) from None
+    mine = {"code": state.code, "token": token, "counts": dict(state.counts)}
+    return (mine, _teacher_text(state), gr.Column(visible=True), gr.Plot(_chart(state), visible=True),
+            gr.Timer(active=True),
+            gr.Accordion(open=True), *_show(state, None))
+
+
+def _teacher(mine: dict | None) -> tuple[str, str]:
+    if not mine:
+        raise Error("Open a class first (or open your teacher link).")
+    return mine["code"], mine["token"]
+
+
+def reveal_class(mine: dict | None, large: bool = False):
+    """Reveal the step to every student's page (and on this one: the answer, the figure, the explanation)."""
+    code, token = _teacher(mine)
+    try:
+        state = _store().reveal(code, token)
+    except ClassError as err:
+        raise _error(err) from None
+    q = _question(state.lesson, state.step, state.input)
+    return ({**mine, "counts": dict(state.counts)}, _chart(state, large), _teacher_text(state),
+            f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation)
+
+
+def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
+    code, token = _teacher(mine)
+    q = _question(number, s, text)
+    try:
+        return _store().advance(code, token, number, s, q.choices, q.answer, text or "")
+    except ClassError as err:
+        raise _error(err) from None
+
+
+def next_step(mine: dict | None, title: str, step: Any, text: str):
+    """The class and this page move to the lesson's next step (it stays on the last one)."""
+    number = _lessons()._number(title)
+    s = min(int(step or 1) + 1, len(_lessons().LESSONS[number - 1].steps))
+    state = _advance(mine, number, s, text)
+    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state), s
+
+
+def move_class(mine: dict | None, title: str, step: Any, text: str):
+    """The class moves to the lesson and step this page shows."""
+    number, s, _ = _step_of(title, step, text)
+    state = _advance(mine, number, s, text)
+    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state)
+
+
+def export_class(mine: dict | None):
+    code, token = _teacher(mine)
+    try:
+        text = _store().export_csv(code, token)
+    except ClassError as err:
+        raise _error(err) from None
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    path = DOWNLOADS / f"class-{code}-{uuid.uuid4().hex[:8]}.csv"
+    path.write_text(text, encoding="utf-8")
+    return gr.File(value=str(path), visible=True)
+
+
+def close_class(mine: dict | None):
+    code, token = _teacher(mine)
+    try:
+        _store().close(code, token)
+    except ClassError as err:
+        raise _error(err) from None
+    said = (f"The class `{code}` is closed: students can no longer join or answer, and its answers are deleted when "
+            "the next class is opened.")
+    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False)
+
+
+# ------------------------------------------------------------------------------------------------ students
+def _show(state: ClassState, progress: dict | None) -> tuple:
+    """The page's lesson controls set to the class's step, its question shown and the reveal cleared."""
+    lessons = _lessons()
+    q = _question(state.lesson, state.step, state.input)
+    steps = len(lessons.LESSONS[state.lesson - 1].steps)
+    return (_title(state.lesson), state.input, gr.update(value=state.step, maximum=steps),
+            lessons._where(state.lesson, state.step, progress), q.text,
+            gr.update(value=q.before, visible=q.before is not None), gr.update(choices=q.choices, value=None), "", None,
+            "")
+
+
+def _student_text(state: ClassState, nickname: str, mine: str | None) -> str:
+    said = (f"your prediction *{esc(mine)}* is in" if mine else "pick your prediction below and send it")
+    after = ("revealed: see the answer below" if state.revealed else "the teacher reveals it when the room has "
+             "answered")
+    return (f"You are in class `{state.code}` as **{esc(nickname)}** · lesson {state.lesson}, step {state.step}: "
+            f"{said}; {after}.")
+
+
+def join_class(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
+    """Join with the room's code and a nickname: this page then follows the class (the lesson's own "Check" is
+    replaced by "Send my prediction to the class")."""
+    store = _store()
+    try:
+        joined = store.join(code, nickname, _client(request))
+        state, name, mine = store.student_state(joined.token)
+    except ClassError as err:
+        raise _error(err) from None
+    me = {"token": joined.token, "lesson": state.lesson, "step": state.step, "revealed": False}
+    return (me, _student_text(state, name, mine), gr.Button(visible=False), gr.Button(visible=True),
+            gr.Timer(active=True), *_show(state, progress))
+
+
+def send_answer(me: dict | None, choice: str | None):
+    """The student's prediction for the step their page shows, recorded once."""
+    if not me:
+        raise Error("Join a class first: its code and a nickname.")
+    if not choice:
+        raise Error("Pick a prediction first.")
+    store = _store()
+    try:
+        store.answer(me["token"], me["lesson"], me["step"], choice)
+        state, name, mine = store.student_state(me["token"])
+    except ClassError as err:
+        raise _error(err) from None
+    return _student_text(state, name, mine)
+
+
+def teacher_tick(mine: dict | None, large: bool = False):
+    """Every `TICK_S` on the teacher's page: the counts, redrawn only when they changed. Outputs: teacher, counts,
+    teacher_info, the timer."""
+    if not mine:
+        return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+    try:
+        state = _store().teacher_state(mine["code"], mine["token"])
+    except ClassError as err:
+        return None, gr.skip(), esc(str(err)), gr.Timer(active=False)
+    if state.counts == mine.get("counts") and state.students == mine.get("students"):
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    return ({**mine, "counts": dict(state.counts), "students": state.students}, _chart(state, large),
+            _teacher_text(state), gr.skip())
+
+
+def student_tick(me: dict | None, progress: dict | None):
+    """Every `FOLLOW_S` on a student's page: follow the class to its step; show the reveal once the teacher has
+    revealed (with this student's own answer marked). Outputs: student, student_info, check, send, the timer, then
+    the lesson view (`_show`: lesson, input, step, where, prompt, before, choices, said, shown, explanation)."""
+    skip = gr.skip()
+    out: list[Any] = [skip] * 15
+    if not me:
+        out[4] = gr.Timer(active=False)
+        return tuple(out)
+    try:
+        state, name, answered = _store().student_state(me["token"])
+    except ClassError as err:
+        out[:5] = None, esc(str(err)), gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
+        return tuple(out)
+    if (state.lesson, state.step) != (me["lesson"], me["step"]):  # the teacher moved on: follow
+        out[0] = {**me, "lesson": state.lesson, "step": state.step, "revealed": False}
+        out[1] = _student_text(state, name, answered)
+        out[5:] = _show(state, progress)
+    elif state.revealed and not me["revealed"]:  # the teacher revealed: show it with this student's answer
+        q = _question(state.lesson, state.step, state.input)
+        out[0] = {**me, "revealed": True}
+        out[1] = _student_text(state, name, answered)
+        words = _lessons().verdict(q, answered)[1] if answered else \
+            f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
+        out[12], out[13], out[14] = words, q.reveal(answered), q.explanation
+    return tuple(out)
