@@ -369,12 +369,12 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
-    first_q, last_q = index(q_first, 0, t, "first query"), index(q_last, t - 1, t, "last query")
-    first_k, last_k = index(k_first, 0, t, "first key"), index(k_last, t - 1, t, "last key")
+    first_q, last_q = index(q_first, t, "first query", default=0), index(q_last, t, "last query")
+    first_k, last_k = index(k_first, t, "first key", default=0), index(k_last, t, "last key")
     if first_q > last_q or first_k > last_k:
         raise Error(f"Empty block: queries {first_q} … {last_q}, keys {first_k} … {last_k}; each range goes from a "
                     "smaller position to a larger one.")
-    layer = min(max(int(index(layer, amap.layers - 1, amap.layers, "layer")), 0), amap.layers - 1)
+    layer = index(layer, amap.layers, "layer")
     h = parse_head(head)
     if isinstance(h, str) and h not in ("mean", "max"):
         raise Error(f"Unknown head {str(head)[:40]!r}; choose mean, max or 0 … {amap.heads - 1}.")
