@@ -56,7 +56,7 @@ def build() -> Permalink:
     attn = gr.Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
     why.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam], layer, head,
-                   view)
+                   view, shows="encoder self-attention")
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)

@@ -178,21 +178,26 @@ def patching(tab: str, resolve: Callable[..., str], model_inputs: list, examples
 
 
 def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b: Callable[..., Any],
-               inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio) -> None:
+               inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio, shows: str = "") -> None:
     """The compare toggle: a second input (B) run with the tab's current settings (``run_b(text, *inputs)`` returns
     its kept state), drawn beside the first at the same layer, head and view, with B − A over the tokens they
     share and the change per token or class. ``view_of(state)`` says what to draw: ``amap`` (the AttentionMap),
     ``values`` (per token, or per class with ``classes``), ``kind`` (the figure's title), optionally ``what`` and
-    ``unit`` (default surprisal in bits)."""
+    ``unit`` (default surprisal in bits). ``shows``: which attention the comparison draws when it is not the one the
+    figure above shows (Translate compares the encoder's, whichever attention is chosen above)."""
     on = gr.Checkbox(False, label="compare with a second input (B)")
     with gr.Column(visible=False) as box:
+        if shows:
+            gr.Markdown(f"The comparison draws the **{shows}** of A and B, whichever attention is chosen above.")
         with gr.Row():
             text_b = gr.Textbox(label="input B", lines=2, scale=4, max_length=MAX_PATCH_CHARS)
             run = gr.Button("Compare", scale=1)
         note = gr.Markdown()
         with gr.Row():
-            plot_b = gr.Plot(label="B, same layer, head and view")
-            plot_d = gr.Plot(label="B − A over the tokens both inputs share")
+            plot_b = gr.Plot(label=f"B · {shows}, same layer, head and view" if shows else
+                             "B, same layer, head and view")
+            plot_d = gr.Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
+                             "B − A over the tokens both inputs share")
         change = gr.Plot(label="what changes")
         download = gr.File(label="both inputs' arrays (.npz)")
     state_b = gr.State()
@@ -637,10 +642,23 @@ def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
     except ValueError as err:
         raise Error(str(err)) from None
     note, fig, _, kept = run_patch(name, clean, corrupted, None, sweep)
-    shown = [" ".join(net.piece(i) for i in ids) for ids in (clean, corrupted)]
+    shown = [readable(net, ids) for ids in (clean, corrupted)]
     note = ("Repeated random tokens: the clean input repeats its first copy, so an induction head can predict the "
             "next token from the earlier occurrence; the corrupted input replaces the first copy. " + note)
     return note, fig, kept, *shown
+
+
+def readable(net, ids: list[int]) -> str:
+    """Ids as text a person reads (the tokenizer's decoding, not raw `▁` pieces), when that text reads back as the
+    same ids, so a second Patch on the boxes runs the same input; else the pieces joined by spaces."""
+    bos = getattr(net.tokenizer, "bos_id", None)
+    body = ids[1:] if ids and ids[0] == bos else ids
+    text = net.tokenizer.decode(list(body))
+    try:
+        same = encode(net, text)[0] == list(ids)
+    except Error:
+        same = False
+    return text if same else " ".join(net.piece(i) for i in ids)
 
 
 def patched_head(cell: str, kept):

@@ -254,3 +254,33 @@ def client(app_url: str):
     from gradio_client import Client
 
     return Client(app_url, verbose=False)
+
+
+def test_lesson_eight_example_by_its_stated_criterion(tiny) -> None:
+    """Issue 48, item 9: the example "where they disagree most" (rank correlation) showed deletion areas 1.00 / 0.92
+    / 1.00, a test that decides nothing. The example is, of the sentences whose two top tokens differ, the one
+    whose two deletion areas differ most: recomputed here from models.attribution directly."""
+    from examples import sentences
+    from models.attribution import deletion_curves, explain
+
+    net = serving.get_model("sst2")
+    scored = {}
+    for text in sentences.SENTIMENT:
+        att, ig = explain(net, text, "attention"), explain(net, text, "integrated_gradients")
+        curves, _ = deletion_curves(net, text, [att, ig])
+        top = [int(np.argmax(np.where(a.special, -np.inf, a.values))) for a in (att, ig)]
+        scored[text] = (top[0] != top[1], abs(curves[0].auc - curves[1].auc))
+    pool = [t for t, (differ, _) in scored.items() if differ] or list(scored)
+    assert lessons._most_disagreeing() == max(pool, key=lambda t: scored[t][1])
+    assert "deletion" in lessons._most_disagreeing.__doc__
+
+
+def test_deletion_lines_cannot_hide_each_other(tiny) -> None:
+    """Issue 48, item 9: the random order's line lay hidden under a method's. Every line of lesson 8's deletion
+    figure has its own dash and marker, the baseline drawn first and widest."""
+    fig = lessons.question(8, 2).reveal(None)
+    lines = [t for t in fig.data if t.name and "area" in t.name]
+    assert len(lines) == 3 and lines[0].name.startswith("random order")
+    styles = {(t.line.dash, t.marker.symbol) for t in lines}
+    assert len(styles) == 3 and all(t.mode == "lines+markers" for t in lines)
+    assert lines[0].line.width > max(t.line.width for t in lines[1:])

@@ -307,3 +307,32 @@ def test_the_section_follows_the_head_on_screen(tiny) -> None:
     assert followers[section["head"]].fn("3")["value"] == 3
     assert "value" not in followers[section["head"]].fn("mean")
     assert followers[section["layer"]].fn(2)["value"] == 2
+
+
+def test_induction_example_fills_the_boxes_with_text(tiny) -> None:
+    """Issue 48, item 12: the induction example filled the boxes with raw "▁" pieces. They hold the tokenizer's
+    decoding when it reads back as the same ids (so a second Patch on the boxes runs the same input)."""
+    from models.patching import repeated_pair
+
+    net = serving.get_model("gpt-tiny")
+    note, fig, kept, clean, corrupted = why.patch_repeated("gpt-tiny", "heads")
+    ids = repeated_pair(net, 19, 0)
+    for text, want in zip((clean, corrupted), ids, strict=True):
+        if why.encode(net, net.tokenizer.decode(want[1:]))[0] == want:
+            assert "▁" not in text and why.encode(net, text)[0] == want
+        else:
+            assert text == " ".join(net.piece(i) for i in want)
+    # the real tokenizer's round trip, written out: SentencePiece decodes "▁" as a space
+    assert why.readable(net, why.encode(net, "a dog runs")[0]) == "a dog runs"
+
+
+def test_translate_compare_says_which_attention_it_draws() -> None:
+    """Issue 48, item 7: Translate's compare said "same layer, head and view" beside A's cross-attention while it
+    drew the encoder's. Its labels name the encoder's self-attention."""
+    from tabs import translate
+
+    with gr.Blocks() as demo:
+        translate.build()
+    labels = [getattr(b, "label", "") or "" for b in demo.blocks.values()]
+    assert "B · encoder self-attention, same layer, head and view" in labels
+    assert "B, same layer, head and view" not in labels

@@ -97,22 +97,30 @@ def image_attribution(image: np.ndarray, values: np.ndarray, grid: tuple[int, in
     return fig.build()
 
 
+CURVE_DASHES = ("solid", "dot", "dashdot", "longdash")  # one per method, unlike the random order's "dash"
+CURVE_MARKERS = ("circle-open", "diamond", "square-open", "triangle-up")
+
+
 def deletion_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], random: tuple[np.ndarray, np.ndarray],
                     *, label: str, removed: str = "tokens", chosen: str | None = None) -> go.Figure:
     """The target class's probability as each method's top-ranked items are removed (one line per method,
-    ``(name, fractions, probs)``), and a random order's (dashed, the baseline). The chosen method is drawn
-    thicker. A faithful ranking makes its line fall fastest."""
+    ``(name, fractions, probs)``), and a random order's (dashed grey, the baseline). The chosen method is drawn
+    thicker. A faithful ranking makes its line fall fastest. Lines often coincide (every ranking leaves a confident
+    answer standing), so each has its own dash and marker, drawn widest first: none can hide another."""
     fig = Fig()
+    x, y = random
+    area = float(np.trapezoid(np.asarray(y, dtype=np.float64), np.asarray(x, dtype=np.float64)))
+    fig.add_trace(dict(type="scatter", mode="lines+markers", x=f32(x), y=f32(y), name=f"random order (area {area:.2f})",
+                       line=dict(color="#888", dash="dash", width=5), marker=dict(symbol="x-thin-open", size=14,
+                                                                                 line=dict(width=2, color="#888")),
+                       hovertemplate="random<br>%{x:.0%} removed: %{y:.1%}<extra></extra>"))
     for i, (name, x, y) in enumerate(curves):
         area = float(np.trapezoid(np.asarray(y, dtype=np.float64), np.asarray(x, dtype=np.float64)))
         fig.add_trace(dict(type="scatter", mode="lines+markers", x=f32(x), y=f32(y), name=f"{name} (area {area:.2f})",
-                           line=dict(color=HEAD_COLORS[i % len(HEAD_COLORS)], width=4 if name == chosen else 2),
+                           line=dict(color=HEAD_COLORS[i % len(HEAD_COLORS)], dash=CURVE_DASHES[i % len(CURVE_DASHES)],
+                                     width=(4 if name == chosen else 2.5) - 0.5 * min(i, 2)),
+                           marker=dict(symbol=CURVE_MARKERS[i % len(CURVE_MARKERS)], size=11 - 2 * min(i, 3)),
                            hovertemplate=f"{html.escape(name)}<br>%{{x:.0%}} removed: %{{y:.1%}}<extra></extra>"))
-    x, y = random
-    area = float(np.trapezoid(np.asarray(y, dtype=np.float64), np.asarray(x, dtype=np.float64)))
-    fig.add_trace(dict(type="scatter", mode="lines", x=f32(x), y=f32(y), name=f"random order (area {area:.2f})",
-                       line=dict(color="#888", dash="dash", width=2),
-                       hovertemplate="random<br>%{x:.0%} removed: %{y:.1%}<extra></extra>"))
     base_layout(fig, f"Deletion curve: P({html.escape(label)})<br><sup>as the top-ranked {removed} are removed</sup>",
                 height=520)
     fig.update_xaxes(title=dict(text=f"share of the {removed} removed (highest-ranked first)"), tickformat=".0%",
