@@ -312,6 +312,39 @@ def test_a_text_over_the_translator_positions_is_translated_sentence_by_sentence
     assert split_long(net, first) == (first, [], "")  # a text that fits is left whole
 
 
+def test_every_sentence_of_a_short_paragraph_is_translated_and_the_figures_say_which(tiny_checkpoints: Path,
+                                                                                      monkeypatch) -> None:
+    """Issue 48, item 1: a 5-sentence paragraph under 128 tokens came back as one German sentence, silently (the
+    model was trained on single captions). Every multi-sentence text is translated sentence by sentence, the output
+    keeps every sentence (each equal to that sentence translated alone), the figures' titles say which sentence
+    they show, and the picker draws any other sentence's figures."""
+    from tabs import translate as tab
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    net = serving.get_model("translator-en-de")
+    parts = ["The old woman sells fresh bread.", "Many people carry baskets!", "A child eats an apple.",
+             "Two dogs sleep under a table?", "The sun sets."]
+    text = " ".join(parts)
+    assert not net.tokenizer.encode(text, max_tokens=net.config.max_len).notice  # it fits the positions
+    out = tab.translate(text, 2)
+    solo = [net.translate(s, beam_size=2) for s in parts]
+    assert out[0] == " ".join(r.text for r in solo)
+    assert "Each of its 5 sentences was translated on its own" in out[1]
+    assert out[2].layout.title.text.startswith("Sentence 1 of 5 · ")
+    assert out[4].layout.title.text.startswith("Sentence 1 of 5 · Beam search")
+    picker, which = tab.sentence_picker(text)
+    assert picker["visible"] and len(picker["choices"]) == 5 and which == "sentence 1 of 5"
+    shown = tab.show_sentence(text, picker["choices"][2], 2)
+    assert "sentence 3 of 5" in shown[0] and shown[1].layout.title.text.startswith("Sentence 3 of 5")
+    cross = shown[5].attention["cross"]  # the kept result: the third sentence's own
+    assert cross.keys == solo[2].attention["cross"].keys and shown[-1] == "sentence 3 of 5"
+    assert tab.why_controls_for(text, picker["choices"][2])[0] == parts[2]
+    assert not tab.sentence_picker(parts[0])[0]["visible"]
+    with pytest.raises(gr.Error, match="5 sentences"):
+        tab.show_sentence(text, "9 · nothing", 2)
+
+
 def test_trained_swin_names_the_blocks_and_heads_it_shows(tiny_checkpoints: Path, monkeypatch) -> None:
     from tabs import swin as tab
 
