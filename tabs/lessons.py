@@ -98,6 +98,11 @@ def _label(tokens: list[str], i: int) -> str:
     return f"{i} · {tokens[i]}"
 
 
+def _stop(quoted: str) -> str:
+    """The full stop after a quoted sentence, unless the sentence ends with its own ("… entlang.." read as a typo)."""
+    return "" if quoted.rstrip().endswith((".", "!", "?", "…")) else "."
+
+
 def _seed(text: str) -> int:
     return read_seed((text or "0").strip() or "0")
 
@@ -471,7 +476,7 @@ def l6_align(inp: str) -> Question:
     src = r.source_tokens
     produced = r.target_tokens[row + 1] if row + 1 < len(r.target_tokens) else "</s>"
     order = [_label(src, j) for j in np.argsort(-w)]
-    return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*. At step {row} it produces "
+    return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*{_stop(r.text)} At step {row} it produces "
                     f"“{esc(produced)}”. **Which English token does that step attend to most (last layer, mean of "
                     "heads)?**", _offer(order[:2] + order[-2:], _label(src, best)), _label(src, best),
                     f"{_label(src, best)} gets {w[best]:.2f} of step {row}'s cross-attention",
@@ -513,7 +518,8 @@ def l6_greedy(inp: str) -> Question:
     beam, greedy = _translation(text, 5), _translation(text, 1)
     choices = ["the same translation", "a different translation", "no translation at all"]
     answer = choices[2] if not greedy.text else choices[0] if greedy.text == beam.text else choices[1]
-    return Question(f"Beam search (5) gives *{esc(beam.text)}*. **What does greedy search (beam 1) give?**", choices,
+    return Question(f"Beam search (5) gives *{esc(beam.text)}*{_stop(beam.text)} **What does greedy search (beam 1) "
+                    "give?**", choices,
                     answer, f"greedy: “{greedy.text}”",
                     "Greedy search takes the most likely word at every step, and on short captions it often agrees "
                     "with beam search. Where it does not, beam search found a sentence more likely as a whole.",

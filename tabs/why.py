@@ -76,7 +76,7 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
         run = gr.Button("Split this score")
     summary = gr.Markdown()
     fig = gr.Plot(label="the score split by residual-stream parts")
-    gr.Markdown(SINK_TEXT if sink else SINK_TEXT.split(" \"ablate the sink\"")[0] + ".")
+    gr.Markdown(SINK_TEXT if sink else sink_text_without_ablation())
     ablate = gr.Button("Ablate the sink (this head may not attend to the first token)", visible=sink)
     sink_note = gr.Markdown()
     with gr.Accordion("the score's terms as JSON", open=False):
@@ -112,6 +112,11 @@ def follow_layer(layer) -> dict:
 def follow_head(head) -> dict:
     """The section's head slider set to the figure's head when one head is shown."""
     return gr.update(value=int(head)) if str(head).isdigit() else gr.update()
+
+
+def sink_text_without_ablation() -> str:
+    """The sinks paragraph for a section that offers no ablation (Translate): up to the renormalised row."""
+    return SINK_TEXT.split("; \"ablate the sink\"")[0] + "."
 
 
 def controls(layers: int, heads: int, tokens: int) -> tuple[dict, dict, dict]:

@@ -284,3 +284,25 @@ def test_deletion_lines_cannot_hide_each_other(tiny) -> None:
     styles = {(t.line.dash, t.marker.symbol) for t in lines}
     assert len(styles) == 3 and all(t.mode == "lines+markers" for t in lines)
     assert lines[0].line.width > max(t.line.width for t in lines[1:])
+
+
+def test_no_doubled_stops_in_the_texts(tiny) -> None:
+    """Issue 48, item 12: "… entlang.." (a quoted translation's own full stop, then the sentence's) and the sinks
+    paragraph's "without it;." in Translate. No step text, verdict or explanation has a stop after a stop."""
+    import re
+
+    from tabs import why
+
+    doubled = re.compile(r"[.;!?]\*?\.(?!\.)")
+    for number, lesson in enumerate(lessons.LESSONS, 1):
+        for inp in INPUTS[number][:3]:
+            for step in range(1, len(lesson.steps) + 1):
+                q = lessons.question(number, step, inp)
+                for text in (q.text, q.fact, q.explanation):
+                    assert not doubled.search(text), (number, step, text)
+    net = serving.get_model("translator-en-de")
+    text = "A dog runs on the beach."
+    q = lessons.question(6, 1, text)
+    if net.translate(text).text.endswith("."):
+        assert f"*{lessons.esc(net.translate(text).text)}* At step" in q.text
+    assert why.sink_text_without_ablation().endswith("without it.")
