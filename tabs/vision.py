@@ -224,9 +224,13 @@ def _offered(asked: str, attribution) -> str:
 
 def explanation_figure(result, attribution):
     """One explanation of the kept image, signed, over what the model saw."""
-    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    free = attribution.method in ("attention", "rollout")  # read from the attention alone: for no class
+    title = (f"{EXPLANATIONS[attribution.method]} · the same for every class (p({attribution.label}) = "
+             f"{attribution.prob:.1%})" if free else
+             f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})")
     title += completeness(attribution)
-    return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title))
+    return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title,
+                                       signed=not free, label="share of attention" if free else "attribution"))
 
 
 def reexplain(state: dict | None, explanation: str, progress=gr.Progress()):

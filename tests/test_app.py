@@ -117,7 +117,8 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
     result = state["result"]
     assert result.pooling == pooling
     label = "the position the classifier reads" if pooling == "cls" else "every token (the classifier reads their mean)"
-    assert f"Attention rollout toward {result.labels[int(np.argmax(result.probs))]}" in html.unescape(highlight)
+    top = result.labels[int(np.argmax(result.probs))]
+    assert f"Attention rollout · the same for every class (p({top}) = " in html.unescape(highlight)
     assert f"read from {label}" in html.unescape(highlight)
     shown = [float(v) for v in re.findall(r'title="[^"]*: ([-+][0-9.e+-]+)"', highlight)]
     want = pooled_rollout(result.attention["encoder"].weights, pooling)
@@ -438,3 +439,26 @@ def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_pa
     assert shown.shape == (2 * PREVIEW_SIDE // 2, 2 * PREVIEW_SIDE, 3) and seen is shown  # a thumbnail, aspect kept
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
     assert preview(str(tmp_path / "broken.png"), "vit-fashion") == (None, None)  # classifying it says why
+
+
+def test_class_free_explanations_say_so(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, item 7: rollout was titled "toward negative" on a supports/against scale, though it does not
+    depend on the class ("charming" shown supporting *negative*). Attention and rollout are the same map for every
+    class, titled so, on a one-sided legend; a gradient method keeps its signed scale and target."""
+    import re
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+
+    def values(highlight: str) -> list[float]:
+        return [float(v) for v in re.findall(r'title="[^"]*: ([-+][0-9.e+-]+)"', highlight)]
+
+    for method in ("rollout", "attention"):
+        shown = {target: classify("a charming film .", "SST-2 sentiment", "trained from scratch", 0, "mean",
+                                  "heatmap", method, target)[2] for target in ("negative", "positive")}
+        assert values(shown["negative"]) == values(shown["positive"])
+        for text in shown.values():
+            assert "the same for every class" in text and "toward" not in text and "(supports)" not in text
+    gradient = classify("a charming film .", "SST-2 sentiment", "trained from scratch", 0, "mean", "heatmap",
+                        "gradxinput", "negative")[2]
+    assert "toward negative" in gradient and "(supports)" in gradient

@@ -140,7 +140,7 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
     _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
-    _wait_for_title(page, lambda t: t.startswith("Attention rollout toward"))
+    _wait_for_title(page, lambda t: t.startswith("Attention rollout · the same for every class"))
     before = plot_signature(page)
     _pick(page, "explanation", "Gradient × input")
     wait_for_change(page, before)
@@ -340,7 +340,7 @@ def test_choices_say_what_they_can_do_before_the_button(page) -> None:
     options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]  # ✓: chosen
     assert options == ["the predicted class", "negative", "positive"], options
     page.get_by_role("option", name="negative", exact=True).click()
-    expect(panel.locator(".highlight").first).to_contain_text("toward negative", timeout=30_000)
+    expect(panel.locator(".highlight").first).to_contain_text("(p(negative) = ", timeout=30_000)
     panel.get_by_label("AG News topic").check()
     panel.get_by_label("explain the class").click()
     expect(page.get_by_role("option", name="Sci/Tech", exact=True)).to_be_visible(timeout=30_000)
