@@ -126,7 +126,7 @@ def offered(model: str, explanation: str):
     swin = model in SWIN_MODELS
     keys = GRADIENT_METHODS if swin else tuple(EXPLANATIONS)
     value = explanation if explanation in keys else keys[0]
-    view = gr.update(interactive=not swin, value="CLS → patches",
+    view = gr.update(interactive=not swin, value=None if swin else "CLS → patches",  # Swin: neither applies
                      info="Swin has no CLS token: the map is the centre token's attention inside its window (click a "
                           "patch for another), at the block the layer slider picks; no rollout" if swin else None)
     return gr.update(choices=[(EXPLANATIONS[k], k) for k in keys], value=value), view

@@ -462,3 +462,33 @@ def test_class_free_explanations_say_so(tiny_checkpoints: Path, monkeypatch) -> 
     gradient = classify("a charming film .", "SST-2 sentiment", "trained from scratch", 0, "mean", "heatmap",
                         "gradxinput", "negative")[2]
     assert "toward negative" in gradient and "(supports)" in gradient
+
+
+def test_swin_overlay_follows_the_mean_and_max_of_heads(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, item 7: Vision with Swin drew head 0 for "mean" and "max" and kept "CLS → patches" selected. The
+    overlay is the window attention fused over the block's heads (checked against the mean and max written out),
+    titled so, and the view switch holds no value for Swin."""
+    from tabs import vision
+    from tabs.common import EXAMPLE_IMAGES
+    from viz.swin import window_attention_map
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    out = classify_image(str(EXAMPLE_IMAGES[0]), "swin-fashion", 3, 0, "mean", "CLS → patches", "gradxinput")
+    state = out[7]
+    result = state["result"]
+    block = result.windows[0]
+    query = (block.grid[0] // 2, block.grid[1] // 2)
+    drawn = {}
+    for head, fuse in (("mean", np.mean), ("max", np.max), ("1", None)):
+        overlay = vision.draw_image(result, 0, head, None)[0]
+        z = np.array(next(t for t in overlay.data if t.type == "heatmap").z, dtype=float)
+        w = block.weights if fuse is None else fuse(block.weights, axis=1, keepdims=True)
+        want, _ = window_attention_map(w, block.grid, block.window, block.shift, query, 1 if fuse is None else 0)
+        np.testing.assert_allclose(np.nan_to_num(z), np.nan_to_num(want), atol=1e-5)
+        drawn[head] = z
+        assert (f"{head} of" if fuse else "head 1") in overlay.layout.title.text
+    assert not np.allclose(np.nan_to_num(drawn["mean"]), np.nan_to_num(drawn["1"]))
+    _, view = vision.offered("swin-fashion", "gradxinput")
+    assert view["value"] is None and view["interactive"] is False
+    assert vision.offered("vit-fashion", "rollout")[1]["value"] == "CLS → patches"
