@@ -492,3 +492,20 @@ def test_swin_overlay_follows_the_mean_and_max_of_heads(tiny_checkpoints: Path, 
     _, view = vision.offered("swin-fashion", "gradxinput")
     assert view["value"] is None and view["interactive"] is False
     assert vision.offered("vit-fashion", "rollout")[1]["value"] == "CLS → patches"
+
+
+def test_swin_window_sliders_show_what_the_figure_draws() -> None:
+    """Issue 48, item 7: the Swin windows sliders showed shift 6 and window 63 while the figures used 3 and 8. The
+    sliders are clamped to the same values the figures use (read back from the note) and offer no more."""
+    import re
+
+    from tabs.swin import window_limits
+
+    for grid, window, shift, index in [(8, 4, 6, 63), (16, 8, 7, 63), (5, 8, 7, 3), (16, 1, 0, 63), (9, 4, 3, 20)]:
+        shift_u, index_u = window_limits(grid, window, shift, index)
+        note = swin_windows(grid, window, shift, index)[-1]
+        drawn_shift = int(re.search(r"shift (\d+)", note).group(1))
+        drawn_index = int(re.search(r"Window (\d+) blocks", note).group(1))
+        n_windows = int(re.search(r"(\d+) windows of", note).group(1))
+        assert (shift_u["value"], index_u["value"]) == (drawn_shift, drawn_index), note
+        assert index_u["maximum"] == max(n_windows - 1, 1) and shift_u["maximum"] == max(window - 1, 1)
