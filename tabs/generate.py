@@ -151,7 +151,8 @@ def build() -> Permalink:
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
+    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+             (zoom_defaults, [state], [q_last, k_last], {"show_progress": "hidden"})]
     chain(run.click, steps, api_name="generate", **serving.batch_events("generate"))
     chain(prompt.submit, steps, **serving.batch_events("generate"))
     for control in (step, layer, head, view, pooling):
@@ -162,6 +163,12 @@ def build() -> Permalink:
     write_npz.click(attention_npz, [state], [download], api_name="attention_npz", concurrency_limit=1)
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
+    # another model: the last model's continuation and figures go (an error of the new one stood under them)
+    model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
+                api_name=False, show_progress="hidden", **FAST)
+    # "Switch the head off" follows the layer and the head the heatmap shows (it ablated head 0 beside head 1)
+    layer.change(why.follow_layer, [layer], [ablate_layer], api_name=False, show_progress="hidden", **FAST)
+    head.change(why.follow_head, [head], [ablate_head], api_name=False, show_progress="hidden", **FAST)
     ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation],
                  api_name="ablate_head")
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
@@ -362,6 +369,8 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
+    # a last position past the end is the end (the boxes' 63 on a 16-token text); a first one past it is refused
+    q_last, k_last = (t - 1 if _past_end(v, t) else v for v in (q_last, k_last))
     first_q, last_q = _position(q_first, 0, t, "first query"), _position(q_last, t - 1, t, "last query")
     first_k, last_k = _position(k_first, 0, t, "first key"), _position(k_last, t - 1, t, "last key")
     if first_q > last_q or first_k > last_k:
@@ -376,6 +385,22 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     return va.attention_zoom(amap.weights, amap.queries, amap.keys, rows=(first_q, last_q + 1),
                              cols=(first_k, last_k + 1), layer=layer, head=h, kind="Decoder self-attention",
                              pool=pooling)
+
+
+def _past_end(value, n: int) -> bool:
+    """A whole number at or past ``n`` (the end of a text of n tokens)."""
+    try:
+        return float(value) >= n and float(value).is_integer()
+    except (TypeError, ValueError):
+        return False
+
+
+def zoom_defaults(state: dict | None):
+    """The zoom boxes' last positions after a generation: the block's default end (63) within the text."""
+    if not state:
+        return gr.update(), gr.update()
+    end = min(63, len(state["result"].tokens) - 1)
+    return gr.update(value=end), gr.update(value=end)
 
 
 def _position(value, default: int, n: int, name: str) -> int:

@@ -509,3 +509,33 @@ def test_swin_window_sliders_show_what_the_figure_draws() -> None:
         n_windows = int(re.search(r"(\d+) windows of", note).group(1))
         assert (shift_u["value"], index_u["value"]) == (drawn_shift, drawn_index), note
         assert index_u["maximum"] == max(n_windows - 1, 1) and shift_u["maximum"] == max(window - 1, 1)
+
+
+def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, items 4, 7 and 12: "Zoom into the block" kept its 0–63 boxes and failed on a 16-token text; "Switch
+    the head off" ablated layer 3 head 0 while head 1 was on screen; a new model's error stood under the last
+    model's continuation. The zoom's end follows the text, the ablation sliders follow the heatmap's layer and
+    head, and choosing another model empties the last one's outputs."""
+    from tabs import generate as tab
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    state = tab.generate("a dog", 3)[6]
+    t = len(state["result"].tokens)
+    assert t < 63
+    fig = tab.zoom(state, 0, "0", 0, 63, 0, 63)
+    assert len(fig.data[0].z) == t  # the whole text, not an error
+    assert [u["value"] for u in tab.zoom_defaults(state)] == [t - 1, t - 1]
+    with pytest.raises(gr.Error, match="first query"):
+        tab.zoom(state, 0, "0", 99, 120, 0, 5)
+    with gr.Blocks() as demo:
+        tab.build()
+    sliders = {getattr(b, "label", None): b for b in demo.blocks.values()}
+    followers = [fn for fn in demo.fns.values() if len(fn.outputs) == 1 and fn.outputs[0] in
+                 (sliders["layer of the head"], sliders["head"]) and len(fn.inputs) == 1]
+    by_output = {fn.outputs[0].label: fn for fn in followers}
+    assert by_output["layer of the head"].fn(3)["value"] == 3 and by_output["head"].fn("1")["value"] == 1
+    plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
+    clearing = [fn for fn in demo.fns.values() if not fn.inputs and any(k == "input" for _, k in fn.targets)
+                and sum(o in plots for o in fn.outputs) >= 3]
+    assert clearing and all(v in ("", None) for v in clearing[0].fn())
