@@ -539,3 +539,39 @@ def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monk
     clearing = [fn for fn in demo.fns.values() if not fn.inputs and any(k == "input" for _, k in fn.targets)
                 and sum(o in plots for o in fn.outputs) >= 3]
     assert clearing and all(v in ("", None) for v in clearing[0].fn())
+
+
+def test_vision_preview_and_class_choices(tiny_checkpoints: Path, monkeypatch, tmp_path: Path) -> None:
+    """Issue 48, items 8 and 12: a transparent PNG was previewed on black while the model saw it on white
+    ("light background: inverted"); 28- and 5-pixel uploads were shown at their size; the target class was a
+    free-text box. The preview composites on white as the model does and enlarges small images; the target is a
+    dropdown of the chosen model's classes, and picking one explains it at once."""
+    from PIL import Image
+
+    from tabs import vision
+
+    monkeypatch.setattr(serving, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(serving, "MODELS", serving.ModelStore())
+    rgba = np.zeros((40, 40, 4), dtype=np.uint8)
+    rgba[10:30, 18:22] = (0, 0, 0, 255)  # a black bar on a fully transparent ground
+    path = tmp_path / "clear.png"
+    Image.fromarray(rgba, "RGBA").save(path)
+    shown, seen = vision.preview(str(path), "vit-fashion")
+    assert (shown[0, 0] == 255).all() and (shown[shown.shape[0] // 2, shown.shape[1] // 2] == 0).all()
+    assert seen[0, 0].max() < 50  # the model's input: inverted (light ground), so the ground is dark
+    for side in (28, 5):
+        small = tmp_path / f"small{side}.png"
+        Image.fromarray(np.full((side, side, 3), 200, np.uint8)).save(small)
+        shown, _ = vision.preview(str(small), "vit-fashion")
+        assert shown.shape[0] >= vision.PREVIEW_SIDE - side and shown.shape[0] % side == 0
+    labels = serving.checkpoint_labels("vit-fashion")
+    assert vision.class_choices("vit-fashion") == [("the predicted class", ""), *[(x, x) for x in labels]]
+    assert vision.target_update("swin-fashion", labels[1])["value"] == labels[1]
+    with gr.Blocks() as demo:
+        vision.build()
+    drop = next(b for b in demo.blocks.values() if getattr(b, "label", None) == "explain the class")
+    assert isinstance(drop, gr.Dropdown)
+    assert any((drop._id, "input") in [(i, k) for i, k in fn.targets] and fn.fn is not None and
+               "classify_image" in getattr(fn.fn, "__name__", "") for fn in demo.fns.values())
+    with pytest.raises(gr.Error, match="Unknown class 'banana'"):
+        classify_image(vision.EXAMPLE_IMAGES[0], "vit-fashion", 3, 0, "mean", "CLS → patches", "rollout", "banana")
