@@ -29,7 +29,7 @@ from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, read_seed
 from tabs.permalink import Permalink, chain
 from tabs.serving import get_model
 from viz import attention as va
-from viz.common import esc
+from viz.common import TEMPLATE, esc
 
 TITLE = "Lessons"
 INTRO = """**Predict, then reveal.** Each lesson walks through one idea in a few steps over the app's real models.
@@ -135,7 +135,7 @@ def _scores_bars(scores: np.ndarray, keys: list[str]) -> go.Figure:
                                                                                     for v in scores],
                            hovertemplate="key %{x}: score %{y:.3f}<extra></extra>"))
     fig.update_layout(title="Query t0's scores QKᵀ/√d_k (before the softmax; negative ones in red)", height=340,
-                      template="plotly_white", margin=dict(t=70))
+                      template=TEMPLATE, margin=dict(t=70))
     fig.update_xaxes(title="key", type="category")
     fig.update_yaxes(title="scaled score QKᵀ/√d_k", zeroline=True, zerolinecolor="#444")
     return fig
@@ -642,7 +642,7 @@ def _ig_bars(ig) -> go.Figure:
                            marker_color=["#d62728" if v < 0 else "#1f77b4" for v in values],
                            hovertemplate="%{x}: %{y:.3f}<extra>integrated gradients</extra>"))
     fig.update_layout(title=f"Integrated gradients per token (for {esc(ig.label)}; negative: against it)",
-                      height=380, template="plotly_white", margin=dict(t=70, b=120))
+                      height=380, template=TEMPLATE, margin=dict(t=70, b=120))
     fig.update_xaxes(type="category", tickangle=-45)
     fig.update_yaxes(title="integrated gradients", zeroline=True, zerolinecolor="#444")
     return fig
