@@ -137,9 +137,8 @@ def build() -> Permalink:
         roles_run = gr.Button("Repeated random tokens")
     roles_note = gr.Markdown()
     roles = gr.Plot(label="head roles")
-    with gr.Row():
-        stripe = gr.Plot(label="the strongest induction head")
-        losses = gr.Plot(label="loss on each copy")
+    stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
+    losses = gr.Plot(label="loss on each copy")
     why.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section, repeated=True)
     with gr.Row():
         download = gr.File(label="attention arrays (.npz)", scale=3)
@@ -519,14 +518,20 @@ def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Pro
     ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)
     scores = role_scores(weights, n)
-    fig = vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
+    from tabs.common import fit  # here, not at the top: the figure takes its column's width (it lost its colour bar)
+
+    fig = fit(vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
                                 title=f"Head roles · {model} · N = {n}",
                                 subtitle="mean attention on the role's key (induction, duplicate: over the "
-                                         "second copy)", label="score")
+                                         "second copy)", label="score"))
     best = np.unravel_index(int(np.argmax(scores["induction"])), scores["induction"].shape)
     tokens = [net.piece(i) for i in ids]
-    stripe = va.attention_heatmap(weights, tokens, tokens, layer=int(best[0]), head=int(best[1]),
-                                  kind=f"Induction stripe · score {scores['induction'][best]:.2f}")
+    stripe = fit(va.attention_heatmap(weights, tokens, tokens, layer=int(best[0]), head=int(best[1]),
+                                      kind=f"Induction stripe · score {scores['induction'][best]:.2f}"))
+    for axis in (stripe.layout.xaxis, stripe.layout.yaxis):  # fitted to its box: at most 50 labels a side
+        if axis.tickvals is not None and len(axis.tickvals) > 50:
+            k = -(-len(axis.tickvals) // 50)
+            axis.tickvals, axis.ticktext = axis.tickvals[::k], axis.ticktext[::k]
     lines = vg.copy_losses(loss[:n], loss[n : 2 * n])
     summary = " · ".join(f"strongest {name.split(' (')[0]}: layer {i} head {j} ({scores[k][i, j]:.2f})"
                          for name, k in ROLES.items()

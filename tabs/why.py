@@ -138,9 +138,9 @@ def patching(tab: str, resolve: Callable[..., str], model_inputs: list, examples
                                value=examples[0][1] if examples else "")
     pieces = gr.Markdown(elem_id=f"{tab}-patch-tokens")
     with gr.Row():
-        target = gr.Textbox("", label="target (empty: where the two inputs' predictions differ most)")
+        target = gr.Textbox("", label="target (empty: where the predictions differ)")
         sweep = gr.Radio(list(SWEEPS), value=list(SWEEPS)[0], label="patch")
-        align = gr.Checkbox(False, label="align unequal inputs (pad the shorter differing span)")
+        align = gr.Checkbox(False, label="align unequal inputs")
         run = gr.Button("Patch", variant="primary")
         rep = gr.Button("Induction example: first copy replaced") if repeated else None
     if examples:

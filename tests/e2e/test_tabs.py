@@ -450,3 +450,24 @@ def test_positional_says_what_it_ignored_and_no_title_is_cut(page) -> None:
                 page.wait_for_timeout(250)
             assert found == ([], []), (width, tab, found)
     assert page.js_errors == []
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_head_roles_and_the_stripe_fit_or_scroll_visibly(page, width: int) -> None:
+    """Issue 48, item 6: head roles lost its colour bar at 1400 px and its fourth panel at 1024 px, and the
+    induction stripe (1,310 px in a 600 px box) was cut off: the boxes scrolled, with an overlay scrollbar that
+    showed nothing. Both now take their box's width (the stripe a row of its own)."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_role("button", name="Repeated random tokens").click()
+    _wait_for_title(page, lambda t: t.startswith("Induction stripe"), timeout=90)
+    _wait_for_title(page, lambda t: t.startswith("Head roles"), timeout=30)
+    page.wait_for_timeout(1000)
+    assert clipped_figures(page) == []
+    fits = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.offsetParent
+        && e._fullLayout && /^(Head roles|Induction stripe)/.test(e._fullLayout.title.text || ''))
+        .map(e => [e._fullLayout.width, e.parentElement.clientWidth])""")
+    assert len(fits) == 2 and all(w <= box + 1 for w, box in fits), fits
+    screenshot(page, f"generate-roles-{width}")
+    assert page.js_errors == []
