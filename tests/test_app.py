@@ -575,3 +575,21 @@ def test_vision_preview_and_class_choices(tiny_checkpoints: Path, monkeypatch, t
                "classify_image" in getattr(fn.fn, "__name__", "") for fn in demo.fns.values())
     with pytest.raises(gr.Error, match="Unknown class 'banana'"):
         classify_image(vision.EXAMPLE_IMAGES[0], "vit-fashion", 3, 0, "mean", "CLS → patches", "rollout", "banana")
+
+
+def test_readme_has_a_path_for_teachers() -> None:
+    """Issue 48, item 14: a short "for teachers" path: every tab of the app and every lesson named in it, the links
+    per slide and the export; its promises (sentence-by-sentence translation with a picker, sideways scrolling with
+    a scrollbar) are kept by the code (tested above and in tests/e2e)."""
+    import app
+    from tabs import lessons
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## For teachers", 1)[1].split("\n## ", 1)[0]
+    for tab in app.TABS:
+        assert tab.TITLE in section, tab.TITLE
+    for number in range(1, len(lessons.LESSONS) + 1):
+        assert f"lesson {number}" in section or f"lessons {number}" in section or f"–{number}" in section, number
+    assert "Export this lesson as an HTML page" in section and "link" in section
+    assert "sentence by sentence" in section and "scrollbar" in section
+    assert "-webkit-scrollbar" in app.CSS  # the promise of a drawn scrollbar
