@@ -542,26 +542,16 @@ def _pair(net, clean: str, corrupted: str, target: str, align: bool = False
     return wanted, a, b, aligned
 
 
-def _span(a: list, b: list) -> tuple[int, int]:
-    """(prefix, suffix): how many tokens the two lists share at their start and, after that, at their end."""
-    p = 0
-    while p < min(len(a), len(b)) and a[p] == b[p]:
-        p += 1
-    s = 0
-    while s < min(len(a), len(b)) - p and a[-1 - s] == b[-1 - s]:
-        s += 1
-    return p, s
-
-
 def differing(ta: list[str], tb: list[str]) -> str:
-    """Which pieces differ between the two inputs, in words."""
-    p, s = _span(ta, tb)
-    da, db = ta[p: len(ta) - s], tb[p: len(tb) - s]
-    if not da and not db:
+    """Which pieces differ between the two inputs, in words (each differing span, up to three)."""
+    blocks = _blocks(ta, tb)
+    if not blocks:
         return "The two inputs have the same tokens."
     shown = lambda pieces: " ".join(f"`{esc(t)}`" for t in pieces) or "nothing"  # noqa: E731
-    return (f"From position {p} they differ: clean {shown(da)} ({len(da)} piece{'s' * (len(da) != 1)}), corrupted "
-            f"{shown(db)} ({len(db)} piece{'s' * (len(db) != 1)}).")
+    said = [f"at {i1}: clean {shown(ta[i1:i2])} ({i2 - i1} piece{'s' * (i2 - i1 != 1)}), corrupted "
+            f"{shown(tb[j1:j2])} ({j2 - j1} piece{'s' * (j2 - j1 != 1)})" for i1, i2, j1, j2 in blocks[:3]]
+    more = f"; {len(blocks) - 3} more" if len(blocks) > 3 else ""
+    return "They differ " + "; ".join(said) + more + "."
 
 
 _FILLERS: dict[int, int | None] = {}
@@ -578,27 +568,42 @@ def filler(net) -> int | None:
     return _FILLERS[key]
 
 
+def _blocks(a: list, b: list) -> list[tuple[int, int, int, int]]:
+    """The spans where two token lists differ, as (start in a, end in a, start in b, end in b), from difflib's
+    longest matching blocks (each swapped word its own span, the shared words between them matched)."""
+    import difflib
+
+    ops = difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+    return [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in ops if tag != "equal"]
+
+
 def align_ids(net, a: list[int], b: list[int]) -> tuple[list[int], list[int], str]:
-    """Two unequal inputs made equal: the tokens they share at the start and the end stay; the shorter of the two
-    differing spans between gets word-boundary tokens (`filler`) before its pieces, so that both spans take the same
-    positions and every shared token after them lines up. Returns both id lists and a sentence saying what was
-    padded."""
+    """Two unequal inputs made equal: the tokens they share stay; in each span where they differ (difflib's
+    matching, so each swapped word is its own span), the shorter side gets word-boundary tokens (`filler`) before
+    its pieces, so that both spans take the same positions and every shared token after them lines up. Returns both
+    id lists and a sentence saying what was padded."""
     pad = filler(net)
     if pad is None:
         raise Error("This model's vocabulary has no bare word-boundary token to pad with; change a word for one of "
                     "the same length in tokens instead.")
-    p, s = _span(a, b)
-    da, db = a[p: len(a) - s], b[p: len(b) - s]
-    n = abs(len(da) - len(db))
-    which = "clean" if len(da) < len(db) else "corrupted"
-    if which == "clean":
-        a = a[:p] + [pad] * n + a[p:]
-    else:
-        b = b[:p] + [pad] * n + b[p:]
-    where = ", ".join(str(p + i) for i in range(n))
-    return a, b, (f"Aligned: the {which} input got {n} word-boundary token{'s' * (n != 1)} at position"
-                  f"{'s' * (n != 1)} {where}, before its differing word, so both have {len(a)} tokens and the tokens "
-                  "after the swap line up.")
+    out_a, out_b, padded = [], [], {"clean": [], "corrupted": []}
+    i = j = 0
+    for i1, i2, j1, j2 in _blocks(a, b):
+        out_a += a[i:i1]
+        out_b += b[j:j1]
+        n = (j2 - j1) - (i2 - i1)
+        side, out = ("clean", out_a) if n > 0 else ("corrupted", out_b)
+        padded[side] += range(len(out), len(out) + abs(n))
+        out += [pad] * abs(n)
+        out_a += a[i1:i2]
+        out_b += b[j1:j2]
+        i, j = i2, j2
+    out_a += a[i:]
+    out_b += b[j:]
+    said = "; ".join(f"the {side} input {len(where)} at position{'s' * (len(where) != 1)} "
+                     f"{', '.join(map(str, where))}" for side, where in padded.items() if where)
+    return out_a, out_b, (f"Aligned with word-boundary tokens before each shorter differing word ({said}), so both "
+                          f"have {len(out_a)} tokens and every shared token lines up.")
 
 
 def tokens_preview(name: str, clean: str, corrupted: str, align: bool = False) -> str:
@@ -614,8 +619,8 @@ def tokens_preview(name: str, clean: str, corrupted: str, align: bool = False) -
         return f"⚠ {err.message}"
 
     def line(label: str, tokens: list[str], other: list[str]) -> str:
-        p, s = _span(tokens, other)
-        shown = [f"**{esc(t)}**" if p <= i < len(tokens) - s else esc(t) for i, t in enumerate(tokens)]
+        marked = {k for i1, i2, _, _ in _blocks(tokens, other) for k in range(i1, i2)}
+        shown = [f"**{esc(t)}**" if i in marked else esc(t) for i, t in enumerate(tokens)]
         return f"{label} · {len(tokens)} tokens: " + " · ".join(shown)
 
     head = [line("clean", ta, tb), line("corrupted", tb, ta)]

@@ -239,7 +239,7 @@ def test_unequal_inputs_are_explained_and_aligned(tiny) -> None:
     clean, corrupted = "a dog runs on the grass", "a cat runs on the grass"
     ta, tb = why.encode(net, clean)[1], why.encode(net, corrupted)[1]
     assert len(ta) != len(tb)
-    with pytest.raises(gr.Error, match="differ: clean .*piece.* corrupted .*piece") as err:
+    with pytest.raises(gr.Error, match=r"differ at \d+: clean .*piece.* corrupted .*piece") as err:
         why.patch(clean, corrupted, "gpt-tiny")
     assert "align" in str(err.value)
     shown = why.tokens_preview("gpt-tiny", clean, corrupted)
@@ -253,6 +253,15 @@ def test_unequal_inputs_are_explained_and_aligned(tiny) -> None:
     # the shared tail (from "runs" on) sits at the same positions in both
     tail = len(why.encode(net, " runs on the grass")[0]) - 1
     assert a[-tail:] == b[-tail:]
+    # a name swapped twice: each occurrence padded on its own, so the words between the two line up too
+    two = ["a dog saw the man and the dog ran", "a cat saw the man and the cat ran"]
+    ids = [why.encode(net, t)[0] for t in two]
+    a2, b2, said2 = why.align_ids(net, *ids)
+    assert len(a2) == len(b2) and said2.count(",") >= 1
+    middle = why.encode(net, " saw the man and the")[0][1:]
+    at_a = next(i for i in range(len(a2)) if a2[i:i + len(middle)] == middle)
+    at_b = next(i for i in range(len(b2)) if b2[i:i + len(middle)] == middle)
+    assert at_a == at_b  # the shared middle at the same positions
     _, table = why.patch(clean, corrupted, "gpt-tiny", "", "positions", True)
     assert len(table["clean_tokens"]) == len(table["corrupted_tokens"]) == len(a)
     assert np.array(table["restored"]).shape[1] == len(a)
