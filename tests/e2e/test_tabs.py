@@ -471,3 +471,19 @@ def test_head_roles_and_the_stripe_fit_or_scroll_visibly(page, width: int) -> No
     assert len(fits) == 2 and all(w <= box + 1 for w, box in fits), fits
     screenshot(page, f"generate-roles-{width}")
     assert page.js_errors == []
+
+
+def test_a_paragraph_keeps_every_sentence_and_the_picker_draws_each(page) -> None:
+    """Issue 48, item 1: a paragraph of short sentences came back as one sentence, silently. Every sentence is
+    translated, the figures say which sentence they show, and the picker redraws them for another sentence."""
+    open_tab(page, "Translate")
+    panel = _panel(page)
+    panel.get_by_label("English sentence").fill("A dog runs on the beach. Two girls play in the park. A man sleeps.")
+    panel.get_by_role("button", name="Translate", exact=True).click()
+    expect(panel).to_contain_text("Each of its 3 sentences was translated on its own", timeout=60_000)
+    _wait_for_title(page, lambda t: t.startswith("Sentence 1 of 3 · "), timeout=60)
+    _pick(page, "sentence the figures show", "2 · Two girls play in the park.")
+    _wait_for_title(page, lambda t: t.startswith("Sentence 2 of 3 · "), timeout=60)
+    expect(panel).to_contain_text("The figures show sentence 2 of 3", timeout=30_000)
+    assert not any(t.startswith("Sentence 1 of 3") for t in titles(page))
+    assert page.js_errors == []
