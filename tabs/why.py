@@ -619,7 +619,10 @@ def tokens_preview(name: str, clean: str, corrupted: str, align: bool = False) -
         return f"⚠ {err.message}"
 
     def line(label: str, tokens: list[str], other: list[str]) -> str:
-        marked = {k for i1, i2, _, _ in _blocks(tokens, other) for k in range(i1, i2)}
+        if len(tokens) == len(other):  # position by position, as patching pairs them
+            marked = {i for i, (x, y) in enumerate(zip(tokens, other, strict=True)) if x != y}
+        else:  # unequal: difflib's spans, as "align" pads them
+            marked = {k for i1, i2, _, _ in _blocks(tokens, other) for k in range(i1, i2)}
         shown = [f"**{esc(t)}**" if i in marked else esc(t) for i, t in enumerate(tokens)]
         return f"{label} · {len(tokens)} tokens: " + " · ".join(shown)
 

@@ -244,7 +244,14 @@ def test_unequal_inputs_are_explained_and_aligned(tiny) -> None:
     assert "align" in str(err.value)
     shown = why.tokens_preview("gpt-tiny", clean, corrupted)
     assert f"{len(ta)} tokens" in shown and f"{len(tb)} tokens" in shown and "Different lengths" in shown
-    assert "ready to patch" in why.tokens_preview("gpt-tiny", clean, "a man runs on the grass")
+    ready = why.tokens_preview("gpt-tiny", clean, "a man runs on the grass")
+    assert "ready to patch" in ready
+    # equal lengths: the pieces that differ position by position are marked, nothing else (the induction example's
+    # second copy equals the corrupted input's, which difflib would have matched to the clean first copy)
+    pa, pb = why.encode(net, clean)[1], why.encode(net, "a man runs on the grass")[1]
+    differ = [i for i, (x, y) in enumerate(zip(pa, pb, strict=True)) if x != y]
+    clean_line = ready.split("\n\n")[0]
+    assert clean_line.count("**") == 2 * len(differ)
     a, b, said = why.align_ids(net, why.encode(net, clean)[0], why.encode(net, corrupted)[0])
     assert len(a) == len(b) and "position" in said
     short, long_ = (a, b) if len(ta) < len(tb) else (b, a)
