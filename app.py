@@ -27,6 +27,10 @@ CSS = """
 footer {display: none !important;}
 .atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
 .block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
+/* and shows that it does: a styled scrollbar is drawn always (an overlay one hid the colour bar and later panels) */
+.block:has(> .js-plotly-plot)::-webkit-scrollbar {height: 12px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-thumb {background: #b8b8c8; border-radius: 6px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-track {background: #eeeef4;}
 /* A failed request says so once, in its toast: no "Error" badge over each of its outputs (Gradio's status tracker). */
 [data-testid="status-tracker"]:has(> .error) {display: none !important;}
 .atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */

@@ -245,13 +245,20 @@ def draw_attention(state, layer: int, head: str, view: str):
 
 
 def colouring(attribution) -> str:
-    """The text, sub-word pieces merged into words, coloured by one explanation toward its class."""
-    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    """The text, sub-word pieces merged into words, coloured by one explanation toward its class (attention and
+    rollout are for no class: they say so, on a one-sided scale)."""
+    free = attribution.method in CLASS_FREE
+    title = (f"{EXPLANATIONS[attribution.method]} · the same for every class (p({attribution.label}) = "
+             f"{attribution.prob:.1%})" if free else
+             f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})")
     if attribution.method in ("rollout", "attention", "relevance"):
         title += " · read from " + ("the position the classifier reads" if attribution.pooling == "cls"
                                     else "every token (the classifier reads their mean)")
     title += completeness(attribution)
-    return vattr.signed_highlight(attribution.tokens, attribution.values, title=title)
+    return vattr.signed_highlight(attribution.tokens, attribution.values, title=title, signed=not free)
+
+
+CLASS_FREE = ("attention", "rollout")  # read from the attention alone: the same map whatever class is asked about
 
 
 def recolour(state, explanation: str, progress=gr.Progress()):

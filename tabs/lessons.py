@@ -10,11 +10,13 @@ same steps to the API, so the lessons are testable end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
-import json
+import random
 import re
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ from examples import sentences
 from tabs.common import DOWNLOADS, EXAMPLE_IMAGES, Error, get_model, read_seed
 from tabs.permalink import Permalink, chain
 from viz import attention as va
-from viz.common import esc
+from viz.common import TEMPLATE, esc
 
 TITLE = "Lessons"
 INTRO = """**Predict, then reveal.** Each lesson walks through one idea in a few steps over the app's real models.
@@ -60,10 +62,18 @@ class Lesson:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _offer(candidates: list[str], answer: str, k: int = 4) -> list[str]:
-    """Up to ``k`` distinct choices, the answer always among them, in natural order (positions, heads, patches by
-    their numbers), so that where the answer stands says nothing."""
+    """Up to ``k`` distinct choices, the answer always among them (their order is set by `_shuffled`)."""
     out = [c for c in dict.fromkeys(candidates) if c != answer][: k - 1]
-    return sorted([*out, answer], key=lambda c: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", c)])
+    return [answer, *out]
+
+
+def _shuffled(q: Question, number: int, step: int, inp: str) -> Question:
+    """The question with its choices in an order drawn from the lesson, step and input (crc32 as the seed, so the
+    same input always lists them the same way, in the page, the API and the export), so that where the right answer
+    stands says nothing: a step's own list puts it first as often as not."""
+    choices = list(q.choices)
+    random.Random(zlib.crc32(f"{number}/{step}/{inp}".encode())).shuffle(choices)
+    return dataclasses.replace(q, choices=choices)
 
 
 def _mark(fig: go.Figure, prediction: str | None, x=None, y=None, *, note: str = "") -> go.Figure:
@@ -85,6 +95,11 @@ def _mark(fig: go.Figure, prediction: str | None, x=None, y=None, *, note: str =
 
 def _label(tokens: list[str], i: int) -> str:
     return f"{i} · {tokens[i]}"
+
+
+def _stop(quoted: str) -> str:
+    """The full stop after a quoted sentence, unless the sentence ends with its own ("… entlang.." read as a typo)."""
+    return "" if quoted.rstrip().endswith((".", "!", "?", "…")) else "."
 
 
 def _seed(text: str) -> int:
@@ -112,14 +127,26 @@ def _steps(seed: int, mask: str = "none"):
     return pg.compute_steps(seq_len=6, d_k=8, seed=seed, mask=mask, scale=True)
 
 
+def _scores_bars(scores: np.ndarray, keys: list[str]) -> go.Figure:
+    """Query t0's scaled scores as signed bars on their own axis: scores are not weights (they may be negative and
+    do not sum to 1), so they get no attention-weight colour bar."""
+    fig = go.Figure(go.Bar(x=keys, y=np.asarray(scores, dtype=float), marker_color=["#d62728" if v < 0 else "#1f77b4"
+                                                                                    for v in scores],
+                           hovertemplate="key %{x}: score %{y:.3f}<extra></extra>"))
+    fig.update_layout(title="Query t0's scores QKᵀ/√d_k (before the softmax; negative ones in red)", height=340,
+                      template=TEMPLATE, margin=dict(t=70))
+    fig.update_xaxes(title="key", type="category")
+    fig.update_yaxes(title="scaled score QKᵀ/√d_k", zeroline=True, zerolinecolor="#444")
+    return fig
+
+
 def l1_argmax(inp: str) -> Question:
     from viz import playground as pg
 
     s = _steps(_seed(inp))
     keys = [f"t{j}" for j in range(6)]
     best = int(np.argmax(s.weights[0]))
-    before = va.attention_heatmap(s.scaled[:1], ["t0"], keys, autoscale=True, kind="Scaled scores of query t0",
-                                  title="Query t0's scores QKᵀ/√d_k (before the softmax)")
+    before = _scores_bars(s.scaled[0], keys)
     order = [keys[j] for j in np.argsort(-s.scaled[0])]
     return Question(
         "Query t0 has been compared with every key: its scaled scores are drawn above. **After the softmax, which "
@@ -303,10 +330,11 @@ def l4_previous(inp: str) -> Question:
     from viz import stats as vs
 
     net, n, ids, loss, weights, prev, ind = _repeated(inp)
-    roles = np.stack([prev, ind], -1)
+    roles = prev[..., None]  # the previous-token score alone: the induction score answers the next step
 
     def reveal(p):
-        fig = vs.head_share_heatmap(roles, ["previous token", "induction"], title="Head roles on repeated tokens",
+        fig = vs.head_share_heatmap(roles, ["previous token"], title="Previous-token score on repeated tokens",
+                                    subtitle="mean attention from each token to the one just before it",
                                     label="score")
         if p is None:
             return _mark(fig, p)
@@ -447,7 +475,7 @@ def l6_align(inp: str) -> Question:
     src = r.source_tokens
     produced = r.target_tokens[row + 1] if row + 1 < len(r.target_tokens) else "</s>"
     order = [_label(src, j) for j in np.argsort(-w)]
-    return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*. At step {row} it produces "
+    return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*{_stop(r.text)} At step {row} it produces "
                     f"“{esc(produced)}”. **Which English token does that step attend to most (last layer, mean of "
                     "heads)?**", _offer(order[:2] + order[-2:], _label(src, best)), _label(src, best),
                     f"{_label(src, best)} gets {w[best]:.2f} of step {row}'s cross-attention",
@@ -461,17 +489,25 @@ def l6_beam(inp: str) -> Question:
     from viz import text as vt
 
     r = _translation(_sentence(inp, sentences.TRANSLATE[0]), 5)
-    first = r.beam[0]
-    best = int(np.argmax(first.scores))
-    choices = ["yes, it led from the first step", "no, another hypothesis overtook it", "there was only one"]
-    answer = choices[2] if len(first.scores) == 1 else choices[0] if r.chosen[0] == best else choices[1]
-    return Question("Beam search keeps the 5 best partial translations at every step. **Was the translation it "
-                    "finally chose already the best one after the first word?**", choices, answer,
-                    f"after step 0 the best hypothesis was “{first.tokens[best]}”; the chosen one began with "
-                    f"“{first.tokens[r.chosen[0]]}”",
-                    "A greedy decoder commits to the best first word. Beam search keeps alternatives alive, so a "
-                    "weaker start can still win on the whole sentence.",
+    slots = beam_slots(r)
+    choices = ["yes, in the top slot at every step", "it started on top, then fell behind",
+               "no, it started below the top slot"]
+    answer = choices[0] if not any(slots) else choices[1] if slots[0] == 0 else choices[2]
+    lower = [t for t, slot in enumerate(slots) if slot]
+    return Question("Beam search keeps the 5 best partial translations at every step, the most likely one in the top "
+                    "slot. **Did the translation it finally chose hold the top slot at every step?**", choices,
+                    answer, f"the chosen translation's slot at steps 0–{len(slots) - 1}: "
+                    + " ".join(str(v) for v in slots)
+                    + (f" (below the top at step{'s' if len(lower) > 1 else ''} {', '.join(map(str, lower))})"
+                       if lower else ""),
+                    "A greedy decoder commits to the best word at every step. Beam search keeps alternatives alive, "
+                    "so a hypothesis that is behind for a while can still win on the whole sentence.",
                     lambda p: _mark(vt.beam_tree(r.beam, r.chosen, title="Beam search (beam size 5)"), p))
+
+
+def beam_slots(r) -> list[int]:
+    """The beam slot of the chosen hypothesis at each step: the red path the beam tree draws (slot 0 is the top)."""
+    return [int(c) for c in r.chosen[: len(r.beam)]]
 
 
 def l6_greedy(inp: str) -> Question:
@@ -481,7 +517,8 @@ def l6_greedy(inp: str) -> Question:
     beam, greedy = _translation(text, 5), _translation(text, 1)
     choices = ["the same translation", "a different translation", "no translation at all"]
     answer = choices[2] if not greedy.text else choices[0] if greedy.text == beam.text else choices[1]
-    return Question(f"Beam search (5) gives *{esc(beam.text)}*. **What does greedy search (beam 1) give?**", choices,
+    return Question(f"Beam search (5) gives *{esc(beam.text)}*{_stop(beam.text)} **What does greedy search (beam 1) "
+                    "give?**", choices,
                     answer, f"greedy: “{greedy.text}”",
                     "Greedy search takes the most likely word at every step, and on short captions it often agrees "
                     "with beam search. Where it does not, beam search found a sentence more likely as a whole.",
@@ -571,15 +608,17 @@ def _explain(net, text: str):
 
 
 def _most_disagreeing() -> str:
-    """Of the project's example sentences, the one where attention's and integrated gradients' rankings agree least
-    (Spearman correlation over the non-special tokens)."""
-    def rho(text: str) -> float:
-        att, ig, *_ = _explained(text)
-        keep = ~att.special
-        a, b = np.argsort(np.argsort(att.values[keep])), np.argsort(np.argsort(ig.values[keep]))
-        return float(np.corrcoef(a, b)[0, 1]) if keep.sum() > 2 else 1.0
+    """The lesson's example: of the project's example sentences whose attention and integrated-gradients top tokens
+    differ (all of them when none do), the one whose two deletion areas differ most, so that the deletion test gives
+    the clearest verdict between the two rankings (a sentence whose answer survives every deletion would show two
+    flat lines and teach nothing)."""
+    def split(text: str) -> tuple[bool, float]:
+        att, ig, curves, _ = _explained(text)
+        return _top(att) != _top(ig), abs(curves[0].auc - curves[1].auc)
 
-    return min(sentences.SENTIMENT, key=rho)
+    scored = {text: split(text) for text in sentences.SENTIMENT}
+    pool = [t for t, (differ, _) in scored.items() if differ] or list(scored)
+    return max(pool, key=lambda t: scored[t][1])
 
 
 def _l8_text(inp: str) -> str:
@@ -591,6 +630,21 @@ def _both(att, ig) -> go.Figure:
 
     return vw.change_bars(ig.tokens, att.values, ig.values, names=("attention", "integrated gradients"),
                           title="Attention and integrated gradients per token", unit="score")
+
+
+def _ig_bars(ig) -> go.Figure:
+    """Integrated gradients per token alone, labelled as the choices are (attention's ranking is step 3's
+    question, so it is not drawn here)."""
+    shown = [j for j in range(len(ig.tokens)) if not ig.special[j]]
+    values = np.asarray(ig.values, dtype=float)[shown]
+    fig = go.Figure(go.Bar(x=[esc(_label(ig.tokens, j)) for j in shown], y=values,
+                           marker_color=["#d62728" if v < 0 else "#1f77b4" for v in values],
+                           hovertemplate="%{x}: %{y:.3f}<extra>integrated gradients</extra>"))
+    fig.update_layout(title=f"Integrated gradients per token (for {esc(ig.label)}; negative: against it)",
+                      height=380, template=TEMPLATE, margin=dict(t=70, b=120))
+    fig.update_xaxes(type="category", tickangle=-45)
+    fig.update_yaxes(title="integrated gradients", zeroline=True, zerolinecolor="#444")
+    return fig
 
 
 def _top(attr) -> int:
@@ -610,10 +664,10 @@ def l8_ig_top(inp: str) -> Question:
     return Question(f"The sentiment classifier reads *{esc(text)}* and answers **{ig.label}** ({ig.prob:.0%}). "
                     "**Which token does integrated gradients say the answer rests on most?**", choices,
                     _label(ig.tokens, best), f"integrated gradients ranks {_label(ig.tokens, best)} first "
-                    f"({ig.values[best]:+.2f}); attention ranks {_label(att.tokens, _top(att))} first",
+                    f"({ig.values[best]:+.2f})",
                     "Integrated gradients adds up how the answer's logit changes along a path from a blank input to "
-                    "this one, token by token. Attention only says where a layer looked.",
-                    lambda p: _mark(_both(att, ig), p))
+                    "this one, token by token. Attention only says where a layer looked (step 3 sets them side by "
+                    "side).", lambda p: _mark(_ig_bars(ig), p))
 
 
 def l8_deletion(inp: str) -> Question:
@@ -690,7 +744,7 @@ def question(number, step, text: str = "") -> Question:
         raise Error(f"Lesson {number} has {len(lesson.steps)} steps (1–{len(lesson.steps)}); got {s}.")
     inp = lesson.default if text is None or not str(text).strip() else str(text)[:2000]
     try:
-        return lesson.steps[s - 1](inp)
+        return _shuffled(lesson.steps[s - 1](inp), int(number), s, inp)
     except ValueError as err:
         raise Error(f"This input does not work for the step: {err}") from None
 
@@ -703,19 +757,25 @@ def verdict(q: Question, answer: str) -> tuple[bool, str]:
     return right, f"{said} — {esc(q.fact)}."
 
 
-def lesson_api(number: int = 1, step: int = 1, input: str = "") -> tuple[str, dict | None, list[str]]:
-    """One lesson step: (text, the figure shown before predicting as Plotly JSON or None, the choices)."""
+def lesson_api(number: int = 1, step: int = 1, input: str = "") -> tuple[str, str, list[str]]:
+    """One lesson step: (text, the figure shown before predicting as Plotly JSON text ("" when there is none;
+    `plotly.io.from_json` reads it), the choices)."""
     q = question(number, step, input)
-    return q.text, None if q.before is None else json.loads(q.before.to_json()), q.choices
+    return q.text, "" if q.before is None else figure_text(q.before), q.choices
 
 
-def lesson_answer_api(number: int = 1, step: int = 1, answer: str = "", input: str = "") -> tuple[str, dict, str]:
+def lesson_answer_api(number: int = 1, step: int = 1, answer: str = "", input: str = "") -> tuple[str, str, str]:
     """A prediction judged by the model's numbers: (verdict "correct" | "not quite" and the numbers, the revealed
-    figure with the prediction marked as Plotly JSON, the explanation)."""
+    figure with the prediction marked as Plotly JSON text, the explanation)."""
     q = question(number, step, input)
     right, _ = verdict(q, answer)
-    return ("correct" if right else "not quite") + " — " + q.fact, json.loads(q.reveal(answer).to_json()), \
-        q.explanation
+    return ("correct" if right else "not quite") + " — " + q.fact, figure_text(q.reveal(answer)), q.explanation
+
+
+def figure_text(fig: go.Figure) -> str:
+    """A figure for the API as Plotly's JSON *text*, not a JSON object: gradio_client fetches any object with a
+    ``path`` key as a file, and Plotly's path shapes (the Swin region map's) have one."""
+    return fig.to_json()
 
 
 # -------------------------------------------------------------------------------------------------- layout
@@ -749,7 +809,11 @@ def build() -> Permalink:
     view = [where, prompt, before, choices, said, shown, explanation]
     # the label and intro follow any change of lesson (a link's too); only a person's choice clears the input
     chosen.change(describe, [chosen], [text, about], api_name=False, show_progress="hidden")
-    chosen.input(lambda: "", None, [text], api_name=False, show_progress="hidden")
+    # a person's new lesson or input empties every output of the old one: no intro above another lesson's question,
+    # no export of the previous lesson, no choices that the new input's question would refuse
+    chosen.input(lambda: ("", *cleared(), None), None, [text, *view, handout], api_name=False, show_progress="hidden")
+    text.input(lambda: (*cleared("The input changed: press **Start the lesson** to ask on it."), None), None,
+               [*view, handout], api_name=False, show_progress="hidden")
     steps = [(lambda c, t, pr: show_step(c, 1, t, pr), [chosen, text, progress], [*view, step, current])]
     chain(start.click, steps)
     step.change(show_step, [chosen, step, text, progress], [*view, step, current], api_name=False)
@@ -786,11 +850,21 @@ def _where(number: int, step: int, progress: dict | None) -> str:
             f"{len(lesson.steps)} (first answers: {marks})")
 
 
+def cleared(where: str = "") -> tuple:
+    """The step view emptied (``where`` says why): the outputs of `show_step` before its step and lesson number."""
+    return where, "", gr.update(value=None, visible=False), gr.update(choices=[], value=None), "", None, ""
+
+
 def show_step(title: str, step: int, text: str, progress: dict | None):
-    """A step before the prediction: its question and choices; the reveal is cleared."""
+    """A step before the prediction: its question and choices; the reveal is cleared. An input the step cannot
+    take empties the view and says why (a gr.Error would leave the previous question standing)."""
     number = _number(title)
     step = int(np.clip(int(step or 1), 1, len(LESSONS[number - 1].steps)))
-    q = question(number, step, text)
+    try:
+        q = question(number, step, text)
+    except Error as err:
+        return (*cleared(f"**{esc(LESSONS[number - 1].title)}** · step {step}: {err.message}"),
+                gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
     return (_where(number, step, progress), q.text, gr.update(value=q.before, visible=q.before is not None),
             gr.update(choices=q.choices, value=None), "", None, "",
             gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
