@@ -16,7 +16,7 @@ import gradio as gr
 
 from models import limits
 from serving.catalogue import configure
-from tabs import classify, generate, lessons, permalink, playground, positional, swin, translate, vision, why
+from tabs import classify, generate, lessons, permalink, playground, positional, sections, swin, translate, vision
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear
@@ -111,7 +111,7 @@ def build_demo() -> gr.Blocks:
                     items[key] = (item, tab.build())  # its Permalink, or None: what its link holds
         with gr.Accordion("Limits and safety", open=False):
             gr.Markdown(limits.describe())
-        why.register_api()  # /attention_why and /patch take text and a model name (tabs/why.py)
+        sections.register_api()  # /attention_why and /patch take text and a model name (tabs/sections/)
         # The page load restores a permalink and draws the tabs that need no trained model; every change of a
         # declared control writes the view into the URL (tabs/permalink.py).
         permalink.wire(demo, tabs, items, link_notice)

@@ -12,7 +12,6 @@ from models import limits
 from models.outputs import AttentionMap
 from serving import batcher, catalogue, results, store
 from serving.catalogue import GPT_TINY, decoder_models
-from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -34,6 +33,9 @@ from tabs.common import (
     seed_box,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import compare as compare_section
+from tabs.sections import patching as patch_section
+from tabs.sections import why
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -119,7 +121,7 @@ def build() -> Permalink:
             k_last = gr.Number(63, label="keys to", precision=0)
             zoom_run = gr.Button("Zoom into the block")
         zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
-    why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
+    compare_section.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
                    [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     lens = gr.Plot(label="logit lens")
@@ -144,7 +146,8 @@ def build() -> Permalink:
     roles = gr.Plot(label="head roles")
     stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
     losses = gr.Plot(label="loss on each copy")
-    why.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section, repeated=True)
+    patch_section.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section,
+                           repeated=True)
     with gr.Row():
         download = gr.File(label="attention arrays (.npz)", scale=3)
         write_npz = gr.Button(f"Write the attention arrays (.npz; over {limits.LONG_TOKENS} tokens on request)",

@@ -11,7 +11,6 @@ from models.outputs import AttentionMap
 from serving import catalogue
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
 from serving.store import batched
-from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -32,6 +31,9 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import compare as compare_section
+from tabs.sections import text as text_section
+from tabs.sections import why
 from viz import text as vt
 from viz.common import esc
 
@@ -66,8 +68,8 @@ def build() -> Permalink:
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
-    why.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam], layer, head,
-                   view, shows="encoder self-attention")
+    compare_section.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam],
+                               layer, head, view, shows="encoder self-attention")
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
@@ -174,7 +176,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
     said = f"{which.capitalize()} · " if which else ""
     from models.inspect.decompose import attention_scores
 
-    ids, _, _ = why.encode(model, text)
+    ids, _, _ = text_section.encode(model, text)
     npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},
                    encoder_scores=attention_scores(model, ids),
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
@@ -248,7 +250,7 @@ def compare_view(result) -> dict:
 
 def sequence(source: str) -> tuple[str, list[int], list[str]]:
     """What the "why" section splits: the English sentence as the encoder read it."""
-    ids, tokens, _ = why.encode(get_model(MODEL), source)
+    ids, tokens, _ = text_section.encode(get_model(MODEL), source)
     return MODEL, ids, tokens
 
 
@@ -261,7 +263,7 @@ def why_controls_for(text: str, picked: str = ""):
         source = parts[int(str(picked).split(" · ")[0]) - 1] if picked else parts[0]
     except (ValueError, IndexError):
         source = parts[0]
-    ids, _, _ = why.encode(net, source)
+    ids, _, _ = text_section.encode(net, source)
     c = net.config
     return (source, *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
 

@@ -292,7 +292,7 @@ def test_no_doubled_stops_in_the_texts(tiny) -> None:
     paragraph's "without it;." in Translate. No step text, verdict or explanation has a stop after a stop."""
     import re
 
-    from tabs import why
+    from tabs.sections import why
 
     doubled = re.compile(r"[.;!?]\*?\.(?!\.)")
     for number, lesson in enumerate(lessons.LESSONS, 1):

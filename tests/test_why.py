@@ -1,4 +1,4 @@
-"""The "why a head attends / whether it matters" handlers (tabs/why.py) over the tiny checkpoints, called directly
+"""The "why a head attends / whether it matters" handlers (tabs/sections/) over the tiny checkpoints, called directly
 and through the API: the decomposition sums to the score and its softmax row is the attention the tab shows, for
 every text model the app serves; patching answers with the documented JSON; hostile parameters get words."""
 
@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 
 from serving import catalogue, store
-from tabs import why
 from tabs.classify import classify
 from tabs.classify import sequence as classify_sequence
 from tabs.generate import generate
 from tabs.generate import sequence as generate_sequence
+from tabs.sections import compare as compare_section
+from tabs.sections import patching as patch_section
+from tabs.sections import text as text_section
+from tabs.sections import why
 
 TEXT = "a dog runs on the grass"
 
@@ -36,7 +39,7 @@ def test_attention_why_sums_and_reproduces_the_row(tiny, model: str) -> None:
     row = np.array(table["softmax_row"])
     assert abs(row.sum() - 1) < 1e-5 and json.loads(fig)["data"]
     net = store.get_model(model)
-    ids, _, _ = why.encode(net, TEXT)
+    ids, _, _ = text_section.encode(net, TEXT)
     from models.inspect.decompose import attention_scores
 
     scores = attention_scores(net, ids)[-1, 1, -1]
@@ -86,19 +89,19 @@ def test_enormous_input_is_capped_with_a_notice(tiny) -> None:
 
 
 def test_patch_answers_and_refuses_different_lengths(tiny) -> None:
-    fig, table = why.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "heads")
+    fig, table = patch_section.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "heads")
     restored = np.array(table["restored"])
     assert restored.shape == (2, 4) and np.isfinite(restored).all()
     assert json.loads(fig)["data"][0]["type"] == "heatmap"
     assert table["logit_diff_clean"] != table["logit_diff_corrupted"]
-    _, table = why.patch("a fine film .", "a bad film .", "sst2", "positive", "positions")
+    _, table = patch_section.patch("a fine film .", "a bad film .", "sst2", "positive", "positions")
     assert np.array(table["restored"]).shape == (2, len(table["clean_tokens"])) and table["target"] == "positive"
     with pytest.raises(gr.Error, match=r"has \d+ tokens and the corrupted one \d+"):
-        why.patch("a dog", "a dog runs on and on and on", "gpt-tiny")
+        patch_section.patch("a dog", "a dog runs on and on and on", "gpt-tiny")
     with pytest.raises(gr.Error, match="Unknown sweep"):
-        why.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "everything")
+        patch_section.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "everything")
     with pytest.raises(gr.Error, match="Unknown class"):
-        why.patch("a fine film .", "a bad film .", "sst2", "maybe")
+        patch_section.patch("a fine film .", "a bad film .", "sst2", "maybe")
 
 
 def test_clicked_cells(tiny) -> None:
@@ -111,9 +114,9 @@ def test_clicked_cells(tiny) -> None:
     with pytest.raises(gr.Error, match="heatmap view"):
         why.from_cell("5,2,9", 1, "3", 0, "heatmap", "cross")
     net = store.get_model("gpt-tiny")
-    ids = [why.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
-    _, _, _, kept = why.run_patch("gpt-tiny", *ids, None, "heads")
-    fig, summary, layer_u, head_u = why.patched_head("1,2,1", kept)
+    ids = [text_section.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
+    _, _, _, kept = patch_section.run_patch("gpt-tiny", *ids, None, "heads")
+    fig, summary, layer_u, head_u = patch_section.patched_head("1,2,1", kept)
     assert fig is not None and "Layer 1, head 2" in summary and (layer_u["value"], head_u["value"]) == (1, 2)
 
 
@@ -144,7 +147,7 @@ def test_compare_two_inputs(tiny) -> None:
     from tabs import generate as tab_generate
 
     a, b = classify("a fine film .")[5], classify("a bad film .")[5]
-    note, fig_b, diff, change = why.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
+    note, fig_b, diff, change = compare_section.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
     wa, wb = a["result"].attention["encoder"].weights[1, 2], b["result"].attention["encoder"].weights[1, 2]
     from models.inspect.analysis import align_tokens
 
@@ -154,21 +157,21 @@ def test_compare_two_inputs(tiny) -> None:
     np.testing.assert_allclose(np.array(diff.data[0].z, dtype=float), wb[np.ix_(ib, ib)] - wa[np.ix_(ia, ia)],
                                atol=1e-6)
     assert "p(" in note and [t.name for t in change.data] == ["A", "B"]
-    path = why.both_arrays("classify", tab_classify.compare_view, a, b)
+    path = compare_section.both_arrays("classify", tab_classify.compare_view, a, b)
     with np.load(path) as z:
         assert z["attention_a"].shape[-1] == len(a["result"].tokens) and z["shared"].shape == (len(pairs), 2)
     g_a, g_b = generate("a dog", 4)[6], generate("a cat", 4)[6]
-    note, *_ = why.compared(tab_generate.compare_view, g_a, g_b, 0, "mean", "model view")
+    note, *_ = compare_section.compared(tab_generate.compare_view, g_a, g_b, 0, "mean", "model view")
     assert "surprisal" in note
     with pytest.raises(gr.Error, match="first input"):
-        why.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
+        compare_section.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
 
 
 def test_translate_compare_and_encoder_scores(tiny) -> None:
     from tabs import translate as tab
 
     a, b = tab.translate("A dog runs.")[6], tab.translate("A cat runs.")[6]
-    note, fig_b, diff, change = why.compared(tab.compare_view, a, b, 0, "mean", "heatmap")
+    note, fig_b, diff, change = compare_section.compared(tab.compare_view, a, b, 0, "mean", "heatmap")
     assert "cross-attention received" in note and fig_b is not None
     with np.load(tab.translate("A dog runs.")[7]) as z:
         enc = z["encoder"]
@@ -203,11 +206,11 @@ def test_default_target_and_foil_are_where_the_predictions_differ(tiny, clean: s
     probability the corruption moves most in opposite directions, checked against full forwards here; the span to
     restore is never smaller than the old default's."""
     net = store.get_model("gpt-tiny")
-    a, b, _ = why.encode(net, clean)[0], why.encode(net, corrupted)[0], None
+    a, b, _ = text_section.encode(net, clean)[0], text_section.encode(net, corrupted)[0], None
     if len(a) != len(b):
-        a, b, _ = why.align_ids(net, a, b)
+        a, b, _ = patch_section.align_ids(net, a, b)
     target, foil, old_span = _reference_contrast(net, a, b)
-    _, _, table, _ = why.run_patch("gpt-tiny", a, b, None, "heads")
+    _, _, table, _ = patch_section.run_patch("gpt-tiny", a, b, None, "heads")
     assert (table["target"], table["foil"]) == (target, foil)
     span = table["logit_diff_clean"] - table["logit_diff_corrupted"]
     assert span > 0 and span >= abs(old_span) - 1e-4
@@ -216,15 +219,16 @@ def test_default_target_and_foil_are_where_the_predictions_differ(tiny, clean: s
 def test_a_small_difference_is_warned(tiny) -> None:
     """Issue 48, item 5: clean 0.673 against corrupted 0.612 read "restoring 149 %" with no warning. A difference
     under a fifth of its size (or of 1 nat) is flagged in the note, the figure and the JSON; a large one is not."""
-    assert why.small_span(0.673, 0.612) and why.small_span(-0.05, 0.04) and not why.small_span(3.0, -1.0)
-    assert not why.small_span(0.9, -0.4)
+    assert patch_section.small_span(0.673, 0.612) and patch_section.small_span(-0.05, 0.04)
+    assert not patch_section.small_span(3.0, -1.0)
+    assert not patch_section.small_span(0.9, -0.4)
     net = store.get_model("gpt-tiny")
     seen = set()
     for clean, corrupted in [("a dog runs on the grass", "a man runs on the grass"),
                              ("two men ride in the snow", "two men ride in the water"), ("a b", "a c")]:
-        a, b = why.encode(net, clean)[0], why.encode(net, corrupted)[0]
+        a, b = text_section.encode(net, clean)[0], text_section.encode(net, corrupted)[0]
         for target in (None, *net.encode_prompt(" the")[0][1:2]):
-            note, fig, table, _ = why.run_patch("gpt-tiny", a, b, target, "heads")
+            note, fig, table, _ = patch_section.run_patch("gpt-tiny", a, b, target, "heads")
             small = abs(table["logit_diff_clean"] - table["logit_diff_corrupted"]) < 0.2 * max(
                 abs(table["logit_diff_clean"]), abs(table["logit_diff_corrupted"]), 1.0)
             assert table["small_difference"] == small and ("barely differ" in note) == small
@@ -238,39 +242,40 @@ def test_unequal_inputs_are_explained_and_aligned(tiny) -> None:
     its word so that the tokens after the swap take the same positions."""
     net = store.get_model("gpt-tiny")
     clean, corrupted = "a dog runs on the grass", "a cat runs on the grass"
-    ta, tb = why.encode(net, clean)[1], why.encode(net, corrupted)[1]
+    ta, tb = text_section.encode(net, clean)[1], text_section.encode(net, corrupted)[1]
     assert len(ta) != len(tb)
     with pytest.raises(gr.Error, match=r"differ at \d+: clean .*piece.* corrupted .*piece") as err:
-        why.patch(clean, corrupted, "gpt-tiny")
+        patch_section.patch(clean, corrupted, "gpt-tiny")
     assert "align" in str(err.value)
-    shown = why.tokens_preview("gpt-tiny", clean, corrupted)
+    shown = patch_section.tokens_preview("gpt-tiny", clean, corrupted)
     assert f"{len(ta)} tokens" in shown and f"{len(tb)} tokens" in shown and "Different lengths" in shown
-    ready = why.tokens_preview("gpt-tiny", clean, "a man runs on the grass")
+    ready = patch_section.tokens_preview("gpt-tiny", clean, "a man runs on the grass")
     assert "ready to patch" in ready
     # equal lengths: the pieces that differ position by position are marked, nothing else (the induction example's
     # second copy equals the corrupted input's, which difflib would have matched to the clean first copy)
-    pa, pb = why.encode(net, clean)[1], why.encode(net, "a man runs on the grass")[1]
+    pa, pb = text_section.encode(net, clean)[1], text_section.encode(net, "a man runs on the grass")[1]
     differ = [i for i, (x, y) in enumerate(zip(pa, pb, strict=True)) if x != y]
     clean_line = ready.split("\n\n")[0]
     assert clean_line.count("**") == 2 * len(differ)
-    a, b, said = why.align_ids(net, why.encode(net, clean)[0], why.encode(net, corrupted)[0])
+    a, b, said = patch_section.align_ids(net, text_section.encode(net, clean)[0],
+                                         text_section.encode(net, corrupted)[0])
     assert len(a) == len(b) and "position" in said
     short, long_ = (a, b) if len(ta) < len(tb) else (b, a)
-    pads = [i for i, t in enumerate(short) if t == why.filler(net) and t not in long_[i:i + 1]]
+    pads = [i for i, t in enumerate(short) if t == patch_section.filler(net) and t not in long_[i:i + 1]]
     assert pads and net.piece(short[pads[0]]) == "▁"
     # the shared tail (from "runs" on) sits at the same positions in both
-    tail = len(why.encode(net, " runs on the grass")[0]) - 1
+    tail = len(text_section.encode(net, " runs on the grass")[0]) - 1
     assert a[-tail:] == b[-tail:]
     # a name swapped twice: each occurrence padded on its own, so the words between the two line up too
     two = ["a dog saw the man and the dog ran", "a cat saw the man and the cat ran"]
-    ids = [why.encode(net, t)[0] for t in two]
-    a2, b2, said2 = why.align_ids(net, *ids)
+    ids = [text_section.encode(net, t)[0] for t in two]
+    a2, b2, said2 = patch_section.align_ids(net, *ids)
     assert len(a2) == len(b2) and said2.count(",") >= 1
-    middle = why.encode(net, " saw the man and the")[0][1:]
+    middle = text_section.encode(net, " saw the man and the")[0][1:]
     at_a = next(i for i in range(len(a2)) if a2[i:i + len(middle)] == middle)
     at_b = next(i for i in range(len(b2)) if b2[i:i + len(middle)] == middle)
     assert at_a == at_b  # the shared middle at the same positions
-    _, table = why.patch(clean, corrupted, "gpt-tiny", "", "positions", True)
+    _, table = patch_section.patch(clean, corrupted, "gpt-tiny", "", "positions", True)
     assert len(table["clean_tokens"]) == len(table["corrupted_tokens"]) == len(a)
     assert np.array(table["restored"]).shape[1] == len(a)
 
@@ -281,7 +286,7 @@ def test_a_run_empties_what_the_last_run_showed(tiny) -> None:
     head's views; editing an input or switching the sweep empties them too."""
     with gr.Blocks() as demo:
         section = why.decomposition("t", gr.State(), lambda st: st, gr.Slider(), gr.Dropdown(), [])
-        why.patching("t", lambda: "gpt-tiny", [], [["a dog", "a cat"]], section)
+        patch_section.patching("t", lambda: "gpt-tiny", [], [["a dog", "a cat"]], section)
     plot = next(c for c in demo.blocks.values() if isinstance(c, gr.Plot) and c.elem_id == "t-patch")
     empties = [fn for fn in demo.fns.values() if plot in fn.outputs and not fn.inputs]
     triggers = {(demo.blocks[i].label if hasattr(demo.blocks[i], "label") else "", kind)
@@ -302,9 +307,9 @@ def test_sink_note_shows_the_change_in_percentage_points(tiny) -> None:
     assert why.probability_change(0.99997, 0.99993) == "99.997 % → 99.993 % (-0.004 percentage points)"
     assert why.probability_change(0.5, 0.512).endswith("(+1.2 percentage points)")
     net = store.get_model("sst2")
-    ids = why.encode(net, "a fine film .")[0]
+    ids = text_section.encode(net, "a fine film .")[0]
     r = sink_ablation(net, ids, 1, 0)
-    note = why.sink_words(r, 1, 0, why.encode(net, "a fine film .")[1])
+    note = why.sink_words(r, 1, 0, text_section.encode(net, "a fine film .")[1])
     change = (r.target_prob_after - r.target_prob_before) * 100
     assert "percentage points" in note or "unchanged" in note
     if "percentage points" in note:
@@ -332,15 +337,15 @@ def test_induction_example_fills_the_boxes_with_text(tiny) -> None:
     from models.inspect.patching import repeated_pair
 
     net = store.get_model("gpt-tiny")
-    note, fig, kept, clean, corrupted = why.patch_repeated("gpt-tiny", "heads")
+    note, fig, kept, clean, corrupted = patch_section.patch_repeated("gpt-tiny", "heads")
     ids = repeated_pair(net, 19, 0)
     for text, want in zip((clean, corrupted), ids, strict=True):
-        if why.encode(net, net.tokenizer.decode(want[1:]))[0] == want:
-            assert "▁" not in text and why.encode(net, text)[0] == want
+        if text_section.encode(net, net.tokenizer.decode(want[1:]))[0] == want:
+            assert "▁" not in text and text_section.encode(net, text)[0] == want
         else:
             assert text == " ".join(net.piece(i) for i in want)
     # the real tokenizer's round trip, written out: SentencePiece decodes "▁" as a space
-    assert why.readable(net, why.encode(net, "a dog runs")[0]) == "a dog runs"
+    assert patch_section.readable(net, text_section.encode(net, "a dog runs")[0]) == "a dog runs"
 
 
 def test_translate_compare_says_which_attention_it_draws() -> None:
