@@ -1,4 +1,4 @@
-"""The Lessons tab (tabs/lessons.py) over the tiny checkpoints: every step offers 3–4 predictions of which exactly
+"""The Lessons tab (tabs/lessons/) over the tiny checkpoints: every step offers 3–4 predictions of which exactly
 one is judged correct, the correct one follows the model's numbers (checked here against numbers computed
 independently) and changes with the input when the numbers do; progress keeps first answers; a lesson exports as
 one self-contained page; the API serves the same steps."""
@@ -272,8 +272,8 @@ def test_lesson_eight_example_by_its_stated_criterion(tiny) -> None:
         top = [int(np.argmax(np.where(a.special, -np.inf, a.values))) for a in (att, ig)]
         scored[text] = (top[0] != top[1], abs(curves[0].auc - curves[1].auc))
     pool = [t for t, (differ, _) in scored.items() if differ] or list(scored)
-    assert lessons._most_disagreeing() == max(pool, key=lambda t: scored[t][1])
-    assert "deletion" in lessons._most_disagreeing.__doc__
+    assert lessons.explanation._most_disagreeing() == max(pool, key=lambda t: scored[t][1])
+    assert "deletion" in lessons.explanation._most_disagreeing.__doc__
 
 
 def test_deletion_lines_cannot_hide_each_other(tiny) -> None:
