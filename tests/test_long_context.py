@@ -252,9 +252,13 @@ def test_hostile_requests_around_long_inputs(long_tab, long_run) -> None:
     # patching would run a forward per head or position: more than 256 tokens is refused in words
     from tabs.sections import patching as patch_section
 
+    # the corrupted text swaps two words of the first sentence, so both inputs hold the same words and the same number
+    # of tokens whatever BPE merges the long model's tokenizer learnt (it is trained on the repository's own files,
+    # which change: "dog" for "cat" once added a token)
     long_text = "the cat sat on the mat " * 200
+    swapped = "the mat sat on the cat " + long_text[len("the cat sat on the mat "):]
     with pytest.raises(gr.Error, match="Patching reads at most 256 tokens"):
-        patch_section.patch_texts("long-llama", long_text, long_text.replace("cat", "dog", 1), "", "heads")
+        patch_section.patch_texts("long-llama", long_text, swapped, "", "heads")
 
 
 def test_a_long_previous_result_is_released_before_the_next_run(long_tab) -> None:
