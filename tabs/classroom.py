@@ -5,7 +5,7 @@ student's screen at once, moves the class on, downloads the answers as CSV and c
 (``?present=1`` or its toggle) sets large type for a projector, folds the intros and shows one figure per step.
 
 The store (serving/classroom.py) keeps everything and decides who may do what; this module is the section's layout
-and its handlers. The lesson's own controls are passed in by tabs/lessons.py (`wire`), so the class reads the step
+and its handlers. The lesson's own controls are passed in by the Lessons tab (`wire`), so the class reads the step
 the teacher shows and writes the step students see. Nicknames are shown only to their own student (escaped) and in
 the teacher's CSV; nobody's page shows another student's nickname."""
 
@@ -52,7 +52,7 @@ body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {displ
 
 # -------------------------------------------------------------------------------- the lesson, as the class sees it
 def _lessons():
-    from tabs import lessons  # imported when used: tabs/lessons.py imports this module for its layout
+    from tabs import lessons  # imported when used: the Lessons tab imports this module for its layout
 
     return lessons
 
@@ -188,7 +188,7 @@ def layout() -> Section:
 
 
 def below_choices(section: Section) -> None:
-    """What tabs/lessons.py places under the lesson's choices: the student's "send" button (beside the lesson's own
+    """What the Lessons tab places under the lesson's choices: the student's "send" button (beside the lesson's own
     "Check my prediction", which a class page hides: the reveal comes from the teacher) and the teacher's live chart
     of the room's predictions (under the question, where a projector shows it)."""
     section.send = gr.Button("Send my prediction to the class", variant="primary", visible=False, elem_id="class-send")
