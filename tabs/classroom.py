@@ -52,9 +52,13 @@ body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {displ
 
 # -------------------------------------------------------------------------------- the lesson, as the class sees it
 def _lessons():
-    from tabs import lessons  # imported when used: the Lessons tab imports this module for its layout
+    """The course (the lessons, their lookup) with the verdict rule: what the class reads of the Lessons tab."""
+    from types import SimpleNamespace
 
-    return lessons
+    from tabs.lessons import course, engine  # not the tab itself, which imports this module for its layout
+
+    return SimpleNamespace(LESSONS=course.LESSONS, question=course.question, _number=course._number,
+                           _where=course._where, verdict=engine.verdict)
 
 
 _questions: OrderedDict[tuple[int, int, str], Any] = OrderedDict()

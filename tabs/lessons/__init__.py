@@ -20,13 +20,8 @@ import plotly.graph_objects as go
 
 from tabs import classroom
 from tabs.common import DOWNLOADS, Error
-from tabs.lessons import attention, explanation, induction, masks, positions, sinks, translation, vision
-from tabs.lessons.engine import (
-    Lesson,
-    Question,
-    shuffled,
-    verdict,
-)
+from tabs.lessons.course import LESSONS, _number, _where, question
+from tabs.lessons.engine import verdict
 from tabs.permalink import Permalink, chain
 from viz.common import esc
 
@@ -36,8 +31,6 @@ Every question asks you to commit to a guess first; only then does the figure ap
 verdict computed from the model's actual numbers on this input, and a short explanation. Change the lesson's
 input and the right answer can change with it. Your score is kept in this browser; a lesson exports as one HTML
 page that works offline, for a handout."""
-LESSONS = [attention.LESSON, masks.LESSON, positions.LESSON, induction.LESSON, sinks.LESSON, translation.LESSON,
-           vision.LESSON, explanation.LESSON]
 
 
 def build() -> Permalink:
@@ -96,25 +89,10 @@ def build() -> Permalink:
                      limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)})
 
 
-def _number(title: str) -> int:
-    titles = [lesson.title for lesson in LESSONS]
-    return titles.index(title) + 1 if title in titles else 1
-
-
 def describe(title: str):
     """The input's label and example and the intro of the chosen lesson."""
     lesson = LESSONS[_number(title) - 1]
     return gr.update(label=lesson.input_label, placeholder=lesson.default), lesson.intro
-
-
-def _where(number: int, step: int, progress: dict | None) -> str:
-    lesson = LESSONS[number - 1]
-    got = (progress or {}).get(str(number), {})
-    score = sum(1 for v in got.values() if v)
-    marks = " ".join("✓" if got.get(str(i)) else "✗" if str(i) in got else "·"
-                     for i in range(1, len(lesson.steps) + 1))
-    return (f"**{esc(lesson.title)}** · step {step} of {len(lesson.steps)} · your score {score} of "
-            f"{len(lesson.steps)} (first answers: {marks})")
 
 
 def cleared(where: str = "") -> tuple:
@@ -183,32 +161,6 @@ def _md(text: str) -> str:
     out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)  # the step texts escape what came from the input
     out = re.sub(r"\*(.+?)\*", r"<i>\1</i>", out)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
-
-
-def _lesson(number) -> Lesson:
-    try:
-        n = int(number)
-    except (TypeError, ValueError, OverflowError):
-        raise Error(f"The lesson must be a number from 1 to {len(LESSONS)}, got {str(number)[:40]!r}.") from None
-    if not 1 <= n <= len(LESSONS):
-        raise Error(f"There are {len(LESSONS)} lessons (1–{len(LESSONS)}); got {n}.")
-    return LESSONS[n - 1]
-
-
-def question(number, step, text: str = "") -> Question:
-    """Step ``step`` (1-based) of lesson ``number`` (1-based) on the lesson's input (empty: its default)."""
-    lesson = _lesson(number)
-    try:
-        s = int(step)
-    except (TypeError, ValueError, OverflowError):
-        raise Error(f"The step must be a number, got {str(step)[:40]!r}.") from None
-    if not 1 <= s <= len(lesson.steps):
-        raise Error(f"Lesson {number} has {len(lesson.steps)} steps (1–{len(lesson.steps)}); got {s}.")
-    inp = lesson.default if text is None or not str(text).strip() else str(text)[:2000]
-    try:
-        return shuffled(lesson.steps[s - 1](inp), int(number), s, inp)
-    except ValueError as err:
-        raise Error(f"This input does not work for the step: {err}") from None
 
 
 def lesson_api(number: int = 1, step: int = 1, input: str = "") -> tuple[str, str, list[str]]:
