@@ -38,8 +38,8 @@ def test_heavy_handlers_are_decorated() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    want = {"generate.py": {"logit_lens", "ablate_head_fn", "head_roles"}, "why.py": {"patch", "attention_why"},
-            "vision.py": {"classify_image", "reexplain"}}
+    want = {"generate.py": {"logit_lens", "ablate_head_fn", "head_roles"}, "sections/patching.py": {"patch"},
+            "sections/why.py": {"attention_why"}, "vision.py": {"classify_image", "reexplain"}}
     for name, fns in want.items():
         tree = ast.parse((root / "tabs" / name).read_text(encoding="utf-8"))
         decorated = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
