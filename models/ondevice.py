@@ -227,8 +227,11 @@ def _scores(q: Tensor, kt: Tensor, scale: float) -> Tensor:
     return torch.matmul(q.float(), kt.float()).mul_(scale)
 
 
-# the prompt's attention output by F.scaled_dot_product_attention: "auto" (half-precision weights), "on", "off"
-FUSED_OUTPUT = "auto"
+# the prompt's attention output by F.scaled_dot_product_attention: "on", "auto" (half-precision weights) or "off"
+# (from the chunks' weights). Off by default: on an H200 (LLaMA-3-8B shape, bfloat16, docs/device-h200-gen8b.json)
+# it saved nothing after 4,096 prompt tokens (0.855 s against 0.849 s), the chunk pass making the lse and tiles
+# either way, and its first use after 512 tokens cost 0.9 s once.
+FUSED_OUTPUT = "off"
 
 
 def _fused_output(q: Tensor) -> bool:
@@ -324,10 +327,10 @@ class _Run:
         0..T − 1, writing each row's lse and, with ``self.tiles``, adding the rows to the pooled tiles: one pass of
         float32 scores a chunk of query rows at a time, over the keys up to the chunk's last row only (causal).
 
-        The scores of half-precision q and k are their exact products summed in float32 (``_scores``). With
-        half-precision weights the output itself is ``F.scaled_dot_product_attention`` (a fused kernel: the weights
-        in float32, cast to the values' dtype for A·V, as the explicit path does), so the chunk pass only makes the
-        lse and tiles; in float32 it is A·V from the chunk's weights, as ``GPT.generate`` computes it."""
+        The scores of half-precision q and k are their exact products summed in float32 (``_scores``). The output
+        is A·V from the chunk's weights (cast to the values' dtype, as transformers' eager attention and the other
+        passes here), or with ``FUSED_OUTPUT`` ``F.scaled_dot_product_attention`` (a fused kernel), the chunk pass
+        then making only the lse and tiles."""
         c = self.c
         h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
         group, t, dev = h_q // h_kv, q.size(1), q.device
@@ -362,7 +365,8 @@ class _Run:
                 total = e.sum(-1, keepdim=True)
             self.lse[i][:, r0:r1] = (top + total.log())[..., 0]  # log Σ exp(s) = max + log Σ exp(s − max)
             if not fused:
-                w = e.div_(total).to(v.dtype).view(h_kv, group * r, r1)
+                w = torch.div(e, total, out=torch.empty(e.shape, dtype=v.dtype, device=dev))  # softmax, cast
+                w = w.view(h_kv, group * r, r1)
                 out[:, r0:r1] = torch.matmul(w, v[:, :r1]).view(h_q, r, d)
         return out
 
