@@ -17,11 +17,14 @@ eq. 1, the softmax written with its normaliser; the same identity FlashAttention
 
 The passes compute scores, softmax and the log-sum-exp in float32 whatever the weights' dtype (the weights are cast
 back to the values' dtype for A·V, as transformers' eager attention does), a chunk of query rows at a time
-(``ATTENTION_CHUNK_BYTES`` of float32 scores), so the prompt pass never holds (H, T, T) either. The pooled tiles
-(max and mean, the blocks of ``viz.common.block_edges``) are computed per layer on the device after decoding,
-when the number of rows is known, from q, k and lse; only they, the step candidates and the surprisal leave the
-device. ``DeviceAttention.block``/``row`` move one zoomed block or row; ``full()`` materialises everything (tests,
-short inputs), which is what ``LongGeneration.result()`` uses to give the app's ``GenerationResult``.
+(``ATTENTION_CHUNK_BYTES`` of float32 scores), so the prompt pass never holds (H, T, T) either; a prompt chunk's
+scores cover only the keys up to its last row (causal), and half-precision q and k are multiplied with a float32
+accumulator (their products are exact in float32). The pooled tiles (max and mean, the blocks of
+``viz.common.block_edges`` for prompt + new tokens) are accumulated on the device by the prompt pass from the
+weights it has at hand, the new tokens' rows added after decoding (``_Tiles``; made again should the generation
+stop early); only they, the step candidates and the surprisal leave the device. ``DeviceAttention.block``/``row``
+move one zoomed block or row; ``full()`` materialises everything (tests, short inputs), which is what
+``LongGeneration.result()`` uses to give the app's ``GenerationResult``.
 
 Every module is called through its own ``forward`` (norms, projections, feed-forward block), so a model dispatched
 across devices by accelerate (``models/bigmodel.py``) runs here unchanged: each hook moves the stream to its
@@ -229,8 +232,8 @@ def _scores(q: Tensor, kt: Tensor, scale: float) -> Tensor:
 
 # the prompt's attention output by F.scaled_dot_product_attention: "on", "auto" (half-precision weights) or "off"
 # (from the chunks' weights). Off by default: on an H200 (LLaMA-3-8B shape, bfloat16, docs/device-h200-gen8b.json)
-# it saved nothing after 4,096 prompt tokens (0.855 s against 0.849 s), the chunk pass making the lse and tiles
-# either way, and its first use after 512 tokens cost 0.9 s once.
+# it saved 2 % after 4,096 prompt tokens (0.951 s against 0.968 s: the chunk pass makes the lse and tiles either
+# way), and after 512 tokens its prompt pass took 1.17 s against 0.06 s (a set-up per new length, by the look of it).
 FUSED_OUTPUT = "off"
 
 
