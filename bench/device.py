@@ -1,6 +1,6 @@
 """Every analysis on the CPU and on a device, and an 8 B model on one GPU beside transformers, in one call (issue 52).
 
-    python bench/device.py [--device cuda] [--quick] [--checkpoints DIR] [--out FILE]
+    python bench/device.py [--device cuda] [--quick] [--checkpoints DIR] [--only gen8b] [--out FILE]
 
 1. ``shipped``: each model under ``--checkpoints`` (default checkpoints/) loaded twice, once on the CPU and once
    on the device (float32 both), every analysis of ``bench/_analyses.py`` run on each (classify / translate /
@@ -188,7 +188,7 @@ def _teacher_forced(ours, seq: list[int], prompt: int) -> list[int]:
         return run.logits(x[prompt - 1 : len(seq) - 1]).float().argmax(-1).tolist()
 
 
-def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
+def big(dev: torch.device, quick: bool, fp32_layers: int, gen_only: bool = False) -> dict[str, Any]:
     from models.decoding import ondevice
     from models.inspect.decompose import decompose_score
     from models.inspect.patching import patch_sweep, repeated_pair
@@ -200,7 +200,8 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
     cfg, hf = _hf_llama(shape, torch.bfloat16, dev)
     out["parameters_b"] = round(sum(p.numel() for p in hf.parameters()) / 1e9, 3)
     ids = {p: torch.randint(3, shape["vocab_size"], (p,), generator=gen).tolist() for p in prompts}
-    _hf_generate(hf, ids[prompts[0]][:32], dev, new=2)  # warm-up
+    warm = ids[prompts[0]][: prompts[0] // 2]  # warm-up prompt (both sides): half the shorter prompt, 2 tokens
+    _hf_generate(hf, warm, dev, new=2)
     runs: dict[int, dict[str, Any]] = {p: {} for p in prompts}
     hf_seqs = {}
     for p in prompts:
@@ -212,14 +213,17 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
         log(f"transformers, prompt {p}: {secs:.2f} s, peak {runs[p]['transformers_peak_gb']} GB")
     ours = _ours(cfg, hf)
     hf = None  # our model holds the same tensors: the weights stay resident once
-    ondevice.generate(ours, ids[prompts[0]][:32], 2)  # warm-up
+    ondevice.generate(ours, warm, 2)
     for p in prompts:
         reset_peak(dev)
-        res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW))
         r = runs[p]
+        res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW))
+        r["fused_output"] = getattr(ondevice, "FUSED_OUTPUT", None)  # (getattr: an older module, for "before")
         if res.prompt_len != p or len(res.ids) != p + NEW:
             raise RuntimeError(f"the {p}-token prompt was cut to {res.prompt_len} ({res.notice})")
         r["ours_s"], r["ours_peak_gb"] = round(secs, 3), peak_gb(dev)
+        r["ours_ms"] = getattr(res, "timings", None)  # prompt pass, prompt logits, decoding, tiles (CUDA events)
+        r["half_scores"] = getattr(ondevice, "_HALF_SCORES", [])[:1] or None
         r["speedup"] = round(r["transformers_s"] / secs, 2)
         if r["ours_peak_gb"]:
             r["peak_ratio"] = round(r["ours_peak_gb"] / r["transformers_peak_gb"], 3)
@@ -230,6 +234,13 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
         r["kept_on_device_mb"] = round(res.attention.nbytes() / 1e6, 1)
         r["pooled_mb"] = round(sum(a.nbytes for a in res.attention.pooled.values()) / 1e6, 2)
         del res
+        if getattr(ondevice, "FUSED_OUTPUT", None) == "off":  # beside it: the prompt's output by torch's SDPA
+            ondevice.FUSED_OUTPUT = "on"
+            reset_peak(dev)
+            res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW))
+            r["ours_fused_s"], r["ours_fused_ms"] = round(secs, 3), res.timings
+            ondevice.FUSED_OUTPUT = "off"
+            del res
         if r["decoding"] != "pass":  # beside it: the new tokens through the growing-shape pass, no graph
             reset_peak(dev)
             res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW, steps="pass"))
@@ -239,6 +250,11 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
             f"same next token {r['same_next_token']}; {r}")
     out["generate"] = {str(p): r for p, r in runs.items()}
 
+    if gen_only:  # --only gen8b: the generation and the float32 check, no patching or score split
+        ours = None
+        reset_peak(dev)
+        out["fp32"] = _fp32_check(shape, dev, fp32_layers, ids[prompts[0]])
+        return out
     clean, corrupted = repeated_pair(ours, 20)  # 40 tokens
     reset_peak(dev)
     try:
@@ -257,14 +273,21 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
     ours = split = None
     reset_peak(dev)
 
-    # float32: greedy ids against transformers on a shallower model of the same widths
+    out["fp32"] = _fp32_check(shape, dev, fp32_layers, ids[prompts[0]])
+    return out
+
+
+def _fp32_check(shape: dict, dev: torch.device, fp32_layers: int, prompt_ids: list[int]) -> dict[str, Any]:
+    """float32: greedy ids against transformers on a shallower model of the same widths, and the attention."""
+    from models.decoding import ondevice
+
     cfg32, hf32 = _hf_llama(shape, torch.float32, dev, layers=fp32_layers)
-    p = prompts[0]
-    ref = _hf_generate(hf32, ids[p], dev)
+    p = len(prompt_ids)
+    ref = _hf_generate(hf32, prompt_ids, dev)
     ours32 = _ours(cfg32, hf32)
     del hf32
-    mine = ondevice.generate(ours32, ids[p], NEW, pool=False)  # CUDA: the new tokens replayed as a CUDA graph
-    plain = ours32.generate(ids[p], NEW)
+    mine = ondevice.generate(ours32, prompt_ids, NEW, pool=False)  # CUDA: the new tokens replayed as a CUDA graph
+    plain = ours32.generate(prompt_ids, NEW)
     diff = 0.0
     for step, layers in enumerate(ref.attentions):  # step 0: the prompt's rows; then one row each
         for i, w in enumerate(layers):
@@ -272,13 +295,13 @@ def big(dev: torch.device, quick: bool, fp32_layers: int) -> dict[str, Any]:
             got = torch.from_numpy(mine.attention.block(i, rows, slice(0, w.shape[-1])))
             diff = max(diff, float((got - w[0].float().cpu()).abs().max()))
     seq = ref.sequences[0].tolist()
-    out["fp32"] = {"layers": fp32_layers, "prompt": p, "decoding": mine.decoding, "identical": mine.ids == seq,
-                   "plain_identical": plain.ids == seq, "max_attention_diff": diff,
-                   "agree": bool(mine.ids == seq and diff <= AGREE)}
-    log("fp32", out["fp32"])
+    res = {"layers": fp32_layers, "prompt": p, "decoding": mine.decoding, "identical": mine.ids == seq,
+           "plain_identical": plain.ids == seq, "max_attention_diff": diff,
+           "agree": bool(mine.ids == seq and diff <= AGREE)}
+    log("fp32", res)
     del ours32, ref, mine, plain
     reset_peak(dev)
-    return out
+    return res
 
 
 # ------------------------------------------------------------------------------------------- 3. accelerate split
@@ -326,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
     ap.add_argument("--fp32-layers", type=int, default=4)
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out: shipped, big, accelerate")
+    ap.add_argument("--only", default="", choices=["", "gen8b"],
+                    help="gen8b: only the 8 B generation beside transformers and the float32 check (no other section)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.only == "gen8b":
+        skip |= {"accelerate", "shipped"}
     report: dict[str, Any] = {"device": str(dev), "quick": args.quick, "torch": torch.__version__}
     if dev.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(dev)
@@ -338,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(tmp)
         for name, fn in (("accelerate", lambda: split(dev, scratch)),
                          ("shipped", lambda: shipped(args.checkpoints, dev, scratch)),
-                         ("big", lambda: big(dev, args.quick, args.fp32_layers))):
+                         ("big", lambda: big(dev, args.quick, args.fp32_layers, args.only == "gen8b"))):
             if name in skip:
                 continue
             t0 = time.perf_counter()
@@ -358,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     b = report.get("big")
     targets = {}
     if b is not None:
-        checks += [bool(b.get("fp32", {}).get("agree")), bool(b.get("split", {}).get("agree"))]
+        checks.append(bool(b.get("fp32", {}).get("agree")))
+        if args.only != "gen8b":
+            checks.append(bool(b.get("split", {}).get("agree")))
         for p, r in b.get("generate", {}).items():
             targets[f"faster_than_transformers_{p}"] = r["speedup"] >= 1.0
             if r.get("peak_ratio") is not None:

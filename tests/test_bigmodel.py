@@ -1,4 +1,4 @@
-"""models/bigmodel.py: accelerate's big-model inference onto the project's GPT. A forced device map across the CPU
+"""models/io/bigmodel.py: accelerate's big-model inference onto the project's GPT. A forced device map across the CPU
 and disk offload gives the undivided model's logits and attention within 1e-5, and generation, the on-device
 attention path, the score split, patching and the logit lens work across the split (issue 52)."""
 

@@ -1,4 +1,4 @@
-"""models/ondevice.py: attention kept on the device as post-RoPE queries, keys and each row's log-sum-exp gives
+"""models/decoding/ondevice.py: attention kept on the device as post-RoPE queries, keys and each row's log-sum-exp gives
 GPT.generate's answer (ids, candidates, surprisal) and, on demand, its every attention weight, block, row and
 pooled tile (against viz.common.pool_blocks of the full array), for the LLaMA recipe (grouped-query heads, biases,
 both RoPE layouts) and GPT-2; with chunked passes (the prompt's rows a few at a time) and sampling."""
@@ -94,3 +94,41 @@ def test_fastgen_hands_gpu_models_to_ondevice(prompt: int, monkeypatch: pytest.M
     assert got.attention["decoder"].weights.dtype == want.dtype == (np.float16 if prompt > 512 else np.float32)
     np.testing.assert_allclose(got.attention["decoder"].weights.astype(np.float32), want.astype(np.float32),
                                atol=1e-3 if prompt > 512 else 1e-6)
+
+
+@pytest.mark.parametrize("cells", [8, 5, 64])  # blocks of 6, 10 and 1 rows over 47 tokens: the prompt ends mid-block
+@pytest.mark.parametrize("chunk", [od.ATTENTION_CHUNK_BYTES, 6 * 4 * 37 * 7])  # one chunk; a block or two a chunk
+@pytest.mark.parametrize("fused", ["off", "on"])  # the prompt's output from the chunks' weights, or by torch's SDPA
+def test_tiles_made_during_the_passes(cells: int, chunk: int, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pooled tiles ``generate`` accumulates (the prompt's rows in its pass, the new rows after decoding) equal
+    viz.common.pool_blocks of GPT.generate's full array, as does the lse (the fused output changes nothing else)."""
+    monkeypatch.setattr(od, "ATTENTION_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(od, "POOL_CELLS", cells)
+    monkeypatch.setattr(od, "FUSED_OUTPUT", fused)
+    model = _model(recipe="llama", n_kv_heads=2)
+    ids = list(range(3, 40))
+    ref = model.generate(ids, max_new_tokens=10)
+    lazy = od.generate(model, ids, max_new_tokens=10, steps="fixed")
+    assert lazy.ids == ref.ids and set(lazy.timings) == {"prompt_pass", "prompt_logits", "decode", "tiles"}
+    np.testing.assert_allclose(lazy.surprisal, ref.surprisal, atol=1e-5)
+    full = ref.attention["decoder"].weights
+    np.testing.assert_allclose(lazy.attention.full(), full, atol=1e-6)
+    for how in ("max", "mean"):
+        want, edges, _ = pool_blocks(full, cells, how)
+        np.testing.assert_allclose(lazy.attention.pooled[how], want, atol=1e-6)
+        np.testing.assert_array_equal(lazy.attention.edges, edges)
+
+
+def test_tiles_after_an_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation that ends at its end-of-sequence token has fewer rows than the tiles were laid out for: they are
+    made again over the rows there are."""
+    monkeypatch.setattr(od, "POOL_CELLS", 8)
+    model = _model(recipe="llama", n_kv_heads=3)
+    ids = [5, 9, 11, 4, 7, 12, 30, 2, 8]
+    model.config.eos_id = model.generate(ids, max_new_tokens=3).ids[len(ids) + 1]
+    ref = model.generate(ids, max_new_tokens=12)
+    got = od.generate(model, ids, max_new_tokens=12)
+    assert got.ids == ref.ids and len(got.ids) < len(ids) + 12  # stopped early
+    want, edges, _ = pool_blocks(ref.attention["decoder"].weights, 8, "max")
+    np.testing.assert_allclose(got.attention.pooled["max"], want, atol=1e-6)
+    np.testing.assert_array_equal(got.attention.edges, edges)

@@ -1,4 +1,4 @@
-"""ATLAS_DTYPE (models/placement.py): weights in bfloat16 while scores, softmax, attention and the score split stay
+"""ATLAS_DTYPE (models/io/placement.py): weights in bfloat16 while scores, softmax, attention and the score split stay
 float32 or wider; the split still sums to the score and reproduces the bfloat16 model's own attention row."""
 
 from __future__ import annotations

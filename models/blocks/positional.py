@@ -81,7 +81,7 @@ def apply_rope(x: Tensor, angles: Tensor | None, layout: str = "interleaved",
     ``layout`` pairs (x_{2i}, x_{2i+1}) ("interleaved", RoFormer eq. 34, this project's models) or (x_i, x_{i+d/2})
     ("half", the rotate-half layout of Hugging Face's LLaMA weights). Returns the rotated x, same shape and dtype.
     """
-    # cos_sin: (cos, sin) of ``angles`` already in x's dtype, made once for many calls (models/ondevice.py)
+    # cos_sin: (cos, sin) of ``angles`` already in x's dtype, made once for many calls (models/decoding/ondevice.py)
     if cos_sin is None:
         assert angles is not None
         cos_sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

@@ -17,20 +17,24 @@ eq. 1, the softmax written with its normaliser; the same identity FlashAttention
 
 The passes compute scores, softmax and the log-sum-exp in float32 whatever the weights' dtype (the weights are cast
 back to the values' dtype for A·V, as transformers' eager attention does), a chunk of query rows at a time
-(``ATTENTION_CHUNK_BYTES`` of float32 scores), so the prompt pass never holds (H, T, T) either. The pooled tiles
-(max and mean, the blocks of ``viz.common.block_edges``) are computed per layer on the device after decoding,
-when the number of rows is known, from q, k and lse; only they, the step candidates and the surprisal leave the
-device. ``DeviceAttention.block``/``row`` move one zoomed block or row; ``full()`` materialises everything (tests,
-short inputs), which is what ``LongGeneration.result()`` uses to give the app's ``GenerationResult``.
+(``ATTENTION_CHUNK_BYTES`` of float32 scores), so the prompt pass never holds (H, T, T) either; a prompt chunk's
+scores cover only the keys up to its last row (causal), and half-precision q and k are multiplied with a float32
+accumulator (their products are exact in float32). The pooled tiles (max and mean, the blocks of
+``viz.common.block_edges`` for prompt + new tokens) are accumulated on the device by the prompt pass from the
+weights it has at hand, the new tokens' rows added after decoding (``_Tiles``; made again should the generation
+stop early); only they, the step candidates and the surprisal leave the device. ``DeviceAttention.block``/``row``
+move one zoomed block or row; ``full()`` materialises everything (tests, short inputs), which is what
+``LongGeneration.result()`` uses to give the app's ``GenerationResult``.
 
 Every module is called through its own ``forward`` (norms, projections, feed-forward block), so a model dispatched
-across devices by accelerate (``models/bigmodel.py``) runs here unchanged: each hook moves the stream to its
+across devices by accelerate (``models/io/bigmodel.py``) runs here unchanged: each hook moves the stream to its
 layer's device, and each layer's q, k and lse stay where that layer runs.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +56,57 @@ def block_edges(n: int, max_cells: int) -> np.ndarray:
     """Edges of equal blocks splitting ``n`` into ``ceil(n / ceil(n / max_cells))`` (``viz.common.block_edges``)."""
     factor = max(1, int(np.ceil(n / max_cells)))
     return np.minimum(np.arange(int(np.ceil(n / factor)) + 1) * factor, n)
+
+
+def _column_tiles(e: Tensor, f: int) -> tuple[Tensor, Tensor]:
+    """Max and sum of ``e`` (h, r, c), non-negative, over column blocks of ``f`` (the last one cut at c): two
+    (h, r, ceil(c / f)) tensors, read from ``e`` in place (no padded copy of the chunk)."""
+    c = e.size(-1)
+    whole = c // f * f
+    maxes, sums = [], []
+    if whole:
+        blocks = e[..., :whole].unflatten(-1, (whole // f, f))  # a view: (h, r, c // f, f)
+        maxes.append(blocks.amax(-1))
+        sums.append(blocks.sum(-1))
+    if c > whole:
+        maxes.append(e[..., whole:].amax(-1, keepdim=True))
+        sums.append(e[..., whole:].sum(-1, keepdim=True))
+    return torch.cat(maxes, -1), torch.cat(sums, -1)
+
+
+class _Tiles:
+    """The model view's pooled tiles (max and sum over the blocks of ``block_edges(T, cells)``) accumulated a chunk
+    of rows at a time, per layer on its device: the prompt pass adds its rows while their weights are at hand, the
+    new tokens' rows are added after decoding (max and sum over a block split between the two: the max of the
+    parts' maxes, the sum of their sums). Masked cells are zeros (weights ≥ 0, so the zeros of the start and of any
+    padding never raise a max)."""
+
+    def __init__(self, t: int, cells: int, heads: int, devices: Sequence[torch.device]) -> None:
+        self.t, self.edges = t, block_edges(t, cells)
+        self.f, n = int(self.edges[1] - self.edges[0]), len(self.edges) - 1
+        self.max = [torch.zeros(heads, n, n, device=dev) for dev in devices]
+        self.sum = [torch.zeros(heads, n, n, device=dev) for dev in devices]
+
+    def add(self, layer: int, r0: int, col_max: Tensor, col_sum: Tensor) -> None:
+        """Rows r0.. of ``layer``, given as their column-block max and sum (h, r, c_blocks)."""
+        f = self.f
+        h, r, nc = col_max.shape
+        front = r0 % f  # rows of the first block before r0 (another chunk's): zeros here
+        back = -(front + r) % f
+        m = torch.nn.functional.pad(col_max, (0, 0, front, back)).view(h, -1, f, nc).amax(2)
+        s = torch.nn.functional.pad(col_sum, (0, 0, front, back)).view(h, -1, f, nc).sum(2)
+        b0 = r0 // f
+        span = (slice(None), slice(b0, b0 + m.size(1)), slice(0, nc))
+        torch.maximum(self.max[layer][span], m, out=self.max[layer][span])
+        self.sum[layer][span] += s
+
+    def result(self) -> dict[str, np.ndarray]:
+        """{"max", "mean"} -> (L, H, R, C) float32 numpy (one copy from each layer's device)."""
+        sizes = torch.from_numpy(np.diff(self.edges).astype(np.float32))
+        area = sizes[:, None] * sizes[None, :]
+        maxes = [m.cpu() for m in self.max]
+        means = [s.cpu() / area for s in self.sum]
+        return {"max": torch.stack(maxes).numpy(), "mean": torch.stack(means).numpy()}
 
 
 @dataclass
@@ -106,31 +161,26 @@ class DeviceAttention:
 
     def pool(self, max_cells: int = POOL_CELLS) -> None:
         """The tiles of the model view, max and mean over ``block_edges`` blocks (masked cells count as zeros), per
-        layer on its device; sets ``pooled`` and ``edges``."""
+        layer on its device from q, k and lse; sets ``pooled`` and ``edges``. (``generate`` accumulates them during
+        its passes instead, ``_Tiles``; this recomputes them, e.g. for another number of cells.)"""
         t = self.length
-        edges = block_edges(t, max_cells)
-        n, f = len(edges) - 1, int(edges[1] - edges[0])
-        maxes, means = [], []
-        sizes = torch.from_numpy(np.diff(edges).astype(np.float32))
+        tiles = _Tiles(t, max_cells, self.q[0].size(0), [q.device for q in self.q])
+        f = tiles.f
         for layer in range(len(self.q)):
             dev = self.q[layer].device
             h = self.q[layer].size(0)
             rows_per = max(f, (ATTENTION_CHUNK_BYTES // max(1, 4 * h * t)) // f * f)  # whole row blocks
-            mx = torch.empty(h, n, n, device=dev)
-            sm = torch.empty(h, n, n, device=dev)
             for r0 in range(0, t, rows_per):
                 r1 = min(t, r0 + rows_per)
                 w = self._weights(layer, torch.arange(r0, r1, device=dev), slice(0, t))  # (H, r, T)
-                pad_r, pad_c = (-(r1 - r0)) % f, (-t) % f
-                w = torch.nn.functional.pad(w, (0, pad_c, 0, pad_r))  # zeros: masked cells are zeros anyway
-                w = w.view(h, w.size(1) // f, f, w.size(2) // f, f)
-                b0 = r0 // f
-                mx[:, b0 : b0 + w.size(1)] = w.amax(dim=(2, 4))
-                sm[:, b0 : b0 + w.size(1)] = w.sum(dim=(2, 4))
-            maxes.append(mx.cpu())
-            means.append(sm.cpu() / (sizes[:, None] * sizes[None, :]))
-        self.pooled = {"max": torch.stack(maxes).numpy(), "mean": torch.stack(means).numpy()}
-        self.edges = edges
+                tiles.add(layer, r0, *_column_tiles(w, f))
+        self.pooled, self.edges = tiles.result(), tiles.edges
+
+    def add_rows(self, tiles: _Tiles, r0: int) -> None:
+        """Rows r0..T of every layer into ``tiles`` (the new tokens' rows, after the prompt's)."""
+        for layer in range(len(self.q)):
+            w = self._weights(layer, torch.arange(r0, self.length, device=self.q[layer].device), slice(0, self.length))
+            tiles.add(layer, r0, *_column_tiles(w, tiles.f))
 
     def nbytes(self) -> int:
         return sum(x.numel() * x.element_size() for x in (*self.q, *self.lse))  # k is the cache's own
@@ -149,6 +199,7 @@ class LongGeneration:
     attention: DeviceAttention
     notice: str = ""
     decoding: str = "pass"  # how the new tokens ran: "pass", "fixed" or "graph" (``generate``'s ``steps``)
+    timings: dict[str, float] = field(default_factory=dict)  # ms of each part (``_Clock``: CUDA events on a GPU)
 
     def result(self) -> GenerationResult:
         """The app's ``GenerationResult`` with every weight materialised (only where T is small enough)."""
@@ -156,6 +207,38 @@ class LongGeneration:
         return GenerationResult(text=self.text, tokens=self.tokens, ids=self.ids, prompt_len=self.prompt_len,
                                 attention={"decoder": AttentionMap(weights, self.tokens, list(self.tokens))},
                                 steps=self.steps, surprisal=self.surprisal, notice=self.notice)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+_HALF_SCORES: list[str] = []  # how _scores multiplies half-precision operands on this build (decided once)
+
+
+def _scores(q: Tensor, kt: Tensor, scale: float) -> Tensor:
+    """Scaled scores q·kᵀ/√d (B, m, c) float32 for q (B, m, d) and kᵀ (B, d, c). Half-precision operands (bfloat16
+    or float16 queries and keys) are multiplied by a half-precision matrix product that returns its float32
+    accumulator (``out_dtype``, CUDA): the products of two such numbers are exact in float32 (at most 22
+    significant bits), so these are the float32 scores of the same numbers, summed in another order, at the
+    tensor cores' speed. Elsewhere, or where the build lacks it, float32 operands and product."""
+    if q.dtype in _HALF and q.is_cuda and kt.dtype == q.dtype and "float" not in _HALF_SCORES:
+        try:
+            s = torch.bmm(q, kt, out_dtype=torch.float32)
+            if not _HALF_SCORES:
+                _HALF_SCORES.append("half")
+            return s.mul_(scale)
+        except (RuntimeError, TypeError):
+            _HALF_SCORES.append("float")
+    return torch.matmul(q.float(), kt.float()).mul_(scale)
+
+
+# the prompt's attention output by F.scaled_dot_product_attention: "on", "auto" (half-precision weights) or "off"
+# (from the chunks' weights). Off by default: on an H200 (LLaMA-3-8B shape, bfloat16, docs/device-h200-gen8b.json)
+# it saved 2 % after 4,096 prompt tokens (0.951 s against 0.968 s: the chunk pass makes the lse and tiles either
+# way), and after 512 tokens its prompt pass took 1.17 s against 0.06 s (a set-up per new length, by the look of it).
+FUSED_OUTPUT = "off"
+
+
+def _fused_output(q: Tensor) -> bool:
+    return FUSED_OUTPUT == "on" or (FUSED_OUTPUT == "auto" and q.dtype in _HALF)
 
 
 class _Run:
@@ -176,6 +259,7 @@ class _Run:
         self.q = [torch.empty(c.n_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.lse = [torch.empty(c.n_heads, n, device=dev, dtype=torch.float32) for dev in self.devices]
         self.angles = model.angles if model.positions is None else None
+        self.tiles: _Tiles | None = None  # the pooled tiles, accumulated by the prompt pass (``generate``)
 
     def layers(self, ids: Tensor, start: int) -> Tensor:
         """Tokens ``ids`` (T,) at positions start.. through every block; their residual stream (T, D)."""
@@ -186,8 +270,6 @@ class _Run:
         if model.positions is not None:
             x = x + model.positions(torch.arange(start, end, device=ids.device))
         h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
-        group = h_q // h_kv
-        scale = 1.0 / math.sqrt(d)
         rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * end))
         rope: dict[torch.device, tuple[Tensor, Tensor]] = {}  # per device: cos and sin of this pass's angles
         for i, block in enumerate(model.blocks):
@@ -207,25 +289,89 @@ class _Run:
             self.q[i][:, start:end] = q
             self.k[i][:, start:end] = k
             self.v[i][:, start:end] = v
-            keys = self.k[i][:, :end].transpose(1, 2)  # (H_kv, d, S) float32
-            values = self.v[i][:, :end]  # (H_kv, S, d)
-            out = torch.empty(h_q, t, d, device=dev, dtype=x.dtype)
-            for r0 in range(0, t, rows_per):
-                r1 = min(t, r0 + rows_per)
-                r = r1 - r0
-                # query heads h·group .. h·group + group − 1 share key/value head h: (H_kv, group·r, d)
-                qg = q[:, r0:r1].float().reshape(h_kv, group * r, d)
-                s = torch.matmul(qg, keys).mul_(scale).view(h_q, r, end)  # (H, r, S) float32
-                if start + r0 < end - 1:  # causal: keys after a query's position masked (none for a lone last row)
-                    pos = torch.arange(start + r0, start + r1, device=dev)
-                    s.masked_fill_(torch.arange(end, device=dev)[None, None, :] > pos[None, :, None], float("-inf"))
-                lse = torch.logsumexp(s, -1)  # (H, r)
-                self.lse[i][:, start + r0 : start + r1] = lse
-                w = torch.exp(s.sub_(lse[..., None]))  # softmax, in place of the scores
-                out[:, r0:r1] = torch.matmul(w.to(values.dtype).view(h_kv, group * r, end), values).view(h_q, r, d)
+            if start == 0 and t > 1:  # the prompt: its own keys only, causal within
+                out = self._prompt_attention(i, q, k, v)
+            else:
+                out = self._attend(i, q, start, end, rows_per)
             x = x + attn.o_proj(out.transpose(0, 1).reshape(t, h_q * d))
             x = x + block.ff(block.norm2(x))
         return x
+
+    def _attend(self, i: int, q: Tensor, start: int, end: int, rows_per: int) -> Tensor:
+        """Layer ``i``'s attention output (H, T, d) for queries ``q`` (H, T, d) at positions start..end − 1 over
+        the buffers' keys 0..end − 1 (written already), the scores in float32 a chunk of rows at a time; writes
+        each row's lse. (The new tokens of ``steps="pass"``.)"""
+        c = self.c
+        h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
+        group = h_q // h_kv
+        scale = 1.0 / math.sqrt(d)
+        t = end - start
+        dev = q.device
+        keys = self.k[i][:, :end].transpose(1, 2)  # (H_kv, d, S) float32
+        values = self.v[i][:, :end]  # (H_kv, S, d)
+        out = torch.empty(h_q, t, d, device=dev, dtype=q.dtype)
+        for r0 in range(0, t, rows_per):
+            r1 = min(t, r0 + rows_per)
+            r = r1 - r0
+            # query heads h·group .. h·group + group − 1 share key/value head h: (H_kv, group·r, d)
+            qg = q[:, r0:r1].float().reshape(h_kv, group * r, d)
+            s = torch.matmul(qg, keys).mul_(scale).view(h_q, r, end)  # (H, r, S) float32
+            if start + r0 < end - 1:  # causal: keys after a query's position masked (none for a lone last row)
+                pos = torch.arange(start + r0, start + r1, device=dev)
+                s.masked_fill_(torch.arange(end, device=dev)[None, None, :] > pos[None, :, None], float("-inf"))
+            lse = torch.logsumexp(s, -1)  # (H, r)
+            self.lse[i][:, start + r0 : start + r1] = lse
+            w = torch.exp(s.sub_(lse[..., None]))  # softmax, in place of the scores
+            out[:, r0:r1] = torch.matmul(w.to(values.dtype).view(h_kv, group * r, end), values).view(h_q, r, d)
+        return out
+
+    def _prompt_attention(self, i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Layer ``i``'s attention output (H, T, d) for a prompt's q (H, T, d), k, v (H_kv, T, d) at positions
+        0..T − 1, writing each row's lse and, with ``self.tiles``, adding the rows to the pooled tiles: one pass of
+        float32 scores a chunk of query rows at a time, over the keys up to the chunk's last row only (causal).
+
+        The scores of half-precision q and k are their exact products summed in float32 (``_scores``). The output
+        is A·V from the chunk's weights (cast to the values' dtype, as transformers' eager attention and the other
+        passes here), or with ``FUSED_OUTPUT`` ``F.scaled_dot_product_attention`` (a fused kernel), the chunk pass
+        then making only the lse and tiles."""
+        c = self.c
+        h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
+        group, t, dev = h_q // h_kv, q.size(1), q.device
+        scale = 1.0 / math.sqrt(d)
+        fused = _fused_output(q)
+        out = None
+        if fused:  # each query head with its key/value head (h // group): (1, H, T, d)
+            kk, vv = (x.repeat_interleave(group, 0)[None] for x in (k, v))
+            out = torch.nn.functional.scaled_dot_product_attention(q[None], kk, vv, is_causal=True)[0]
+        else:
+            out = torch.empty(h_q, t, d, device=dev, dtype=v.dtype)
+        tiles = self.tiles
+        f = tiles.f if tiles is not None else 1
+        rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * t))
+        rows_per = max(f, rows_per // f * f)  # whole row blocks of the tiles
+        keys = k.transpose(1, 2) if q.dtype in _HALF else self.k[i][:, :t].transpose(1, 2)  # (H_kv, d, T)
+        for r0 in range(0, t, rows_per):
+            r1 = min(t, r0 + rows_per)
+            r = r1 - r0
+            # query heads h·group .. h·group + group − 1 share key/value head h: (H_kv, group·r, d)
+            qg = q[:, r0:r1].reshape(h_kv, group * r, d)
+            s = _scores(qg, keys[..., :r1], scale).view(h_q, r, r1)  # (H, r, r1) float32: keys ≤ the last row
+            later = torch.ones(r, r, dtype=torch.bool, device=dev).triu_(1)  # causal (§3.2.3): keys after the row
+            s[..., r0:r1].masked_fill_(later, float("-inf"))
+            top = s.amax(-1, keepdim=True)  # (H, r, 1): every row has its own key, so finite
+            e = s.sub_(top).exp_()  # exp(s − max), in place of the scores
+            if tiles is not None:
+                col_max, col_sum = _column_tiles(e, f)  # (H, r, blocks)
+                total = col_sum.sum(-1, keepdim=True)  # (H, r, 1): the softmax's denominator
+                tiles.add(i, r0, col_max / total, col_sum / total)  # a row's weights are e / total
+            else:
+                total = e.sum(-1, keepdim=True)
+            self.lse[i][:, r0:r1] = (top + total.log())[..., 0]  # log Σ exp(s) = max + log Σ exp(s − max)
+            if not fused:
+                w = torch.div(e, total, out=torch.empty(e.shape, dtype=v.dtype, device=dev))  # softmax, cast
+                w = w.view(h_kv, group * r, r1)
+                out[:, r0:r1] = torch.matmul(w, v[:, :r1]).view(h_q, r, d)
+        return out
 
     def prepare_step(self) -> None:
         """Tables for ``step``: cos and sin of every position in the weights' dtype, and the key positions."""
@@ -314,6 +460,33 @@ class _Steps:
         return self.run.step(self.token, self.pos)[0].float()
 
 
+class _Clock:
+    """Where a generation's time goes: CUDA events on a CUDA device (read once at the end: no synchronisation in
+    between), else the host clock. ``ms()``: {part: milliseconds since the previous mark}."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.cuda = dev.type == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self) -> object:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def ms(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = round(a.elapsed_time(b) if self.cuda else (b - a) * 1e3, 2)  # type: ignore[union-attr,operator]
+        return out
+
+
 @torch.inference_mode()
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
@@ -333,19 +506,27 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     eos = model.eos_id()
     run = _Run(model, prompt_len + new)
     dev = _device(model.embed)
+    clock = _Clock(dev)
+    if pool:  # the tiles for prompt_len + new rows, filled as the rows are made (redone should it stop early)
+        run.tiles = _Tiles(prompt_len + new, POOL_CELLS, model.config.n_heads, run.devices)
     surprisal = np.full(prompt_len + new, np.nan, dtype=np.float32)
     x = run.layers(torch.tensor(ids, device=dev), 0)  # (P, D)
+    clock.mark("prompt_pass")
     target = torch.tensor(ids[1:] + [0], device=x.device)
     logits = None
+    prompt_nll = []
     for a in range(0, prompt_len, LOGIT_CHUNK):  # vocabulary-wide logits a chunk of rows at a time
         b = min(a + LOGIT_CHUNK, prompt_len)
         logits = run.logits(x[a:b]).float()
         e = min(b, prompt_len - 1)
         if e > a:
             logp = torch.log_softmax(logits[: e - a], -1)
-            surprisal[a + 1 : e + 1] = (-logp.gather(1, target[a:e, None].to(logp.device))[:, 0]).cpu().numpy()
+            prompt_nll.append(-logp.gather(1, target[a:e, None].to(logp.device))[:, 0])
+    if prompt_nll:  # one copy to the host, not one a chunk
+        surprisal[1:prompt_len] = torch.cat(prompt_nll).cpu().numpy()
     assert logits is not None
     logits = logits[-1]
+    clock.mark("prompt_logits")
     if steps == "auto":
         whole = len(set(run.devices)) == 1 and not any(hasattr(m, "_hf_hook") for m in model.modules())
         steps = "graph" if whole and dev.type == "cuda" else "pass"
@@ -372,14 +553,19 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
         if last:
             break
     model.train(was_training)
+    clock.mark("decode")
     t = len(ids)
     attention = DeviceAttention([q[:, :t] for q in run.q], [k[:, :t] for k in run.k],
                                 [lse[:, :t] for lse in run.lse], t)
-    if pool:
-        attention.pool()
+    if run.tiles is not None and run.tiles.t == t:  # the new tokens' rows join the prompt's
+        attention.add_rows(run.tiles, prompt_len)
+        attention.pooled, attention.edges = run.tiles.result(), run.tiles.edges
+    elif pool:  # stopped early (end of sequence): the blocks differ, all the tiles again
+        attention.pool(POOL_CELLS)
+    clock.mark("tiles")
     tokens = [model.piece(i) for i in ids]
     decoding = "pass" if stepper is None else "graph" if stepper.graphed else "fixed"
     return LongGeneration(text=model.tokenizer.decode(ids[prompt_len:]) if model.tokenizer else "", tokens=tokens,
                           ids=ids, prompt_len=prompt_len, steps=chosen,
                           surprisal=surprisal[:t] / np.float32(math.log(2)), attention=attention, notice=notice,
-                          decoding=decoding)
+                          decoding=decoding, timings=clock.ms())

@@ -58,7 +58,7 @@ class Stream:
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
-        g = weight(norm)  # an accelerate-offloaded norm's too (models/bigmodel.py)
+        g = weight(norm)  # an accelerate-offloaded norm's too (models/io/bigmodel.py)
         gain = g.double().to(x.device) if g is not None else torch.ones_like(x[0])
         eps = float(getattr(norm, "eps", 1e-5))
         out = Stream.__new__(Stream)

@@ -10,8 +10,8 @@ name, one tensor at a time, and put where the map says (``set_module_tensor_to_d
 duration of its forward pass. A block is never split (``no_split_module_classes``): its attention and feed-forward
 layer run on one device.
 
-The forward pass, generation (``GPT.generate``, ``models/ondevice.py``), patching and the logit lens go through the
-modules' own ``forward``, so the hooks serve them unchanged. The score split (``models/decompose.py``) reads weights
+The forward pass, generation (``GPT.generate``, ``models/decoding/ondevice.py``), patching and the logit lens go
+through the modules' own ``forward``, so the hooks serve them unchanged. The score split (``models/inspect/``) reads weights
 directly; it reads an offloaded one through ``weight(module, name)``, which asks the module's hook for it.
 
 ``ATLAS_MAX_MEMORY``: per device the most it may hold, as accelerate writes it, e.g. ``0=70GiB,1=70GiB,cpu=200GiB``
