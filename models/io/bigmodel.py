@@ -11,8 +11,8 @@ duration of its forward pass. A block is never split (``no_split_module_classes`
 layer run on one device.
 
 The forward pass, generation (``GPT.generate``, ``models/decoding/ondevice.py``), patching and the logit lens go
-through the modules' own ``forward``, so the hooks serve them unchanged. The score split (``models/inspect/``) reads weights
-directly; it reads an offloaded one through ``weight(module, name)``, which asks the module's hook for it.
+through the modules' own ``forward``, so the hooks serve them unchanged. The score split (``models/inspect/``)
+reads weights directly; it reads an offloaded one through ``weight(module, name)``, which asks the module's hook for it.
 
 ``ATLAS_MAX_MEMORY``: per device the most it may hold, as accelerate writes it, e.g. ``0=70GiB,1=70GiB,cpu=200GiB``
 (keys: GPU indices, ``cpu``; values: ``GiB``/``MB``/... strings); unset: accelerate's own estimate of what is free.
