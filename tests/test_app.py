@@ -425,15 +425,18 @@ def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> 
 
 
 def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_path: Path) -> None:
+    from PIL import Image
+
     from models.images import fashion_array
     from tabs.vision import PREVIEW_SIDE, enlarge, preview
 
     shown, seen = preview(common.EXAMPLE_IMAGES[0], "vit-fashion")
-    assert shown.shape == (28, 28, 3)  # the example is 28×28: shown as it is
+    # the example is 28×28: enlarged to be seen (issue 48, item 12: it was shown at 28 pixels), pixel for pixel
+    assert shown.shape == (28 * (PREVIEW_SIDE // 28), 28 * (PREVIEW_SIDE // 28), 3)
+    assert np.array_equal(shown[:: PREVIEW_SIDE // 28, :: PREVIEW_SIDE // 28],
+                          np.asarray(Image.open(common.EXAMPLE_IMAGES[0]).convert("RGB")))
     assert np.array_equal(seen, enlarge(fashion_array(common.EXAMPLE_IMAGES[0])[0], PREVIEW_SIDE))
     big = tmp_path / "big.png"
-    from PIL import Image
-
     Image.new("RGB", (2000, 1000), (200, 30, 30)).save(big)
     shown, seen = preview(str(big), "ViT-B/16 (ImageNet)")
     assert shown.shape == (2 * PREVIEW_SIDE // 2, 2 * PREVIEW_SIDE, 3) and seen is shown  # a thumbnail, aspect kept
