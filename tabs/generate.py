@@ -368,8 +368,6 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
-    # a last position past the end is the end (the boxes' 63 on a 16-token text); a first one past it is refused
-    q_last, k_last = (t - 1 if _past_end(v, t) else v for v in (q_last, k_last))
     first_q, last_q = _position(q_first, 0, t, "first query"), _position(q_last, t - 1, t, "last query")
     first_k, last_k = _position(k_first, 0, t, "first key"), _position(k_last, t - 1, t, "last key")
     if first_q > last_q or first_k > last_k:
@@ -386,16 +384,9 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
                              pool=pooling)
 
 
-def _past_end(value, n: int) -> bool:
-    """A whole number at or past ``n`` (the end of a text of n tokens)."""
-    try:
-        return float(value) >= n and float(value).is_integer()
-    except (TypeError, ValueError):
-        return False
-
-
 def zoom_defaults(state: dict | None):
-    """The zoom boxes' last positions after a generation: the block's default end (63) within the text."""
+    """The zoom boxes' last positions after a generation: the block's default end (63) within the text (the boxes'
+    63 on a 16-token text was refused)."""
     if not state:
         return gr.update(), gr.update()
     end = min(63, len(state["result"].tokens) - 1)

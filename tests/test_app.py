@@ -526,13 +526,16 @@ def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monk
     state = tab.generate("a dog", 3)[6]
     t = len(state["result"].tokens)
     assert t < 63
-    fig = tab.zoom(state, 0, "0", 0, 63, 0, 63)
+    ends = [u["value"] for u in tab.zoom_defaults(state)]
+    assert ends == [t - 1, t - 1]  # the boxes follow the text (they kept 63)
+    fig = tab.zoom(state, 0, "0", 0, ends[0], 0, ends[1])
     assert len(fig.data[0].z) == t  # the whole text, not an error
-    assert [u["value"] for u in tab.zoom_defaults(state)] == [t - 1, t - 1]
-    with pytest.raises(gr.Error, match="first query"):
-        tab.zoom(state, 0, "0", 99, 120, 0, 5)
+    with pytest.raises(gr.Error, match="last query 63 is outside"):
+        tab.zoom(state, 0, "0", 0, 63, 0, 63)  # asked outright, still refused in words
     with gr.Blocks() as demo:
         tab.build()
+    boxes = [b for b in demo.blocks.values() if getattr(b, "label", None) in ("queries to", "keys to")]
+    assert any(set(boxes) <= set(fn.outputs) and fn.fn is tab.zoom_defaults for fn in demo.fns.values())
     sliders = {getattr(b, "label", None): b for b in demo.blocks.values()}
     followers = [fn for fn in demo.fns.values() if len(fn.outputs) == 1 and fn.outputs[0] in
                  (sliders["layer of the head"], sliders["head"]) and len(fn.inputs) == 1]

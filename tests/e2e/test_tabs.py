@@ -140,7 +140,7 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
     _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
-    _wait_for_title(page, lambda t: t.startswith("Attention rollout · the same for every class"))
+    _wait_for_title(page, lambda t: t.startswith("Attention rollout · same for all classes"))
     before = plot_signature(page)
     _pick(page, "explanation", "Gradient × input")
     wait_for_change(page, before)
