@@ -382,8 +382,6 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
-    # a last position past the end is the end (the boxes' 63 on a 16-token text); a first one past it is refused
-    q_last, k_last = (t - 1 if _past_end(v, t) else v for v in (q_last, k_last))
     first_q, last_q = index(q_first, t, "first query", default=0), index(q_last, t, "last query")
     first_k, last_k = index(k_first, t, "first key", default=0), index(k_last, t, "last key")
     if first_q > last_q or first_k > last_k:
@@ -400,16 +398,9 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
                              pool=pooling)
 
 
-def _past_end(value, n: int) -> bool:
-    """A whole number at or past ``n`` (the end of a text of n tokens)."""
-    try:
-        return float(value) >= n and float(value).is_integer()
-    except (TypeError, ValueError):
-        return False
-
-
 def zoom_defaults(state: dict | None):
-    """The zoom boxes' last positions after a generation: the block's default end (63) within the text."""
+    """The zoom boxes' last positions after a generation: the block's default end (63) within the text (the boxes'
+    63 on a 16-token text was refused)."""
     if not state:
         return gr.update(), gr.update()
     end = min(63, len(state["result"].tokens) - 1)

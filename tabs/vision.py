@@ -256,8 +256,7 @@ def _offered(asked: str, attribution) -> str:
 def explanation_figure(result, attribution):
     """One explanation of the kept image, signed, over what the model saw."""
     free = attribution.method in ("attention", "rollout")  # read from the attention alone: for no class
-    title = (f"{EXPLANATIONS[attribution.method]} · the same for every class (p({attribution.label}) = "
-             f"{attribution.prob:.1%})" if free else
+    title = (f"{EXPLANATIONS[attribution.method]} · same for all classes" if free else
              f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})")
     title += completeness(attribution)
     return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title,

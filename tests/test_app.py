@@ -429,15 +429,18 @@ def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> 
 
 
 def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_path: Path) -> None:
+    from PIL import Image
+
     from models.io.images import fashion_array
     from tabs.vision import PREVIEW_SIDE, enlarge, preview
 
     shown, seen = preview(common.EXAMPLE_IMAGES[0], "vit-fashion")
-    assert shown.shape == (28, 28, 3)  # the example is 28×28: shown as it is
+    # the example is 28×28: enlarged to be seen (issue 48, item 12: it was shown at 28 pixels), pixel for pixel
+    assert shown.shape == (28 * (PREVIEW_SIDE // 28), 28 * (PREVIEW_SIDE // 28), 3)
+    assert np.array_equal(shown[:: PREVIEW_SIDE // 28, :: PREVIEW_SIDE // 28],
+                          np.asarray(Image.open(common.EXAMPLE_IMAGES[0]).convert("RGB")))
     assert np.array_equal(seen, enlarge(fashion_array(common.EXAMPLE_IMAGES[0])[0], PREVIEW_SIDE))
     big = tmp_path / "big.png"
-    from PIL import Image
-
     Image.new("RGB", (2000, 1000), (200, 30, 30)).save(big)
     shown, seen = preview(str(big), "ViT-B/16 (ImageNet)")
     assert shown.shape == (2 * PREVIEW_SIDE // 2, 2 * PREVIEW_SIDE, 3) and seen is shown  # a thumbnail, aspect kept
@@ -527,13 +530,16 @@ def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monk
     state = tab.generate("a dog", 3)[6]
     t = len(state["result"].tokens)
     assert t < 63
-    fig = tab.zoom(state, 0, "0", 0, 63, 0, 63)
+    ends = [u["value"] for u in tab.zoom_defaults(state)]
+    assert ends == [t - 1, t - 1]  # the boxes follow the text (they kept 63)
+    fig = tab.zoom(state, 0, "0", 0, ends[0], 0, ends[1])
     assert len(fig.data[0].z) == t  # the whole text, not an error
-    assert [u["value"] for u in tab.zoom_defaults(state)] == [t - 1, t - 1]
-    with pytest.raises(gr.Error, match="first query"):
-        tab.zoom(state, 0, "0", 99, 120, 0, 5)
+    with pytest.raises(gr.Error, match="last query 63 is outside"):
+        tab.zoom(state, 0, "0", 0, 63, 0, 63)  # asked outright, still refused in words
     with gr.Blocks() as demo:
         tab.build()
+    boxes = [b for b in demo.blocks.values() if getattr(b, "label", None) in ("queries to", "keys to")]
+    assert any(set(boxes) <= set(fn.outputs) and fn.fn is tab.zoom_defaults for fn in demo.fns.values())
     sliders = {getattr(b, "label", None): b for b in demo.blocks.values()}
     followers = [fn for fn in demo.fns.values() if len(fn.outputs) == 1 and fn.outputs[0] in
                  (sliders["layer of the head"], sliders["head"]) and len(fn.inputs) == 1]

@@ -140,7 +140,7 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
     _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
-    _wait_for_title(page, lambda t: t.startswith("Attention rollout · the same for every class"))
+    _wait_for_title(page, lambda t: t.startswith("Attention rollout · same for all classes"))
     before = plot_signature(page)
     _pick(page, "explanation", "Gradient × input")
     wait_for_change(page, before)
@@ -288,7 +288,7 @@ def test_error_messages_show_angle_brackets_as_text(page) -> None:
     """An error that quotes the input (here an unknown class with markup in it) shows it as text, not HTML."""
     open_tab(page, "Classify")
     panel = _panel(page)
-    panel.get_by_label("target (empty: the clean answer)").fill("<b>shouty</b> <urlopen error [Errno 111]>")
+    panel.get_by_label("target (empty: where the predictions differ)").fill("<b>shouty</b> <urlopen error [Errno 111]>")
     panel.get_by_role("button", name="Patch", exact=True).click()
     toast = page.locator(".toast-message-text").filter(has_text="Unknown class")
     expect(toast.first).to_contain_text("<b>shouty</b> <urlopen error [Errno 111]>", timeout=30_000)
