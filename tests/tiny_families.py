@@ -67,7 +67,7 @@ def decoder_folder(folder: Path, name: str, seed: int = 0, std: float = 0.1, **o
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():  # norm weights start at 1 (Gemma: 0): perturb them, so a norm read wrongly shows
-        for key, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
