@@ -252,10 +252,22 @@ def _index(value, n: int, name: str) -> int:
     return i
 
 
+def require_heads(net, view: str) -> None:
+    """A view built on attention heads refuses, in words, a model that has none (Mamba: its implicit attention is
+    read from a state-space scan, with no query, key or head to split, switch off or patch)."""
+    from models import registry
+
+    if registry.is_family(net, "mamba"):
+        from models.families.mamba import NOT_APPLICABLE
+
+        raise Error(f"{view} does not apply to this model. {NOT_APPLICABLE}")
+
+
 def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: str = ""):
     """Decompose one score: (summary Markdown, figure, table dict). Positions and indices are checked here."""
     from models.inspect.decompose import decompose_score, n_layers
 
+    require_heads(net, "\"Why a head attends\"")
     c = net.config
     layer, head = _index(layer, n_layers(net), "layer"), _index(head, c.n_heads, "head")
     query, key = _index(query, len(ids), "query position"), _index(key, len(ids), "key position")
@@ -327,6 +339,7 @@ def ablate_sink(sequence, state, layer, head) -> str:
     net = get_model(name)
     if type(net).__name__ == "Translator":
         raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
+    require_heads(net, "Sink ablation")
     layer, head = _index(layer, n_layers(net), "layer"), _index(head, net.config.n_heads, "head")
     try:
         r = sink_ablation(net, ids, layer, head)
@@ -373,6 +386,7 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
     net = get_model(name)
     if type(net).__name__ == "Translator":
         raise Error("Patching is offered for the decoders of Generate and the classifiers.")
+    require_heads(net, "Activation patching")
     sweep = SWEEPS.get(sweep, sweep)
     if sweep not in SWEEPS.values():
         raise Error(f"Unknown sweep {sweep!r}; choose heads or positions.")
@@ -427,6 +441,7 @@ def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
     from models.inspect.patching import repeated_pair
 
     net = get_model(name)
+    require_heads(net, "Activation patching")
     try:
         clean, corrupted = repeated_pair(net, n, seed)
     except ValueError as err:

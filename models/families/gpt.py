@@ -225,7 +225,7 @@ class Block(nn.Module):
         if c.n_experts:  # a router and its experts in place of the one feed-forward block
             from models.families.moe import MixtureOfExperts
 
-            self.ff: nn.Module = MixtureOfExperts(c)
+            self.ff: nn.Module = MixtureOfExperts(c, FF_ACTS[c.ff_act])
         else:
             self.ff = FeedForward(c)
         self.local = c.is_local(layer)  # a sliding-window layer (its own RoPE base where the family has one)

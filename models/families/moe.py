@@ -38,13 +38,12 @@ class Expert(nn.Module):
 class MixtureOfExperts(nn.Module):
     """Router + experts; x (B, T, D) -> (B, T, D)."""
 
-    def __init__(self, c: Any) -> None:
+    def __init__(self, c: Any, act: Any) -> None:
+        """c: the GPTConfig (d_model, ff_width, n_experts, experts_per_token); act: the experts' gate activation."""
         super().__init__()
-        from models.families.gpt import FF_ACTS
-
         self.k = c.experts_per_token
         self.router = nn.Linear(c.d_model, c.n_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(c.d_model, c.ff_width, FF_ACTS[c.ff_act]) for _ in range(c.n_experts))
+        self.experts = nn.ModuleList(Expert(c.d_model, c.ff_width, act) for _ in range(c.n_experts))
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(router logits (…, E), chosen experts (…, k) most probable first, their weights (…, k) summing to 1)."""
