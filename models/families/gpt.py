@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -89,6 +89,10 @@ class GPTConfig:
     ff_act: str = "silu"  # the gated feed-forward's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
     n_experts: int = 0  # mixture of experts (Mixtral, models/families/moe.py): experts per layer; 0 = dense
     experts_per_token: int = 2  # top-k experts the router picks per token
+    # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
+        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
