@@ -169,3 +169,16 @@ def test_generate_bench_compares_with_transformers(capsys) -> None:
     assert report["identical"] is True and report["new_tokens"] == 30 and report["layers"] == 1
     assert report["ours_s"] > 0 and report["reference_s"] > 0
     assert report["speedup"] == pytest.approx(report["reference_s"] / report["ours_s"], rel=0.05)
+
+
+def test_generate_bench_qwen3_shape(capsys) -> None:
+    """``--family qwen3``: the same comparison on Qwen3's shape (one layer here): identical ids and attention."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "generate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--family", "qwen3", "--repeats", "1", "--layers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["family"] == "qwen3" and report["layers"] == 1 and report["new_tokens"] == 30
+    assert report["identical"] is True and report["max_attention_diff"] < 1e-5
