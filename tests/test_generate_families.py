@@ -97,3 +97,27 @@ def test_gated_model_without_a_token_says_so(tab, monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_x")
     assert "downloaded from the Hugging Face Hub" in tab.model_notice("google/gemma-3-270m")
     assert "downloaded from the Hugging Face Hub" in tab.model_notice("state-spaces/mamba-130m-hf")
+
+
+@pytest.mark.parametrize("name", ["my-gemma", "my-mixtral"])
+def test_head_views_work_for_attention_families(tab, name: str) -> None:
+    """Why (the split sums to the score), sink ablation, patching and head roles run on Gemma 3 (sandwich norms,
+    local layers) and Mixtral (experts): the head views work for every attention family."""
+    from tabs import why
+
+    state = tab.generate("the cat sat on the mat and the dog", 4, name)[6]
+    net = tab._model(name)
+    ids, tokens = state["result"].ids, state["result"].tokens
+    _summary, _fig, table = why.why(net, ids, tokens, 1, 2, len(ids) - 1, len(ids) - 2)
+    assert sum(c["value"] for c in table["components"]) == pytest.approx(table["score"], abs=1e-5)
+    words = why.ablate_sink(tab.sequence, state, 1, 0)
+    assert "forbidden its first token" in words and "nats" in words
+    from models.inspect.patching import sink_ablation
+
+    r = sink_ablation(net, ids, 1, 0)  # layer 1: global in both (Gemma's local layers are 0 and 2)
+    assert r.loss_after != pytest.approx(r.loss_before, abs=1e-7)
+    note, fig, _kept, *_shown = why.patch_repeated(name, "heads", 5, 0)
+    restored = np.array(fig.data[0].z, dtype=float)
+    assert restored.shape == (3, 6) and np.isfinite(restored).all()
+    roles = tab.head_roles(name, 6, 0)[0]
+    assert [np.array(t.z).shape for t in roles.data] == [(3, 6)] * 4
