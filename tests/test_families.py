@@ -113,7 +113,12 @@ def test_score_split_sums_to_the_score(folders, name: str) -> None:
         assert d.table.sum() == pytest.approx(d.score, abs=1e-6)
         assert d.score == pytest.approx(float(scores[layer, head, query, key]), abs=1e-4)
         np.testing.assert_allclose(d.softmax_row, attention[layer][0, head, query].numpy(), atol=1e-5)
-        assert len(d.parts) == 2 + layer * (c.n_heads + 1)  # bias, token, each earlier head and MLP
+        if c.n_experts:  # bias, token, each earlier head and each expert that wrote something
+            assert all(p.split()[-1] != "MLP" for p in d.parts)
+            if layer:
+                assert len(d.parts) > 2 + layer * c.n_heads and any(p.startswith("L0 E") for p in d.parts)
+        else:  # bias, token, each earlier head and MLP
+            assert len(d.parts) == 2 + layer * (c.n_heads + 1)
         assert np.abs(d.table[1:, 1:]).max() > 0  # the parts carry something, not all in the bias
     if c.sliding_window:
         local = next(i for i in range(c.n_layers) if c.is_local(i))

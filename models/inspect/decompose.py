@@ -126,12 +126,22 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
         stream.add(BIAS, attn.o.bias.double().expand_as(stream.total))
     if after[0] == "pre":  # x + FF(norm2(x))
         _, norm2, ff = after
-        stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
+        _add_ff(stream, layer, ff(stream.normed(norm2).total))
         return stream
     _, norm1, ff, norm2 = after  # norm2(y + FF(y)), y = norm1(x + attention)
     stream = stream.normed(norm1)
     stream.add(f"L{layer} MLP", ff(stream.total))
     return stream.normed(norm2)
+
+
+def _add_ff(stream: Stream, layer: int, out) -> None:
+    """The feed-forward block's output as one part, ``L{layer} MLP``; a mixture of experts' as one part per expert
+    that wrote anything (``L{layer} E{e}``, a list of (name, (T, D)) from its walk), which sum to the block's output."""
+    if isinstance(out, list):
+        for name, value in out:
+            stream.add(f"L{layer} {name}", value)
+    else:
+        stream.add(f"L{layer} MLP", out)
 
 
 def _head_outputs(attn: Attn, weights: Tensor, v: Tensor) -> Tensor:

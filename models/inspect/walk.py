@@ -152,9 +152,30 @@ def gpt(model: nn.Module, x: Tensor) -> Plan:
                 return _call(post, ff(h))
 
             layers.append((attn, ("sandwich", block.post_attn_norm, block.norm2, after_ff)))
+        elif hasattr(block.ff, "route"):  # a mixture of experts: each expert's output a part of its own
+            layers.append((attn, ("pre", block.norm2, _experts_fn(block.ff))))
         else:
             layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))
     return Plan(embed, layers)
+
+
+def _experts_fn(moe: nn.Module):
+    """A mixture-of-experts block (models/families/moe.py) run on the float64 stream (T, D), its output split by
+    expert: [("E{e}", (T, D)), ...] for each expert some token chose, w_e(x_t) · E_e(x_t) on its tokens, 0 elsewhere;
+    they sum to the block's output."""
+    def run(x: Tensor) -> list[tuple[str, Tensor]]:
+        dtype = moe.router.weight.dtype
+        rows = x.to(dtype)
+        _, chosen, weights = moe.route(rows)  # (T, k) each
+        out = []
+        for e in sorted(chosen.unique().tolist()):
+            token, slot = torch.where(chosen == e)
+            part = x.new_zeros(x.shape)
+            part[token] = (moe.experts[e](rows[token]) * weights[token, slot, None]).double()
+            out.append((f"E{e}", part))
+        return out
+
+    return run
 
 
 def _encoder(encoder_layers: nn.ModuleList, embed: list[tuple[str, Tensor]]) -> Plan:
