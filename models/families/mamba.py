@@ -347,6 +347,25 @@ class Mamba(nn.Module):
                          target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
                          targets=[self.piece(i) for i in target.cpu().numpy()])
 
+    def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
+        """BOS + n random non-special tokens + the same n again (as ``GPT.repeated_tokens``): the sequence on which
+        the implicit attention can be compared with a Transformer's induction stripe."""
+        c, tok = self.config, self.tokenizer
+        if n < 2 or 2 * n + 1 > self.context_limit():
+            raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
+        special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
+        pool = np.array([int(i) for i in (range(c.vocab_size) if pieces is None else pieces) if i not in special])
+        if not len(pool):
+            raise ValueError("no ordinary token to draw from")
+        x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
+        bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
+        return [int(bos), *x, *x]
+
+    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
+                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Refused: head roles are scores of attention heads, which Mamba has none of (``NOT_APPLICABLE``)."""
+        raise ValueError(NOT_APPLICABLE)
+
     @torch.no_grad()
     def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(cross-entropy of each token given the ones before it (T−1,), implicit attention (L, 1, T, T))."""
