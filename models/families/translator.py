@@ -41,6 +41,11 @@ class TranslatorConfig:
     bos_id: int = 1
     eos_id: int = 2
 
+    @property
+    def n_layers(self) -> int:
+        """The encoder's layers: the stack the score split and patching walk (the vocabulary of models/registry.py)."""
+        return self.n_enc_layers
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True) -> None:
