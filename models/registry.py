@@ -88,7 +88,7 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                  ("gemma3_text", "models.io.hf_decoders:gemma3_from_state"),
                  ("mixtral", "models.io.hf_decoders:mixtral_from_state")),
                 tabs=("generate",), walk="gpt", text=True))
-register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", (),
+register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
