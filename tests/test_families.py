@@ -192,3 +192,18 @@ def test_unsupported_configs_are_refused(tmp_path: Path) -> None:
         (tmp_path / "q" / "config.json").write_text(json.dumps({**meta, **bad}))
         with pytest.raises(CheckpointError, match=why):
             models.load(str(tmp_path / "q"))
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3_text", "mixtral"])
+def test_batched_generation_equals_each_alone(folders, name: str) -> None:
+    """The server's lockstep batches (models/decoding/lockstep.py) give each request its own answer for the families
+    with windows, local layers and experts: prompts of different lengths, one longer than the window."""
+    from models.decoding.lockstep import GenerateRequest, generate_many
+
+    _, ours = folders[name]
+    requests = [GenerateRequest(IDS, 6), GenerateRequest(IDS[:4], 6), GenerateRequest(IDS[2:], 6)]
+    batch = generate_many(ours, requests)
+    for req, got in zip(requests, batch, strict=True):
+        alone = ours.generate(list(req.text), max_new_tokens=6)
+        assert got.ids == alone.ids
+        np.testing.assert_allclose(got.attention["decoder"].weights, alone.attention["decoder"].weights, atol=1e-5)
