@@ -89,3 +89,17 @@ def test_mamba_logit_lens_and_refusals(pair) -> None:
     np.testing.assert_allclose(lens.top_probs[-1], final.max(-1).values.numpy(), atol=1e-5)
     with pytest.raises(ValueError, match="no attention heads"):
         ours.next_token_probs(IDS, head_mask=torch.ones(3, 1))
+
+
+def test_mamba_context_is_capped(pair) -> None:
+    """A prompt longer than MAX_TOKENS keeps its last tokens, with the notice saying so (the implicit attention
+    grows as T²·d_state per channel); the chunked α equals the unchunked one."""
+    from models.families.mamba import MAX_TOKENS
+
+    _, ours = pair
+    ids, new, notice = ours.prepare_prompt(list(range(1, 300)), 5)
+    assert len(ids) + new == MAX_TOKENS and ids[-1] == 299 and "shortened" in notice
+    with torch.no_grad():
+        trace = ours(torch.tensor([IDS]), keep_trace=True).traces[0]
+        torch.testing.assert_close(implicit_attention(trace, ours._a(0), chunk=1),
+                                   implicit_attention(trace, ours._a(0)), atol=1e-7, rtol=0)

@@ -46,6 +46,10 @@ from models.families.gpt import RMSNorm, sample
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
 
 STRATEGIES = ("greedy", "sample")
+# prompt + generated tokens: the implicit attention costs T² · d_state per channel and layer (mamba-130m at 256
+# tokens: 24 × 1,536 × 256² × 16 ≈ 39 G multiply-adds, seconds on a CPU), where the scan itself costs T
+MAX_TOKENS = 256
+ALPHA_FLOATS = 1 << 26  # at most this many floats (256 MB) of exp(A·ΔS) at once: the channel chunk adapts to T
 NOT_APPLICABLE = ("Mamba has no attention heads, so the views built on heads do not apply: head roles, head "
                   "ablation, attention sinks, \"why a head attends\" (a score split of q·k) and head patching. "
                   "Shown instead: its implicit attention α (Ali, Zimerman & Wolf 2024), the logit lens and compare.")
@@ -169,11 +173,13 @@ class MambaForward:
     traces: list[MixerTrace] = field(default_factory=list)  # per layer, with keep_trace
 
 
-def implicit_attention(trace: MixerTrace, a: Tensor, channel: int | None = None, chunk: int = 64) -> Tensor:
+def implicit_attention(trace: MixerTrace, a: Tensor, channel: int | None = None, chunk: int = 0) -> Tensor:
     """α (E', T, T) of one layer (Ali et al. 2024, eq. 12): α[d, t, j] = Σ_n C_t[n] exp(A[d, n](S_t[d] − S_j[d]))
     Δ_j[d] B_j[n] for j ≤ t, 0 above the diagonal; A (E, N) = −exp(A_log). ``channel``: that channel alone (E' = 1);
-    else every channel (E' = E), computed ``chunk`` channels at a time ((chunk, T, T, N) at once)."""
+    else every channel (E' = E), computed ``chunk`` channels at a time ((chunk, T, T, N) at once; 0: as many as
+    ALPHA_FLOATS allows)."""
     t = trace.u.size(0)
+    chunk = chunk or max(1, ALPHA_FLOATS // (t * t * trace.B.size(1)))
     chans = [channel] if channel is not None else list(range(trace.u.size(1)))
     s = torch.cumsum(trace.delta, 0)  # (T, E): S_t
     causal = torch.ones(t, t, dtype=torch.bool, device=trace.u.device).tril()
@@ -236,7 +242,8 @@ class Mamba(nn.Module):
         return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
 
     def context_limit(self) -> int:
-        return min(limits.MAX_LM_TOKENS, self.config.max_len)
+        """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's fewer."""
+        return min(limits.MAX_LM_TOKENS, self.config.max_len, MAX_TOKENS)
 
     def _new_state(self) -> MambaState:
         n = self.config.n_layers
