@@ -103,3 +103,22 @@ def test_mamba_context_is_capped(pair) -> None:
         trace = ours(torch.tensor([IDS]), keep_trace=True).traces[0]
         torch.testing.assert_close(implicit_attention(trace, ours._a(0), chunk=1),
                                    implicit_attention(trace, ours._a(0)), atol=1e-7, rtol=0)
+
+
+def test_wide_mamba_averages_a_channel_sample() -> None:
+    """With more than MAP_CHANNELS channels the averaged map reads MAP_CHANNELS of them, evenly spaced from the first
+    to the last: the map equals the heatmap of exactly those channels, and differs from the all-channel average."""
+    from models.families.mamba import MAP_CHANNELS, MambaConfig
+
+    torch.manual_seed(0)
+    model = Mamba(MambaConfig(vocab_size=50, d_model=96, n_layers=1, d_state=4)).eval()  # E = 192
+    chans = model.map_channels()
+    assert len(chans) == MAP_CHANNELS and chans[0] == 0 and chans[-1] == 191 and chans == sorted(set(chans))
+    ids = [3, 7, 9, 11, 4, 8]
+    with torch.no_grad():
+        trace = model(torch.tensor([ids]), keep_trace=True).traces[0]
+        want = heatmap(implicit_attention(trace, model._a(0), channels=chans)).numpy()
+        everything = heatmap(implicit_attention(trace, model._a(0))).numpy()
+    got = model.implicit_attention(ids)[0, 0]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert not np.allclose(got, everything, atol=1e-6)

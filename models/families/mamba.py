@@ -46,9 +46,13 @@ from models.families.gpt import RMSNorm, sample
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
 
 STRATEGIES = ("greedy", "sample")
-# prompt + generated tokens: the implicit attention costs T² · d_state per channel and layer (mamba-130m at 256
-# tokens: 24 × 1,536 × 256² × 16 ≈ 39 G multiply-adds, seconds on a CPU), where the scan itself costs T
-MAX_TOKENS = 256
+# The implicit attention costs T² · d_state exponentials and multiply-adds per channel and layer, where the scan
+# costs T: mamba-130m's 24 × 1,536 channels at 256 tokens (39 G) did not finish in 10 min on the 2-core test machine
+# (busy). So: prompt + generated tokens at most MAX_TOKENS, and the averaged map over MAP_CHANNELS channels evenly
+# spaced over the E (all of them where E is smaller; one channel on request, any of the E): mamba-130m at 128 tokens,
+# 24 × 128 × 128² × 16 ≈ 0.8 G.
+MAX_TOKENS = 128
+MAP_CHANNELS = 128
 ALPHA_FLOATS = 1 << 26  # at most this many floats (256 MB) of exp(A·ΔS) at once: the channel chunk adapts to T
 NOT_APPLICABLE = ("Mamba has no attention heads, so the views built on heads do not apply: head roles, head "
                   "ablation, attention sinks, \"why a head attends\" (a score split of q·k) and head patching. "
@@ -173,14 +177,16 @@ class MambaForward:
     traces: list[MixerTrace] = field(default_factory=list)  # per layer, with keep_trace
 
 
-def implicit_attention(trace: MixerTrace, a: Tensor, channel: int | None = None, chunk: int = 0) -> Tensor:
+def implicit_attention(trace: MixerTrace, a: Tensor, channel: int | None = None, chunk: int = 0,
+                       channels: Sequence[int] | None = None) -> Tensor:
     """α (E', T, T) of one layer (Ali et al. 2024, eq. 12): α[d, t, j] = Σ_n C_t[n] exp(A[d, n](S_t[d] − S_j[d]))
     Δ_j[d] B_j[n] for j ≤ t, 0 above the diagonal; A (E, N) = −exp(A_log). ``channel``: that channel alone (E' = 1);
-    else every channel (E' = E), computed ``chunk`` channels at a time ((chunk, T, T, N) at once; 0: as many as
-    ALPHA_FLOATS allows)."""
+    ``channels``: those; else every channel (E' = E), computed ``chunk`` channels at a time ((chunk, T, T, N) at
+    once; 0: as many as ALPHA_FLOATS allows)."""
     t = trace.u.size(0)
     chunk = chunk or max(1, ALPHA_FLOATS // (t * t * trace.B.size(1)))
-    chans = [channel] if channel is not None else list(range(trace.u.size(1)))
+    chans = [channel] if channel is not None else list(channels) if channels is not None else \
+        list(range(trace.u.size(1)))
     s = torch.cumsum(trace.delta, 0)  # (T, E): S_t
     causal = torch.ones(t, t, dtype=torch.bool, device=trace.u.device).tril()
     out = []
@@ -308,10 +314,17 @@ class Mamba(nn.Module):
     def _a(self, layer: int) -> Tensor:
         return -torch.exp(self.blocks[layer].mixer.A_log.float())
 
+    def map_channels(self) -> list[int]:
+        """The channels the averaged map reads: all E, or MAP_CHANNELS of them evenly spaced (the cost, above)."""
+        e = self.config.d_inner
+        return list(range(e)) if e <= MAP_CHANNELS else np.linspace(0, e - 1, MAP_CHANNELS).round().astype(int).tolist()
+
     def _maps(self, traces: list[MixerTrace], channel: int | None = None) -> np.ndarray:
         """(L, 1, T, T) float32: each layer's implicit-attention heatmap (``heatmap``)."""
-        return np.stack([heatmap(implicit_attention(tr, self._a(i), channel))[None].float().cpu().numpy()
-                         for i, tr in enumerate(traces)]).astype(np.float32)
+        chans = None if channel is not None else self.map_channels()
+        maps = [heatmap(implicit_attention(tr, self._a(i), channel, channels=chans))[None]
+                for i, tr in enumerate(traces)]
+        return np.stack([m.float().cpu().numpy() for m in maps]).astype(np.float32)
 
     @torch.no_grad()
     def implicit_attention(self, ids: Sequence[int], channel: int | None = None) -> np.ndarray:
