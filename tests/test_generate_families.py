@@ -37,7 +37,7 @@ def tab(root: Path, monkeypatch):
 def test_mamba_in_generate(tab) -> None:
     """Generation with the implicit attention as the heatmap (its title says so), the logit lens, the .npz (no
     pre-softmax scores), compare; head roles, ablation, why, sink ablation and patching refuse in words."""
-    from tabs import why
+    from tabs.sections import patching, why
 
     assert "my-mamba" in tab.decoder_models()
     text, notice, _html, _cand, attn, lens, state, npz, *_ = tab.generate("the cat sat", 5, "my-mamba")
@@ -51,7 +51,7 @@ def test_mamba_in_generate(tab) -> None:
     for call in (lambda: tab.head_roles("my-mamba", 5, 0), lambda: tab.ablate_head_fn(state, 0, 0, 0),
                  lambda: why.why(tab._model("my-mamba"), state["result"].ids, state["result"].tokens, 0, 0, 2, 1),
                  lambda: why.ablate_sink(tab.sequence, state, 0, 0),
-                 lambda: why.patch_repeated("my-mamba", "heads", 5, 0)):
+                 lambda: patching.patch_repeated("my-mamba", "heads", 5, 0)):
         with pytest.raises(Error, match="no attention heads|does not apply"):
             call()
 
@@ -103,7 +103,7 @@ def test_gated_model_without_a_token_says_so(tab, monkeypatch) -> None:
 def test_head_views_work_for_attention_families(tab, name: str) -> None:
     """Why (the split sums to the score), sink ablation, patching and head roles run on Gemma 3 (sandwich norms,
     local layers) and Mixtral (experts): the head views work for every attention family."""
-    from tabs import why
+    from tabs.sections import patching, why
 
     state = tab.generate("the cat sat on the mat and the dog", 4, name)[6]
     net = tab._model(name)
@@ -116,7 +116,7 @@ def test_head_views_work_for_attention_families(tab, name: str) -> None:
 
     r = sink_ablation(net, ids, 1, 0)  # layer 1: global in both (Gemma's local layers are 0 and 2)
     assert r.loss_after != pytest.approx(r.loss_before, abs=1e-7)
-    note, fig, _kept, *_shown = why.patch_repeated(name, "heads", 5, 0)
+    note, fig, _kept, *_shown = patching.patch_repeated(name, "heads", 5, 0)
     restored = np.array(fig.data[0].z, dtype=float)
     assert restored.shape == (3, 6) and np.isfinite(restored).all()
     roles = tab.head_roles(name, 6, 0)[0]
