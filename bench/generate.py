@@ -22,6 +22,12 @@ of 7 copies, before and after the timed runs).
 included), and ``ratio_to_floor`` their quotient (1.0 would be the memory-bound limit).
 
     python bench/generate.py [--repeats 5] [--threads 0]
+    python bench/generate.py --family qwen3 [--repeats 1]
+
+``--family qwen3``: Qwen3-0.6B's shape instead (28 layers, 16 query and 8 key/value heads of width 128, d=1024,
+151,936 tokens, tied output; 0.6 B parameters), random weights in fp16 on both sides, read through
+``models.io.hf_decoders.qwen3_from_state``, against transformers' ``Qwen3ForCausalLM`` (eager). Its per-head q/k
+norms are not in fastgen's plan, so ours is ``GPT.generate`` there (``ours`` and ``plain`` are the same path).
 
 Last stdout line: one JSON object with ``speedup`` (reference / ours), ``ours_s``, ``reference_s``, ``plain_s``,
 ``identical``, ``max_attention_diff``, the floor figures above, ``cpu_s`` and ``speedup_cpu`` (the process's CPU
@@ -80,31 +86,52 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total + sum(e.weight[0].numel() * e.weight.element_size() for e in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--layers", type=int, default=12, help="fewer for a quick run (tests)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from models.decoding import fastgen
-    from models.decoding.packed import pack_linears
+def build(family: str, layers: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(transformers' model, ours) of ``family``'s shape with the same random weights, rounded to fp16 (both sides
+    hold them exactly); our end-of-text id is −1, so both write exactly NEW tokens."""
     from models.io.hf import gpt2_from_state
+    from models.io.hf_decoders import qwen3_from_state
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=args.layers, bos_token_id=50256, eos_token_id=50256)
-    cfg._attn_implementation = "eager"
-    ref = GPT2LMHeadModel(cfg).eval()
+    if family == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        cfg = Qwen3Config(vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers or 28,
+                          num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
+                          rope_theta=1_000_000.0, tie_word_embeddings=True, bos_token_id=151_643,
+                          eos_token_id=151_645)
+        cfg._attn_implementation = "eager"
+        ref, read = Qwen3ForCausalLM(cfg).eval(), qwen3_from_state
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(n_layer=layers or 12, bos_token_id=50256, eos_token_id=50256)
+        cfg._attn_implementation = "eager"
+        ref, read = GPT2LMHeadModel(cfg).eval(), gpt2_from_state
     with torch.no_grad():
         for p in ref.parameters():
             p.copy_(p.half().float())  # weights that fp16 holds exactly, on both sides
     hf = cfg.to_dict()
     hf["eos_token_id"] = -1  # exactly NEW tokens on our side too (the reference blocks eos by min_new_tokens)
-    ours = gpt2_from_state(hf, ref.state_dict()).eval()
-    packed = pack_linears(ours)
+    return ref, read(hf, ref.state_dict()).eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--layers", type=int, default=0, help="fewer for a quick run (tests); 0: the family's own")
+    ap.add_argument("--family", choices=("gpt2", "qwen3"), default="gpt2", help="the model's shape (see above)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from models.decoding import fastgen
+    from models.decoding.packed import pack_linears
+
+    ref, ours = build(args.family, args.layers)
+    cfg = ref.config
+    args.layers = cfg.num_hidden_layers
+    packed = pack_linears(ours) if args.family == "gpt2" else 0  # fastgen's fp16 copies: only where it decodes
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
 
     def run_ours():
@@ -116,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_ref():
         with torch.no_grad():
             return ref.generate(prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, use_cache=True,
-                                output_attentions=True, return_dict_in_generate=True, pad_token_id=50256)
+                                output_attentions=True, return_dict_in_generate=True, pad_token_id=0)
 
     a, b, c = run_ours(), run_ref(), run_plain()  # warm-up, and the comparison
     same_ids = a.ids == b.sequences[0].tolist()
@@ -146,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = weight_bytes(ours)
     floor_ms = 1e3 * nbytes / bandwidth
     ours_ms = 1e3 * ours_s / len(a.steps)
-    report = {"speedup": round(ref_s / ours_s, 2), "ours_s": round(ours_s, 3), "reference_s": round(ref_s, 3),
+    report = {"family": args.family, "speedup": round(ref_s / ours_s, 2), "ours_s": round(ours_s, 3),
+              "reference_s": round(ref_s, 3),
               "plain_s": round(plain_s, 3), "speedup_plain": round(ref_s / plain_s, 2),
               "identical": bool(same_ids and diff < TOLERANCE), "same_ids": same_ids, "max_attention_diff": diff,
               "plain_same_ids": plain_same, "plain_max_attention_diff": plain_diff,

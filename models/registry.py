@@ -79,8 +79,17 @@ register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", 
                 (("bert", "models.io.hf:bert_classifier_from_state"),),
                 tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
 register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
-                (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state")),
+                (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state"),
+                 # the later decoders: LLaMA's block with GPTConfig's switches (models/io/hf_decoders.py)
+                 ("qwen2", "models.io.hf_decoders:qwen2_from_state"),
+                 ("qwen3", "models.io.hf_decoders:qwen3_from_state"),
+                 ("mistral", "models.io.hf_decoders:mistral_from_state"),
+                 ("phi3", "models.io.hf_decoders:phi3_from_state"),
+                 ("gemma3_text", "models.io.hf_decoders:gemma3_from_state"),
+                 ("mixtral", "models.io.hf_decoders:mixtral_from_state")),
                 tabs=("generate",), walk="gpt", text=True))
+register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
+                (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),

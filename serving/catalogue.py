@@ -43,8 +43,13 @@ class Configured:
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
 # Offered in the Generate tab without configuration; fetched from the Hub on first use (models/io/hub.py).
+# Qwen2.5-0.5B (qwen2, 494 M), Gemma 3 270M (gemma3_text; gated: HF_TOKEN) and Mamba 130M (mamba) publish
+# model.safetensors and tokenizer.json (their Hub file lists); models/io/hf_decoders.py and models/families/mamba.py
+# read them.
 DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
-                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
+                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B", "google/gemma-3-270m",
+                 "state-spaces/mamba-130m-hf")}
+GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
 def configure(entries: list[str]) -> None:

@@ -8,7 +8,7 @@ from functools import partial
 import gradio as gr
 import numpy as np
 
-from models import limits
+from models import limits, registry
 from models.outputs import AttentionMap
 from serving import batcher, catalogue, results, store
 from serving.catalogue import GPT_TINY, decoder_models
@@ -129,6 +129,8 @@ def build() -> Permalink:
     lens = gr.Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")
+    experts_run = gr.Button("Experts chosen per token (mixture-of-experts models: Mixtral)", size="sm")
+    experts_plot = gr.Plot(label="experts chosen per token and layer")
     gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
                 "text), with the head's output zeroed: the causal check of what the head does.")
     with gr.Row():
@@ -173,6 +175,7 @@ def build() -> Permalink:
                    api_name="attention_zoom", **FAST)
     write_npz.click(attention_npz, [state], [download], api_name="attention_npz", concurrency_limit=1)
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
+    experts_run.click(experts_view, [state], [experts_plot], api_name="experts", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
     # another model: the last model's continuation and figures go (an error of the new one stood under them)
     model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
@@ -259,7 +262,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, layer=layer, head=head, view=view, pooling=pooling)
-    if not long_input:  # drawn in the batch's thread (serving.store.batched)
+    if not long_input and not registry.is_family(net, "mamba"):  # drawn in the batch's thread (serving.store.batched)
         return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
     with batcher.heavy():
         return finish(fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
@@ -285,18 +288,48 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
-    kept = results.Kept(result=result, model=model or DEFAULT)
+    kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net))
     if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
         results.LONG_RESULTS.keep(kept, amap.weights.nbytes)
     npz = None if long else write_arrays(kept, net)
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
     notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
-                                  long_notice(result, pooling) if long else "") if x)
+                                  long_notice(result, pooling) if long else "", family_notice(net)) if x)
     html, cand, attn = draw_generation(kept, 0, layer, head, view, pooling)
     lens_fig = None if long else lens_figure(kept, net)
     return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
             ablate_head_u)
+
+
+def map_kind(net) -> dict:
+    """What the kept result's map is (attention, or Mamba's implicit attention) and which layers are local (a
+    sliding window: {layer: window}), for the titles drawn without the model."""
+    c = net.config
+    local = {i: int(c.sliding_window) for i in range(c.n_layers)
+             if hasattr(c, "is_local") and c.is_local(i)}
+    return {"implicit": registry.is_family(net, "mamba"), "local": local}
+
+
+def family_notice(net) -> str:
+    """What the model's family changes in the views, in words: Mamba's implicit attention and the views that do not
+    apply; which layers attend through a sliding window; a mixture of experts' view."""
+    c = net.config
+    if registry.is_family(net, "mamba"):
+        from models.families.mamba import NOT_APPLICABLE
+
+        return ("· The heatmaps show Mamba's *implicit attention*: per layer α[t, j] = C_t · (Π Ā) · B̄_j, |α| averaged "
+                "over the channels and each row divided by its sum (Ali, Zimerman & Wolf 2024). " + NOT_APPLICABLE)
+    local = map_kind(net)["local"]
+    parts = []
+    if local:
+        which = "every layer" if len(local) == c.n_layers else "layers " + ", ".join(map(str, local))
+        parts.append(f"· Local attention on {which}: a sliding window of {next(iter(local.values()))} tokens (a query "
+                     "sees only that many keys back, its own included; the heatmap's band), the other layers global.")
+    if getattr(c, "n_experts", 0):
+        parts.append(f"· A mixture of experts: {c.n_experts} experts per layer, {c.experts_per_token} chosen per "
+                     "token (\"Experts chosen per token\" below).")
+    return " ".join(parts)
 
 
 NO_RESULT = ("Generate a continuation first. (A long input's result is let go when newer long results need the "
@@ -329,7 +362,7 @@ def write_arrays(kept: dict, net=None) -> str:
     n_steps = len(result.steps)
     long = len(result.tokens) > limits.LONG_TOKENS
     extra = {}
-    if not long:
+    if not long and not kept.get("implicit"):  # Mamba has no pre-softmax scores
         from models.inspect.decompose import attention_scores
 
         net = net or _model(kept["model"])
@@ -361,6 +394,25 @@ def logit_lens(state: dict | None):
     if not state:
         raise Error(NO_RESULT)
     return lens_figure(state)
+
+
+def experts_view(state: dict | None):
+    """The experts button: for each token of the last generation and each layer, the experts the router chose and
+    their weights (models.families.moe.expert_routes); the last LENS_LAST positions of a long input."""
+    if not state:
+        raise Error(NO_RESULT)
+    net = _model(state["model"])
+    if not getattr(net.config, "n_experts", 0):
+        raise Error("This model has one feed-forward block per layer, no experts to choose between: the view is for "
+                    "mixture-of-experts models (Mixtral).")
+    from models.families.moe import expert_routes
+
+    ids = list(state["result"].ids)
+    routes = expert_routes(net, ids)
+    keep = slice(max(0, len(ids) - LENS_LAST), None)
+    return vg.expert_routes(routes.experts[:, keep], routes.weights[:, keep], routes.tokens[keep],
+                            title=f"Experts chosen per token · {state['model']} · top-{net.config.experts_per_token} "
+                                  f"of {net.config.n_experts}")
 
 
 def attention_npz(state: dict | None) -> str:
@@ -428,6 +480,13 @@ def model_notice(name: str) -> str:
 
     if cached(entry.repo, entry.revision):
         return f"`{name}` is in the local Hugging Face cache: it loads on the first Generate."
+    if entry.repo in catalogue.GATED and not offline():
+        from huggingface_hub import get_token
+
+        if not get_token():
+            return (f"**Gated:** `{name}` is downloaded only with a Hugging Face token of an account that accepted "
+                    "its licence on the model's Hub page; none is set here (HF_TOKEN, or a saved `hf auth login`). "
+                    "Set HF_TOKEN and restart, or pick another model.")
     if offline():
         return (f"**Not available offline:** `{name}` is not in the local Hugging Face cache and downloads are off "
                 f"(ATLAS_OFFLINE / HF_HUB_OFFLINE). {how_to_get(entry.repo, entry.revision)} The other models keep "
@@ -455,7 +514,12 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
     shown = AttentionMap(amap.weights[:, :, :t, :t], amap.queries[:t], amap.keys[:t])
-    title = "Decoder self-attention (causal)" + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
+    title = ("Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
+             "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
+    local = state.get("local") or {}
+    shown_layer = int(layer) % amap.layers if str(layer).lstrip("-").isdigit() else None
+    if shown_layer in local:
+        title += f" · layer {shown_layer} is local: sliding window of {local[shown_layer]} tokens"
     return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling))
 
 
@@ -468,6 +532,7 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
 
     result = state["result"]
     net = _model(state["model"])
+    why.require_heads(net, "Switching a head off")
     c = net.config
     if not (0 <= int(layer) < c.n_layers and 0 <= int(head) < c.n_heads):
         raise Error(f"This model has layers 0 … {c.n_layers - 1} and heads 0 … {c.n_heads - 1}; got layer "
@@ -502,6 +567,7 @@ def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Pro
     from models.inspect.analysis import head_roles as role_scores
 
     net = _model(model, progress)
+    why.require_heads(net, "Head roles")
     n = int(np.clip(int(n or 50), 2, (min(net.context_limit(), limits.LONG_TOKENS) - 1) // 2))
     ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)

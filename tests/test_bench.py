@@ -182,3 +182,16 @@ def test_class_bench_runs_a_small_class_end_to_end() -> None:
     assert report["sent"] == report["counts"] and sum(report["counts"].values()) == 5
     assert report["teacher_lag_s"] is not None and report["lost_after_restart"] == 0
     assert report["acked_before_kill"] >= 5 + 5 // 2 and report["csv_rows"] >= report["acked_before_kill"]
+
+
+def test_generate_bench_qwen3_shape(capsys) -> None:
+    """``--family qwen3``: the same comparison on Qwen3's shape (one layer here): identical ids and attention."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "bench" / "generate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--family", "qwen3", "--repeats", "1", "--layers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["family"] == "qwen3" and report["layers"] == 1 and report["new_tokens"] == 30
+    assert report["identical"] is True and report["max_attention_diff"] < 1e-5

@@ -56,7 +56,7 @@ def test_entries() -> None:
 
 def test_max_params_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATLAS_MAX_PARAMS", raising=False)
-    assert hub.max_params() == 400_000_000
+    assert hub.max_params() == 500_000_000
     for raw, want in (("135M", 135_000_000), ("1.5B", 1_500_000_000), ("20000", 20_000), ("64k", 64_000)):
         monkeypatch.setenv("ATLAS_MAX_PARAMS", raw)
         assert hub.max_params() == want
@@ -192,7 +192,7 @@ def test_oversized_model_is_refused_before_downloading(cache: Path, gpt2_folder,
     calls: list[str] = []
     fake_hub(monkeypatch, folder, 7_000_000_000, calls)
     downloads_on(monkeypatch)
-    with pytest.raises(hub.TooLarge, match="7,000 M parameters, over this server's limit of 400 M"):
+    with pytest.raises(hub.TooLarge, match="7,000 M parameters, over this server's limit of 500 M"):
         hub.fetch("big/llm")
     assert calls == ["metadata big/llm"]  # nothing downloaded
     # a cached or local model is measured from its safetensors headers before it is loaded

@@ -39,3 +39,22 @@ def test_a_decoder_that_drifts_from_the_interface_is_caught() -> None:
         logit_lens = None  # gone
 
     assert mismatches(Decoder, Drifted) == ["generate", "logit_lens"]
+
+
+def test_mamba_is_a_decoder() -> None:
+    """Mamba (no attention) provides the interface's methods but ``forward``, whose KV caches, head masks and edits are
+    attention's (the tabs that call it, patching and sink ablation, refuse Mamba in words: tabs.why.require_heads);
+    the head-role scores refuse in words."""
+    import pytest
+
+    from models.families.mamba import Mamba, MambaConfig
+
+    model = Mamba(MambaConfig(vocab_size=32, d_model=16, n_layers=1, d_state=4))
+    assert isinstance(model, Decoder)
+    assert mismatches(Decoder, Mamba) == ["forward"]
+    for field in typing.get_type_hints(DecoderConfig):
+        assert isinstance(getattr(model.config, field), int), field
+    ids = model.repeated_tokens(5, seed=1)
+    assert len(ids) == 11 and ids[1:6] == ids[6:]
+    with pytest.raises(ValueError, match="no attention heads"):
+        model.head_role_scores(5)

@@ -14,7 +14,7 @@ from models import registry
 
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
-        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None}
+        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "mamba": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -27,6 +27,25 @@ def tiny_deit(folder: Path) -> Path:
     torch.manual_seed(0)
     model = DeiT(DeiTConfig(dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0))
     return save_checkpoint(folder, model, labels=FASHION, text={})
+
+
+def tiny_mamba(folder: Path) -> Path:
+    """A random Mamba (models/families/mamba.py) in the project's checkpoint format, with tests/tiny.py's tokenizer."""
+    import sentencepiece as spmlib
+    import torch
+
+    from models.families.mamba import Mamba, MambaConfig
+    from models.io.checkpoint import save_checkpoint
+    from tests.tiny import train_sentencepiece
+
+    sp = train_sentencepiece(folder.parent / "_spm")
+    vocab = spmlib.SentencePieceProcessor(model_file=str(sp)).get_piece_size()
+    torch.manual_seed(0)
+    model = Mamba(MambaConfig(vocab_size=vocab, d_model=32, n_layers=2, d_state=4, bos_id=1, eos_id=2, pad_id=0))
+    return save_checkpoint(folder, model, labels=[], text={"lowercase": False}, extra_files={"tokenizer.model": sp})
+
+
+BUILT = {"deit": tiny_deit, "mamba": tiny_mamba}  # families whose tiny model is built here
 
 
 def entry_point(model, tab: str):
@@ -73,7 +92,7 @@ def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Pa
     from models.io.checkpoint import save_checkpoint
 
     family = registry.FAMILIES[name]
-    folder = tiny_checkpoints / TINY[name] if TINY[name] else tiny_deit(tmp_path / "tiny")
+    folder = tiny_checkpoints / TINY[name] if TINY[name] else BUILT[name](tmp_path / "tiny")
     model = models.load(folder)
     assert registry.family_of(model) is family and type(model) is family.classes()[0]
     c = model.config  # one config vocabulary across families

@@ -146,3 +146,29 @@ def copy_losses(first: np.ndarray, second: np.ndarray, *, title: str = "Loss on 
     fig.update_yaxes(title=dict(text="loss (nats)"), rangemode="tozero", showgrid=True, gridcolor="#eee")
     fig.update_layout(margin=dict(t=90))
     return fig.build()
+
+
+def expert_routes(experts: np.ndarray, weights: np.ndarray, tokens: Sequence[str], *,
+                  title: str = "Experts chosen per token") -> go.Figure:
+    """Layer × token for a mixture-of-experts model: the text names the experts the router chose (most weighted
+    first) with their weights, the colour is the first one's weight (1/k: spread evenly; 1: one expert does it all).
+    experts, weights: (L, T, k)."""
+    e, w = np.asarray(experts), np.asarray(weights, dtype=np.float32)
+    L, T, _ = e.shape
+    labels = [f"{i} · {esc(shorten(shown_token(t), 10))}" for i, t in enumerate(tokens)]
+    text = [["<br>".join(f"E{int(e[l, t, j])} {w[l, t, j]:.2f}" for j in range(e.shape[2])) for t in range(T)]
+            for l in range(L)]
+    trace = dict(
+        type="heatmap", z=f32(w[..., 0]), x=labels, y=[f"layer {i}" for i in range(L)], zmin=0, zmax=1,
+        colorscale=LENS_SCALE, colorbar=colorbar("weight of the first expert"), text=text, textfont=dict(size=9),
+        hovertemplate="%{y} · token %{x}<br>%{text}<extra></extra>",
+    )
+    if T <= 40:
+        trace["texttemplate"] = "%{text}"
+    fig = Fig(trace)
+    base_layout(fig, f"{title}<br><sup>text: the experts the router chose and their weights · colour: the first "
+                     "one's weight</sup>", height=int(np.clip(56 * L + 240, 320, 1000)),
+                width=int(np.clip(48 * T + 260, 600, 4000)))
+    fig.update_xaxes(tickangle=-60, tickfont=dict(size=10 if T <= 64 else 8))
+    fig.update_layout(margin=dict(t=90))
+    return fig.build()

@@ -57,8 +57,8 @@ def supports(model) -> bool:
     their own, no extra modules)."""
     from models.families.gpt import GPT
 
-    if not isinstance(model, GPT):
-        return False
+    if not isinstance(model, GPT) or not getattr(model.config, "plain", True):
+        return False  # a later family's switch (sliding window, soft-capping, experts ...): model.generate decodes
     for block in model.blocks:
         for module, parts in ((block.attn, ATTENTION_PARTS), (block.ff, FF_PARTS)):
             extra = {name for name, m in module.named_children() if m is not None} - parts

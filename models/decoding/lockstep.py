@@ -158,7 +158,7 @@ def _decode(model, group: list[_Row]) -> list[GenerationResult]:
                                                 float(probs[choice])))
                 row.ids.append(choice)
                 row.finished = choice == eos or len(row.steps) == row.new
-            feed.append(row.ids[-1] if not row.finished else eos)  # a finished row's filler is never read
+            feed.append(row.ids[-1] if not row.finished else max(eos, 0))  # a finished row's filler is never read
         if all(r.finished for r in group):
             break
         logits = model(torch.tensor(feed, device=device)[:, None], caches).logits[:, -1]
@@ -166,7 +166,9 @@ def _decode(model, group: list[_Row]) -> list[GenerationResult]:
     del caches
     # every token through the explicit path once, padded after each row's end (causal: unseen by real positions)
     longest = max(len(r.ids) for r in group)
-    x = torch.full((len(group), longest), model.config.pad_id, dtype=torch.long, device=device)
+    # any real id pads (the causal mask hides it); Hugging Face folders have no pad id (pad_id −1, not an index)
+    fill = model.config.pad_id if model.config.pad_id >= 0 else 0
+    x = torch.full((len(group), longest), fill, dtype=torch.long, device=device)
     for b, row in enumerate(group):
         x[b, : len(row.ids)] = torch.tensor(row.ids, device=device)
     full = model(x, need_weights=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ from models.inspect.analysis import HEAD_ROLES, head_roles
 from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
 
 RECIPES = ("llama", "gpt2")
+FF_ACTS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 STRATEGIES = ("greedy", "sample")
 
 
@@ -74,16 +75,60 @@ class GPTConfig:
     eos_id: int = 2  # generation stops after it
     pad_id: int = 0
     qkv_bias: bool = False  # biases on the query/key/value projections under the LLaMA recipe too (as Qwen2)
+    # Switches of the later decoder families (models/io/hf_decoders.py reads their folders); each default keeps the
+    # two recipes above exactly as they were, so a config without them loads and runs unchanged.
+    head_dim: int = 0  # per-head width; 0 = d_model / n_heads (Qwen3, Gemma 3 and Mistral may set their own)
+    qk_norm: bool = False  # per-head RMSNorm on queries and keys, before RoPE (Qwen3, Gemma 3)
+    sliding_window: int = 0  # on a local layer query i sees keys i − w < j ≤ i only (Mistral, Gemma 3); 0 = none
+    layer_types: tuple[str, ...] = ()  # per layer "sliding" or "full"; () = every layer sliding when a window is set
+    local_rope_base: float = 0.0  # RoPE θ base of the sliding layers (Gemma 3's local layers); 0 = rope_base
+    embed_scale: float = 0.0  # token embeddings multiplied by it (Gemma: √d_model); 0 = not scaled
+    sandwich_norm: bool = False  # one more norm on the attention's and the feed-forward's output (Gemma 2/3)
+    attn_scale: float = 0.0  # score scale; 0 = 1/√d_head (Gemma 3: query_pre_attn_scalar^−½)
+    final_softcap: float = 0.0  # output logits z -> cap·tanh(z/cap) (Gemma 2, Gemma 3 where set); 0 = none
+    ff_act: str = "silu"  # the gated feed-forward's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    n_experts: int = 0  # mixture of experts (Mixtral, models/families/moe.py): experts per layer; 0 = dense
+    experts_per_token: int = 2  # top-k experts the router picks per token
+    # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
+        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and not self.head_dim:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rope_layout not in ROPE_LAYOUTS:
             raise ValueError(f"rope_layout must be 'interleaved' or 'half', got {self.rope_layout!r}")
+        self.layer_types = tuple(self.layer_types)  # a list from config.json
+        if self.layer_types and (len(self.layer_types) != self.n_layers
+                                 or set(self.layer_types) - {"sliding", "full"}):
+            raise ValueError(f"layer_types must name 'sliding' or 'full' for each of the {self.n_layers} layers")
+        if self.ff_act not in FF_ACTS:
+            raise ValueError(f"ff_act must be one of {tuple(FF_ACTS)}, got {self.ff_act!r}")
+        if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
+            raise ValueError(f"experts_per_token must be in 1..{self.n_experts}, got {self.experts_per_token}")
+
+    def is_local(self, layer: int) -> bool:
+        """Whether ``layer`` attends through the sliding window (a local layer)."""
+        if not self.sliding_window:
+            return False
+        return not self.layer_types or self.layer_types[layer] == "sliding"
+
+    @property
+    def plain(self) -> bool:
+        """No switch of the later families is set: the gpt2 / llama recipes as models/decoding/fastgen.py knows them."""
+        return not (self.head_dim or self.qk_norm or self.sliding_window or self.embed_scale or self.sandwich_norm
+                    or self.attn_scale or self.final_softcap or self.ff_act != "silu"
+                    or self.n_experts)
+
+    @property
+    def score_scale(self) -> float:
+        """What q·k is multiplied by: 1/√d_head, or the family's own (Gemma 3)."""
+        return self.attn_scale or 1.0 / math.sqrt(self.d_head)
 
     @property
     def kv_heads(self) -> int:
@@ -91,7 +136,7 @@ class GPTConfig:
 
     @property
     def d_head(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_dim or self.d_model // self.n_heads
 
     @property
     def ff_width(self) -> int:
@@ -114,9 +159,10 @@ class RMSNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig) -> None:
+    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.c = c
+        self.window = c.sliding_window if c.is_local(layer) else 0  # 0: every earlier key (a global layer)
         bias = c.recipe == "gpt2"
         # a query/key bias is a content-free direction that RoPE turns into a purely positional score, e.g. one
         # token back (a previous-token head); without one the residual stream has to learn such a direction
@@ -125,6 +171,8 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
+        if c.qk_norm:  # Qwen3 / Gemma 3: each head's query and key RMS-normalised over its d_head (before RoPE)
+            self.q_norm, self.k_norm = RMSNorm(c.d_head, c.norm_eps), RMSNorm(c.d_head, c.norm_eps)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
@@ -133,13 +181,19 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if angles is not None:  # angles of the T new positions, after any cached ones
             q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, Hkv, S, d), S = cached + T
         s = k.size(2)
         mask = causal_mask(t, s, device=x.device) if t > 1 else None  # one new token sees every key
+        if self.window and s > self.window:  # a local layer: the band i − w < j ≤ i (Beltagy et al. 2020)
+            mask = window_mask(t, s, self.window, x.device)
         mask = restrict_keys(mask, edit, t, s, x.device)  # keys a head may not attend to (sink ablation)
+        if c.attn_scale:  # attend divides by √d_head: a query rescaled first gives the family's own scale
+            q = q * (c.attn_scale * math.sqrt(c.d_head))
         # grouped-query attention inside: query head h reads key/value head h // (n_heads / kv_heads)
         out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
@@ -154,6 +208,7 @@ class FeedForward(nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
         self.gated = c.recipe == "llama"
+        self.act = FF_ACTS[c.ff_act]
         bias = not self.gated
         self.up = nn.Linear(c.d_model, c.ff_width, bias=bias)
         self.gate = nn.Linear(c.d_model, c.ff_width, bias=False) if self.gated else None
@@ -161,21 +216,33 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
+            return self.down(self.act(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self, c: GPTConfig) -> None:
+    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if c.recipe == "gpt2" else \
             (lambda: RMSNorm(c.d_model, c.norm_eps))
-        self.norm1, self.attn, self.norm2, self.ff = norm(), CausalSelfAttention(c), norm(), FeedForward(c)
+        self.norm1, self.attn, self.norm2 = norm(), CausalSelfAttention(c, layer), norm()
+        if c.n_experts:  # a router and its experts in place of the one feed-forward block
+            from models.families.moe import MixtureOfExperts
+
+            self.ff: nn.Module = MixtureOfExperts(c, FF_ACTS[c.ff_act])
+        else:
+            self.ff = FeedForward(c)
+        self.local = c.is_local(layer)  # a sliding-window layer (its own RoPE base where the family has one)
+        if c.sandwich_norm:  # Gemma 2/3: x + norm(attn(norm(x))), then x + norm(ff(norm(x)))
+            self.post_attn_norm, self.post_ff_norm = norm(), norm()
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
         a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask, edit)
+        if self.attn.c.sandwich_norm:
+            x = x + self.drop(self.post_attn_norm(a))
+            return x + self.drop(self.post_ff_norm(self.ff(self.norm2(x)))), weights
         x = x + self.drop(a)
         return x + self.drop(self.ff(self.norm2(x))), weights
 
@@ -200,13 +267,16 @@ class GPT(nn.Module):
         self.labels: list[str] = []
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.recipe == "gpt2" else RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         if c.recipe == "llama":  # derived from the config, so not saved with the weights
             self.register_buffer("angles", rope_angles(c.max_len, c.d_head, c.rope_base), persistent=False)
+            if c.local_rope_base:  # Gemma 3: the local layers rotate with their own base
+                self.register_buffer("angles_local", rope_angles(c.max_len, c.d_head, c.local_rope_base),
+                                     persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.apply(self._init)
 
@@ -230,11 +300,15 @@ class GPT(nn.Module):
         if start + t > c.max_len:
             raise ValueError(f"{start + t} tokens exceed the model's {c.max_len} positions")
         x = self.embed(ids)
-        angles = None
+        if c.embed_scale:  # Gemma: embeddings × √d_model (the tied output projection reads them unscaled)
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        angles = local = None
         if self.positions is not None:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device))
         else:
             angles = self.angles[start : start + t]
+            if c.local_rope_base:
+                local = self.angles_local[start : start + t]
         x = self.drop(x)
         attention, hidden = [], []
         edits, recording = bind(edit, c.n_layers)
@@ -242,7 +316,8 @@ class GPT(nn.Module):
             x = enter_layer(x, edits[i])  # patched residual positions
             if keep_hidden:
                 hidden.append(x)
-            x, w = block(x, angles, caches[i] if caches else None, need_weights,
+            x, w = block(x, local if block.local and local is not None else angles,
+                         caches[i] if caches else None, need_weights,
                          None if head_mask is None else head_mask[i], edits[i])
             if w is not None:  # a long input's weights are kept in half precision (limits.LONG_TOKENS)
                 attention.append(w if w.shape[-1] <= limits.LONG_TOKENS else w.to(torch.float16))
@@ -250,7 +325,13 @@ class GPT(nn.Module):
             hidden.append(x)
         if last_only:
             x = x[:, -1:]
-        return Forward(self.lm_head(self.norm(x)), attention, hidden, recording.heads)
+        return Forward(self.logits_of(x), attention, hidden, recording.heads)
+
+    def logits_of(self, x: Tensor) -> Tensor:
+        """The output logits of residual-stream rows (…, D): final norm, output projection (Gemma 2: soft-capped)."""
+        logits = self.lm_head(self.norm(x))
+        cap = self.config.final_softcap
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
     # ----------------------------------------------------------------------------------------- entry points
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
@@ -360,7 +441,7 @@ class GPT(nn.Module):
         target = target[start:]
         top_ids, top_p, target_p = [], [], []
         for h in out.hidden[1:]:  # after each block; the last equals the model's own output
-            p = torch.softmax(self.lm_head(self.norm(h[0, start:])).float(), -1)  # (T, V), one layer at a time
+            p = torch.softmax(self.logits_of(h[0, start:]).float(), -1)  # (T, V), one layer at a time
             best = p.max(-1)
             top_ids.append(best.indices)
             top_p.append(best.values)
@@ -406,6 +487,13 @@ class GPT(nn.Module):
         out = self(x, need_weights=True)
         loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
         return loss.cpu().numpy(), attention_array(out.attention)
+
+
+def window_mask(t: int, s: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """Sliding-window causal mask (T, S), True where i − window < j ≤ i; the T queries are the last T of S positions."""
+    i = torch.arange(t, device=device)[:, None] + (s - t)
+    j = torch.arange(s, device=device)[None, :]
+    return (j <= i) & (j > i - window)
 
 
 def attention_array(attention: list[Tensor]) -> np.ndarray:

@@ -1,1 +1,2 @@
-"""Analyses that read a model through its walk (the per-family description of its residual stream)."""
+"""The analyses over the families: their walks, the score split, patching, attribution, arrays, and the views over
+the walk such as qk.py (§1, §2, §10)."""

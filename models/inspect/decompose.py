@@ -23,7 +23,6 @@ walk, so softmax(row) reproduces the attention the model returns (tests/test_dec
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +54,14 @@ class Stream:
             self.names.append(name)
             self.parts = torch.cat([self.parts, full[self.at][None]])
 
+    def merge(self, other: Stream) -> None:
+        """Add a stream of the same positions (a sub-block's output carried through its own frozen norm): its
+        constant part into ``bias``, its other parts as parts of their own."""
+        self.total = self.total + other.total
+        self.parts = torch.cat([self.parts, other.parts[1:]])
+        self.parts[0] = self.parts[0] + other.parts[0]
+        self.names = self.names + other.names[1:]
+
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
@@ -85,9 +92,11 @@ def _scores(attn: Attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     q = attn.queries(x, pos, bias=True)
     k = attn.keys(x, pos, bias=True).repeat_interleave(attn.group(), 0)
     v = attn.heads(x, attn.v, attn.kv_heads, bias=True).repeat_interleave(attn.group(), 0)
-    s = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)
+    s = q @ k.transpose(-1, -2) * attn.score_scale
     if attn.causal:
         s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    if attn.window:  # a local layer: keys at or before i − window are masked too
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).tril(-attn.window), float("-inf"))
     return s, torch.softmax(s, -1), v
 
 
@@ -104,6 +113,17 @@ def _start(p: Plan, at: Sequence[int]) -> Stream:
 
 def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: int) -> Stream:
     """Add the layer's head outputs (H, T, D), the output bias, then the feed-forward block (and post-norms)."""
+    if after[0] == "sandwich":  # x + norm(Σ heads + b), its scale frozen; then x + norm'(FF(norm2(x)))
+        _, post, norm2, ff = after
+        sub = Stream(stream.total.new_zeros(stream.total.shape), stream.at)
+        for h in range(attn.n_heads):
+            sub.add(f"L{layer}H{h}", heads_out[h])
+        o_bias = weight(attn.o, "bias")
+        if o_bias is not None:
+            sub.add(BIAS, o_bias.double().to(sub.total.device).expand_as(sub.total))
+        stream.merge(sub.normed(post))
+        stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
+        return stream
     for h in range(attn.n_heads):
         stream.add(f"L{layer}H{h}", heads_out[h])
     o_bias = weight(attn.o, "bias")
@@ -111,12 +131,22 @@ def _finish(stream: Stream, attn: Attn, after: tuple, heads_out: Tensor, layer: 
         stream.add(BIAS, o_bias.double().to(stream.total.device).expand_as(stream.total))
     if after[0] == "pre":  # x + FF(norm2(x))
         _, norm2, ff = after
-        stream.add(f"L{layer} MLP", ff(stream.normed(norm2).total))
+        _add_ff(stream, layer, ff(stream.normed(norm2).total))
         return stream
     _, norm1, ff, norm2 = after  # norm2(y + FF(y)), y = norm1(x + attention)
     stream = stream.normed(norm1)
     stream.add(f"L{layer} MLP", ff(stream.total))
     return stream.normed(norm2)
+
+
+def _add_ff(stream: Stream, layer: int, out) -> None:
+    """The feed-forward block's output as one part, ``L{layer} MLP``; a mixture of experts' as one part per expert
+    that wrote anything (``L{layer} E{e}``, a list of (name, (T, D)) from its walk), which sum to the block's output."""
+    if isinstance(out, list):
+        for name, value in out:
+            stream.add(f"L{layer} {name}", value)
+    else:
+        stream.add(f"L{layer} MLP", out)
 
 
 def _head_outputs(attn: Attn, weights: Tensor, v: Tensor) -> Tensor:
@@ -202,6 +232,9 @@ def decompose_score(model: nn.Module, ids: Sequence[int], layer: int, head: int,
     attn0 = p.layers[layer][0]
     if attn0.causal and key > query:
         raise ValueError(f"key {key} comes after query {query}: a causal model masks that cell (score −inf)")
+    if attn0.window and query - key >= attn0.window:
+        raise ValueError(f"key {key} is outside layer {layer}'s sliding window of {attn0.window} tokens before "
+                         f"query {query}: the model masks that cell (score −inf)")
     for i, attn, inp, scores, weights in _walk(p, [query, key]):
         if i == layer:
             return _split(attn, inp, scores, weights, layer, head, query, key, t)
@@ -211,13 +244,17 @@ def decompose_score(model: nn.Module, ids: Sequence[int], layer: int, head: int,
 def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int, head: int, query: int, key: int,
            t: int) -> ScoreDecomposition:
     kv = head // attn.group()
-    scale = 1 / math.sqrt(attn.d_head)
+    scale = attn.score_scale
     parts = inp.parts  # (C, P, D)
+    # q/k norms (Qwen3, Gemma 3) frozen at the scale they compute on the whole stream: then q (and k) stay a sum of
+    # the parts' projections, each divided by the same per-head RMS
+    rms = {"q": attn.head_rms(inp.total[query : query + 1], "q"), "k": attn.head_rms(inp.total[key : key + 1], "k")}
 
     def project(fn, col: int, pos: int, rotate: bool = True) -> Tensor:
         # every part projected without the layer's bias, the bias part with it: the parts sum to q (or k)
-        plain = fn(parts[:, col : col + 1], [pos], bias=False, rotate=rotate)
-        with_bias = fn(parts[:1, col : col + 1], [pos], bias=True, rotate=rotate)
+        r = rms["q" if fn == attn.queries else "k"]
+        plain = fn(parts[:, col : col + 1], [pos], bias=False, rotate=rotate, rms=r)
+        with_bias = fn(parts[:1, col : col + 1], [pos], bias=True, rotate=rotate, rms=r)
         return torch.cat([with_bias, plain[1:]])  # (C, heads, 1, d)
 
     def key_parts(rotate: bool) -> Tensor:

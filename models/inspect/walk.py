@@ -56,6 +56,26 @@ class Attn:
     causal: bool
     angles: Tensor | None = None  # RoPE (positions, d/2)
     layout: str = "interleaved"
+    # the later decoder families (models.families.gpt's switches): per-head RMSNorm of queries and keys (Qwen3,
+    # Gemma 3), the score scale (None: 1/√d_head) and a sliding window (0: none)
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+    scale: float | None = None
+    window: int = 0
+
+    @property
+    def score_scale(self) -> float:
+        return self.scale if self.scale is not None else 1 / math.sqrt(self.d_head)
+
+    def head_rms(self, x: Tensor, which: str) -> Tensor | None:
+        """The per-head RMS (…, heads, P, 1) a q/k norm divides by, computed on the whole stream x (…, P, D): the
+        scale the score split freezes (as every other norm's, decompose.Stream.normed). None without q/k norms."""
+        norm = self.q_norm if which == "q" else self.k_norm
+        if norm is None:
+            return None
+        m, n = (self.q, self.n_heads) if which == "q" else (self.k, self.kv_heads)
+        y = self.heads(x, m, n, bias=True)
+        return torch.sqrt(y.pow(2).mean(-1, keepdim=True) + float(norm.eps))
 
     @property
     def d_head(self) -> int:
@@ -66,21 +86,35 @@ class Attn:
         y = _linear(x, m, bias)
         return y.view(*y.shape[:-1], n, self.d_head).transpose(-3, -2)
 
-    def queries(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
+    def queries(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True,
+                rms: Tensor | None = None) -> Tensor:
+        """Queries at ``positions``; a q-norm divides by ``rms`` (frozen, for a part of the stream) or their own."""
         q = self.heads(x, self.q, self.n_heads, bias)  # (…, H, P, d)
+        if self.q_norm is not None:
+            q = _head_norm(q, self.q_norm, rms)
         if self.angles is not None and rotate:
             q = _rotate(q, self.angles[list(positions)], self.layout)
         return q
 
-    def keys(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True) -> Tensor:
-        """Keys at ``positions``."""
+    def keys(self, x: Tensor, positions: Sequence[int], bias: bool, rotate: bool = True,
+             rms: Tensor | None = None) -> Tensor:
+        """Keys at ``positions`` (k-norm as ``queries``)."""
         k = self.heads(x, self.k, self.kv_heads, bias)
+        if self.k_norm is not None:
+            k = _head_norm(k, self.k_norm, rms)
         if self.angles is not None and rotate:
             k = _rotate(k, self.angles[list(positions)], self.layout)
         return k
 
     def group(self) -> int:
         return self.n_heads // self.kv_heads
+
+
+def _head_norm(y: Tensor, norm: nn.Module, rms: Tensor | None) -> Tensor:
+    """RMSNorm over each head's d (…, n, P, d): y / rms · g, rms its own or the one given (frozen)."""
+    if rms is None:
+        rms = torch.sqrt(y.pow(2).mean(-1, keepdim=True) + float(norm.eps))
+    return y / rms * norm.weight.double()
 
 
 def _rotate(x: Tensor, angles: Tensor, layout: str) -> Tensor:
@@ -98,16 +132,53 @@ class Plan:
 
 def gpt(model: nn.Module, x: Tensor) -> Plan:
     c, t = model.config, x.size(1)
-    embed = [("token", model.embed(x)[0].double())]
+    token = model.embed(x)[0].double()
+    if getattr(c, "embed_scale", 0.0):  # Gemma: × √d_model, in the model's dtype as its forward does
+        token = token * float(torch.tensor(c.embed_scale, dtype=model.embed.weight.dtype))
+    embed = [("token", token)]
     if model.positions is not None:
         embed.append(("position", model.positions(torch.arange(t, device=x.device)).double()))
     layers = []
     for block in model.blocks:
         a = block.attn
+        angles = None if c.recipe != "llama" else model.angles
+        if angles is not None and getattr(block, "local", False) and getattr(c, "local_rope_base", 0.0):
+            angles = model.angles_local
         attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.o_proj, c.n_heads, c.kv_heads, block.norm1, causal=True,
-                    angles=None if c.recipe != "llama" else model.angles, layout=c.rope_layout)
-        layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))
+                    angles=angles, layout=c.rope_layout, q_norm=getattr(a, "q_norm", None),
+                    k_norm=getattr(a, "k_norm", None), scale=getattr(c, "attn_scale", 0.0) or None,
+                    window=getattr(a, "window", 0))
+        if getattr(c, "sandwich_norm", False):  # Gemma: norms after the attention and the feed-forward too
+            ff = _module_fn(block.ff)
+
+            def after_ff(h: Tensor, ff=ff, post=block.post_ff_norm) -> Tensor:
+                return _call(post, ff(h))
+
+            layers.append((attn, ("sandwich", block.post_attn_norm, block.norm2, after_ff)))
+        elif hasattr(block.ff, "route"):  # a mixture of experts: each expert's output a part of its own
+            layers.append((attn, ("pre", block.norm2, _experts_fn(block.ff))))
+        else:
+            layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))
     return Plan(embed, layers)
+
+
+def _experts_fn(moe: nn.Module):
+    """A mixture-of-experts block (models/families/moe.py) run on the float64 stream (T, D), its output split by
+    expert: [("E{e}", (T, D)), ...] for each expert some token chose, w_e(x_t) · E_e(x_t) on its tokens, 0 elsewhere;
+    they sum to the block's output."""
+    def run(x: Tensor) -> list[tuple[str, Tensor]]:
+        dtype = moe.router.weight.dtype
+        rows = x.to(dtype)
+        _, chosen, weights = moe.route(rows)  # (T, k) each
+        out = []
+        for e in sorted(chosen.unique().tolist()):
+            token, slot = torch.where(chosen == e)
+            part = x.new_zeros(x.shape)
+            part[token] = (moe.experts[e](rows[token]) * weights[token, slot, None]).double()
+            out.append((f"E{e}", part))
+        return out
+
+    return run
 
 
 def _encoder(encoder_layers: nn.ModuleList, embed: list[tuple[str, Tensor]]) -> Plan:

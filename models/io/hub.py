@@ -25,7 +25,7 @@ FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safet
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json",
          "vocab.txt", "vocab.json", "merges.txt", "generation_config.json"]
 KINDS = ("classify", "generate", "vision")
-DEFAULT_MAX_PARAMS = 400_000_000
+DEFAULT_MAX_PARAMS = 500_000_000  # Qwen2.5-0.5B (494 M, 2 GB in float32) fits
 TIMEOUT_S = 4.0  # per network step: "offline" is reported within about 5 s
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}")
@@ -72,7 +72,7 @@ def parse_entry(entry: str) -> tuple[str, str, str | None] | None:
 
 
 def max_params() -> int:
-    """``ATLAS_MAX_PARAMS`` (a number, or with a K/M/B suffix: 400M), default 400 M."""
+    """``ATLAS_MAX_PARAMS`` (a number, or with a K/M/B suffix: 400M), default 500 M."""
     raw = os.environ.get("ATLAS_MAX_PARAMS", "").strip().upper().replace("_", "")
     if not raw:
         return DEFAULT_MAX_PARAMS

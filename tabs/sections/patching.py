@@ -13,7 +13,7 @@ import numpy as np
 
 from models import limits, registry
 from tabs.common import FAST, Error, get_model, read_text
-from tabs.sections.text import MAX_PATCH_CHARS, encode, text_model
+from tabs.sections.text import MAX_PATCH_CHARS, encode, require_heads, text_model
 from tabs.sections.why import why
 from tabs.zerogpu import on_gpu
 from viz import attention as va
@@ -167,6 +167,7 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
     net = get_model(name)
     if registry.is_family(net, "translator"):
         raise Error("Patching is offered for the decoders of Generate and the classifiers.")
+    require_heads(net, "Activation patching")
     sweep = SWEEPS.get(sweep, sweep)
     if sweep not in SWEEPS.values():
         raise Error(f"Unknown sweep {sweep!r}; choose heads or positions.")
@@ -336,6 +337,7 @@ def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
     from models.inspect.patching import repeated_pair
 
     net = get_model(name)
+    require_heads(net, "Activation patching")
     try:
         clean, corrupted = repeated_pair(net, n, seed)
     except ValueError as err:

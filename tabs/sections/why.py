@@ -17,7 +17,7 @@ import numpy as np
 
 from models import registry
 from tabs.common import FAST, Error, get_model, index, read_text
-from tabs.sections.text import encode, text_model
+from tabs.sections.text import encode, require_heads, text_model
 from tabs.zerogpu import on_gpu
 from viz import why as vw
 from viz.common import esc
@@ -112,6 +112,7 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     """Decompose one score: (summary Markdown, figure, table dict). Positions and indices are checked here."""
     from models.inspect.decompose import decompose_score, n_layers
 
+    require_heads(net, "\"Why a head attends\"")
     c = net.config
     layer, head = index(layer, n_layers(net), "layer"), index(head, c.n_heads, "head")
     query, key = index(query, len(ids), "query position"), index(key, len(ids), "key position")
@@ -183,6 +184,7 @@ def ablate_sink(sequence, state, layer, head) -> str:
     net = get_model(name)
     if registry.is_family(net, "translator"):
         raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
+    require_heads(net, "Sink ablation")
     layer, head = index(layer, n_layers(net), "layer"), index(head, net.config.n_heads, "head")
     try:
         r = sink_ablation(net, ids, layer, head)

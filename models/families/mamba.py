@@ -1,0 +1,434 @@
+"""Mamba: a language model with no attention, a selective state-space scan per layer (Gu & Dao 2023), and the
+attention hidden in it (Ali, Zimerman & Wolf 2024, "The Hidden Attention of Mamba Models").
+
+One block: h = x + Mixer(RMSNorm(x)); the mixer (Gu & Dao 2023, Algorithm 2 and §3.5):
+
+    u, z = in_proj(h)                           two streams of E = expand·d_model channels
+    u    = SiLU(causal depthwise conv1d(u))     kernel d_conv, each channel by itself
+    Δ, B, C = x_proj(u)                         Δ (dt_rank), B and C (d_state) per position: the *selection*
+    Δ    = softplus(dt_proj(Δ))                 (T, E): a step size per position and channel
+    Ā_t  = exp(Δ_t · A),  B̄_t = Δ_t · B_t      A = −exp(A_log) (E, N): zero-order hold (Δ B for B̄, as Mamba's code)
+    s_t  = Ā_t ⊙ s_{t−1} + B̄_t · u_t            state (E, N)
+    y_t  = C_t · s_t + D ⊙ u_t
+    out  = out_proj(y ⊙ SiLU(z))
+
+Unrolled, y_t[d] = Σ_{j ≤ t} α[d, t, j] · u_j[d] + D[d] · u_t[d] with the *implicit attention* (Ali et al. 2024, eq. 12)
+
+    α[d, t, j] = C_t · (Π_{k=j+1..t} Ā_k[d]) ⊙ B̄_j[d] = Σ_n C_t[n] · exp(A[d, n] · (S_t[d] − S_j[d])) · Δ_j[d] · B_j[n],
+
+S_t = Σ_{k ≤ t} Δ_k (the product of exponentials is the exponential of a sum of step sizes, computed so, never as a
+product of T factors). ``implicit_attention`` computes α from the layer's own Δ, B, C; the test checks that
+Σ_j α · u_j + D · u_t equals the scan's output. The heatmaps show |α| averaged over the channels (or one channel), each
+row divided by its sum, so that rows compare with a Transformer's softmax rows: α itself is signed and unnormalised
+(nothing makes a row sum to 1), which is why a state-space model has no attention sink to look for.
+
+Everything is plain PyTorch: the scan is a loop over positions (a few hundred at most here), with no custom kernel.
+Weights come from a Hugging Face ``mamba`` folder (``MambaForCausalLM``, e.g. state-spaces/mamba-130m-hf) via
+``mamba_from_state``. What does not apply to Mamba (no heads: no head roles, ablation of heads, "why" score split, sink
+ablation or patching of heads) is said in words by the Generate tab (``NOT_APPLICABLE``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import limits
+from models.families.gpt import RMSNorm, sample
+from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
+
+STRATEGIES = ("greedy", "sample")
+# The implicit attention costs T² · d_state exponentials and multiply-adds per channel and layer, where the scan
+# costs T: mamba-130m's 24 × 1,536 channels at 256 tokens (39 G) did not finish in 10 min on the 2-core test machine
+# (busy). So: prompt + generated tokens at most MAX_TOKENS, and the averaged map over MAP_CHANNELS channels evenly
+# spaced over the E (all of them where E is smaller; one channel on request, any of the E): mamba-130m at 128 tokens,
+# 24 × 128 × 128² × 16 ≈ 0.8 G.
+MAX_TOKENS = 128
+MAP_CHANNELS = 128
+ALPHA_FLOATS = 1 << 26  # at most this many floats (256 MB) of exp(A·ΔS) at once: the channel chunk adapts to T
+NOT_APPLICABLE = ("Mamba has no attention heads, so the views built on heads do not apply: head roles, head "
+                  "ablation, attention sinks, \"why a head attends\" (a score split of q·k) and head patching. "
+                  "Shown instead: its implicit attention α (Ali, Zimerman & Wolf 2024), the logit lens and compare.")
+
+
+@dataclass
+class MambaConfig:
+    vocab_size: int = 50280
+    d_model: int = 768
+    n_layers: int = 24
+    d_state: int = 16  # N: state size per channel
+    d_conv: int = 4  # causal depthwise convolution kernel
+    expand: int = 2  # E = expand · d_model inner channels
+    dt_rank: int = 0  # 0 = ceil(d_model / 16)
+    norm_eps: float = 1e-5
+    conv_bias: bool = True
+    bias: bool = False  # in_proj / out_proj biases
+    tie_embeddings: bool = True
+    max_len: int = 2048  # no positions: only a cap on what the app feeds it
+    bos_id: int = 0
+    eos_id: int = 0
+    pad_id: int = -1
+    n_heads: int = 1  # the Generate tab's head range: one map per layer (channels averaged)
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @property
+    def rank(self) -> int:
+        return self.dt_rank or math.ceil(self.d_model / 16)
+
+
+@dataclass
+class MixerTrace:
+    """What one mixer computed on one input, for the implicit attention: (T, E) u (conv output), Δ; (T, N) B, C;
+    (T, E) y (the scan's output before the gate, D·u included)."""
+
+    u: Tensor
+    delta: Tensor
+    B: Tensor
+    C: Tensor
+    y: Tensor
+
+
+@dataclass
+class MambaState:
+    """Per layer: the last d_conv − 1 inputs of the convolution (B, E, d_conv − 1) and the scan state (B, E, N)."""
+
+    conv: list[Tensor | None] = field(default_factory=list)
+    ssm: list[Tensor | None] = field(default_factory=list)
+
+
+class Mixer(nn.Module):
+    def __init__(self, c: MambaConfig) -> None:
+        super().__init__()
+        e, n = c.d_inner, c.d_state
+        self.c = c
+        self.in_proj = nn.Linear(c.d_model, 2 * e, bias=c.bias)
+        self.conv1d = nn.Conv1d(e, e, c.d_conv, groups=e, padding=c.d_conv - 1, bias=c.conv_bias)
+        self.x_proj = nn.Linear(e, c.rank + 2 * n, bias=False)
+        self.dt_proj = nn.Linear(c.rank, e, bias=True)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(e, 1))
+        self.D = nn.Parameter(torch.ones(e))
+        self.out_proj = nn.Linear(e, c.d_model, bias=c.bias)
+
+    def select(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """u (B, T, E) -> Δ (B, T, E), B (B, T, N), C (B, T, N): the input-dependent (selective) parameters."""
+        r, n = self.c.rank, self.c.d_state
+        dt, b, c = self.x_proj(u).split([r, n, n], dim=-1)
+        return F.softplus(self.dt_proj(dt)), b, c
+
+    def forward(self, x: Tensor, state: MambaState | None = None, layer: int = 0,
+                trace: list[MixerTrace] | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D). ``state``: continue from (and update) the cached convolution inputs and scan
+        state (generation); ``trace``: append this call's MixerTrace (batch row 0)."""
+        bsz, t, _ = x.shape
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
+        u = u.transpose(1, 2)  # (B, E, T)
+        past = state.conv[layer] if state is not None else None
+        if past is not None:  # the convolution continues over the cached last d_conv − 1 inputs
+            full = torch.cat([past, u], dim=-1)
+            u = F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.c.d_inner)[..., -t:]
+        else:
+            full = u
+            u = self.conv1d(u)[..., :t]  # padding d_conv − 1 on both sides: the first t outputs are causal
+        if state is not None:
+            keep = self.c.d_conv - 1
+            state.conv[layer] = F.pad(full, (max(0, keep - full.size(-1)), 0))[..., -keep:]
+        u = F.silu(u).transpose(1, 2)  # (B, T, E)
+        delta, b, c = self.select(u)
+        a = -torch.exp(self.A_log.float())  # (E, N)
+        s = state.ssm[layer] if state is not None and state.ssm[layer] is not None else \
+            x.new_zeros(bsz, self.c.d_inner, self.c.d_state)
+        ys = []
+        for i in range(t):  # s_t = exp(Δ_t A) ⊙ s_{t−1} + (Δ_t u_t) B_t ;  y_t = s_t C_t
+            s = torch.exp(delta[:, i, :, None] * a) * s + (delta[:, i] * u[:, i])[:, :, None] * b[:, i, None, :]
+            ys.append((s @ c[:, i, :, None])[..., 0])
+        y = torch.stack(ys, dim=1) + u * self.D  # (B, T, E)
+        if state is not None:
+            state.ssm[layer] = s
+        if trace is not None:
+            trace.append(MixerTrace(u[0], delta[0], b[0], c[0], y[0]))
+        return self.out_proj(y * F.silu(z))
+
+
+class MambaBlock(nn.Module):
+    def __init__(self, c: MambaConfig) -> None:
+        super().__init__()
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.mixer = Mixer(c)
+
+    def forward(self, x: Tensor, state: MambaState | None, layer: int, trace: list[MixerTrace] | None) -> Tensor:
+        return x + self.mixer(self.norm(x), state, layer, trace)
+
+
+@dataclass
+class MambaForward:
+    logits: Tensor  # (B, T, V)
+    hidden: list[Tensor] = field(default_factory=list)  # the stream before each block and after the last
+    traces: list[MixerTrace] = field(default_factory=list)  # per layer, with keep_trace
+
+
+def implicit_attention(trace: MixerTrace, a: Tensor, channel: int | None = None, chunk: int = 0,
+                       channels: Sequence[int] | None = None) -> Tensor:
+    """α (E', T, T) of one layer (Ali et al. 2024, eq. 12): α[d, t, j] = Σ_n C_t[n] exp(A[d, n](S_t[d] − S_j[d]))
+    Δ_j[d] B_j[n] for j ≤ t, 0 above the diagonal; A (E, N) = −exp(A_log). ``channel``: that channel alone (E' = 1);
+    ``channels``: those; else every channel (E' = E), computed ``chunk`` channels at a time ((chunk, T, T, N) at
+    once; 0: as many as ALPHA_FLOATS allows)."""
+    t = trace.u.size(0)
+    chunk = chunk or max(1, ALPHA_FLOATS // (t * t * trace.B.size(1)))
+    chans = [channel] if channel is not None else list(channels) if channels is not None else \
+        list(range(trace.u.size(1)))
+    s = torch.cumsum(trace.delta, 0)  # (T, E): S_t
+    causal = torch.ones(t, t, dtype=torch.bool, device=trace.u.device).tril()
+    out = []
+    for start in range(0, len(chans), chunk):
+        d = chans[start : start + chunk]
+        gap = (s[:, d].T[:, :, None] - s[:, d].T[:, None, :]).clamp_min(0)  # (d, T, T): S_t − S_j, ≥ 0 for j ≤ t
+        decay = torch.exp(a[d][:, None, None, :] * gap[..., None])  # (d, T, T, N)
+        alpha = torch.einsum("tn,dtjn,jn->dtj", trace.C, decay, trace.B) * trace.delta[:, d].T[:, None, :]
+        out.append(alpha.masked_fill(~causal, 0.0))
+    return torch.cat(out)
+
+
+def heatmap(alpha: Tensor) -> Tensor:
+    """|α| (E', T, T) averaged over channels, each row divided by its sum: (T, T) rows summing to 1, as attention's."""
+    m = alpha.abs().mean(0)
+    return m / m.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+class Mamba(nn.Module):
+    """Embedding -> Mamba blocks -> RMSNorm -> output projection (tied to the embedding by default)."""
+
+    def __init__(self, config: MambaConfig, tokenizer: Any | None = None) -> None:
+        super().__init__()
+        self.config = c = config
+        self.tokenizer = tokenizer
+        self.labels: list[str] = []
+        self.text: dict = {}
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.blocks = nn.ModuleList(MambaBlock(c) for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids: Tensor, state: MambaState | None = None, keep_hidden: bool = False,
+                keep_trace: bool = False, last_only: bool = False) -> MambaForward:
+        """ids (B, T), continuing ``state`` if given (updated in place)."""
+        x = self.embed(ids)
+        hidden: list[Tensor] = []
+        traces: list[MixerTrace] | None = [] if keep_trace else None
+        for i, block in enumerate(self.blocks):
+            if keep_hidden:
+                hidden.append(x)
+            x = block(x, state, i, traces)
+        if keep_hidden:
+            hidden.append(x)
+        if last_only:
+            x = x[:, -1:]
+        return MambaForward(self.lm_head(self.norm(x)), hidden, traces or [])
+
+    # ------------------------------------------------------------------ the Generate tab's Decoder interface
+    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
+        return self.tokenizer.encode_prompt(text)
+
+    def piece(self, i: int) -> str:
+        return self.tokenizer.id_to_piece(int(i)) if self.tokenizer is not None else str(int(i))
+
+    def eos_id(self) -> int:
+        return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
+
+    def context_limit(self) -> int:
+        """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's fewer."""
+        return min(limits.MAX_LM_TOKENS, self.config.max_len, MAX_TOKENS)
+
+    def _new_state(self) -> MambaState:
+        n = self.config.n_layers
+        return MambaState([None] * n, [None] * n)
+
+    def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[list[int], int, str]:
+        """As ``GPT.prepare_prompt``: (prompt ids, new tokens, notice); a long prompt keeps its last tokens."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
+        ids = list(text) if not isinstance(text, str) else self.encode_prompt(text)[0]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        limit = self.context_limit()
+        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
+        notice = ""
+        if len(ids) + new > limit:
+            keep = limit - new
+            notice = f"Prompt shortened to its last {keep} tokens (it had {len(ids)})."
+            ids = ids[len(ids) - keep:]
+        return ids, new, notice
+
+    @torch.no_grad()
+    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
+        """Continue ``text`` token by token through the recurrent state (each step costs the same, whatever the
+        length), then read every token once more for the implicit attention (channels averaged: (L, 1, T, T))."""
+        ids, new, notice = self.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
+        prompt_len = len(ids)
+        was = self.training
+        self.eval()
+        device = self.embed.weight.device
+        g = torch.Generator(device="cpu").manual_seed(int(seed))
+        state = self._new_state()
+        logits = self(torch.tensor([ids], device=device), state, last_only=True).logits[0, -1]
+        steps: list[GenerationStep] = []
+        for step in range(new):
+            probs = torch.softmax(logits.float(), -1).cpu()
+            top = torch.topk(probs, min(5, probs.numel()))
+            choice = int(top.indices[0]) if strategy == "greedy" else sample(logits.float().cpu(), temperature,
+                                                                             top_k, top_p, g)
+            steps.append(GenerationStep([self.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
+                                        self.piece(choice), float(probs[choice])))
+            ids.append(choice)
+            if choice == self.eos_id() or step == new - 1:
+                break
+            logits = self(torch.tensor([[choice]], device=device), state).logits[0, -1]
+        full = self(torch.tensor([ids], device=device), keep_trace=True)
+        self.train(was)
+        logp = torch.log_softmax(full.logits[0].float(), -1)
+        surprisal = np.full(len(ids), np.nan, dtype=np.float32)
+        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
+        tokens = [self.piece(i) for i in ids]
+        weights = self._maps(full.traces)
+        return GenerationResult(text=self.tokenizer.decode(ids[prompt_len:]) if self.tokenizer else "",
+                                tokens=tokens, ids=ids, prompt_len=prompt_len,
+                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
+                                steps=steps, surprisal=surprisal / np.float32(math.log(2)), notice=notice)
+
+    def _a(self, layer: int) -> Tensor:
+        return -torch.exp(self.blocks[layer].mixer.A_log.float())
+
+    def map_channels(self) -> list[int]:
+        """The channels the averaged map reads: all E, or MAP_CHANNELS of them evenly spaced (the cost, above)."""
+        e = self.config.d_inner
+        return list(range(e)) if e <= MAP_CHANNELS else np.linspace(0, e - 1, MAP_CHANNELS).round().astype(int).tolist()
+
+    def _maps(self, traces: list[MixerTrace], channel: int | None = None) -> np.ndarray:
+        """(L, 1, T, T) float32: each layer's implicit-attention heatmap (``heatmap``)."""
+        chans = None if channel is not None else self.map_channels()
+        maps = [heatmap(implicit_attention(tr, self._a(i), channel, channels=chans))[None]
+                for i, tr in enumerate(traces)]
+        return np.stack([m.float().cpu().numpy() for m in maps]).astype(np.float32)
+
+    @torch.no_grad()
+    def implicit_attention(self, ids: Sequence[int], channel: int | None = None) -> np.ndarray:
+        """(L, 1, T, T): every layer's implicit attention over ``ids``, channels averaged or one ``channel``."""
+        if channel is not None and not 0 <= channel < self.config.d_inner:
+            raise ValueError(f"channel {channel} is outside 0..{self.config.d_inner - 1}")
+        device = self.embed.weight.device
+        traces = self(torch.tensor([list(ids)], device=device), keep_trace=True).traces
+        return self._maps(traces, channel)
+
+    @torch.no_grad()
+    def next_token_probs(self, ids: Sequence[int], head_mask: Tensor | None = None) -> np.ndarray:
+        """The next-token distribution after ``ids`` (V,). ``head_mask``: refused (Mamba has no heads)."""
+        if head_mask is not None:
+            raise ValueError("Mamba has no attention heads to switch off")
+        device = self.embed.weight.device
+        out = self(torch.tensor([list(ids)], device=device), last_only=True)
+        return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
+
+    @torch.no_grad()
+    def logit_lens(self, ids: Sequence[int], last: int | None = None) -> LogitLens:
+        """Each block's residual stream through the final norm and the output projection (as ``GPT.logit_lens``)."""
+        device = self.embed.weight.device
+        x = torch.tensor([list(ids)], device=device)
+        out = self(x, keep_hidden=True)
+        final = out.logits[0].float()
+        target = torch.cat([x[0, 1:], final[-1:].argmax(-1)])
+        start = 0 if last is None else max(0, x.size(1) - int(last))
+        target = target[start:]
+        top_ids, top_p, target_p = [], [], []
+        for h in out.hidden[1:]:
+            p = torch.softmax(self.lm_head(self.norm(h[0, start:])).float(), -1)
+            best = p.max(-1)
+            top_ids.append(best.indices)
+            top_p.append(best.values)
+            target_p.append(p.gather(1, target[:, None])[:, 0])
+        tops = torch.stack(top_ids).cpu().numpy()
+        return LogitLens(top_tokens=[[self.piece(i) for i in row] for row in tops],
+                         top_probs=torch.stack(top_p).cpu().numpy().astype(np.float32),
+                         target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
+                         targets=[self.piece(i) for i in target.cpu().numpy()])
+
+    def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
+        """BOS + n random non-special tokens + the same n again (as ``GPT.repeated_tokens``): the sequence on which
+        the implicit attention can be compared with a Transformer's induction stripe."""
+        c, tok = self.config, self.tokenizer
+        if n < 2 or 2 * n + 1 > self.context_limit():
+            raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
+        special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
+        pool = np.array([int(i) for i in (range(c.vocab_size) if pieces is None else pieces) if i not in special])
+        if not len(pool):
+            raise ValueError("no ordinary token to draw from")
+        x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
+        bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
+        return [int(bos), *x, *x]
+
+    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
+                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Refused: head roles are scores of attention heads, which Mamba has none of (``NOT_APPLICABLE``)."""
+        raise ValueError(NOT_APPLICABLE)
+
+    @torch.no_grad()
+    def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(cross-entropy of each token given the ones before it (T−1,), implicit attention (L, 1, T, T))."""
+        device = self.embed.weight.device
+        x = torch.tensor([list(ids)], device=device)
+        out = self(x, keep_trace=True)
+        loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
+        return loss.cpu().numpy(), self._maps(out.traces)
+
+
+def mamba_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Mamba:
+    """``Mamba`` from a Hugging Face ``mamba`` config dict and ``MambaForCausalLM`` state dict (``backbone.`` names)."""
+    from models.io.checkpoint import CheckpointError
+    from models.io.hf import _token_id
+
+    where = Path(where)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(where, f"activation {hf['hidden_act']!r} is not supported (silu)")
+    d = int(hf["hidden_size"])
+    rank = hf.get("time_step_rank", "auto")
+    config = MambaConfig(vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]),
+                         d_state=int(hf.get("state_size", 16)), d_conv=int(hf.get("conv_kernel", 4)),
+                         expand=int(hf.get("expand", 2)), dt_rank=0 if rank == "auto" else int(rank),
+                         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                         conv_bias=bool(hf.get("use_conv_bias", True)), bias=bool(hf.get("use_bias", False)),
+                         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                         bos_id=_token_id(hf, "bos_token_id", 0), eos_id=_token_id(hf, "eos_token_id", 0))
+    s = {k.removeprefix("backbone."): v for k, v in state.items()}
+    ours: dict[str, Tensor] = {"embed.weight": s.get("embeddings.weight", s.get("embedding.weight")),
+                               "norm.weight": s["norm_f.weight"]}
+    if ours["embed.weight"] is None:
+        raise KeyError("backbone.embeddings.weight")
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm.weight"] = s[h + "norm.weight"]
+        for name in ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"):
+            for kind in ("weight", "bias"):
+                if h + f"mixer.{name}.{kind}" in s:
+                    ours[o + f"mixer.{name}.{kind}"] = s[h + f"mixer.{name}.{kind}"]
+        ours[o + "mixer.A_log"], ours[o + "mixer.D"] = s[h + "mixer.A_log"], s[h + "mixer.D"]
+    ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["lm_head.weight"]
+    model = Mamba(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit Mamba: missing {missing}, unexpected {unexpected}")
+    return model

@@ -1,0 +1,260 @@
+"""Hugging Face folders of the later decoder families, read into ``models.families.gpt.GPT`` (LLaMA + switches).
+
+Every family here is LLaMA's block (RMSNorm, rotate-half RoPE, gated feed-forward, grouped-query attention) with a
+few switches of ``GPTConfig`` turned on, and a weight map; none needs a class of its own:
+
+- ``qwen2`` (Qwen2, Qwen2.5): biases on the query, key and value projections (``qkv_bias``); tied or untied output;
+- ``qwen3``: per-head RMSNorm on queries and keys before RoPE (``qk_norm``), and a ``head_dim`` of its own;
+- ``mistral``: sliding-window attention (``sliding_window``: query i sees keys i − w < j ≤ i, every layer);
+- ``phi3``: q, k and v stored as one ``qkv_proj`` and gate/up as one ``gate_up_proj``, unfused here (rows
+  [q | k | v] and [gate | up]); sliding window where the config has one;
+- ``mixtral``: a router and ``num_local_experts`` SwiGLU experts per layer (``n_experts``; models/families/moe.py),
+  from either the Hub's per-expert tensors (``block_sparse_moe.experts.e.w1/w2/w3``) or fused ones
+  (``mlp.experts.gate_up_proj`` (E, 2F, D) and ``down_proj`` (E, D, F));
+- ``gemma3_text`` (Gemma 3): embeddings scaled by √d_model, a norm before *and after* the attention and the
+  feed-forward (``sandwich_norm``), RMSNorm as x̂·(1 + w) (stored weights + 1 here, so the project's RMSNorm
+  computes it), q/k norms, GeGLU (tanh GELU), a score scale of query_pre_attn_scalar^−½, local (sliding) and
+  global layers alternating (``layer_types``, or the older ``sliding_window_pattern``), a local RoPE base, and the
+  final logit soft-capping where the config sets it. ``attn_logit_softcapping`` is read but not applied: Gemma 3
+  replaced Gemma 2's attention soft-capping by the q/k norms (Gemma Team 2025, §2), and transformers' Gemma 3 keeps
+  the field without using it, so applying it would differ from the model as trained.
+
+RoPE scaling variants (linear, dynamic, YaRN, LongRoPE) and partial rotary factors are refused with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from models.io.checkpoint import CheckpointError
+from models.io.hf import _token_id
+
+
+def _rope(hf: dict[str, Any], where: Path, key: str | None = None, default: float = 10000.0) -> float:
+    """RoPE θ of a config (transformers 4's rope_theta / rope_scaling or 5's rope_parameters; per layer type with
+    ``key``); anything but the default rotation is refused."""
+    params = hf.get("rope_parameters") or {}
+    if key is not None and isinstance(params.get(key), dict):
+        params = params[key]
+    elif key is not None:
+        params = {}
+    rope = {**(hf.get("rope_scaling") or {}), **params}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(where, f"RoPE scaling {rope!r} is not supported (only the default RoPE)")
+    if float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
+        raise CheckpointError(where, "a partial rotary factor is not supported (RoPE over the whole head only)")
+    return float(rope.get("rope_theta") or hf.get("rope_theta") or default)
+
+
+def _layer_types(hf: dict[str, Any], n: int, kind: str) -> tuple[int, tuple[str, ...]]:
+    """(window, per-layer "sliding"/"full") of a config; (0, ()) where no layer slides."""
+    window = int(hf.get("sliding_window") or 0)
+    if kind in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
+        window = 0  # Qwen configs carry a window that is switched off
+    types = hf.get("layer_types")
+    if types:
+        named = tuple("sliding" if str(t).startswith("sliding") else "full" for t in types)
+    elif kind in ("qwen2", "qwen3"):
+        start = int(hf.get("max_window_layers", n))
+        named = tuple("sliding" if i >= start else "full" for i in range(n))
+    elif kind == "gemma3_text":
+        pattern = int(hf.get("sliding_window_pattern", 6))
+        named = tuple("sliding" if (i + 1) % pattern else "full" for i in range(n))
+    else:
+        named = ()
+    if not window or (named and "sliding" not in named):
+        return 0, ()
+    return window, named
+
+
+def _config(hf: dict[str, Any], where: Path, kind: str, tie: bool = False, **switches: Any) -> Any:
+    from models.families.gpt import GPTConfig
+
+    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or d // heads)
+    if hf.get("mlp_bias"):
+        raise CheckpointError(where, "feed-forward biases are not supported")
+    n = int(hf["num_hidden_layers"])
+    window, types = _layer_types(hf, n, kind)
+    try:
+        return GPTConfig(recipe="llama", vocab_size=int(hf["vocab_size"]),
+                         max_len=int(hf.get("max_position_embeddings") or 4096), d_model=d, n_layers=n, n_heads=heads,
+                         n_kv_heads=int(hf.get("num_key_value_heads") or heads), d_ff=int(hf["intermediate_size"]),
+                         head_dim=head_dim if head_dim != d // heads or d % heads else 0,
+                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_layout="half",
+                         tie_embeddings=bool(hf.get("tie_word_embeddings", tie)), sliding_window=window,
+                         layer_types=types, bos_id=_token_id(hf, "bos_token_id", 1),
+                         eos_id=_token_id(hf, "eos_token_id", 2), pad_id=-1, **switches)
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+
+
+def _act(hf: dict[str, Any], where: Path, allowed: dict[str, str]) -> str:
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    if act not in allowed:
+        raise CheckpointError(where, f"activation {act!r} is not supported ({', '.join(allowed)})")
+    return allowed[act]
+
+
+def _common(s: dict[str, Tensor], config: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Embedding, final norm and output projection (a tied head is the embedding)."""
+    ours = {"embed.weight": s["embed_tokens.weight"], "norm.weight": s["norm.weight"]}
+    ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["lm_head.weight"]
+    return ours
+
+
+def _attention(s: dict[str, Tensor], h: str, o: str, ours: dict[str, Tensor], bias: bool, qk_norm: bool) -> None:
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        ours[o + f"attn.{name}.weight"] = s[h + f"self_attn.{name}.weight"]
+    if bias:
+        for name in ("q_proj", "k_proj", "v_proj"):
+            ours[o + f"attn.{name}.bias"] = s[h + f"self_attn.{name}.bias"]
+    if qk_norm:
+        ours[o + "attn.q_norm.weight"] = s[h + "self_attn.q_norm.weight"]
+        ours[o + "attn.k_norm.weight"] = s[h + "self_attn.k_norm.weight"]
+
+
+def _mlp(s: dict[str, Tensor], h: str, o: str, ours: dict[str, Tensor]) -> None:
+    for a, b in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+        ours[o + f"ff.{b}.weight"] = s[h + f"mlp.{a}.weight"]
+
+
+def _build(config: Any, ours: dict[str, Tensor], where: Path, name: str) -> Any:
+    from models.families.gpt import GPT
+
+    model = GPT(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit {name}: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def _llama_like(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str, kind: str, name: str) -> Any:
+    """qwen2, qwen3 and mistral: LLaMA's tensor names, plus q/k/v biases (qwen2) or q/k norms (qwen3)."""
+    where = Path(where)
+    bias = kind == "qwen2" or bool(hf.get("attention_bias"))  # Qwen2 always; the others where the config says
+    qk_norm = kind == "qwen3"
+    config = _config(hf, where, kind, rope_base=_rope(hf, where), qkv_bias=bias, qk_norm=qk_norm,
+                     ff_act=_act(hf, where, {"silu": "silu"}))
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours = _common(s, config, state)
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm1.weight"] = s[h + "input_layernorm.weight"]
+        ours[o + "norm2.weight"] = s[h + "post_attention_layernorm.weight"]
+        _attention(s, h, o, ours, bias, qk_norm)
+        _mlp(s, h, o, ours)
+    return _build(config, ours, where, name)
+
+
+def qwen2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Qwen2 / Qwen2.5 causal LM (q/k/v biases)."""
+    return _llama_like(hf, state, where, "qwen2", "Qwen2")
+
+
+def qwen3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Qwen3 causal LM (per-head q/k RMSNorm, its own head_dim)."""
+    return _llama_like(hf, state, where, "qwen3", "Qwen3")
+
+
+def mistral_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Mistral causal LM (sliding-window attention on every layer)."""
+    return _llama_like(hf, state, where, "mistral", "Mistral")
+
+
+def phi3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Phi-3 causal LM: fused qkv_proj rows [q (H·d) | k (Hkv·d) | v (Hkv·d)] and gate_up_proj rows [gate | up]."""
+    where = Path(where)
+    config = _config(hf, where, "phi3", rope_base=_rope(hf, where), ff_act=_act(hf, where, {"silu": "silu"}))
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours = _common(s, config, state)
+    nq, nkv = config.n_heads * config.d_head, config.kv_heads * config.d_head
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm1.weight"] = s[h + "input_layernorm.weight"]
+        ours[o + "norm2.weight"] = s[h + "post_attention_layernorm.weight"]
+        qkv = s[h + "self_attn.qkv_proj.weight"]
+        ours[o + "attn.q_proj.weight"], ours[o + "attn.k_proj.weight"], ours[o + "attn.v_proj.weight"] = (
+            qkv[:nq], qkv[nq : nq + nkv], qkv[nq + nkv :])
+        ours[o + "attn.o_proj.weight"] = s[h + "self_attn.o_proj.weight"]
+        gate, up = s[h + "mlp.gate_up_proj.weight"].chunk(2, 0)
+        ours[o + "ff.gate.weight"], ours[o + "ff.up.weight"] = gate, up
+        ours[o + "ff.down.weight"] = s[h + "mlp.down_proj.weight"]
+    return _build(config, ours, where, "Phi-3")
+
+
+def mixtral_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Mixtral causal LM: per layer a router (``gate``) and ``num_local_experts`` SwiGLU experts, top-k routing."""
+    where = Path(where)
+    config = _config(hf, where, "mixtral", rope_base=_rope(hf, where), ff_act=_act(hf, where, {"silu": "silu"}),
+                     n_experts=int(hf["num_local_experts"]), experts_per_token=int(hf.get("num_experts_per_tok", 2)))
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours = _common(s, config, state)
+    f = config.ff_width
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm1.weight"] = s[h + "input_layernorm.weight"]
+        ours[o + "norm2.weight"] = s[h + "post_attention_layernorm.weight"]
+        _attention(s, h, o, ours, False, False)
+        hub = h + "block_sparse_moe."
+        moe = hub if hub + "gate.weight" in s else h + "mlp."
+        router = s.get(moe + "gate.weight", s.get(moe + "gate.router.weight"))
+        if router is None:
+            raise KeyError(moe + "gate.weight")
+        ours[o + "ff.router.weight"] = router
+        for e in range(config.n_experts):
+            x = o + f"ff.experts.{e}."
+            if moe + f"experts.{e}.w1.weight" in s:  # the Hub's layout: w1 gate, w3 up, w2 down
+                for a, b in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+                    ours[x + f"{b}.weight"] = s[moe + f"experts.{e}.{a}.weight"]
+            else:  # fused: gate_up_proj (E, 2F, D) rows [gate | up], down_proj (E, D, F)
+                gate_up = s[moe + "experts.gate_up_proj"][e]
+                ours[x + "gate.weight"], ours[x + "up.weight"] = gate_up[:f], gate_up[f:]
+                ours[x + "down.weight"] = s[moe + "experts.down_proj"][e]
+    return _build(config, ours, where, "Mixtral")
+
+
+def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """Gemma 3 text model (``Gemma3ForCausalLM``): see the module docstring for what differs from LLaMA."""
+    import math
+
+    where = Path(where)
+    if hf.get("use_bidirectional_attention"):
+        raise CheckpointError(where, "bidirectional Gemma 3 (an encoder) is not a causal language model")
+    if hf.get("attention_bias"):
+        raise CheckpointError(where, "attention biases are not supported for gemma3_text")
+    params = hf.get("rope_parameters") or {}
+    if isinstance(params.get("full_attention"), dict):  # transformers 5: one RoPE per layer type
+        glob = _rope(hf, where, "full_attention", 1_000_000.0)
+    else:  # transformers 4: rope_theta (global) and rope_local_base_freq
+        glob = _rope(hf, where, None, 1_000_000.0)
+    if isinstance(params.get("sliding_attention"), dict):
+        local = _rope({k: v for k, v in hf.items() if k != "rope_scaling"}, where, "sliding_attention", 10_000.0)
+    else:
+        local = float(hf.get("rope_local_base_freq") or 10_000.0)
+    config = _config(hf, where, "gemma3_text", tie=True, rope_base=glob, local_rope_base=local, qk_norm=True,
+                     embed_scale=math.sqrt(int(hf["hidden_size"])), sandwich_norm=True,
+                     attn_scale=float(hf.get("query_pre_attn_scalar") or 256) ** -0.5,
+                     final_softcap=float(hf.get("final_logit_softcapping") or 0.0),
+                     ff_act=_act(hf, where, {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}))
+    s = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in state.items()}
+
+    def plus_one(t: Tensor) -> Tensor:  # Gemma's RMSNorm computes x̂·(1 + w)
+        return t.float() + 1.0
+
+    ours = _common(s, config, state)
+    ours["norm.weight"] = plus_one(ours["norm.weight"])
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        for a, b in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
+                     ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_ff_norm")):
+            ours[o + f"{b}.weight"] = plus_one(s[h + f"{a}.weight"])
+        _attention(s, h, o, ours, False, True)
+        ours[o + "attn.q_norm.weight"] = plus_one(ours[o + "attn.q_norm.weight"])
+        ours[o + "attn.k_norm.weight"] = plus_one(ours[o + "attn.k_norm.weight"])
+        _mlp(s, h, o, ours)
+    return _build(config, ours, where, "Gemma 3")
+
