@@ -76,7 +76,11 @@ register(Family("translator", "models.families.translator", "Translator", "Trans
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
                 ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))
 register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",),
-                (("bert", "models.io.hf:bert_classifier_from_state"),),
+                (("bert", "models.io.hf:bert_classifier_from_state"),
+                 ("roberta", "models.io.hf_encoders:roberta_classifier_from_state"),
+                 ("distilbert", "models.io.hf_encoders:distilbert_classifier_from_state"),
+                 ("electra", "models.io.hf_encoders:electra_classifier_from_state"),
+                 ("albert", "models.io.hf_encoders:albert_classifier_from_state")),
                 tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
 register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state")),

@@ -54,6 +54,18 @@ class Stream:
             self.names.append(name)
             self.parts = torch.cat([self.parts, full[self.at][None]])
 
+    def projected(self, linear: nn.Linear) -> Stream:
+        """The stream through a Linear layer: each part by W, the bias into the constant part (linear exactly)."""
+        out = Stream.__new__(Stream)
+        out.at, out.names = self.at, list(self.names)
+        w = linear.weight.double()
+        out.total = self.total @ w.T
+        out.parts = self.parts @ w.T
+        if linear.bias is not None:
+            out.total = out.total + linear.bias.double()
+            out.parts[0] = out.parts[0] + linear.bias.double()
+        return out
+
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
@@ -94,6 +106,8 @@ def _start(p: Plan, at: Sequence[int]) -> Stream:
     for name, value in p.embed:
         if name == "__norm__":  # BERT's embedding LayerNorm
             stream = stream.normed(value)
+        elif name == "__linear__":  # factorised embeddings' projection E -> d (ALBERT, ELECTRA)
+            stream = stream.projected(value)
         else:
             stream.add(name, value)
     return stream

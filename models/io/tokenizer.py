@@ -177,7 +177,9 @@ class JsonTokenizer(Tokenizer):
 
     def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
         enc = self.tk.encode(text, add_special_tokens=False)
-        return list(enc.ids), list(enc.tokens)
+        # the vocabulary's piece of each id: a unigram model (ALBERT, DeBERTa-v3) reports an unknown character as
+        # itself in enc.tokens, while the model sees <unk>
+        return list(enc.ids), [self.id_to_piece(i) for i in enc.ids]
 
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
         """Exactly as transformers encodes it: the tokenizer's own normaliser and post-processor decide the
@@ -244,7 +246,7 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
         options = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         options = {}
-    if model_type == "bert" and (folder / "vocab.txt").is_file():
+    if model_type in ("bert", "distilbert", "electra") and (folder / "vocab.txt").is_file():  # all WordPiece
         lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
         vocab = {tok: i for i, tok in enumerate(t.rstrip("\r") for t in lines) if tok}
         names = {k: str(options.get(f"{k}_token", f"[{k.upper()}]")) for k in ("unk", "cls", "sep", "pad", "mask")}
@@ -272,5 +274,6 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
         if end in vocab:
             tk.add_special_tokens([end])
         return tk
-    wanted = {"bert": "vocab.txt", "gpt2": "vocab.json and merges.txt"}.get(model_type)
+    wanted = {"bert": "vocab.txt", "distilbert": "vocab.txt", "electra": "vocab.txt",
+              "gpt2": "vocab.json and merges.txt"}.get(model_type)
     raise FileNotFoundError("no tokenizer.json" + (f" (nor {wanted})" if wanted else ""))

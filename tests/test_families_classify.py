@@ -1,0 +1,84 @@
+"""Classify families read from Hugging Face folders (models/io/hf_encoders.py): RoBERTa, DistilBERT, ELECTRA and ALBERT
+as switches on models/families/bert.py. Each random-weight folder written by transformers loads through
+``models.load`` and equals transformers' ``*ForSequenceClassification``: the tokens its tokenizer gives, the class
+probabilities and every layer's attention within 1e-4; the score split sums to each score and reproduces the
+attention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import models
+from models.inspect.decompose import attention_scores, decompose_score
+from tests.families import LABELS, classifier_folder
+
+torch.set_num_threads(2)
+FAMILIES = ["roberta", "distilbert", "electra", "albert"]
+TEXTS = ["A warm, funny and beautifully acted film.", "the plot is thin and the jokes fall flat .",
+         "The striker scored twice!"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def folder(request, tmp_path_factory) -> tuple[str, Path, object, object]:
+    where = tmp_path_factory.mktemp(request.param)
+    hf, tok = classifier_folder(request.param, where)
+    return request.param, where, hf, tok
+
+
+def test_matches_transformers(folder) -> None:
+    family, where, hf, tok = folder
+    ours = models.load(str(where))
+    assert ours.config.family == family and ours.labels == list(LABELS)
+    for text in TEXTS:
+        result = ours.classify(text)
+        enc = tok(text, return_tensors="pt")
+        # the tokenizer's own specials (<s> </s> for RoBERTa, [CLS] [SEP] for the others), exactly
+        assert result.tokens == tok.convert_ids_to_tokens(enc["input_ids"][0].tolist()), family
+        with torch.no_grad():
+            ref = hf(**enc, output_attentions=True)
+        probs = torch.softmax(ref.logits[0], -1).numpy()
+        assert probs.max() - probs.min() > 0.2  # the scaled head: far from uniform, so a wrong head shows
+        np.testing.assert_allclose(result.probs, probs, atol=1e-4)
+        ref_attn = torch.stack(ref.attentions, 1)[0].numpy()
+        assert ref_attn.shape[0] == 3
+        np.testing.assert_allclose(result.attention["encoder"].weights, ref_attn, atol=1e-4)
+
+
+def test_batched_padding_equals_one_by_one(folder) -> None:
+    """Padding on the right (RoBERTa's positions counted from padding_idx + 1 included) changes no answer."""
+    _, where, _, _ = folder
+    ours = models.load(str(where))
+    alone = [ours.classify(t) for t in TEXTS]
+    together = ours.classify_many(TEXTS)
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(a.probs, b.probs, atol=1e-5)
+
+
+def test_score_split_sums_and_reproduces_attention(folder) -> None:
+    _, where, _, _ = folder
+    ours = models.load(str(where))
+    ids = ours.tokenizer.encode(TEXTS[0]).ids
+    weights = ours.classify(TEXTS[0]).attention["encoder"].weights
+    scores = attention_scores(ours, ids)
+    for layer in range(3):
+        for head, query, key in [(0, 0, 3), (3, 5, 1), (2, len(ids) - 1, 0)]:
+            d = decompose_score(ours, ids, layer, head, query, key)
+            assert abs(d.table.sum() - d.score) < 1e-4
+            np.testing.assert_allclose(d.softmax_row, weights[layer, head, query], atol=1e-4)
+            np.testing.assert_allclose(d.row, scores[layer, head, query], atol=1e-4)
+
+
+def test_albert_shares_one_layer(tmp_path: Path) -> None:
+    """ALBERT's passes run one module: the same parameters, so the model holds one layer's weights."""
+    classifier_folder("albert", tmp_path)
+    ours = models.load(str(tmp_path))
+    layers = ours.bert.layers
+    assert all(layer is layers[0] for layer in layers) and len(layers) == 3
+    own = sum(p.numel() for p in ours.parameters())
+    from transformers import AlbertForSequenceClassification
+
+    assert own == sum(p.numel() for p in AlbertForSequenceClassification.from_pretrained(tmp_path).parameters())
