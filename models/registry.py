@@ -72,6 +72,7 @@ def register(family: Family) -> Family:
 
 
 register(Family("translator", "models.families.translator", "Translator", "TranslatorConfig", ("Translator",),
+                (("marian", "models.io.hf_translators:marian_from_state"),),
                 tabs=("translate",), walk="translator", text=True))
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
                 ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))

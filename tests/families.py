@@ -10,6 +10,7 @@ from typing import Any
 from tests.tiny import SENTENCES, WORDS, train_sentencepiece
 
 LABELS = ("negative", "neutral", "positive")
+EOS_BIAS = 4.0
 SHAPE = dict(hidden_size=36, num_hidden_layers=3, num_attention_heads=4, intermediate_size=52)  # d_head 9
 
 
@@ -99,5 +100,52 @@ def classifier_folder(family: str, folder: Path) -> tuple[Any, Any]:
         head = next(m for name, m in reversed(list(model.named_modules()))
                     if isinstance(m, torch.nn.Linear))  # the last linear layer: the classifier
         head.weight.mul_(100.0 if family == "distilbert" else 30.0)  # ReLU halves what reaches it
+    model.save_pretrained(folder)
+    return model, tok
+
+
+def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[Any, Any]:
+    """A random ``MarianMTModel`` (swish, scaled embeddings, 3 encoder and 2 decoder layers, nine-wide heads) with a
+    MarianTokenizer over a tiny joint SentencePiece model (opus-mt's layout: ``</s>`` 0, ``<unk>`` 1, ``<pad>``
+    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix.
+    eos is made likely enough that searches finish before their limit. Returns (model, tokenizer)."""
+    import json
+
+    import sentencepiece as spm
+    import torch
+    import transformers as t
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sp_path = train_sentencepiece(folder / "spm", vocab=150)
+    sp = spm.SentencePieceProcessor(model_file=str(sp_path))
+    pieces = ["</s>", "<unk>", *[sp.id_to_piece(i) for i in range(4, sp.get_piece_size())], "<pad>"]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tok = t.MarianTokenizer(str(sp_path), str(sp_path), str(folder / "vocab.json"))
+    tok.save_pretrained(folder)
+    pad = vocab["<pad>"]
+    cfg = t.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=36, encoder_layers=3,
+                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=52,
+                         decoder_ffn_dim=52, activation_function="swish", scale_embedding=True,
+                         max_position_embeddings=64, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
+                         forced_eos_token_id=0, share_encoder_decoder_embeddings=shared, tie_word_embeddings=shared,
+                         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    model = t.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+        last = model.model.decoder.layers[-1].final_layer_norm  # peaked next-token distributions that depend on
+        last.weight.mul_(40.0)  # the decoder state (tiny tied embeddings would leave only the logits bias)
+        last.bias.mul_(40.0)
+        for layer in model.model.decoder.layers:  # the source matters: cross-attention writes strongly
+            layer.encoder_attn.out_proj.weight.mul_(25.0)
+            layer.encoder_attn.q_proj.weight.mul_(5.0)
+        model.final_logits_bias.normal_(0.0, 0.1)
+        model.final_logits_bias[0, 0] += EOS_BIAS  # eos: hypotheses end within the limit
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = beams
     model.save_pretrained(folder)
     return model, tok

@@ -10,7 +10,6 @@ name is checked anywhere. A new family with a walk adds one function here, named
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -164,7 +163,7 @@ def text_classifier(model: nn.Module, x: Tensor) -> Plan:
 
 def translator(model: nn.Module, x: Tensor) -> Plan:
     """Translator's encoder: token embeddings scaled by √d (Vaswani et al. 2017, §3.4) + position."""
-    tok = model.src_embed(x) * math.sqrt(model.config.d_model)
+    tok = model.src_embed(x) * model.embed_scale  # Marian without scale_embedding: 1
     pos = model.positions(torch.zeros_like(tok))
     return _encoder(model.encoder, [("token", tok[0].double()), ("position", pos[0].double())])
 
