@@ -38,9 +38,14 @@ class Configured:
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
-# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/io/hub.py).
-DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
-                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M")}
+# Offered in their tabs without configuration; fetched from the Hub on first use (models/io/hub.py). Each repository
+# publishes model.safetensors (README "Your own models" says which, and what is uncertain).
+DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, revision in (
+    ("generate", "openai-community/gpt2", None), ("generate", "HuggingFaceTB/SmolLM2-135M", None),
+    # Marian, a real English -> German translator; its safetensors file is on the Hub's conversion branch refs/pr/4
+    ("translate", "Helsinki-NLP/opus-mt-en-de", "refs/pr/4"),
+    ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
+)}
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
 def configure(entries: list[str]) -> None:
@@ -93,6 +98,16 @@ def _problem(kind: str | None, problem: str) -> None:
 def configured(kind: str) -> list[str]:
     """The configured model names shown in one tab."""
     return [name for name, c in CONFIGURED.items() if c.kind == kind]
+
+
+def downloadable(kind: str) -> list[str]:
+    """The Hub models one tab offers without configuration (fetched on first use)."""
+    return [name for name, c in DOWNLOADABLE.items() if c.kind == kind]
+
+
+def offered(kind: str) -> list[str]:
+    """What a tab offers besides its shipped checkpoints: its Hub models, then the configured ones."""
+    return [*downloadable(kind), *configured(kind)]
 
 
 def configuration_notice(kind: str) -> str:
@@ -149,7 +164,7 @@ def decoder_models() -> list[str]:
     """The Generate tab's models: gpt-tiny first (even when it is missing: its notice says so), the other decoder
     checkpoints under CHECKPOINTS, the downloadable and the configured ones."""
     found = _decoder_checkpoints(CHECKPOINTS)
-    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *DOWNLOADABLE, *configured("generate")]
+    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *offered("generate")]
 
 
 @cache

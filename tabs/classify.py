@@ -10,7 +10,7 @@ import numpy as np
 
 from examples import sentences
 from serving.batcher import batch_events, heavy
-from serving.catalogue import checkpoint_labels, configured
+from serving.catalogue import checkpoint_labels, offered
 from serving.store import batched
 from tabs import why
 from tabs.common import (
@@ -71,7 +71,7 @@ def build() -> Permalink:
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             task = gr.Radio(list(TASKS), value="SST-2 sentiment", label="task")
-            model = gr.Radio([*TEXT_MODELS, *configured("classify")], value="trained from scratch", label="model")
+            model = gr.Radio([*TEXT_MODELS, *offered("classify")], value="trained from scratch", label="model")
             run = gr.Button("Classify", variant="primary")
     gr.Examples([[s, "SST-2 sentiment"] for s in sentences.SENTIMENT]
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])
@@ -112,7 +112,7 @@ def build() -> Permalink:
         control.change(target_update, [task, model, target], [target], api_name=False, show_progress="hidden")
     chain(target.input, steps)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
-                      "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *configured("classify"))),
+                      "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
 
 
@@ -162,7 +162,7 @@ def checkpoint_name(task: str, model: str) -> str:
     """The checkpoint behind the two choices: a configured model by its name (its own labels: the task is
     ignored), else the task's checkpoint of the chosen family; anything unknown (the API takes any string)
     falls back to the first choice, so no input ever becomes part of a path."""
-    if model in configured("classify"):
+    if model in offered("classify"):  # configured, or a Hub model offered for download on first use
         return model
     return TEXT_MODELS.get(model, "") + TASKS.get(task, "sst2")
 

@@ -9,12 +9,14 @@ import gradio as gr
 from examples import sentences
 from models.outputs import AttentionMap
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
+from serving.catalogue import offered
 from serving.store import batched
 from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
+    Error,
     attention_figure,
     controls_for,
     get_model,
@@ -35,7 +37,11 @@ INTRO = """**English → German with an encoder–decoder Transformer trained by
 The *encoder* attends over the English sentence, the *decoder* over the German words produced so far
 (causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it
 was produced from; in the last layers it often traces a rough word alignment. A head that attends to the
-previous token draws a diagonal just below the main one."""
+previous token draws a diagonal just below the main one.
+
+**A real translator** can be picked as the model: `Helsinki-NLP/opus-mt-en-de` (Marian, trained on OPUS by the
+University of Helsinki, downloaded from the Hugging Face Hub on first use) or a Marian folder the server is configured
+with; every view below works for it as for the project's own."""
 KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention (causal)",
          "cross": "Cross-attention (target → source)"}
 MAX_BEAM = 8
@@ -48,6 +54,7 @@ def build() -> Permalink:
                           max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             beam = gr.Slider(1, MAX_BEAM, value=5, step=1, label="beam size (1 = greedy)")
+            model = gr.Dropdown(translator_models(), value=MODEL, label="model")
             run = gr.Button("Translate", variant="primary")
     gr.Examples([[s] for s in sentences.TRANSLATE], [text])
     out = gr.Textbox(label="German translation", interactive=False)
@@ -66,11 +73,11 @@ def build() -> Permalink:
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, beam, kind, layer, head, view]
+    inputs = [text, beam, kind, layer, head, view, model]  # model last: API callers' positions stay
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
-             (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"})]
+             (why_controls_for, [text, model], [source, *why_controls], {"show_progress": "hidden"})]
     if GRADIO_BATCH:  # the measured alternative to the model store's batcher (docs/ARCHITECTURE.md §9)
         steps[0] = (translate_gradio_batch, inputs, outputs,
                     {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})
@@ -79,7 +86,7 @@ def build() -> Permalink:
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
-    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view}, steps,
+    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view, "model": model}, steps,
                      after={"layer": layer, "head": head}, state=state, limits=link_limits)
 
 
@@ -89,15 +96,30 @@ def link_limits(result) -> dict:
     return {"layer": range(cross.layers), "head": head_choices(cross.heads)}
 
 
+def translator_models() -> list[str]:
+    """The Translate tab's models: the project's own, then the Hub's and the configured translators."""
+    return [MODEL, *offered("translate")]
+
+
+def _model(name: str | None, progress=None):
+    """The translator behind a name the tab offers (an unknown name is refused by name, never guessed)."""
+    name = MODEL if name in (None, "") else name
+    choices = translator_models()
+    if name not in choices:
+        raise Error(f"Unknown model {str(name)[:80]!r}; choose one of {', '.join(choices)}.")
+    report = None if progress is None else (lambda done, what: progress(done, desc=what))
+    return name, get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
+
+
 def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0, head: str = "mean",
-              view: str = "heatmap"):
+              view: str = "heatmap", model_name: str = MODEL, progress=gr.Progress()):
     """Translate English to German; return the translation and every attention figure."""
     text = read_text(text)
-    model = get_model(MODEL)
+    name, model = _model(model_name, progress)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
     # with the requests arriving now; each one's figures are drawn in the batch's thread (serving.store.batched)
-    out = batched(MODEL, "translate", translate_batch, model, (text, beam),
+    out = batched(name, "translate", translate_batch, model, (text, beam),
                   finish=lambda result: _translated(model, text, beam, split_notice, result, kind, head, view))
     if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)
         with heavy():
@@ -129,11 +151,13 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
 
 
 def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str], layers: list[int], heads: list[str],
-                           views: list[str]):
+                           views: list[str], names: list[str] | None = None):
     """The measured alternative (ATLAS_BATCH=gradio, docs/ARCHITECTURE.md §9): Gradio's ``batch=True`` hands the
     queued requests over as lists; one batched search, then every request's figures in this one thread. A request
     that fails fails the whole batch (a batch function returns no per-request errors)."""
-    model = get_model(MODEL)
+    if len(set(names or [MODEL])) > 1:  # one batch runs one model
+        raise Error("A batch mixes translators; ATLAS_BATCH=gradio serves one model per batch.")
+    _, model = _model((names or [MODEL])[0])
     prepared = []
     for text, beam_size in zip(texts, beams):
         beam = max(1, min(int(beam_size), MAX_BEAM))
@@ -184,18 +208,21 @@ def compare_view(result) -> dict:
             "what": "cross-attention received", "unit": "attention"}
 
 
-def sequence(source: str) -> tuple[str, list[int], list[str]]:
-    """What the "why" section splits: the English sentence as the encoder read it."""
-    ids, tokens, _ = why.encode(get_model(MODEL), source)
-    return MODEL, ids, tokens
+def sequence(source: tuple[str, str] | str) -> tuple[str, list[int], list[str]]:
+    """What the "why" section splits: the English sentence as the chosen translator's encoder read it."""
+    text, name = source if isinstance(source, (tuple, list)) else (source, MODEL)
+    name, net = _model(name)
+    ids, tokens, _ = why.encode(net, text)
+    return name, ids, tokens
 
 
-def why_controls_for(text: str):
-    """Keep the source for the "why" section; its sliders follow the encoder (last layer, last token)."""
-    net = get_model(MODEL)
+def why_controls_for(text: str, model_name: str = MODEL):
+    """Keep the source (and the translator) for the "why" section; its sliders follow the encoder (last layer, last
+    token)."""
+    name, net = _model(model_name)
     ids, _, _ = why.encode(net, read_text(text))
     c = net.config
-    return (read_text(text), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
+    return ((read_text(text), name), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
 
 
 def draw_translation(result, kind: str, layer: int, head: str, view: str):

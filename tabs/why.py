@@ -217,7 +217,8 @@ def _model_for(name: str):
     """A text model by name: any decoder of Generate, any classifier checkpoint or the translator."""
     from tabs import classify, generate, translate
 
-    names = [*generate.decoder_models(), *classify.CHECKPOINTS, *classify.configured("classify"), translate.MODEL]
+    names = [*generate.decoder_models(), *classify.CHECKPOINTS, *classify.offered("classify"),
+             *translate.translator_models()]
     if name not in names:
         raise Error(f"Unknown model {name!r}; choose one of {', '.join(names)}.")
     return get_model(name)

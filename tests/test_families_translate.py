@@ -61,3 +61,13 @@ def test_attention_equals_transformers(marian) -> None:
         want = torch.stack(theirs, 1)[0].numpy()
         assert got.attention[kind].weights.shape == want.shape
         np.testing.assert_allclose(got.attention[kind].weights, want, atol=1e-4)
+
+
+def test_translate_tab_refuses_an_unknown_model_by_name() -> None:
+    """The function behind /translate names an unknown model and the choices, whatever called it."""
+    from tabs import translate
+    from tabs.common import Error
+
+    assert translate.translator_models()[:2] == ["translator-en-de", "Helsinki-NLP/opus-mt-en-de"]
+    with pytest.raises(Error, match="no-such-model.*translator-en-de"):
+        translate._model("no-such-model")
