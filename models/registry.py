@@ -83,6 +83,9 @@ register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", 
                  ("electra", "models.io.hf_encoders:electra_classifier_from_state"),
                  ("albert", "models.io.hf_encoders:albert_classifier_from_state")),
                 tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
+register(Family("deberta", "models.families.deberta", "DebertaClassifier", "DebertaConfig", ("DebertaClassifier",),
+                (("deberta-v2", "models.io.hf_encoders:deberta_v2_classifier_from_state"),),
+                tabs=("classify",), methods=ALL_METHODS, text=True))  # its own "why": the three-term split
 register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state")),
                 tabs=("generate",), walk="gpt", text=True))

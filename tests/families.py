@@ -99,7 +99,7 @@ def classifier_folder(family: str, folder: Path) -> tuple[Any, Any]:
                 p.add_(torch.randn_like(p) * 0.2)
         head = next(m for name, m in reversed(list(model.named_modules()))
                     if isinstance(m, torch.nn.Linear))  # the last linear layer: the classifier
-        head.weight.mul_(100.0 if family == "distilbert" else 30.0)  # ReLU halves what reaches it
+        head.weight.mul_(100.0 if family in ("distilbert", "deberta-v2") else 30.0)  # ReLU, GELU damp it
     model.save_pretrained(folder)
     return model, tok
 

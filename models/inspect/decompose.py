@@ -258,4 +258,10 @@ def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int,
 @torch.no_grad()
 def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     """Every layer's pre-softmax scores (layers, heads, T, T), float32, masked cells −inf."""
+    from models import registry
+
+    if registry.is_family(model, "deberta"):  # disentangled attention: its own three-term scores (no walk)
+        from models.families.deberta import pre_softmax_scores
+
+        return pre_softmax_scores(model, ids).float().cpu().numpy()
     return np.stack([scores.float().cpu().numpy() for _, _, _, scores, _ in _walk(plan(model, ids), [])])

@@ -40,11 +40,11 @@ def _check_head(hf: dict[str, Any], where: Path, architecture: str) -> None:
         raise CheckpointError(where, f"problem_type {hf['problem_type']!r} is not supported (single-label)")
 
 
-def _build(config: Any, ours: dict[str, Tensor], where: Path, labels: list[str]) -> Any:
-    """A BertClassifier from our state dict; every parameter must be found and have its shape."""
+def _build(config: Any, ours: dict[str, Tensor], where: Path, labels: list[str], cls: type | None = None) -> Any:
+    """A BertClassifier (or ``cls``) from our state dict; every parameter must be found and have its shape."""
     from models.families.bert import BertClassifier
 
-    model = BertClassifier(config)
+    model = (cls or BertClassifier)(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(ours))
     if missing:
@@ -185,3 +185,60 @@ def albert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
                  "pooler.weight": s["pooler.weight"], "pooler.bias": s["pooler.bias"],
                  "head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]})
     return _build(config, ours, where, labels)
+
+
+def deberta_v2_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
+                                     where: Path | str = "config.json") -> Any:
+    """``DebertaV2ForSequenceClassification`` (DeBERTa-v2 and v3) -> ``models.families.deberta.DebertaClassifier``:
+    relative attention with log buckets and shared projections (share_att_key) only, as the published models."""
+    from models.families.deberta import DebertaClassifier, DebertaConfig
+    from models.limits import MAX_TOKENS_MINILM
+
+    where = Path(where)
+    _check_head(hf, where, "DebertaV2ForSequenceClassification")
+    kinds = hf.get("pos_att_type") or []
+    kinds = [k.strip() for k in kinds.split("|")] if isinstance(kinds, str) else list(kinds)
+    d = int(hf["hidden_size"])
+    if not hf.get("relative_attention", False) or not hf.get("share_att_key", False) or set(kinds) - {"c2p", "p2c"}:
+        raise CheckpointError(where, "only DeBERTa's relative attention with shared keys (share_att_key) and "
+                                     "c2p / p2c terms is supported")
+    head_size = int(hf.get("attention_head_size") or d // int(hf["num_attention_heads"]))
+    if int(hf.get("conv_kernel_size", 0) or 0) or int(hf.get("embedding_size") or d) != d or \
+            int(hf.get("pooler_hidden_size") or d) != d or head_size * int(hf["num_attention_heads"]) != d:
+        raise CheckpointError(where, "a convolution layer, a projected embedding or a resized pooler or head is not "
+                                     "supported")
+    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("pooler_hidden_act", "gelu") != "gelu":
+        raise CheckpointError(where, "only GELU activations are supported")
+    n, labels = _labels(hf)
+    positions = int(hf["max_position_embeddings"])
+    max_rel = int(hf.get("max_relative_positions", -1))
+    config = DebertaConfig(
+        vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]),
+        n_heads=int(hf["num_attention_heads"]), d_ff=int(hf["intermediate_size"]), max_positions=positions,
+        type_vocab_size=int(hf.get("type_vocab_size", 0)), layer_norm_eps=float(hf.get("layer_norm_eps", 1e-7)),
+        dropout=0.0, attention_dropout=0.0, n_classes=n, pooling="pooler", pad_id=int(hf.get("pad_token_id") or 0),
+        max_len=min(MAX_TOKENS_MINILM, positions), origin=f"Hugging Face folder {where.parent.name}",
+        position_biased_input=bool(hf.get("position_biased_input", True)),
+        position_buckets=int(hf.get("position_buckets", -1)),
+        max_relative_positions=max_rel if max_rel >= 1 else positions, c2p="c2p" in kinds, p2c="p2c" in kinds,
+        norm_rel_ebd="layer_norm" in str(hf.get("norm_rel_ebd", "none")))
+    s = _strip(state, "deberta.")
+    names = ("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj",
+             "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
+             "output.LayerNorm")
+    ours = {f"bert.layers.{i}.{_mine(o)}.{kind}": s[f"encoder.layer.{i}.{t}.{kind}"]
+            for i in range(config.n_layers) for t, o in zip(names, _LAYER) for kind in ("weight", "bias")}
+    ours.update({"bert.embeddings.word.weight": s["embeddings.word_embeddings.weight"],
+                 "bert.embeddings.norm.weight": s["embeddings.LayerNorm.weight"],
+                 "bert.embeddings.norm.bias": s["embeddings.LayerNorm.bias"],
+                 "bert.rel_embeddings.weight": s["encoder.rel_embeddings.weight"],
+                 "pooler.weight": s["pooler.dense.weight"], "pooler.bias": s["pooler.dense.bias"],
+                 "head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]})
+    if config.position_biased_input:
+        ours["bert.embeddings.position.weight"] = s["embeddings.position_embeddings.weight"]
+    if config.type_vocab_size > 0:
+        ours["bert.embeddings.token_type.weight"] = s["embeddings.token_type_embeddings.weight"]
+    if config.norm_rel_ebd:
+        ours["bert.rel_norm.weight"], ours["bert.rel_norm.bias"] = s["encoder.LayerNorm.weight"], \
+            s["encoder.LayerNorm.bias"]
+    return _build(config, ours, where, labels, DebertaClassifier)
