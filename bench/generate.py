@@ -3,7 +3,8 @@
 GPT-2 small's shape (12 layers, 12 heads, d=768, 50,257 tokens, 124 M parameters), random weights rounded
 to fp16 and given to both sides, a 20-token prompt, exactly 30 new tokens, greedy, attention kept for every
 step:
-- ours: ``models.decoding.fastgen.generate`` (the serving path: attention weights computed while decoding, a preallocated
+- ours: ``models.decoding.fastgen.generate`` (the serving path: attention weights computed while decoding, a
+  preallocated
   KV cache, no second pass), on the model with its large linear layers fp16-packed as the app's model store packs
   them (``models.decoding.packed``); ``GPT.generate``, the readable version it reproduces (KV cache with the fused
   kernel, then one explicit pass over every token), is timed beside it as ``plain``;
@@ -64,7 +65,8 @@ def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every block's parameters and the final norm and output projection,
-    fp16-packed matrices at 2 bytes a weight (models.decoding.packed), the rest as stored; of the embeddings one row each."""
+    fp16-packed matrices at 2 bytes a weight (models.decoding.packed), the rest as stored; of the embeddings one row
+    each."""
     from models.decoding.packed import PackedLinear
 
     total = 0

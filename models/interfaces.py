@@ -1,7 +1,8 @@
 """What a model must provide to appear in a tab, written as ``typing.Protocol`` classes (docs/ARCHITECTURE.md §7).
 
 ``Decoder``: the decoder-only language models of the Generate tab (its generation, replay, ablation, logit lens and
-head roles, and the lessons over it). ``models.families.gpt.GPT`` is one, and so is every Hugging Face GPT-2 or LLaMA-family
+head roles, and the lessons over it). ``models.families.gpt.GPT`` is one, and so is every Hugging Face GPT-2 or
+LLaMA-family
 folder, which ``models/io/hf.py`` reads into it; a new decoder family either maps its weights into ``GPT`` or implements
 this interface. tests/test_interfaces.py checks that ``GPT`` satisfies it method by method, parameters included.
 """

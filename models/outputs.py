@@ -98,7 +98,7 @@ class ImageResult:
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
     temperature: float = 1.0  # probs = softmax(logits / temperature); 1 for a model without calibration
-    unusual: str = ""  # the out-of-distribution notice (models/inspect/calibration.py), empty when the input looks usual
+    unusual: str = ""  # the out-of-distribution notice (models/inspect/calibration.py), empty if the input looks usual
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
 
     def patch_at(self, y: float, x: float) -> tuple[int, int]:

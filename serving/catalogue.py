@@ -24,6 +24,10 @@ GPT_TINY = "gpt-tiny"  # the decoder the project trains and ships: the Generate 
 IMAGENET = {"ViT-B/16 (ImageNet)": "vit_b_16", "Swin-T (ImageNet)": "swin_t"}  # shown name -> torchvision's
 IMAGENET_NAMES = tuple(IMAGENET.values())
 IMAGENET_FAMILY = {"vit_b_16": "vit", "swin_t": "swin"}  # torchvision's name -> models.registry family
+# The checkpoints the project ships, by the tab built around them (offered even when missing: the tab's notice then
+# says how to restore or rebuild them). Generate also offers every other decoder checkpoint found (decoder_models).
+SHIPPED = {"translate": ("translator-en-de",), "classify": ("sst2", "agnews", "minilm-sst2", "minilm-agnews"),
+           "generate": (GPT_TINY,), "vision": ("vit-fashion", "swin-fashion")}
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,21 @@ def checkpoint_status(*names: str) -> str:
         return ""
     return ("**Not available:** " + ", ".join(f"`checkpoints/{n}` is missing (rebuild: {rebuild_hint(n)})"
                                              for n in missing) + ". Everything else keeps working.")
+
+
+def names(tab: str) -> list[str]:
+    """Every model name a tab offers, in its order: the shipped checkpoints, then (Vision) the ImageNet models by
+    their shown names, (Generate) the other decoder checkpoints and the downloadable ones, then the configured."""
+    if tab == "generate":
+        return decoder_models()
+    extra = list(IMAGENET) if tab == "vision" else []
+    return [*SHIPPED.get(tab, ()), *extra, *configured(tab)]
+
+
+def text_models() -> list[str]:
+    """The names the text tabs' shared sections (why, patching) accept: every model of Generate, Classify and
+    Translate."""
+    return [name for tab in ("generate", "classify", "translate") for name in names(tab)]
 
 
 def decoder_models() -> list[str]:

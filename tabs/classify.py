@@ -9,6 +9,7 @@ import gradio as gr
 import numpy as np
 
 from examples import sentences
+from serving import catalogue
 from serving.batcher import batch_events, heavy
 from serving.catalogue import checkpoint_labels, offered
 from serving.store import batched
@@ -18,6 +19,7 @@ from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
     VIEWS,
+    Error,
     attention_figure,
     attribute,
     completeness,
@@ -26,11 +28,14 @@ from tabs.common import (
     fit,
     get_model,
     head_choices,
+    head_index,
+    index,
     intro,
     layer_head_view,
     method_id,
     parse_head,
     read_text,
+    run_layer,
     save_npz,
     stats_figure,
     target_index,
@@ -57,7 +62,7 @@ the residual stream) from a clean into a corrupted sentence and measures how muc
 it shows where the difference between the two sentences is carried, not what the head does elsewhere."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
-CHECKPOINTS = tuple(prefix + task for prefix in TEXT_MODELS.values() for task in TASKS.values())
+CHECKPOINTS = catalogue.SHIPPED["classify"]  # each is TEXT_MODELS[model] + TASKS[task] (checkpoint_name)
 ENCODER = "Encoder self-attention"
 # [clean, corrupted]: one word swapped, the same number of tokens for every model of the task
 PATCH_EXAMPLES = [["a warm , funny and beautifully acted film", "a cold , dull and badly acted film"],
@@ -95,7 +100,7 @@ def build() -> Permalink:
     stats = gr.Plot(label="where each head looks")
     why.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, task, model, layer, head, view, explanation, target]
+    inputs = [text, task, model, run_layer(), head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
@@ -160,11 +165,16 @@ def target_update(task: str, model: str, target: str):
 
 def checkpoint_name(task: str, model: str) -> str:
     """The checkpoint behind the two choices: a configured model by its name (its own labels: the task is
-    ignored), else the task's checkpoint of the chosen family; anything unknown (the API takes any string)
-    falls back to the first choice, so no input ever becomes part of a path."""
+    ignored), else the task's checkpoint of the chosen family. An unknown model or task (the API, a link or a caller
+    may pass any string) is refused by name, so no input ever becomes part of a path or another model's answer."""
     if model in offered("classify"):  # configured, or a Hub model offered for download on first use
         return model
-    return TEXT_MODELS.get(model, "") + TASKS.get(task, "sst2")
+    if model not in TEXT_MODELS:
+        known = ", ".join([*TEXT_MODELS, *offered("classify")])
+        raise Error(f"Unknown model {str(model)[:60]!r}; choose one of {known}.")
+    if task not in TASKS:
+        raise Error(f"Unknown task {str(task)[:60]!r}; choose one of {', '.join(TASKS)}.")
+    return TEXT_MODELS[model] + TASKS[task]
 
 
 def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained from scratch", layer: int = -1,
@@ -176,7 +186,7 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
     method = method_id(explanation)
     name = checkpoint_name(task, model)  # a configured model's own labels replace the task's
     net = get_model(name, lambda done, what: progress(done, desc=what))  # a Hub model is fetched once
-    finish = partial(_classified, net, name, text, method, target, head, view, progress)
+    finish = partial(_classified, net, name, text, method, target, layer, head, view, progress)
     if method in CHEAP:  # drawn in the batch's thread (serving.store.batched), with the requests arriving now
         return batched(name, "classify", classify_batch, net, text, finish=finish)
     result = batched(name, "classify", classify_batch, net, text)
@@ -184,10 +194,13 @@ def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained fro
         return finish(result)
 
 
-def _classified(net, name: str, text: str, method: str, target: str, head: str, view: str, progress, result):
-    """classify's outputs for one result: the verdict, the explanation, the figures and the download."""
+def _classified(net, name: str, text: str, method: str, target: str, layer: int | None, head: str, view: str,
+                progress, result):
+    """classify's outputs for one result: the verdict, the explanation, the figures (at ``layer``, −1: the last)
+    and the download."""
     amap = result.attention["encoder"]
-    layer_u, head_u = controls_for(amap.layers, amap.heads)
+    layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
+    layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
     top = int(np.argmax(result.probs))
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"
     if result.notice:
@@ -203,7 +216,7 @@ def _classified(net, name: str, text: str, method: str, target: str, head: str, 
                    attribution=attribution.values.astype(np.float32), attribution_method=method,
                    attribution_target=attribution.label)
     return (verdict, fit(vi.topk_bars(result.labels, result.probs, k=len(result.labels), title="Class probabilities")),
-            colouring(attribution), *draw_attention(state, amap.layers - 1, head, view), state, npz, layer_u, head_u)
+            colouring(attribution), *draw_attention(state, layer, head, view), state, npz, layer_u, head_u)
 
 
 CHEAP = ("attention", "rollout")  # explanations read from the kept attention (no model run)

@@ -84,10 +84,44 @@ def head_choices(heads: int) -> list[str]:
     return HEADS_DEFAULT + [str(h) for h in range(heads)]
 
 
-def controls_for(layers: int, heads: int) -> tuple[dict, dict]:
-    """Updates for the layer slider (set to the last layer) and the head choices, after a model run."""
-    return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=layers - 1, interactive=layers > 1),
+def controls_for(layers: int, heads: int, layer: int | None = None) -> tuple[dict, dict]:
+    """Updates for the layer slider (set to ``layer``, the drawn one; the last by default) and the head choices,
+    after a model run."""
+    value = layers - 1 if layer is None else layer
+    return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=value, interactive=layers > 1),
             gr.update(choices=head_choices(heads)))
+
+
+def run_layer() -> gr.Number:
+    """The layer a run draws, as the main action's input: hidden on the page, where a run draws the last layer
+    (−1) and the slider follows; the API's ``layer`` (0 = first, −1 = last) is checked by ``index``."""
+    return gr.Number(-1, visible=False, precision=0, label="layer")
+
+
+def index(value: Any, n: int, name: str, default: int | None = None) -> int:
+    """The one check of a layer, head or token position from the UI, the API or a link: empty is ``default`` (the
+    last when None), −k counts from the end, anything outside 0 … n − 1 or not a whole number is refused in words."""
+    if value is None or value == "":
+        return n - 1 if default is None else default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Error(f"The {name} must be a whole number, got {str(value)[:40]!r}.") from None
+    if not number.is_integer():
+        raise Error(f"The {name} must be a whole number, got {str(value)[:40]}.")
+    i = int(number)
+    if -n <= i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise Error(f"The {name} {int(number)} is outside 0 … {n - 1} (there are {n}).")
+    return i
+
+
+def head_index(value: Any, heads: int) -> str | int:
+    """A head from the UI or the API: a fusion ("mean", "max"; empty is "mean") or an index checked by ``index``."""
+    if value is None or value == "" or value in HEADS_DEFAULT:
+        return value or "mean"
+    return index(value, heads, "head")
 
 
 # ------------------------------------------------------------------------------------------- handlers

@@ -22,11 +22,14 @@ from tabs.common import (
     controls_for,
     get_model,
     head_choices,
+    head_index,
+    index,
     intro,
     layer_head_view,
     parse_head,
     read_seed,
     read_text,
+    run_layer,
     save_npz,
     seed_box,
 )
@@ -149,7 +152,8 @@ def build() -> Permalink:
                               scale=1)
 
     # the State last: not an API parameter (Gradio fills it), so API clients see the same inputs
-    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer, head, view, pooling, state]
+    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, run_layer(), head, view, pooling,
+              state]
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
@@ -242,8 +246,8 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     # requests for this model arriving meanwhile (models/decoding/lockstep.py)
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
-                     seed=seed, head=head, view=view, pooling=pooling)
-    if not long_input:  # drawn in the batch's thread (tabs/store.batched)
+                     seed=seed, layer=layer, head=head, view=view, pooling=pooling)
+    if not long_input:  # drawn in the batch's thread (serving.store.batched)
         return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
     with batcher.heavy():
         return finish(fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
@@ -251,19 +255,20 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
 
 
 def generate_batch(net, requests: list) -> list:
-    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each answer
-    equals that request's own ``generate``, a refused request's answer is its exception."""
+    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each
+    answer equals that request's own ``generate``, a refused request's answer is its exception."""
     from models.decoding.lockstep import generate_many
 
     return generate_many(net, requests)
 
 
 def _answer(net, model: str | None, result, *, strategy: str, temperature: float, top_k: int, top_p: float,
-            seed: int, head: str, view: str, pooling: str):
-    """Generate's outputs for one result."""
+            seed: int, layer: int | None, head: str, view: str, pooling: str):
+    """Generate's outputs for one result, its attention drawn at ``layer`` (−1: the last)."""
     amap = result.attention["decoder"]
     long = len(result.tokens) > limits.LONG_TOKENS
-    layer_u, head_u = controls_for(amap.layers, amap.heads)
+    layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
+    layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
     n_steps = len(result.steps)
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
@@ -276,7 +281,7 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
                                 f"seed {seed})" if strategy == "sample" else "")
     notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
                                   long_notice(result, pooling) if long else "") if x)
-    html, cand, attn = draw_generation(kept, 0, amap.layers - 1, head, view, pooling)
+    html, cand, attn = draw_generation(kept, 0, layer, head, view, pooling)
     lens_fig = None if long else lens_figure(kept, net)
     return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
             ablate_head_u)
@@ -364,12 +369,12 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
-    first_q, last_q = _position(q_first, 0, t, "first query"), _position(q_last, t - 1, t, "last query")
-    first_k, last_k = _position(k_first, 0, t, "first key"), _position(k_last, t - 1, t, "last key")
+    first_q, last_q = index(q_first, t, "first query", default=0), index(q_last, t, "last query")
+    first_k, last_k = index(k_first, t, "first key", default=0), index(k_last, t, "last key")
     if first_q > last_q or first_k > last_k:
         raise Error(f"Empty block: queries {first_q} … {last_q}, keys {first_k} … {last_k}; each range goes from a "
                     "smaller position to a larger one.")
-    layer = min(max(int(_position(layer, amap.layers - 1, amap.layers, "layer")), 0), amap.layers - 1)
+    layer = index(layer, amap.layers, "layer")
     h = parse_head(head)
     if isinstance(h, str) and h not in ("mean", "max"):
         raise Error(f"Unknown head {str(head)[:40]!r}; choose mean, max or 0 … {amap.heads - 1}.")
@@ -378,25 +383,6 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     return va.attention_zoom(amap.weights, amap.queries, amap.keys, rows=(first_q, last_q + 1),
                              cols=(first_k, last_k + 1), layer=layer, head=h, kind="Decoder self-attention",
                              pool=pooling)
-
-
-def _position(value, default: int, n: int, name: str) -> int:
-    """A token position (or layer) from the UI or the API: empty is ``default``, −1 counts from the end, anything
-    outside 0 … n − 1 or not a whole number is refused in words."""
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise Error(f"The {name} must be a whole number, got {str(value)[:40]!r}.") from None
-    if not number.is_integer():
-        raise Error(f"The {name} must be a whole number, got {str(value)[:40]}.")
-    i = int(number)
-    if -n <= i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise Error(f"The {name} {int(number)} is outside 0 … {n - 1} (this input has {n} positions).")
-    return i
 
 
 def ending(result, eos: str, settings: str) -> str:

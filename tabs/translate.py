@@ -8,6 +8,7 @@ import gradio as gr
 
 from examples import sentences
 from models.outputs import AttentionMap
+from serving import catalogue
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
 from serving.catalogue import offered
 from serving.store import batched
@@ -21,10 +22,13 @@ from tabs.common import (
     controls_for,
     get_model,
     head_choices,
+    head_index,
+    index,
     intro,
     layer_head_view,
     parse_head,
     read_text,
+    run_layer,
     save_npz,
     stats_figure,
 )
@@ -32,7 +36,7 @@ from tabs.permalink import Permalink, chain
 from viz import text as vt
 
 TITLE = "Translate"
-MODEL = "translator-en-de"
+MODEL = catalogue.SHIPPED["translate"][0]
 INTRO = """**English → German with an encoder–decoder Transformer trained by the project on Multi30k.**
 The *encoder* attends over the English sentence, the *decoder* over the German words produced so far
 (causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it
@@ -73,7 +77,7 @@ def build() -> Permalink:
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, beam, kind, layer, head, view, model]  # model last: API callers' positions stay
+    inputs = [text, beam, kind, run_layer(), head, view, model]  # model last: API callers' positions stay
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
@@ -111,7 +115,7 @@ def _model(name: str | None, progress=None):
     return name, get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 
 
-def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0, head: str = "mean",
+def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = -1, head: str = "mean",
               view: str = "heatmap", model_name: str = MODEL, progress=gr.Progress()):
     """Translate English to German; return the translation and every attention figure."""
     text = read_text(text)
@@ -120,7 +124,7 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = 0
     text, rest, split_notice = split_long(model, text)
     # with the requests arriving now; each one's figures are drawn in the batch's thread (serving.store.batched)
     out = batched(name, "translate", translate_batch, model, (text, beam),
-                  finish=lambda result: _translated(model, text, beam, split_notice, result, kind, head, view))
+                  finish=lambda result: _translated(model, text, beam, split_notice, result, kind, layer, head, view))
     if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)
         with heavy():
             return with_rest(model, out, rest, beam)
@@ -132,10 +136,13 @@ def with_rest(model, out: tuple, rest: list[str], beam: int) -> tuple:
     return (" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:])
 
 
-def _translated(model, text: str, beam: int, split_notice: str, result, kind: str, head: str, view: str):
-    """translate's outputs for one result (the translation of ``text``, the first sentence of a long text)."""
+def _translated(model, text: str, beam: int, split_notice: str, result, kind: str, layer: int | None, head: str,
+                view: str):
+    """translate's outputs for one result (the translation of ``text``, the first sentence of a long text), its
+    attention drawn at ``layer`` (−1: the last)."""
     cross = result.attention["cross"]
-    layer_u, head_u = controls_for(cross.layers, cross.heads)
+    layer, head = index(layer, cross.layers, "layer"), head_index(head, cross.heads)
+    layer_u, head_u = controls_for(cross.layers, cross.heads, layer)
     from models.inspect.decompose import attention_scores
 
     ids, _, _ = why.encode(model, text)
@@ -144,7 +151,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
     notice = " ".join(x for x in (split_notice, result.notice) if x) or \
         f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
-    return (result.text, notice, *draw_translation(result, kind, cross.layers - 1, head, view),
+    return (result.text, notice, *draw_translation(result, kind, layer, head, view),
             vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
             vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
             result, npz, layer_u, head_u)
@@ -164,10 +171,12 @@ def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str],
         prepared.append((*split_long(model, read_text(text)), beam))
     results = translate_batch(model, [(text, beam) for text, _, _, beam in prepared])
     outputs = []
-    for (text, rest, notice, beam), result, kind, head, view in zip(prepared, results, kinds, heads, views):
+    for (text, rest, notice, beam), result, kind, layer, head, view in zip(prepared, results, kinds, layers, heads,
+                                                                           views):
         if isinstance(result, Exception):
             raise result
-        outputs.append(with_rest(model, _translated(model, text, beam, notice, result, kind, head, view), rest, beam))
+        outputs.append(with_rest(model, _translated(model, text, beam, notice, result, kind, layer, head, view), rest,
+                                 beam))
     return [list(column) for column in zip(*outputs)]
 
 

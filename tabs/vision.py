@@ -25,10 +25,13 @@ from tabs.common import (
     fit,
     get_model,
     head_choices,
+    head_index,
+    index,
     intro,
     layer_head_view,
     method_id,
     parse_head,
+    run_layer,
     save_npz,
     target_index,
     window_figure,
@@ -51,10 +54,9 @@ Swin attends only inside local windows: its maps stay within the highlighted win
 *explanation* map shows one method's signed attribution (red supports the class, blue speaks against it), and
 the *deletion curve* tests every method on this image: grey out the patches a method ranks highest and watch
 the class probability; the faster it falls, the more faithful the ranking."""
-MODELS = ["vit-fashion", "swin-fashion", *IMAGENET]
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 PREVIEW_SIDE = 160  # pixels of the upload preview and of what the model will see
-FASHION = ("vit-fashion", "swin-fashion")  # the models that see 28×28 grey (the others: what their preprocessing crops)
+FASHION = catalogue.SHIPPED["vision"]  # the models that see 28×28 grey (the others: what their preprocessing crops)
 
 
 def build() -> Permalink:
@@ -69,7 +71,7 @@ def build() -> Permalink:
             will_see = gr.Image(label="the model's input", interactive=False, height=PREVIEW_SIDE,
                                 elem_id="vision-will-see")
         with gr.Column(scale=1):
-            model = gr.Radio([*MODELS, *configured("vision")], value="vit-fashion", label="model")
+            model = gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model")
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
             run = gr.Button("Classify image", variant="primary")
     notice = gr.Markdown()
@@ -94,7 +96,7 @@ def build() -> Permalink:
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    steps = [(classify_image, [image, model, top_k, layer, head, view, explanation, target],
+    steps = [(classify_image, [image, model, top_k, run_layer(), head, view, explanation, target],
               [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained]),
              (lambda: "", None, [patch], {"show_progress": "hidden"}),  # a new image: the centre patch again
              (deletion_plot, [state, explanation], [curve])]
@@ -181,7 +183,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     explanation toward the target class (the predicted one by default)."""
     if not image:
         raise Error("Please upload an image or pick an example.")
-    choices = [*MODELS, *configured("vision")]
+    choices = catalogue.names("vision")
     if model not in choices:  # the API accepts any string: never turn it into a path
         raise Error(f"Unknown model {model!r}; choose one of {', '.join(choices)}.")
     method = method_id(explanation)
@@ -193,7 +195,8 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     except ValueError as err:  # unreadable, truncated or oversized image: the message says which
         raise Error(str(err)) from None
     n_layers, n_heads = _depth(result)
-    layer_u, head_u = controls_for(n_layers, n_heads)
+    layer, head = index(layer, n_layers, "layer"), head_index(head, n_heads)  # drawn here (layer −1: the last)
+    layer_u, head_u = controls_for(n_layers, n_heads, layer)
     if result.attention:
         arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
     else:
@@ -205,11 +208,11 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels,
                    attribution=attribution.values.astype(np.float32), attribution_method=attribution.method,
                    attribution_target=attribution.label, **arrays)
-    overlay, grid_fig = draw_image(result, n_layers - 1, head, view)
+    overlay, grid_fig = draw_image(result, layer, head, view)
     notice = "\n\n".join(x for x in (result.unusual, result.notice, _offered(method, attribution)) if x)
     title = "Top classes" + (f" (calibrated: logits ÷ {result.temperature:.2f})" if result.temperature != 1 else "")
     return (fit(vi.topk_bars(result.labels, result.probs, k=int(top_k), title=title)), overlay, grid_fig,
-            draw_query(result, n_layers - 1, head, query), distance_figure(result), enlarge(result.image),
+            draw_query(result, layer, head, query), distance_figure(result), enlarge(result.image),
             notice, state, npz, layer_u, head_u, explanation_figure(result, attribution))
 
 

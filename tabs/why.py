@@ -1,7 +1,8 @@
 """Why a head attends, and whether it matters: the sections that the text tabs (Generate, Classify, Translate's
 encoder) share. A clicked cell of a head's heatmap (or the query/key boxes) splits that score into the parts of
-the residual stream (`models.inspect.decompose`); "ablate the sink" forbids the head its first token; activation patching
-between a clean and a corrupted input (`models.inspect.patching`) measures which heads and positions carry the answer.
+the residual stream (`models.inspect.decompose`); "ablate the sink" forbids the head its first token; activation
+patching between a clean and a corrupted input (`models.inspect.patching`) measures which heads and positions carry
+the answer.
 
 Each tab calls `decomposition(...)` (and Generate/Classify `patching(...)`) inside its own layout, with a
 function that turns its kept Result into (model name, token ids, token labels). The API endpoints

@@ -362,3 +362,47 @@ def test_attention_why_on_configured_folders_matches_transformers(configured_app
         with torch.no_grad():
             want = refs[name](ids, output_attentions=True).attentions[-1][0, 1, -1].numpy()
         np.testing.assert_allclose(table["softmax_row"], want, atol=1e-4)
+
+
+def _title(value) -> str:
+    plot = value["plot"] if isinstance(value, dict) and "plot" in value else value
+    layout = json.loads(plot)["layout"] if isinstance(plot, str) else plot["layout"]
+    title = layout.get("title")
+    return title.get("text", "") if isinstance(title, dict) else str(title or "")
+
+
+LAYER_CASES = {  # action -> (arguments before and after layer, the heatmap's output index, its array in the .npz)
+    "/classify": (("a warm , funny film .", "SST-2 sentiment", "trained from scratch"), ("mean", "heatmap"), 3,
+                  "encoder"),
+    "/translate": (("A man is riding a bicycle.", 2, "encoder"), ("mean", "heatmap"), 2, "encoder"),
+    "/generate": (("A man in a blue shirt", 3, "gpt-tiny", "greedy", 1.0, 0, 1.0, 0), ("mean", "heatmap"), 4,
+                  "attention"),
+}
+
+
+@pytest.mark.parametrize("layer", [0, -1])
+@pytest.mark.parametrize("api", [*LAYER_CASES, "/classify_image"])
+def test_every_main_action_draws_the_layer_it_is_asked_for(client, api, layer) -> None:
+    """``layer`` of /classify, /translate, /generate and /classify_image is the layer drawn (0 = first, −1 = last):
+    the heatmap's title names it and its cells are that layer's attention from the action's own .npz (mean of
+    heads). The tiny checkpoints have 2 layers, so 0 and −1 differ."""
+    if api == "/classify_image":
+        from gradio_client import handle_file
+
+        from tabs.common import EXAMPLE_IMAGES
+
+        out = client.predict(handle_file(EXAMPLE_IMAGES[0]), "vit-fashion", 5, layer, "mean", "CLS → patches",
+                             "attention", "", api_name=api)
+        with np.load(_npz(out)) as arrays:
+            drawn = layer % arrays["encoder"].shape[0]
+        assert _title(out[1]).startswith(f"CLS → patch attention · layer {drawn}"), _title(out[1])
+        assert _title(out[2]).endswith(f"every head of layer {drawn}"), _title(out[2])
+        return
+    before, after, at, key = LAYER_CASES[api]
+    out = client.predict(*before, layer, *after, api_name=api)
+    with np.load(_npz(out)) as arrays:
+        weights = arrays[key]
+    drawn = layer % weights.shape[0]
+    assert f"layer {drawn} ·" in _title(out[at]), _title(out[at])
+    z = np.array(_figure_data(out[at])[0]["z"], dtype=float)
+    np.testing.assert_allclose(z, weights[drawn].mean(0), atol=1e-3)

@@ -55,8 +55,11 @@ def test_model_names_from_the_api_never_become_paths(tiny_checkpoints: Path, mon
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     with pytest.raises(gr.Error, match="Unknown model"):
         classify_image(common.EXAMPLE_IMAGES[0], "../../etc")
-    # An unknown task or model choice falls back to a known checkpoint, never a path built from input.
-    assert classify("a fine film .", "../../../x", "nope")[0]
+    # An unknown task or model choice is refused by name (issue 47: it used to fall back to sst2), never a path
+    with pytest.raises(gr.Error, match="Unknown model 'nope'"):
+        classify("a fine film .", "SST-2 sentiment", "nope")
+    with pytest.raises(gr.Error, match="Unknown task '../../../x'"):
+        classify("a fine film .", "../../../x", "trained from scratch")
 
 
 def test_long_text_is_truncated_with_a_notice(tiny_checkpoints: Path, monkeypatch) -> None:

@@ -150,3 +150,36 @@ def test_bad_input_writes_nothing_outside_gradio_temp_folder(tmp_path: Path, mon
     created = snapshot() - before
     assert {p for p in created if not p.is_relative_to(tmp_path)} == set()
     assert all(Path(p).is_relative_to(common.DOWNLOADS.parent) for p in [classify("ok")[-3]])
+
+
+def test_an_unknown_classify_model_or_task_is_refused_by_name() -> None:
+    """tabs.classify.checkpoint_name names each known pair's checkpoint and refuses anything else in words (it
+    used to turn any unknown model or task into sst2, whose answer then came back as if asked for)."""
+    from tabs.classify import CHECKPOINTS, TEXT_MODELS, checkpoint_name
+
+    assert {checkpoint_name(task, model) for task in TASKS for model in TEXT_MODELS} == set(CHECKPOINTS)
+    assert checkpoint_name("AG News topic", "MiniLM (pretrained, fine-tuned)") == "minilm-agnews"
+    assert checkpoint_name("SST-2 sentiment", "trained from scratch") == "sst2"
+    with pytest.raises(gr.Error, match="Unknown model 'gpt-tiny'"):
+        checkpoint_name("SST-2 sentiment", "gpt-tiny")
+    with pytest.raises(gr.Error, match="Unknown task 'IMDB'"):
+        checkpoint_name("IMDB", "trained from scratch")
+    with pytest.raises(gr.Error, match="Unknown task"):
+        classify("a fine film", "imdb", next(iter(TEXT_MODELS)))
+
+
+def test_one_checker_for_a_layer_head_or_position() -> None:
+    """tabs.common.index / head_index: what every handler uses for a layer, head or position from the UI, the API or
+    a link: empty is the last (or the given default), −k counts from the end, anything else is refused in words."""
+    from tabs.common import head_index, index
+
+    assert index(None, 4, "layer") == index("", 4, "layer") == index(-1, 4, "layer") == index(3.0, 4, "layer") == 3
+    assert index(0, 4, "layer") == 0 and index(-4, 4, "layer") == 0 and index("", 9, "query", default=2) == 2
+    for bad, message in ((4, "layer 4 is outside 0 … 3"), (-5, "layer -5 is outside"), ("1.5", "whole number"),
+                         ("x", "whole number"), (float("nan"), "whole number")):
+        with pytest.raises(gr.Error, match=message):
+            index(bad, 4, "layer")
+    assert head_index("mean", 4) == "mean" and head_index("", 4) == "mean" and head_index("max", 4) == "max"
+    assert head_index("2", 4) == 2 and head_index(-1, 4) == 3
+    with pytest.raises(gr.Error, match="head 9 is outside"):
+        head_index("9", 4)

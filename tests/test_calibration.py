@@ -123,7 +123,7 @@ def test_photos_are_flagged_and_fashion_mnist_examples_are_not(name) -> None:
     images = [net.classify(p).image for p in [*(_package_photo(n) for n in ("astronaut.png", "coffee.png")), *examples]]
     x = fashion_tensor(np.stack(images))
     with torch.no_grad():
-        features = (net.encode(net.embed_patches(x)) if hasattr(net, "embed_patches") else net.encode(x))[0]
+        features = net.pool(net.forward_features(x)[0])
     many = net.calibration.flagged(np.stack(images), features.double().numpy())
     one = [bool(net.calibration.check(im, f)) for im, f in zip(images, features.double().numpy())]
     assert many.tolist() == one == [True, True] + [False] * len(examples)

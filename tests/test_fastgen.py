@@ -1,4 +1,5 @@
-"""models.decoding.fastgen: the serving path of generation returns what GPT.generate returns (models/families/gpt.py), field by field:
+"""models.decoding.fastgen: the serving path of generation returns what GPT.generate returns
+(models/families/gpt.py), field by field:
 the same token ids, texts, candidates and notices; every attention weight and probability within 1e-5, the
 surprisal (bits) within 1e-5 absolute + 1e-5 relative;
 for both recipes (LLaMA with grouped-query heads, GPT-2), greedy and seeded sampling, shortened prompts, a stop at

@@ -1,4 +1,5 @@
-"""models/inspect/patching.py and the ``edit`` argument (models/blocks/attention.py Intervention): activation patching and
+"""models/inspect/patching.py and the ``edit`` argument (models/blocks/attention.py Intervention): activation patching
+and
 attention-sink ablation on tiny random models, each checked against a plain loop over a deep copy of the model
 with ordinary PyTorch forward hooks (test-only code that shares nothing with the code under test), and one
 measurement on the shipped gpt-tiny's induction heads."""

@@ -197,3 +197,15 @@ def test_app_builds_every_tab_in_order(built) -> None:
     at_load = [tab for tab, link in links.items() if link is not None and link.at_load]
     assert sum(1 for d in config["dependencies"] if d["trigger_after"] == on_load[0]["id"]) == len(at_load)
 
+
+
+def test_the_app_starts_without_torch() -> None:
+    """app, tabs and the serving side read the registry at start-up (the tabs of configured folders, the catalogue)
+    without importing torch: the page is served before the model stack loads (docs/ARCHITECTURE.md §2)."""
+    import subprocess
+    import sys
+
+    code = "import sys, app; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

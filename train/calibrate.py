@@ -81,9 +81,9 @@ def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int =
     logits, features = [], []
     for i in range(0, len(images), batch):
         x = fashion_tensor(images[i:i + batch])
-        f = model.encode(model.embed_patches(x))[0] if hasattr(model, "embed_patches") else model.encode(x)[0]
-        features.append(f.double())
-        logits.append(model.head(f).double())
+        final, _ = model.forward_features(x)
+        features.append(model.pool(final).double())
+        logits.append(model.forward_head(final).double())
     return torch.cat(logits), torch.cat(features).numpy()
 
 

@@ -276,8 +276,8 @@ def cached_teacher(run_dir: str | Path, resume: bool, compute: Callable[[], Tens
 def load_init(folder: str | Path, family: str) -> tuple[nn.Module, dict[str, Any]]:
     """A trained checkpoint's model (in train mode, to continue training it) and where it came from.
 
-    SystemExit when the checkpoint holds a model of another family than ``family`` (a models.registry name). The returned record
-    names the folder and keeps that checkpoint's own training record, so the history stays complete.
+    SystemExit when the checkpoint holds a model of another family than ``family`` (a models.registry name). The
+    returned record names the folder and keeps that checkpoint's own training record, so the history stays complete.
     """
     import models
     from models import registry

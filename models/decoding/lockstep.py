@@ -1,6 +1,7 @@
 """Several ``GPT.generate`` requests decoded as one batch, each answer equal to the request served alone.
 
-A serving speed-up (docs/ARCHITECTURE.md §9), kept out of ``models/families/gpt.py``: it only calls ``GPT.forward`` (the same
+A serving speed-up (docs/ARCHITECTURE.md §9), kept out of ``models/families/gpt.py``: it only calls ``GPT.forward``
+(the same
 modules, the same KV cache) on more rows at once. The rows advance in *lockstep by position*: every forward pass
 feeds each row the token at the same absolute position, so no row ever needs a padding mask or shifted positions
 (RoPE angles, learned positions and smeared keys all stay exactly those of the row alone):

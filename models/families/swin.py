@@ -63,6 +63,20 @@ class SwinConfig:
         """Cyclic shift of the shifted blocks, in tokens (the paper: ⌊window / 2⌋)."""
         return self.window // 2
 
+    # the vocabulary every family's config speaks (models/registry.py): the widths and heads grow by stage, so the
+    # last stage's, which the head reads; every block counts as a layer
+    @property
+    def d_model(self) -> int:
+        return self.embed_dim * 2 ** (len(self.depths) - 1)
+
+    @property
+    def n_layers(self) -> int:
+        return sum(self.depths)
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads[-1]
+
 
 # ------------------------------------------------------------------------------------ window geometry
 def window_partition(x: Tensor, window: int) -> Tensor:
@@ -354,13 +368,13 @@ class Swin(nn.Module):
     def forward(self, x: Tensor, need_weights: bool = False) -> Tensor | tuple[Tensor, list[BlockAttention]]:
         """x (B, C, H, W) normalised image -> logits (B, classes); with ``need_weights`` also the window
         attention of every block (explicit softmax), otherwise fused attention."""
-        features, attention = self.encode(x, need_weights)
-        logits = self.head(features)
+        features, attention = self.forward_features(x, need_weights)
+        logits = self.forward_head(features)
         return (logits, attention) if need_weights else logits
 
-    def encode(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[BlockAttention]]:
-        """x (B, C, H, W) -> (the pooled final features (B, C), which the head reads; the window attention of
-        every block, empty unless ``need_weights``)."""
+    def forward_features(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[BlockAttention]]:
+        """x (B, C, H, W) -> (the final feature map (B, H/p/2^(S-1), W/p/2^(S-1), C) after the final LayerNorm; the
+        window attention of every block, empty unless ``need_weights``). The head is apart (``forward_head``)."""
         cfg = self.config
         x = self.patch_norm(self.patch_embed(x).permute(0, 2, 3, 1))  # (B, H/p, W/p, C)
         attention: list[BlockAttention] = []
@@ -372,7 +386,15 @@ class Swin(nn.Module):
                     attention.append(BlockAttention(s, b, weights, cfg.window, shift, grid, cfg.patch * 2**s))
             if s < len(self.merges):
                 x = self.merges[s](x)
-        return self.norm(x).mean(dim=(1, 2)), attention  # (B, C): global average pool
+        return self.norm(x), attention
+
+    def pool(self, features: Tensor) -> Tensor:
+        """The features the head reads, (B, C): the global average pool of the final feature map."""
+        return features.mean(dim=(1, 2))
+
+    def forward_head(self, features: Tensor) -> Tensor:
+        """Logits (B, classes) from the final feature map."""
+        return self.head(self.pool(features))
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
@@ -382,7 +404,8 @@ class Swin(nn.Module):
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()
-        features, attention = self.encode(prepared.tensor.to(device), need_weights=True)
+        features, attention = self.forward_features(prepared.tensor.to(device), need_weights=True)
+        logits, pooled = self.forward_head(features)[0], self.pool(features)[0]
         self.train(was_training)
         windows = [
             WindowAttention(stage=a.stage, block=a.block, weights=a.weights[0].float().cpu().numpy(),
@@ -390,4 +413,4 @@ class Swin(nn.Module):
             for a in attention
         ]
         return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
-                           windows=windows, notice=prepared.notice, **calibrated(self, features[0], prepared.shown))
+                           windows=windows, notice=prepared.notice, **calibrated(self, logits, pooled, prepared.shown))

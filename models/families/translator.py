@@ -53,6 +53,11 @@ class TranslatorConfig:
     OPTIONAL: ClassVar[tuple[str, ...]] = ("family", "positions", "activation", "scale_embedding", "tie_output",
                                            "logits_bias", "blocked_ids", "forced_eos")  # newer than the checkpoint
 
+    @property
+    def n_layers(self) -> int:
+        """The encoder's layers: the stack the score split and patching walk (the vocabulary of models/registry.py)."""
+        return self.n_enc_layers
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True,

@@ -54,6 +54,19 @@ class ViTConfig:
         """Patches per side."""
         return self.image_size // self.patch
 
+    # the vocabulary every family's config speaks (models/registry.py; TransformerLens's and nanoGPT's names)
+    @property
+    def d_model(self) -> int:
+        return self.dim
+
+    @property
+    def n_layers(self) -> int:
+        return self.depth
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads
+
 
 class EncoderBlock(nn.Module):
     """Pre-norm Transformer encoder block (Dosovitskiy et al. 2021, eq. 2–3)."""
@@ -141,12 +154,17 @@ class ViT(nn.Module):
         L × (B, heads, N, N), N = prefix + P, empty unless ``need_weights``). The weights are the tensors the blocks
         multiply the values with, in the autograd graph (not stacked), so attribution can take ∂logit/∂A
         (models/inspect/attribution.py) without hooks on the shared model."""
-        features, attention = self.encode(patches, need_weights)
-        return self.head(features), attention
+        tokens, attention = self.embedded_features(patches, need_weights)
+        return self.forward_head(tokens), attention
 
-    def encode(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
-        """Patch embeddings (B, P, D) -> (the class token's final features (B, D), which the head reads, and the
-        per-block attention as in ``forward_embedded``)."""
+    def forward_features(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        """x (B, C, H, W) normalised image -> (every token's final features (B, prefix + P, D), after the final
+        LayerNorm; the per-block attention as in ``forward_embedded``). The head is apart (``forward_head``, as
+        timm's), so a family that differs only in what its head reads overrides that alone (DeiT)."""
+        return self.embedded_features(self.embed_patches(x), need_weights)
+
+    def embedded_features(self, patches: Tensor, need_weights: bool = True) -> tuple[Tensor, list[Tensor]]:
+        """``forward_features`` from patch embeddings (B, P, D)."""
         prefix = self.cls_token if self.extra_tokens is None else torch.cat([self.cls_token, self.extra_tokens], 1)
         x = torch.cat([prefix.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, prefix + P, D)
         x = self.drop(x + self.pos_embed)
@@ -155,7 +173,16 @@ class ViT(nn.Module):
             x, weights = block(x, need_weights)
             if need_weights:
                 attention.append(weights)
-        return self.norm(x)[:, 0], attention  # class token (eq. 4)
+        return self.norm(x), attention
+
+    def pool(self, tokens: Tensor) -> Tensor:
+        """The features the head reads, (B, D), from the final tokens (B, N, D): the class token's (eq. 4). The
+        calibration's feature check measures these."""
+        return tokens[:, 0]
+
+    def forward_head(self, tokens: Tensor) -> Tensor:
+        """Logits (B, classes) from the final tokens (B, N, D)."""
+        return self.head(self.pool(tokens))
 
     @torch.no_grad()
     def classify(self, image: ImageInput) -> ImageResult:
@@ -166,11 +193,12 @@ class ViT(nn.Module):
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()
-        features, attention = self.encode(self.embed_patches(prepared.tensor.to(device)), need_weights=True)
+        tokens, attention = self.forward_features(prepared.tensor.to(device), need_weights=True)
+        logits, features = self.forward_head(tokens)[0], self.pool(tokens)[0]
         self.train(was_training)
         attention = torch.stack(attention, dim=1)  # (1, L, heads, N, N), N = prefix + P
         tokens = self.token_labels()
         encoder = AttentionMap(weights=attention[0].float().cpu().numpy(), queries=tokens, keys=list(tokens))
         return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
                            attention={"encoder": encoder}, notice=prepared.notice,
-                           prefix_tokens=self.num_prefix_tokens, **calibrated(self, features[0], prepared.shown))
+                           prefix_tokens=self.num_prefix_tokens, **calibrated(self, logits, features, prepared.shown))

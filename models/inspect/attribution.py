@@ -126,8 +126,7 @@ def _rows_per_chunk(model: nn.Module, tokens: int, batch_size: int | None) -> in
     if batch_size is not None:
         return max(1, int(batch_size))
     c = model.config
-    width = getattr(c, "d_model", None) or getattr(c, "dim", None) or getattr(c, "embed_dim", 64)
-    layers = getattr(c, "n_layers", None) or getattr(c, "depth", None) or sum(getattr(c, "depths", (4,)))
+    width, layers = c.d_model, c.n_layers  # every family's config speaks this vocabulary (models/registry.py)
     return max(1, min(64, _ACTIVATION_BUDGET // max(1, tokens * width * layers)))
 
 

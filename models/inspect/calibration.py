@@ -167,11 +167,12 @@ def expected_calibration_error(probs: np.ndarray, labels: np.ndarray, bins: int 
     return float(ece)
 
 
-def calibrated(model: torch.nn.Module, features: torch.Tensor, shown: np.ndarray) -> dict:
-    """What an image model's ``classify`` reports from its final features (D,) and the image it saw: ``probs``
-    (temperature-scaled where the model carries a calibration, plain softmax otherwise), ``temperature`` and
-    ``unusual`` (the out-of-distribution notice, empty when there is nothing to say or no calibration)."""
-    logits = model.head(features[None])[0]
+def calibrated(model: torch.nn.Module, logits: torch.Tensor, features: torch.Tensor, shown: np.ndarray) -> dict:
+    """What an image model's ``classify`` reports from its logits (classes,), the final features its head reads
+    (D,: the family's ``pool``) and the image it saw: ``probs`` (temperature-scaled where the model carries a
+    calibration, plain softmax otherwise), ``temperature`` and ``unusual`` (the out-of-distribution notice, empty
+    when there is nothing to say or no calibration). The logits come from the family's own ``forward_head``, which
+    need not read one vector (DeiT averages two heads)."""
     calibration: Calibration | None = getattr(model, "calibration", None)
     if calibration is None:
         return {"probs": torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float32), "temperature": 1.0,

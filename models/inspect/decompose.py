@@ -169,8 +169,7 @@ class ScoreDecomposition:
 
 def n_layers(model: nn.Module) -> int:
     """The self-attention layers a decomposition walks: the translator's encoder, every other model's stack."""
-    c = model.config
-    return int(c.n_enc_layers if type(model).__name__ == "Translator" else c.n_layers)
+    return int(model.config.n_layers)  # the translator's: its encoder's
 
 
 def _check(model: nn.Module, ids: Sequence[int], layer: int, head: int, query: int, key: int) -> int:

@@ -11,7 +11,8 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 - ``llama`` causal LMs (LLaMA, SmolLM2, TinyLlama...) -> ``models.families.gpt.GPT`` with ``recipe="llama"``, RoPE in
   Hugging Face's rotate-half layout (``rope_layout="half"``) and grouped-query attention from
   ``num_key_value_heads``; RoPE scaling variants are refused.
-- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT`` with
+- ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT``
+  with
   the folder's ``preprocessor_config.json`` as its input preparation (``models.io.images.processor_spec``).
 """
 
@@ -224,41 +225,62 @@ def _with_processor(model: Any, folder: Path) -> Any:
 
 
 def vit_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``models.families.vit.ViT`` from a ``ViTForImageClassification`` folder (CLS token read after the final LayerNorm),
-    without its preprocessing (``load_hf`` adds it)."""
+    """``models.families.vit.ViT`` from a ``ViTForImageClassification`` folder (CLS token read after the final
+    LayerNorm), without its preprocessing (``load_hf`` adds it)."""
     from models.families.vit import ViT, ViTConfig
 
     where = Path(where)
     if "ViTForImageClassification" not in (hf.get("architectures") or []):
         raise CheckpointError(where, "a vit folder needs ViTForImageClassification (a classification head)")
-    if hf.get("hidden_act", "gelu") != "gelu" or not hf.get("qkv_bias", True):
-        raise CheckpointError(where, "only the standard ViT block (exact GELU, q/k/v biases) is supported")
+    config = vit_config(ViTConfig, hf, where, prefix_tokens=1)  # ViTForImageClassification: [CLS] alone
+    s = {k.removeprefix("vit."): v for k, v in state.items()}
+    ours = vit_encoder_state(s, config.depth)
+    ours.update({"head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]})
+    return load_vit_like(ViT(config, labels=hf_labels(hf)), ours, where)
+
+
+def hf_labels(hf: dict[str, Any]) -> list[str]:
+    """A classifier folder's class names, in index order (``id2label``; "0", "1", ... without one)."""
     id2label = hf.get("id2label") or {}
     n = len(id2label) or int(hf.get("num_labels", 2))
-    d = int(hf["hidden_size"])
-    config = ViTConfig(image_size=int(hf.get("image_size", 224)), in_channels=int(hf.get("num_channels", 3)),
-                       patch=int(hf.get("patch_size", 16)), dim=d, depth=int(hf["num_hidden_layers"]),
-                       heads=int(hf["num_attention_heads"]), mlp_dim=int(hf["intermediate_size"]), num_classes=n,
-                       dropout=0.0, attention_dropout=0.0, norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-                       input="processor", prefix_tokens=1)  # ViTForImageClassification: [CLS] alone
-    s = {k.removeprefix("vit."): v for k, v in state.items()}
+    return [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
+
+
+def vit_config(config_class: type, hf: dict[str, Any], where: Path, **fields: Any) -> Any:
+    """A ViT-shaped config (``ViTConfig`` or a subclass) from a ViT-like Hugging Face config.json (vit, deit)."""
+    if hf.get("hidden_act", "gelu") != "gelu" or not hf.get("qkv_bias", True):
+        raise CheckpointError(where, "only the standard ViT block (exact GELU, q/k/v biases) is supported")
+    return config_class(image_size=int(hf.get("image_size", 224)), in_channels=int(hf.get("num_channels", 3)),
+                        patch=int(hf.get("patch_size", 16)), dim=int(hf["hidden_size"]),
+                        depth=int(hf["num_hidden_layers"]), heads=int(hf["num_attention_heads"]),
+                        mlp_dim=int(hf["intermediate_size"]), num_classes=len(hf_labels(hf)), dropout=0.0,
+                        attention_dropout=0.0, norm_eps=float(hf.get("layer_norm_eps", 1e-12)), input="processor",
+                        **fields)
+
+
+def vit_encoder_state(s: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
+    """A ViT-like encoder's weights (the model prefix, "vit." or "deit.", removed) in ``ViT``'s names: the class
+    token, position embeddings, patch projection, every block and the final LayerNorm (the head is the caller's)."""
     ours: dict[str, Tensor] = {
         "cls_token": s["embeddings.cls_token"], "pos_embed": s["embeddings.position_embeddings"],
         "patch_embed.weight": s["embeddings.patch_embeddings.projection.weight"],
         "patch_embed.bias": s["embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": s["layernorm.weight"], "norm.bias": s["layernorm.bias"],
-        "head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]}
+        "norm.weight": s["layernorm.weight"], "norm.bias": s["layernorm.bias"]}
     names = {"attention.attention.query": "attn.q_proj", "attention.attention.key": "attn.k_proj",
              "attention.attention.value": "attn.v_proj", "attention.output.dense": "attn.out_proj",
              "layernorm_before": "ln_1", "layernorm_after": "ln_2", "intermediate.dense": "mlp.0",
              "output.dense": "mlp.3"}
-    for i in range(config.depth):
+    for i in range(depth):
         for theirs, mine in names.items():
             for kind in ("weight", "bias"):
                 ours[f"blocks.{i}.{mine}.{kind}"] = s[f"encoder.layer.{i}.{theirs}.{kind}"]
-    labels = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
-    model = ViT(config, labels=labels)
+    return ours
+
+
+def load_vit_like(model: Any, ours: dict[str, Tensor], where: Path) -> Any:
+    """``model`` with ``ours`` loaded exactly (float32), or a CheckpointError naming what does not fit."""
     missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
     if missing or unexpected:
-        raise CheckpointError(where, f"weights do not fit ViT: missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(where, f"weights do not fit {type(model).__name__}: missing {missing}, "
+                                     f"unexpected {unexpected}")
     return model

@@ -1,0 +1,96 @@
+"""Every registered model family (models/registry.py), as timm's tests run over ``list_models()``: a tiny model of it
+loads through ``models.load`` into its own class, runs its tab's entry point with every attention row summing to 1,
+round-trips a checkpoint with the same answer, offers its registered explanation methods, and its walk (if any)
+covers every layer. A family registered without a tiny model here fails ``test_every_family_has_a_tiny_model``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models import registry
+
+# family -> its tiny checkpoint among tests/tiny.py's (None: built here)
+TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
+        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None}
+
+
+def tiny_deit(folder: Path) -> Path:
+    import torch
+
+    from models.families.deit import DeiT, DeiTConfig
+    from models.io.checkpoint import save_checkpoint
+    from tests.tiny import FASHION
+
+    torch.manual_seed(0)
+    model = DeiT(DeiTConfig(dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0))
+    return save_checkpoint(folder, model, labels=FASHION, text={})
+
+
+def entry_point(model, tab: str):
+    """The tab's entry point on a small input."""
+    from tabs.common import EXAMPLE_IMAGES
+
+    if tab == "translate":
+        return model.translate("A dog runs in the park.", beam_size=2)
+    if tab == "classify":
+        return model.classify("a warm and funny film")
+    if tab == "generate":
+        return model.generate("the cat sat", max_new_tokens=3)
+    return model.classify(EXAMPLE_IMAGES[0])
+
+
+def answer(result) -> object:
+    """What must survive a checkpoint round trip: the text, or the class probabilities."""
+    return result.text if hasattr(result, "text") else np.round(result.probs, 5).tolist()
+
+
+def test_every_family_has_a_tiny_model() -> None:
+    assert set(TINY) == set(registry.FAMILIES)
+    for family in registry.FAMILIES.values():
+        assert family.tabs and set(family.tabs) <= set(registry.TABS)
+
+
+def test_lookups() -> None:
+    assert registry.by_model_name("GPT").name == "gpt" and registry.by_model_type("llama").name == "gpt"
+    assert registry.by_model_type("deit").name == "deit" and registry.by_model_name("nope") is None
+    assert [f.name for f in registry.by_tab("vision")] == ["vit", "deit", "swin"]
+    assert registry.tab_of({"model_type": "bert"}) == "classify" and registry.tab_of({"model": "Translator"}) == \
+        "translate" and registry.tab_of({"model_type": "t5"}) is None
+    with pytest.raises(ValueError, match="clashes"):
+        registry.register(registry.Family("gpt-again", "m", "C", "Cfg", ("GPT",)))
+    with pytest.raises(TypeError, match="not a registered model family"):
+        registry.family_of(object())
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Path, tmp_path: Path) -> None:
+    import models
+    from models.inspect.attribution import methods_for
+    from models.inspect.walk import plan
+    from models.io.checkpoint import save_checkpoint
+
+    family = registry.FAMILIES[name]
+    folder = tiny_checkpoints / TINY[name] if TINY[name] else tiny_deit(tmp_path / "tiny")
+    model = models.load(folder)
+    assert registry.family_of(model) is family and type(model) is family.classes()[0]
+    c = model.config  # one config vocabulary across families
+    assert all(isinstance(getattr(c, k), int) and getattr(c, k) > 0 for k in ("d_model", "n_layers", "n_heads"))
+    result = entry_point(model, family.tabs[0])
+    maps = [a.weights for a in getattr(result, "attention", {}).values()] + \
+        [w.weights for w in getattr(result, "windows", [])]
+    assert maps
+    for weights in maps:
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-4)
+    kept = {p.name: p for p in folder.iterdir()
+            if p.name not in ("config.json", "manifest.json", "metrics.json") and not p.name.endswith(".safetensors")}
+    save_checkpoint(tmp_path / "again", model, labels=model.labels, text=model.text, extra_files=kept)
+    assert answer(entry_point(models.load(tmp_path / "again"), family.tabs[0])) == answer(result)
+    if family.methods:
+        assert methods_for(model) == family.methods
+    if family.walk:
+        ids = model.tokenizer.encode("a warm film").ids if hasattr(model.tokenizer, "encode") else None
+        ids = ids or [1, 5, 6, 2]
+        assert len(plan(model, ids).layers) == c.n_layers == len(next(iter(result.attention.values())).weights)
