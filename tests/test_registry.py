@@ -14,7 +14,7 @@ from models import registry
 
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
-        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None}
+        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -27,6 +27,26 @@ def tiny_deit(folder: Path) -> Path:
     torch.manual_seed(0)
     model = DeiT(DeiTConfig(dim=32, depth=2, heads=4, mlp_dim=64, dropout=0.0))
     return save_checkpoint(folder, model, labels=FASHION, text={})
+
+
+def tiny_deberta(folder: Path) -> Path:
+    """A tiny random DebertaClassifier checkpoint (log buckets reached: k = 8) with the tiny WordPiece tokenizer."""
+    import torch
+
+    from models.families.deberta import DebertaClassifier, DebertaConfig
+    from models.io.checkpoint import save_checkpoint
+    from tests.tiny import WORDS, tiny_wordpiece
+
+    tok = tiny_wordpiece(folder.parent / "_deberta_tok")
+    torch.manual_seed(0)
+    model = DebertaClassifier(DebertaConfig(vocab_size=5 + len(WORDS), d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                            max_positions=64, max_len=16, dropout=0.0, attention_dropout=0.0,
+                                            pooling="pooler", position_buckets=8, max_relative_positions=32))
+    return save_checkpoint(folder, model, labels=["negative", "positive"], text={"lowercase": True},
+                           extra_files={"tokenizer.json": tok})
+
+
+TINY_BUILT = {"deit": tiny_deit, "deberta": tiny_deberta}
 
 
 def entry_point(model, tab: str):
@@ -73,7 +93,7 @@ def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Pa
     from models.io.checkpoint import save_checkpoint
 
     family = registry.FAMILIES[name]
-    folder = tiny_checkpoints / TINY[name] if TINY[name] else tiny_deit(tmp_path / "tiny")
+    folder = tiny_checkpoints / TINY[name] if TINY[name] else TINY_BUILT[name](tmp_path / "tiny")
     model = models.load(folder)
     assert registry.family_of(model) is family and type(model) is family.classes()[0]
     c = model.config  # one config vocabulary across families
