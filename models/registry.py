@@ -93,7 +93,8 @@ register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),
                 (("deit", "models.families.deit:from_hf"),), tabs=("vision",), methods=ALL_METHODS))
-register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",), tabs=("vision",),
+register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",),
+                (("swin", "models.io.hf_vision:swin_from_state"),), tabs=("vision",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
 
 

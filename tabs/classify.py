@@ -59,7 +59,12 @@ a method ranks highest and watch the class probability; the faster it falls, the
 *Why* (under the attention map) splits one cell's score into the parts of the model that make its query and its
 key: it shows which parts meet, not that the head matters. *Patching* copies one head's output (or one position of
 the residual stream) from a clean into a corrupted sentence and measures how much of the clean class comes back:
-it shows where the difference between the two sentences is carried, not what the head does elsewhere."""
+it shows where the difference between the two sentences is carried, not what the head does elsewhere.
+
+**Real classifiers can be picked as the model**: `distilbert/distilbert-base-uncased-finetuned-sst-2-english`
+(DistilBERT fine-tuned on SST-2, downloaded from the Hugging Face Hub on first use), and any RoBERTa, DistilBERT,
+ELECTRA, ALBERT, BERT or DeBERTa-v2/v3 sequence classifier the server is configured with. For ALBERT the layers of the
+model view are passes of one shared layer; for DeBERTa *why* splits a score into content and relative-position terms."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
 CHECKPOINTS = catalogue.SHIPPED["classify"]  # each is TEXT_MODELS[model] + TASKS[task] (checkpoint_name)
@@ -205,6 +210,10 @@ def _classified(net, name: str, text: str, method: str, target: str, layer: int 
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"
     if result.notice:
         verdict += f"\n\n{result.notice}"
+    if getattr(net.config, "shared_layers", False):  # ALBERT: say it where the layers are shown
+        verdict += (f"\n\n*{net.config.family.upper()} shares one layer's weights across all {net.config.n_layers} "
+                    "passes: the layers of the model view, the head statistics and the head roles are passes of the "
+                    "same weights, repeated.*")
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
     attribution = attribute(state, method, progress)

@@ -283,6 +283,7 @@ def test_classify_with_a_configured_albert_matches_transformers(configured_app) 
         probs = torch.softmax(hf(**tok("the film is warm and funny .", return_tensors="pt")).logits[0], -1).numpy()
     with np.load(npz) as arrays:
         np.testing.assert_allclose(arrays["probs"], probs, atol=1e-4)
+    assert "shares one layer's weights across all 3 passes" in out[0]  # the model view's layers are passes
 
 
 def test_hub_translator_not_in_the_cache_says_offline_quickly(configured_app) -> None:
