@@ -49,7 +49,11 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     # Marian, a real English -> German translator; its safetensors file is on the Hub's conversion branch refs/pr/4
     ("translate", "Helsinki-NLP/opus-mt-en-de", "refs/pr/4"),
     ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
+    ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
 )}
+DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
+                       "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
+                       "Helsinki-NLP/opus-mt-en-de": "translator"}
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
 def configure(entries: list[str]) -> None:
@@ -166,11 +170,11 @@ def checkpoint_status(*names: str) -> str:
 
 def names(tab: str) -> list[str]:
     """Every model name a tab offers, in its order: the shipped checkpoints, then (Vision) the ImageNet models by
-    their shown names, (Generate) the other decoder checkpoints and the downloadable ones, then the configured."""
+    their shown names, (Generate) the other decoder checkpoints, then the Hub's downloadable ones and the configured."""
     if tab == "generate":
         return decoder_models()
     extra = list(IMAGENET) if tab == "vision" else []
-    return [*SHIPPED.get(tab, ()), *extra, *configured(tab)]
+    return [*SHIPPED.get(tab, ()), *extra, *offered(tab)]
 
 
 def text_models() -> list[str]:
@@ -208,6 +212,8 @@ def family(name: str) -> registry.Family | None:
         name = IMAGENET[name]
     if name in IMAGENET_FAMILY:
         return registry.FAMILIES[IMAGENET_FAMILY[name]]
+    if name in DOWNLOADABLE_FAMILY:  # known before its config.json is fetched
+        return registry.FAMILIES[DOWNLOADABLE_FAMILY[name]]
     folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
     try:
         meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}

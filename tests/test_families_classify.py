@@ -82,3 +82,19 @@ def test_albert_shares_one_layer(tmp_path: Path) -> None:
     from transformers import AlbertForSequenceClassification
 
     assert own == sum(p.numel() for p in AlbertForSequenceClassification.from_pretrained(tmp_path).parameters())
+
+
+def test_each_tab_offers_its_hub_models() -> None:
+    """The Hub models each tab offers unconfigured are listed in that tab only, and their family is known before
+    they are fetched (Vision offers a Swin its gradient methods only, from the start)."""
+    from models import registry
+    from serving import catalogue
+
+    for kind in ("classify", "translate", "vision", "generate"):
+        for name in catalogue.downloadable(kind):
+            assert name in catalogue.names(kind)
+            assert all(name not in catalogue.names(other) for other in registry.TABS if other != kind)
+            if kind != "generate":
+                assert kind in catalogue.family(name).tabs
+    assert catalogue.family("microsoft/swin-tiny-patch4-window7-224").methods == registry.GRADIENT_METHODS
+    assert "Helsinki-NLP/opus-mt-en-de" in catalogue.text_models()
