@@ -28,7 +28,7 @@ def _pieces(folder: Path, vocab: int) -> list[tuple[str, float]]:
     (folder / "corpus.txt").write_text(text, encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"),
                                    vocab_size=vocab, model_type="unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3,
-                                   character_coverage=1.0, minloglevel=2)
+                                   character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=str(folder / "sp.model"))
     return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(4, sp.get_piece_size())]
 
