@@ -98,3 +98,19 @@ def test_each_tab_offers_its_hub_models() -> None:
                 assert kind in catalogue.family(name).tabs
     assert catalogue.family("microsoft/swin-tiny-patch4-window7-224").methods == registry.GRADIENT_METHODS
     assert "Helsinki-NLP/opus-mt-en-de" in catalogue.text_models()
+
+
+def test_every_explanation_and_its_deletion_curve_run(folder) -> None:
+    """Each registered explanation method gives one finite value per token, and the deletion curves run: the
+    Classify views' inputs for this family."""
+    from models.inspect.attribution import deletion_curves, explain, methods_for
+
+    _, where, _, _ = folder
+    ours = models.load(str(where))
+    n = len(ours.tokenizer.encode(TEXTS[0]).ids)
+    found = [explain(ours, TEXTS[0], method, steps=16) for method in methods_for(ours)]
+    assert len(found) == 5
+    for a in found:
+        assert len(a.values) == n and np.isfinite(a.values).all()
+    curves, _ = deletion_curves(ours, TEXTS[0], found)
+    assert len(curves) == 5

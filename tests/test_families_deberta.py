@@ -113,3 +113,13 @@ def test_the_why_section_shows_the_three_terms(deberta) -> None:
     e = np.exp(scores - scores.max(-1, keepdims=True))
     np.testing.assert_allclose(e / e.sum(-1, keepdims=True), weights, atol=1e-4)
     assert abs(scores[2, 1, 6, 1] - table["score"]) < 1e-4
+
+
+def test_every_explanation_runs(deberta) -> None:
+    from models.inspect.attribution import deletion_curves, explain, methods_for
+
+    where, _, _ = deberta
+    ours = models.load(str(where))
+    found = [explain(ours, TEXTS[1], method, steps=16) for method in methods_for(ours)]
+    assert len(found) == 5 and all(np.isfinite(a.values).all() for a in found)
+    assert len(deletion_curves(ours, TEXTS[1], found)[0]) == 5
