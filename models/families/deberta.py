@@ -202,28 +202,30 @@ class DebertaClassifier(BertClassifier):
 def pre_softmax_scores(model: DebertaClassifier, ids: Sequence[int]) -> Tensor:
     """Every layer's pre-softmax scores (L, H, T, T) of one input, c2c + c2p + p2c, float64 (the "scores" of the
     downloads; ``models.inspect.decompose.attention_scores`` answers with these for DeBERTa)."""
-    return torch.stack([sum(_terms_at(model, ids, layer)[:3])[0] for layer in range(model.config.n_layers)])
+    terms, _ = _terms(model, ids, model.config.n_layers - 1)
+    return torch.stack([(c2c + c2p + p2c)[0] for c2c, c2p, p2c in terms])
 
 
-def _terms_at(model: DebertaClassifier, ids: Sequence[int], layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(c2c, c2p, p2c, each (1, H, T, T), and the index (T, T)) of ``layer`` for one input, on a float64 run."""
+Terms = tuple[Tensor, Tensor, Tensor]  # (c2c, c2p, p2c) of one layer
+
+
+def _terms(model: DebertaClassifier, ids: Sequence[int], last: int) -> tuple[list[Terms], Tensor]:
+    """(c2c, c2p, p2c), each (1, H, T, T) float64, of layers 0 … ``last`` for one input in one pass, and the
+    relative index (T, T). The model runs as it is (its own dtype; nothing on it changes, so concurrent requests can
+    share it); the terms are taken to float64 after."""
     enc, n = model.bert, len(ids)
-    dtype = next(model.parameters()).dtype
-    model.double()
-    try:
-        device = enc.rel_embeddings.weight.device
-        x = enc.embeddings.embed(enc.embeddings.word(torch.tensor([list(ids)], device=device)))
-        rel, index = enc.relative(n, x.device)
-        for i, lay in enumerate(enc.layers):
-            if i == layer:
-                a = lay.self_attn
-                q, k = a._split(a.q_proj(x)), a._split(a.k_proj(x))
-                c2p, p2c = a.terms(q, k, rel, index)
-                return (q @ k.transpose(-1, -2)) / math.sqrt(a.d_head * a.factor), c2p, p2c, index
-            x, _ = lay(x, None, False, None, rel, index)
-    finally:
-        model.to(dtype)
-    raise ValueError(f"layer {layer} is outside 0..{len(enc.layers) - 1}")
+    device = enc.rel_embeddings.weight.device
+    x = enc.embeddings.embed(enc.embeddings.word(torch.tensor([list(ids)], device=device)))
+    rel, index = enc.relative(n, device)
+    found = []
+    for lay in enc.layers[: last + 1]:
+        a = lay.self_attn
+        q, k = a._split(a.q_proj(x)), a._split(a.k_proj(x))
+        c2p, p2c = a.terms(q, k, rel, index)
+        c2c = (q @ k.transpose(-1, -2)) / math.sqrt(a.d_head * a.factor)
+        found.append((c2c.double(), c2p.double(), p2c.double()))
+        x, _ = lay(x, None, False, None, rel, index)
+    return found, index
 
 
 @dataclass(frozen=True)
@@ -248,13 +250,14 @@ class DisentangledSplit:
 def disentangled_split(model: DebertaClassifier, ids: Sequence[int], layer: int, head: int, query: int,
                        key: int) -> DisentangledSplit:
     """The three terms of ``head``'s score from ``query`` to ``key`` in ``layer`` for one input (ids, specials
-    included), from the model's own layers run in float64."""
+    included), from the model's own layers (the terms in float64)."""
     c, n = model.config, len(ids)
     if not 0 <= layer < c.n_layers or not 0 <= head < c.n_heads:
         raise ValueError(f"layer {layer} or head {head} is outside 0..{c.n_layers - 1} / 0..{c.n_heads - 1}")
     if not (0 <= query < n and 0 <= key < n):
         raise ValueError(f"query {query} or key {key} is outside the {n} tokens")
-    c2c, c2p, p2c, index = _terms_at(model, ids, layer)
+    terms, index = _terms(model, ids, layer)
+    c2c, c2p, p2c = terms[layer]
     scores = (c2c + c2p + p2c)[0, head]
     return DisentangledSplit(layer, head, query, key, float(c2c[0, head, query, key]), float(c2p[0, head, query, key]),
                              float(p2c[0, head, query, key]), float(scores[query, key]), query - key,
