@@ -16,7 +16,7 @@ import gradio as gr
 
 from models import limits
 from serving.catalogue import configure
-from tabs import classify, generate, lessons, permalink, playground, positional, swin, translate, vision, why
+from tabs import classify, generate, lessons, permalink, playground, positional, sections, swin, translate, vision
 
 TITLE = "Attention Atlas"
 TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear
@@ -27,6 +27,10 @@ CSS = """
 footer {display: none !important;}
 .atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
 .block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
+/* and shows that it does: a styled scrollbar is drawn always (an overlay one hid the colour bar and later panels) */
+.block:has(> .js-plotly-plot)::-webkit-scrollbar {height: 12px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-thumb {background: #b8b8c8; border-radius: 6px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-track {background: #eeeef4;}
 /* A failed request says so once, in its toast: no "Error" badge over each of its outputs (Gradio's status tracker). */
 [data-testid="status-tracker"]:has(> .error) {display: none !important;}
 .atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */
@@ -107,7 +111,7 @@ def build_demo() -> gr.Blocks:
                     items[key] = (item, tab.build())  # its Permalink, or None: what its link holds
         with gr.Accordion("Limits and safety", open=False):
             gr.Markdown(limits.describe())
-        why.register_api()  # /attention_why and /patch take text and a model name (tabs/why.py)
+        sections.register_api()  # /attention_why and /patch take text and a model name (tabs/sections/)
         # The page load restores a permalink and draws the tabs that need no trained model; every change of a
         # declared control writes the view into the URL (tabs/permalink.py).
         permalink.wire(demo, tabs, items, link_notice)

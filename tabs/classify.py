@@ -13,7 +13,6 @@ from serving import catalogue
 from serving.batcher import batch_events, heavy
 from serving.catalogue import checkpoint_labels, offered
 from serving.store import batched
-from tabs import why
 from tabs.common import (
     EXPLANATIONS,
     FAST,
@@ -41,6 +40,10 @@ from tabs.common import (
     target_index,
 )
 from tabs.permalink import Permalink, chain, one_of
+from tabs.sections import compare as compare_section
+from tabs.sections import patching as patch_section
+from tabs.sections import text as text_section
+from tabs.sections import why
 from viz import attribution as vattr
 from viz import images as vi
 
@@ -99,11 +102,11 @@ def build() -> Permalink:
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention", elem_id="classify-attention")
     state = gr.State()
-    why.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model], layer,
-                   head, view)
+    compare_section.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model],
+                               layer, head, view)
     why_section = why.decomposition("classify", state, sequence, layer, head, [view])
     stats = gr.Plot(label="where each head looks")
-    why.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
+    patch_section.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
     inputs = [text, task, model, run_layer(), head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
@@ -134,7 +137,7 @@ def link_limits(state: dict) -> dict:
 
 def sequence(state: dict) -> tuple[str, list[int], list[str]]:
     """What the "why" section splits: the kept input, encoded exactly as the classifier read it."""
-    ids, tokens, _ = why.encode(get_model(state["model"]), state["input"])
+    ids, tokens, _ = text_section.encode(get_model(state["model"]), state["input"])
     return state["model"], ids, tokens
 
 
@@ -219,7 +222,7 @@ def _classified(net, name: str, text: str, method: str, target: str, layer: int 
     attribution = attribute(state, method, progress)
     from models.inspect.decompose import attention_scores
 
-    ids, _, _ = why.encode(net, text)
+    ids, _, _ = text_section.encode(net, text)
     npz = save_npz(name, encoder=amap.weights, scores=attention_scores(net, ids), tokens=amap.queries,
                    probs=result.probs, labels=result.labels,
                    attribution=attribution.values.astype(np.float32), attribution_method=method,
@@ -254,13 +257,20 @@ def draw_attention(state, layer: int, head: str, view: str):
 
 
 def colouring(attribution) -> str:
-    """The text, sub-word pieces merged into words, coloured by one explanation toward its class."""
-    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    """The text, sub-word pieces merged into words, coloured by one explanation toward its class (attention and
+    rollout are for no class: they say so, on a one-sided scale)."""
+    free = attribution.method in CLASS_FREE
+    title = (f"{EXPLANATIONS[attribution.method]} · the same for every class (p({attribution.label}) = "
+             f"{attribution.prob:.1%})" if free else
+             f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})")
     if attribution.method in ("rollout", "attention", "relevance"):
         title += " · read from " + ("the position the classifier reads" if attribution.pooling == "cls"
                                     else "every token (the classifier reads their mean)")
     title += completeness(attribution)
-    return vattr.signed_highlight(attribution.tokens, attribution.values, title=title)
+    return vattr.signed_highlight(attribution.tokens, attribution.values, title=title, signed=not free)
+
+
+CLASS_FREE = ("attention", "rollout")  # read from the attention alone: the same map whatever class is asked about
 
 
 def recolour(state, explanation: str, progress=gr.Progress()):

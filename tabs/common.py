@@ -223,11 +223,18 @@ def stats_figure(amap, kind_title: str):
 
 
 def window_figure(result, block, head: str | int, query: tuple[int, int]):
-    """One Swin token's attention inside its window, over the image (a fusion shows head 0)."""
-    h = 0 if isinstance(head, str) else min(int(head), block.weights.shape[1] - 1)
-    title = (f"Token r{query[0]}c{query[1]} · stage {block.stage} block {block.block} · head {h}"
+    """One Swin token's attention inside its window, over the image: one head, or the mean or max of the block's
+    heads (each window's rows fused over heads, as the ViT maps fuse them)."""
+    weights = block.weights  # (windows, H, N, N)
+    if isinstance(head, str):
+        weights = weights.max(1, keepdims=True) if head == "max" else weights.mean(1, keepdims=True)
+        h, said = 0, f"{'max' if head == 'max' else 'mean'} of {block.weights.shape[1]} heads"
+    else:
+        h = min(int(head), block.weights.shape[1] - 1)
+        said = f"head {h}"
+    title = (f"Token r{query[0]}c{query[1]} → its window · stage {block.stage} block {block.block} · {said}"
              f"{' · shifted' if block.shift else ''}")
-    return vw.window_attention_grid(block.weights, block.grid, block.window, block.shift, query, head=h,
+    return vw.window_attention_grid(weights, block.grid, block.window, block.shift, query, head=h,
                                     image=result.image, patch=block.patch, title=title)
 
 

@@ -12,7 +12,6 @@ from models import limits
 from models.outputs import AttentionMap
 from serving import batcher, catalogue, results, store
 from serving.catalogue import GPT_TINY, decoder_models
-from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -34,6 +33,9 @@ from tabs.common import (
     seed_box,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import compare as compare_section
+from tabs.sections import patching as patch_section
+from tabs.sections import why
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -119,7 +121,7 @@ def build() -> Permalink:
             k_last = gr.Number(63, label="keys to", precision=0)
             zoom_run = gr.Button("Zoom into the block")
         zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
-    why.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
+    compare_section.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
                    [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     lens = gr.Plot(label="logit lens")
@@ -142,10 +144,10 @@ def build() -> Permalink:
         roles_run = gr.Button("Repeated random tokens")
     roles_note = gr.Markdown()
     roles = gr.Plot(label="head roles")
-    with gr.Row():
-        stripe = gr.Plot(label="the strongest induction head")
-        losses = gr.Plot(label="loss on each copy")
-    why.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section, repeated=True)
+    stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
+    losses = gr.Plot(label="loss on each copy")
+    patch_section.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section,
+                           repeated=True)
     with gr.Row():
         download = gr.File(label="attention arrays (.npz)", scale=3)
         write_npz = gr.Button(f"Write the attention arrays (.npz; over {limits.LONG_TOKENS} tokens on request)",
@@ -157,7 +159,8 @@ def build() -> Permalink:
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"})]
+    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+             (zoom_defaults, [state], [q_last, k_last], {"show_progress": "hidden"})]
     chain(run.click, steps, api_name="generate", **batcher.batch_events("generate"))
     chain(prompt.submit, steps, **batcher.batch_events("generate"))
     for control in (step, layer, head, view, pooling):
@@ -168,6 +171,12 @@ def build() -> Permalink:
     write_npz.click(attention_npz, [state], [download], api_name="attention_npz", concurrency_limit=1)
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
+    # another model: the last model's continuation and figures go (an error of the new one stood under them)
+    model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
+                api_name=False, show_progress="hidden", **FAST)
+    # "Switch the head off" follows the layer and the head the heatmap shows (it ablated head 0 beside head 1)
+    layer.change(why.follow_layer, [layer], [ablate_layer], api_name=False, show_progress="hidden", **FAST)
+    head.change(why.follow_head, [head], [ablate_head], api_name=False, show_progress="hidden", **FAST)
     ablate.click(ablate_head_fn, [state, step, ablate_layer, ablate_head], [ablation_note, ablation],
                  api_name="ablate_head")
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
@@ -369,6 +378,8 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     amap = result.attention["decoder"]
     t = len(result.tokens)
     pooling = read_pooling(pooling)
+    # a last position past the end is the end (the boxes' 63 on a 16-token text); a first one past it is refused
+    q_last, k_last = (t - 1 if _past_end(v, t) else v for v in (q_last, k_last))
     first_q, last_q = index(q_first, t, "first query", default=0), index(q_last, t, "last query")
     first_k, last_k = index(k_first, t, "first key", default=0), index(k_last, t, "last key")
     if first_q > last_q or first_k > last_k:
@@ -383,6 +394,22 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     return va.attention_zoom(amap.weights, amap.queries, amap.keys, rows=(first_q, last_q + 1),
                              cols=(first_k, last_k + 1), layer=layer, head=h, kind="Decoder self-attention",
                              pool=pooling)
+
+
+def _past_end(value, n: int) -> bool:
+    """A whole number at or past ``n`` (the end of a text of n tokens)."""
+    try:
+        return float(value) >= n and float(value).is_integer()
+    except (TypeError, ValueError):
+        return False
+
+
+def zoom_defaults(state: dict | None):
+    """The zoom boxes' last positions after a generation: the block's default end (63) within the text."""
+    if not state:
+        return gr.update(), gr.update()
+    end = min(63, len(state["result"].tokens) - 1)
+    return gr.update(value=end), gr.update(value=end)
 
 
 def ending(result, eos: str, settings: str) -> str:
@@ -482,14 +509,20 @@ def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Pro
     ids = net.repeated_tokens(n, seed=read_seed(seed))
     loss, weights = net.token_losses(ids)
     scores = role_scores(weights, n)
-    fig = vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
+    from tabs.common import fit  # here, not at the top: the figure takes its column's width (it lost its colour bar)
+
+    fig = fit(vs.head_share_heatmap(np.stack([scores[k] for k in ROLES.values()], -1), list(ROLES),
                                 title=f"Head roles · {model} · N = {n}",
                                 subtitle="mean attention on the role's key (induction, duplicate: over the "
-                                         "second copy)", label="score")
+                                         "second copy)", label="score"))
     best = np.unravel_index(int(np.argmax(scores["induction"])), scores["induction"].shape)
     tokens = [net.piece(i) for i in ids]
-    stripe = va.attention_heatmap(weights, tokens, tokens, layer=int(best[0]), head=int(best[1]),
-                                  kind=f"Induction stripe · score {scores['induction'][best]:.2f}")
+    stripe = fit(va.attention_heatmap(weights, tokens, tokens, layer=int(best[0]), head=int(best[1]),
+                                      kind=f"Induction stripe · score {scores['induction'][best]:.2f}"))
+    for axis in (stripe.layout.xaxis, stripe.layout.yaxis):  # fitted to its box: at most 50 labels a side
+        if axis.tickvals is not None and len(axis.tickvals) > 50:
+            k = -(-len(axis.tickvals) // 50)
+            axis.tickvals, axis.ticktext = axis.tickvals[::k], axis.ticktext[::k]
     lines = vg.copy_losses(loss[:n], loss[n : 2 * n])
     summary = " · ".join(f"strongest {name.split(' (')[0]}: layer {i} head {j} ({scores[k][i, j]:.2f})"
                          for name, k in ROLES.items()

@@ -40,6 +40,9 @@ def build() -> Permalink:
     inputs, outputs = [grid, window, shift, index], [parts, rolled, regions, mask, masks, note]
     for control in inputs:
         control.change(swin_windows, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
+        # the shift and window sliders offer only what the figure can draw (it clamped them silently: shift 6 and
+        # window 63 shown while it drew 3 and 8)
+        control.change(window_limits, inputs, [shift, index], api_name=False, show_progress="hidden", **FAST)
     gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows", **FAST)
     gr.Markdown(f"### The trained Swin (`{MODEL}`)")
     with gr.Row():
@@ -74,6 +77,17 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
             fit(vw.region_map(geo.regions, window)),
             fit(vw.window_mask(geo.masks[idx], window, idx)),
             vw.all_window_masks(geo.masks, geo.side // window), note)
+
+
+def window_limits(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):
+    """The shift and window-index sliders' range for a grid and window size, their values clamped into it, as
+    `swin_windows` clamps them (shift below the window, index below the number of windows)."""
+    window = max(1, int(window))
+    side = -(-max(1, int(grid)) // window) * window  # the grid padded to a multiple of the window
+    windows = (side // window) ** 2
+    top = max(window - 1, 0)
+    return (gr.update(maximum=max(top, 1), value=min(max(int(shift), 0), top)),
+            gr.update(maximum=max(windows - 1, 1), value=min(max(int(window_index), 0), windows - 1)))
 
 
 def block_heads() -> list[int]:

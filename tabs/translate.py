@@ -12,7 +12,6 @@ from serving import catalogue
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
 from serving.catalogue import offered
 from serving.store import batched
-from tabs import why
 from tabs.common import (
     FAST,
     MAX_TEXT_CHARS,
@@ -33,7 +32,11 @@ from tabs.common import (
     stats_figure,
 )
 from tabs.permalink import Permalink, chain
+from tabs.sections import compare as compare_section
+from tabs.sections import text as text_section
+from tabs.sections import why
 from viz import text as vt
+from viz.common import esc
 
 TITLE = "Translate"
 MODEL = catalogue.SHIPPED["translate"][0]
@@ -63,13 +66,16 @@ def build() -> Permalink:
     gr.Examples([[s] for s in sentences.TRANSLATE], [text])
     out = gr.Textbox(label="German translation", interactive=False)
     notice = gr.Markdown()
+    # a text of several sentences is translated sentence by sentence; the figures show the one picked here
+    shown = gr.Dropdown([], value=None, label="sentence the figures show", visible=False, interactive=True)
+    which = gr.State("")  # "sentence 2 of 5", the figures' title prefix
     with gr.Row():
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
-    why.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam], layer, head,
-                   view)
+    compare_section.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam],
+                               layer, head, view, shows="encoder self-attention")
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
@@ -81,15 +87,21 @@ def build() -> Permalink:
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
-             (why_controls_for, [text, model], [source, *why_controls], {"show_progress": "hidden"})]
+             (sentence_picker, [text], [shown, which], {"show_progress": "hidden"}),
+             (lambda t, m: why_controls_for(t, "", m), [text, model], [source, *why_controls],
+              {"show_progress": "hidden"})]
     if GRADIO_BATCH:  # the measured alternative to the model store's batcher (docs/ARCHITECTURE.md §9)
         steps[0] = (translate_gradio_batch, inputs, outputs,
                     {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})
     chain(run.click, steps, api_name="translate", **batch_events("translate"))
     chain(text.submit, steps, **batch_events("translate"))
     for control in (kind, layer, head, view):
-        control.change(draw_translation, [state, kind, layer, head, view], [attn, stats], api_name=False,
+        control.change(draw_translation, [state, kind, layer, head, view, which], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
+    shown.input(show_sentence, [text, shown, beam, kind, head, view, model],
+                [notice, attn, stats, tree, align, state, download, layer, head, which], api_name=False).then(
+        lambda t, sh, m: why_controls_for(t, sh, m), [text, shown, model], [source, *why_controls], api_name=False,
+        show_progress="hidden")
     return Permalink({"text": text, "beam": beam, "kind": kind, "show": view, "model": model}, steps,
                      after={"layer": layer, "head": head}, state=state, limits=link_limits)
 
@@ -122,38 +134,80 @@ def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = -
     name, model = _model(model_name, progress)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
+    which = f"sentence 1 of {1 + len(rest)}" if rest else ""
     # with the requests arriving now; each one's figures are drawn in the batch's thread (serving.store.batched)
     out = batched(name, "translate", translate_batch, model, (text, beam),
-                  finish=lambda result: _translated(model, text, beam, split_notice, result, kind, layer, head, view))
-    if rest:  # a long text's other sentences (not batched: it holds one of the app's permits meanwhile)
+                  finish=lambda result: _translated(model, text, beam, split_notice, result, kind, layer, head,
+                                                    view, which))
+    if rest:  # the other sentences, as one batched search (it holds one of the app's permits meanwhile)
         with heavy():
             return with_rest(model, out, rest, beam)
     return out
 
 
 def with_rest(model, out: tuple, rest: list[str], beam: int) -> tuple:
-    """translate's outputs with a long text's other sentences translated after the first one's translation."""
-    return (" ".join([out[0], *(model.translate(s, beam_size=beam).text for s in rest)]), *out[1:])
+    """translate's outputs with the text's other sentences translated (one batch) after the first one's."""
+    results = model.translate_many(rest, beam_size=beam)
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    return (" ".join([out[0], *(r.text for r in results)]), *out[1:])
+
+
+def sentences_of(text: str) -> list[str]:
+    """The sentences of a text (split after . ! ? …, a closing quote kept with its sentence)."""
+    return [s.strip() for s in SENTENCE_END.split(text) if s.strip()] or [text]
+
+
+def sentence_picker(text: str):
+    """The picker of the sentence the figures show: one choice per sentence, visible when there are several."""
+    parts = sentences_of(read_text(text)) if (text or "").strip() else []
+    choices = [f"{i} · {s[:70]}{'…' if len(s) > 70 else ''}" for i, s in enumerate(parts, 1)]
+    many = len(choices) > 1
+    return (gr.update(choices=choices, value=choices[0] if many else None, visible=many),
+            f"sentence 1 of {len(choices)}" if many else "")
+
+
+def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross", head: str = "mean",
+                  view: str = "heatmap", model_name: str = MODEL):
+    """The figures of the picked sentence (the translation itself stays): that sentence translated alone, as the
+    whole text's translation translated it."""
+    parts = sentences_of(read_text(text))
+    try:
+        i = int(str(picked).split(" · ")[0]) - 1
+    except ValueError:
+        i = 0
+    if not 0 <= i < len(parts):
+        raise Error(f"The text has {len(parts)} sentences; pick one of them.")
+    _, model = _model(model_name)
+    beam = max(1, min(int(beam_size), MAX_BEAM))
+    which = f"sentence {i + 1} of {len(parts)}"
+    result = model.translate(parts[i], beam_size=beam)
+    out = _translated(model, parts[i], beam, f"The figures show {which}: “{esc(parts[i])}” → “{esc(result.text)}”.",
+                      result, kind, -1, head, view, which)
+    return (*out[1:], which)
 
 
 def _translated(model, text: str, beam: int, split_notice: str, result, kind: str, layer: int | None, head: str,
-                view: str):
-    """translate's outputs for one result (the translation of ``text``, the first sentence of a long text), its
-    attention drawn at ``layer`` (−1: the last)."""
+                view: str, which: str = ""):
+    """translate's outputs for one result (the translation of ``text``, one sentence of a longer text: ``which``
+    names it in the figures' titles), its attention drawn at ``layer`` (−1: the last)."""
     cross = result.attention["cross"]
     layer, head = index(layer, cross.layers, "layer"), head_index(head, cross.heads)
     layer_u, head_u = controls_for(cross.layers, cross.heads, layer)
+    said = f"{which.capitalize()} · " if which else ""
     from models.inspect.decompose import attention_scores
 
-    ids, _, _ = why.encode(model, text)
+    ids, _, _ = text_section.encode(model, text)
     npz = save_npz("translation", **{k: a.weights for k, a in result.attention.items()},
                    encoder_scores=attention_scores(model, ids),
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
     notice = " ".join(x for x in (split_notice, result.notice) if x) or \
         f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
-    return (result.text, notice, *draw_translation(result, kind, layer, head, view),
-            vt.beam_tree(result.beam, result.chosen, title=f"Beam search (beam size {beam})"),
-            vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean"),
+    return (result.text, notice, *draw_translation(result, kind, layer, head, view, which),
+            vt.beam_tree(result.beam, result.chosen, title=esc(f"{said}Beam search (beam size {beam})")),
+            vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean",
+                               **({"title": esc(f"{said}Cross-attention of the chosen translation")} if which else {})),
             result, npz, layer_u, head_u)
 
 
@@ -195,18 +249,19 @@ SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'»”)\]]))\s+")  #
 
 
 def split_long(model, text: str) -> tuple[str, list[str], str]:
-    """A text over the model's positions (128 tokens, its training captions are ~13 words) is translated sentence
-    by sentence: (the first sentence, which the figures show; the other sentences; a notice saying so). A text
-    that fits comes back whole, with no notice. A single sentence still too long is cut by the model (its notice)."""
-    if not model.tokenizer.encode(text, max_tokens=model.config.max_len).notice:  # it fits: no truncation notice
-        return text, [], ""
-    sentences = [s for s in SENTENCE_END.split(text) if s.strip()]
+    """A text of several sentences is translated sentence by sentence, whatever its length (the model was trained on
+    single captions of ~13 words: given five sentences at once it answers with one, silently dropping the rest):
+    (the first sentence, which the figures show first; the other sentences; a notice saying so). A single sentence
+    comes back whole, with no notice; one still too long is cut by the model (its notice)."""
+    sentences = sentences_of(text)
     if len(sentences) == 1:
         return text, [], ""
+    longer = (f"The text is longer than the model's {model.config.max_len} positions, so each"
+              if model.tokenizer.encode(text, max_tokens=model.config.max_len).notice else "Each")
     return sentences[0], sentences[1:], (
-        f"The text is longer than the model's {model.config.max_len} positions, so each of its {len(sentences)} "
-        "sentences was translated on its own (the model was trained on single captions). The figures show the first "
-        "sentence; paste another sentence alone to see its attention.")
+        f"{longer} of its {len(sentences)} sentences was translated on its own (the model was trained on single "
+        "captions; given several at once it drops sentences). The figures show the first sentence; pick another "
+        "under the translation.")
 
 
 def compare_view(result) -> dict:
@@ -221,25 +276,31 @@ def sequence(source: tuple[str, str] | str) -> tuple[str, list[int], list[str]]:
     """What the "why" section splits: the English sentence as the chosen translator's encoder read it."""
     text, name = source if isinstance(source, (tuple, list)) else (source, MODEL)
     name, net = _model(name)
-    ids, tokens, _ = why.encode(net, text)
+    ids, tokens, _ = text_section.encode(net, text)
     return name, ids, tokens
 
 
-def why_controls_for(text: str, model_name: str = MODEL):
-    """Keep the source (and the translator) for the "why" section; its sliders follow the encoder (last layer, last
-    token)."""
+def why_controls_for(text: str, picked: str = "", model_name: str = MODEL):
+    """Keep the source and the translator for the "why" section (the sentence the figures show); its sliders follow
+    the encoder (last layer, last token)."""
     name, net = _model(model_name)
-    ids, _, _ = why.encode(net, read_text(text))
+    parts = sentences_of(read_text(text))
+    try:
+        source = parts[int(str(picked).split(" · ")[0]) - 1] if picked else parts[0]
+    except (ValueError, IndexError):
+        source = parts[0]
+    ids, _, _ = text_section.encode(net, source)
     c = net.config
-    return ((read_text(text), name), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
+    return ((source, name), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
 
 
-def draw_translation(result, kind: str, layer: int, head: str, view: str):
-    """The attention figure and head statistics of one kind, from the kept result (no model run)."""
+def draw_translation(result, kind: str, layer: int, head: str, view: str, which: str = ""):
+    """The attention figure and head statistics of one kind, from the kept result (no model run); ``which`` ("sentence
+    2 of 5") prefixes the titles when the text had several sentences."""
     if result is None:
         return None, None
     amap = result.attention[kind]
-    title = KINDS[kind]
+    title = f"{which.capitalize()} · {KINDS[kind]}" if which else KINDS[kind]
     if kind == "cross":  # row t is the step that produced the next German token: label it by that token
         amap = AttentionMap(amap.weights, produced(result), amap.keys)
     return attention_figure(amap, title, layer, parse_head(head), view), stats_figure(amap, title)

@@ -85,7 +85,10 @@ def build() -> Permalink:
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation", scale=2)
-        target = gr.Textbox("", label="explain the class (empty: the predicted one)", scale=1)
+        # the model's classes, as in Classify (a free-text box ignored Enter and any class name it did not know);
+        # a typed class is still taken (ImageNet's 1,000 load with the model's choice) and checked by the handler
+        target = gr.Dropdown(class_choices("vit-fashion"), value="", label="explain the class", scale=1,
+                             allow_custom_value=True)
     with gr.Row():
         explained = gr.Plot(label="explanation over the image")
         curve = gr.Plot(label="deletion curve: every explanation on this image")
@@ -104,6 +107,8 @@ def build() -> Permalink:
              (lambda: "", None, [patch], {"show_progress": "hidden"}),  # a new image: the centre patch again
              (deletion_plot, [state, explanation], [curve])]
     chain(run.click, steps, api_name="classify_image")
+    chain(target.input, steps)  # a class picked: explained at once
+    model.change(target_update, [model, target], [target], api_name=False, show_progress="hidden")
     explanation.change(reexplain, [state, explanation], [explained, curve], api_name=False, show_progress="minimal")
     for control in (layer, head, view):
         control.change(redraw_image, [state, layer, head, view], [overlay, heads, query], api_name=False,
@@ -121,6 +126,28 @@ def build() -> Permalink:
                      after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits)
 
 
+def class_choices(model: str) -> list[tuple[str, str]]:
+    """The classes the chosen model can be asked to explain, after "the predicted class" (the empty value): a
+    checkpoint's from its config.json (no torch), ImageNet's from torchvision's weight entry."""
+    if model in IMAGENET:
+        try:
+            from models.io.pretrained import imagenet_labels
+
+            labels = imagenet_labels(IMAGENET[model])
+        except Exception:  # noqa: BLE001 — no torchvision entry: the predicted class only, a typed one still checked
+            labels = []
+    else:
+        labels = checkpoint_labels(model)
+    return [("the predicted class", ""), *[(label, label) for label in labels]]
+
+
+def target_update(model: str, target: str):
+    """The class choices of the model now chosen; the chosen class stays if this model has it."""
+    choices = class_choices(model)
+    keep = target if target in [value for _, value in choices] else ""
+    return gr.update(choices=choices, value=keep)
+
+
 def offered(model: str, explanation: str):
     """The explanation choices and the view switch for a model: Swin offers only the gradient methods (its
     attention stays inside windows, so there is nothing global to read, roll out or trace) and no CLS → patches /
@@ -129,7 +156,7 @@ def offered(model: str, explanation: str):
     keys = tuple(k for k in EXPLANATIONS if family is None or k in family.methods)
     swin = "rollout" not in keys  # windowed attention: no CLS token, no global map to roll out
     value = explanation if explanation in keys else keys[0]
-    view = gr.update(interactive=not swin, value="CLS → patches",
+    view = gr.update(interactive=not swin, value=None if swin else "CLS → patches",  # Swin: neither applies
                      info="Swin has no CLS token: the map is the centre token's attention inside its window (click a "
                           "patch for another), at the block the layer slider picks; no rollout" if swin else None)
     return gr.update(choices=[(EXPLANATIONS[k], k) for k in keys], value=value), view
@@ -141,13 +168,14 @@ def preview(image: str | None, model: str):
     that cannot be read (classifying it says why)."""
     if not image:
         return None, None
-    from models.io.images import fashion_array, open_image
+    from models.io.images import fashion_array, open_image, to_rgb
 
     try:
         img, _ = open_image(image)  # decoded once, for both pictures
         seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
+        img = to_rgb(img)  # transparency on white, as the model reads it (a plain convert showed it black)
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
-        shown = np.asarray(img.convert("RGB"))
+        shown = enlarge(np.asarray(img), PREVIEW_SIDE)  # a 28- or 5-pixel upload, enlarged to be seen
     except ValueError:
         return None, None
     return shown, shown if seen is None else seen
@@ -228,9 +256,13 @@ def _offered(asked: str, attribution) -> str:
 
 def explanation_figure(result, attribution):
     """One explanation of the kept image, signed, over what the model saw."""
-    title = f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})"
+    free = attribution.method in ("attention", "rollout")  # read from the attention alone: for no class
+    title = (f"{EXPLANATIONS[attribution.method]} · the same for every class (p({attribution.label}) = "
+             f"{attribution.prob:.1%})" if free else
+             f"{EXPLANATIONS[attribution.method]} toward {attribution.label} ({attribution.prob:.1%})")
     title += completeness(attribution)
-    return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title))
+    return fit(vattr.image_attribution(result.image, attribution.values, attribution.grid, title=title,
+                                       signed=not free, label="share of attention" if free else "attribution"))
 
 
 def reexplain(state: dict | None, explanation: str, progress=gr.Progress()):

@@ -119,7 +119,8 @@ def test_classify_api_every_explanation_and_a_target(client, model) -> None:
             assert str(arrays["attribution_method"]) == method and str(arrays["attribution_target"]) == "negative"
             assert arrays["attribution"].dtype == np.float32
             assert arrays["attribution"].shape == (len(arrays["tokens"]),) and np.isfinite(arrays["attribution"]).all()
-        assert f"{METHODS[method]} toward negative" in out[2]
+        said = "· the same for every class (p(negative) = " if method in ("attention", "rollout") else "toward negative"
+        assert f"{METHODS[method]} {said}" in out[2]
     with pytest.raises(Exception, match="Unknown class 'sports'"):
         client.predict("a film", "SST-2 sentiment", model, 0, "mean", "heatmap", "rollout", "sports",
                        api_name="/classify")

@@ -121,7 +121,8 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
     result = state["result"]
     assert result.pooling == pooling
     label = "the position the classifier reads" if pooling == "cls" else "every token (the classifier reads their mean)"
-    assert f"Attention rollout toward {result.labels[int(np.argmax(result.probs))]}" in html.unescape(highlight)
+    top = result.labels[int(np.argmax(result.probs))]
+    assert f"Attention rollout · the same for every class (p({top}) = " in html.unescape(highlight)
     assert f"read from {label}" in html.unescape(highlight)
     shown = [float(v) for v in re.findall(r'title="[^"]*: ([-+][0-9.e+-]+)"', highlight)]
     want = pooled_rollout(result.attention["encoder"].weights, pooling)
@@ -316,6 +317,39 @@ def test_a_text_over_the_translator_positions_is_translated_sentence_by_sentence
     assert split_long(net, first) == (first, [], "")  # a text that fits is left whole
 
 
+def test_every_sentence_of_a_short_paragraph_is_translated_and_the_figures_say_which(tiny_checkpoints: Path,
+                                                                                      monkeypatch) -> None:
+    """Issue 48, item 1: a 5-sentence paragraph under 128 tokens came back as one German sentence, silently (the
+    model was trained on single captions). Every multi-sentence text is translated sentence by sentence, the output
+    keeps every sentence (each equal to that sentence translated alone), the figures' titles say which sentence
+    they show, and the picker draws any other sentence's figures."""
+    from tabs import translate as tab
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    net = store.get_model("translator-en-de")
+    parts = ["The old woman sells fresh bread.", "Many people carry baskets!", "A child eats an apple.",
+             "Two dogs sleep under a table?", "The sun sets."]
+    text = " ".join(parts)
+    assert not net.tokenizer.encode(text, max_tokens=net.config.max_len).notice  # it fits the positions
+    out = tab.translate(text, 2)
+    solo = [net.translate(s, beam_size=2) for s in parts]
+    assert out[0] == " ".join(r.text for r in solo)
+    assert "Each of its 5 sentences was translated on its own" in out[1]
+    assert out[2].layout.title.text.startswith("Sentence 1 of 5 · ")
+    assert out[4].layout.title.text.startswith("Sentence 1 of 5 · Beam search")
+    picker, which = tab.sentence_picker(text)
+    assert picker["visible"] and len(picker["choices"]) == 5 and which == "sentence 1 of 5"
+    shown = tab.show_sentence(text, picker["choices"][2], 2)
+    assert "sentence 3 of 5" in shown[0] and shown[1].layout.title.text.startswith("Sentence 3 of 5")
+    cross = shown[5].attention["cross"]  # the kept result: the third sentence's own
+    assert cross.keys == solo[2].attention["cross"].keys and shown[-1] == "sentence 3 of 5"
+    assert tab.why_controls_for(text, picker["choices"][2])[0] == parts[2]
+    assert not tab.sentence_picker(parts[0])[0]["visible"]
+    with pytest.raises(gr.Error, match="5 sentences"):
+        tab.show_sentence(text, "9 · nothing", 2)
+
+
 def test_trained_swin_names_the_blocks_and_heads_it_shows(tiny_checkpoints: Path, monkeypatch) -> None:
     from tabs import swin as tab
 
@@ -409,3 +443,157 @@ def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_pa
     assert shown.shape == (2 * PREVIEW_SIDE // 2, 2 * PREVIEW_SIDE, 3) and seen is shown  # a thumbnail, aspect kept
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
     assert preview(str(tmp_path / "broken.png"), "vit-fashion") == (None, None)  # classifying it says why
+
+
+def test_class_free_explanations_say_so(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, item 7: rollout was titled "toward negative" on a supports/against scale, though it does not
+    depend on the class ("charming" shown supporting *negative*). Attention and rollout are the same map for every
+    class, titled so, on a one-sided legend; a gradient method keeps its signed scale and target."""
+    import re
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+
+    def values(highlight: str) -> list[float]:
+        return [float(v) for v in re.findall(r'title="[^"]*: ([-+][0-9.e+-]+)"', highlight)]
+
+    for method in ("rollout", "attention"):
+        shown = {target: classify("a charming film .", "SST-2 sentiment", "trained from scratch", 0, "mean",
+                                  "heatmap", method, target)[2] for target in ("negative", "positive")}
+        assert values(shown["negative"]) == values(shown["positive"])
+        for text in shown.values():
+            assert "the same for every class" in text and "toward" not in text and "(supports)" not in text
+    gradient = classify("a charming film .", "SST-2 sentiment", "trained from scratch", 0, "mean", "heatmap",
+                        "gradxinput", "negative")[2]
+    assert "toward negative" in gradient and "(supports)" in gradient
+
+
+def test_swin_overlay_follows_the_mean_and_max_of_heads(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, item 7: Vision with Swin drew head 0 for "mean" and "max" and kept "CLS → patches" selected. The
+    overlay is the window attention fused over the block's heads (checked against the mean and max written out),
+    titled so, and the view switch holds no value for Swin."""
+    from tabs import vision
+    from tabs.common import EXAMPLE_IMAGES
+    from viz.swin import window_attention_map
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    out = classify_image(str(EXAMPLE_IMAGES[0]), "swin-fashion", 3, 0, "mean", "CLS → patches", "gradxinput")
+    state = out[7]
+    result = state["result"]
+    block = result.windows[0]
+    query = (block.grid[0] // 2, block.grid[1] // 2)
+    drawn = {}
+    for head, fuse in (("mean", np.mean), ("max", np.max), ("1", None)):
+        overlay = vision.draw_image(result, 0, head, None)[0]
+        z = np.array(next(t for t in overlay.data if t.type == "heatmap").z, dtype=float)
+        w = block.weights if fuse is None else fuse(block.weights, axis=1, keepdims=True)
+        want, _ = window_attention_map(w, block.grid, block.window, block.shift, query, 1 if fuse is None else 0)
+        np.testing.assert_allclose(np.nan_to_num(z), np.nan_to_num(want), atol=1e-5)
+        drawn[head] = z
+        assert (f"{head} of" if fuse else "head 1") in overlay.layout.title.text
+    assert not np.allclose(np.nan_to_num(drawn["mean"]), np.nan_to_num(drawn["1"]))
+    _, view = vision.offered("swin-fashion", "gradxinput")
+    assert view["value"] is None and view["interactive"] is False
+    assert vision.offered("vit-fashion", "rollout")[1]["value"] == "CLS → patches"
+
+
+def test_swin_window_sliders_show_what_the_figure_draws() -> None:
+    """Issue 48, item 7: the Swin windows sliders showed shift 6 and window 63 while the figures used 3 and 8. The
+    sliders are clamped to the same values the figures use (read back from the note) and offer no more."""
+    import re
+
+    from tabs.swin import window_limits
+
+    for grid, window, shift, index in [(8, 4, 6, 63), (16, 8, 7, 63), (5, 8, 7, 3), (16, 1, 0, 63), (9, 4, 3, 20)]:
+        shift_u, index_u = window_limits(grid, window, shift, index)
+        note = swin_windows(grid, window, shift, index)[-1]
+        drawn_shift = int(re.search(r"shift (\d+)", note).group(1))
+        drawn_index = int(re.search(r"Window (\d+) blocks", note).group(1))
+        n_windows = int(re.search(r"(\d+) windows of", note).group(1))
+        assert (shift_u["value"], index_u["value"]) == (drawn_shift, drawn_index), note
+        assert index_u["maximum"] == max(n_windows - 1, 1) and shift_u["maximum"] == max(window - 1, 1)
+
+
+def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monkeypatch) -> None:
+    """Issue 48, items 4, 7 and 12: "Zoom into the block" kept its 0–63 boxes and failed on a 16-token text; "Switch
+    the head off" ablated layer 3 head 0 while head 1 was on screen; a new model's error stood under the last
+    model's continuation. The zoom's end follows the text, the ablation sliders follow the heatmap's layer and
+    head, and choosing another model empties the last one's outputs."""
+    from tabs import generate as tab
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    state = tab.generate("a dog", 3)[6]
+    t = len(state["result"].tokens)
+    assert t < 63
+    fig = tab.zoom(state, 0, "0", 0, 63, 0, 63)
+    assert len(fig.data[0].z) == t  # the whole text, not an error
+    assert [u["value"] for u in tab.zoom_defaults(state)] == [t - 1, t - 1]
+    with pytest.raises(gr.Error, match="first query"):
+        tab.zoom(state, 0, "0", 99, 120, 0, 5)
+    with gr.Blocks() as demo:
+        tab.build()
+    sliders = {getattr(b, "label", None): b for b in demo.blocks.values()}
+    followers = [fn for fn in demo.fns.values() if len(fn.outputs) == 1 and fn.outputs[0] in
+                 (sliders["layer of the head"], sliders["head"]) and len(fn.inputs) == 1]
+    by_output = {fn.outputs[0].label: fn for fn in followers}
+    assert by_output["layer of the head"].fn(3)["value"] == 3 and by_output["head"].fn("1")["value"] == 1
+    plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
+    clearing = [fn for fn in demo.fns.values() if not fn.inputs and any(k == "input" for _, k in fn.targets)
+                and sum(o in plots for o in fn.outputs) >= 3]
+    assert clearing and all(v in ("", None) for v in clearing[0].fn())
+
+
+def test_vision_preview_and_class_choices(tiny_checkpoints: Path, monkeypatch, tmp_path: Path) -> None:
+    """Issue 48, items 8 and 12: a transparent PNG was previewed on black while the model saw it on white
+    ("light background: inverted"); 28- and 5-pixel uploads were shown at their size; the target class was a
+    free-text box. The preview composites on white as the model does and enlarges small images; the target is a
+    dropdown of the chosen model's classes, and picking one explains it at once."""
+    from PIL import Image
+
+    from tabs import vision
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    rgba = np.zeros((40, 40, 4), dtype=np.uint8)
+    rgba[10:30, 18:22] = (0, 0, 0, 255)  # a black bar on a fully transparent ground
+    path = tmp_path / "clear.png"
+    Image.fromarray(rgba, "RGBA").save(path)
+    shown, seen = vision.preview(str(path), "vit-fashion")
+    assert (shown[0, 0] == 255).all() and (shown[shown.shape[0] // 2, shown.shape[1] // 2] == 0).all()
+    assert seen[0, 0].max() < 50  # the model's input: inverted (light ground), so the ground is dark
+    for side in (28, 5):
+        small = tmp_path / f"small{side}.png"
+        Image.fromarray(np.full((side, side, 3), 200, np.uint8)).save(small)
+        shown, _ = vision.preview(str(small), "vit-fashion")
+        assert shown.shape[0] >= vision.PREVIEW_SIDE - side and shown.shape[0] % side == 0
+    labels = catalogue.checkpoint_labels("vit-fashion")
+    assert vision.class_choices("vit-fashion") == [("the predicted class", ""), *[(x, x) for x in labels]]
+    assert vision.target_update("swin-fashion", labels[1])["value"] == labels[1]
+    with gr.Blocks() as demo:
+        vision.build()
+    drop = next(b for b in demo.blocks.values() if getattr(b, "label", None) == "explain the class")
+    assert isinstance(drop, gr.Dropdown)
+    assert any((drop._id, "input") in [(i, k) for i, k in fn.targets] and fn.fn is not None and
+               "classify_image" in getattr(fn.fn, "__name__", "") for fn in demo.fns.values())
+    with pytest.raises(gr.Error, match="Unknown class 'banana'"):
+        classify_image(vision.EXAMPLE_IMAGES[0], "vit-fashion", 3, 0, "mean", "CLS → patches", "rollout", "banana")
+
+
+def test_readme_has_a_path_for_teachers() -> None:
+    """Issue 48, item 14: a short "for teachers" path: every tab of the app and every lesson named in it, the links
+    per slide and the export; its promises (sentence-by-sentence translation with a picker, sideways scrolling with
+    a scrollbar) are kept by the code (tested above and in tests/e2e)."""
+    import app
+    from tabs import lessons
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## For teachers", 1)[1].split("\n## ", 1)[0]
+    for tab in app.TABS:
+        assert tab.TITLE in section, tab.TITLE
+    for number in range(1, len(lessons.LESSONS) + 1):
+        assert f"lesson {number}" in section or f"lessons {number}" in section or f"–{number}" in section, number
+    assert "Export this lesson as an HTML page" in section and "link" in section
+    assert "sentence by sentence" in section and "scrollbar" in section
+    assert "-webkit-scrollbar" in app.CSS  # the promise of a drawn scrollbar

@@ -100,7 +100,7 @@ def test_the_why_section_shows_the_three_terms(deberta) -> None:
     """The text tabs' "why" section answers for DeBERTa with its three terms (summing to the score), and the
     downloads' pre-softmax scores reproduce the attention."""
     from models.inspect.decompose import attention_scores
-    from tabs import why
+    from tabs.sections import why
 
     where, _, _ = deberta
     ours = models.load(str(where))

@@ -250,11 +250,15 @@ def test_hostile_requests_around_long_inputs(long_tab, long_run) -> None:
     roles = long_tab.head_roles("long-llama", 10_000, 0)[0]
     assert "N = 255" in roles.layout.title.text
     # patching would run a forward per head or position: more than 256 tokens is refused in words
-    from tabs import why
+    from tabs.sections import patching as patch_section
 
+    # the corrupted text swaps two words of the first sentence, so both inputs hold the same words and the same number
+    # of tokens whatever BPE merges the long model's tokenizer learnt (it is trained on the repository's own files,
+    # which change: "dog" for "cat" once added a token)
     long_text = "the cat sat on the mat " * 200
+    swapped = "the mat sat on the cat " + long_text[len("the cat sat on the mat "):]
     with pytest.raises(gr.Error, match="Patching reads at most 256 tokens"):
-        why.patch_texts("long-llama", long_text, long_text.replace("cat", "dog", 1), "", "heads")
+        patch_section.patch_texts("long-llama", long_text, swapped, "", "heads")
 
 
 def test_a_long_previous_result_is_released_before_the_next_run(long_tab) -> None:
@@ -311,11 +315,11 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     mean of the aligned difference over each block, and the .npz of both is float16 and deflated."""
     from bench._long_model import long_prompt
     from models.inspect.analysis import align_tokens
-    from tabs import why
+    from tabs.sections import compare as compare_section
 
     a = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]
     b = long_tab.generate(long_prompt().replace("the", "a"), 1, "long-llama", progress=None)[6]
-    note, fig_b, diff, change = why.compared(long_tab.compare_view, a, b, 1, "0", "heatmap")
+    note, fig_b, diff, change = compare_section.compared(long_tab.compare_view, a, b, 1, "0", "heatmap")
     assert "tokens of B are shared with A" in note
     for fig in (fig_b, diff, change):
         assert len(fig.to_json()) <= LONG_BUDGET
@@ -325,7 +329,7 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     full = wb[np.ix_(ib, ib)].astype(np.float32) - wa[np.ix_(ia, ia)].astype(np.float32)
     np.testing.assert_allclose(np.asarray(diff.data[0].z), direct_pool(full, TILE_CELLS, "mean"), atol=1e-6)
     assert "mean-pooled" in diff.layout.title.text
-    path = why.both_arrays("generate", long_tab.compare_view, a, b)
+    path = compare_section.both_arrays("generate", long_tab.compare_view, a, b)
     with zipfile.ZipFile(path) as archive:
         assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in archive.infolist())
     with np.load(path) as arrays:

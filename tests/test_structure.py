@@ -135,7 +135,7 @@ def test_the_circle_checker_sees_a_planted_circle(tmp_path: Path) -> None:
 
 def defines_title(path: Path) -> bool:
     """Whether a module assigns TITLE at its top level: what makes a module of tabs/ a tab (the shared modules,
-    such as common.py, why.py and permalink.py, have none)."""
+    such as common.py and permalink.py, and the sections under tabs/sections/, have none)."""
     return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TITLE" for t in node.targets)
                for node in ast.parse(path.read_text(encoding="utf-8")).body)
 
@@ -144,7 +144,11 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
     import app
     import tabs
 
-    modules = {p.stem for p in (ROOT / "tabs").glob("*.py") if defines_title(p)}
+    # a tab is a module of tabs/ with a top-level TITLE: a file (tabs/translate.py) or a package whose __init__.py
+    # is the tab (tabs/lessons/: the engine and one module per lesson beside it)
+    modules = {p.stem for p in (ROOT / "tabs").glob("*.py") if defines_title(p)} | {
+        p.parent.name for p in (ROOT / "tabs").glob("*/__init__.py") if defines_title(p)}
+    assert "lessons" in modules and not any(defines_title(p) for p in (ROOT / "tabs").glob("*/[!_]*.py"))
     assert {t.__name__.removeprefix("tabs.") for t in app.TABS} == modules
     for tab in app.TABS:
         assert tab.__name__.startswith(tabs.__name__ + ".")
@@ -161,11 +165,11 @@ def public_api(blocks) -> list[str]:
 @pytest.fixture(scope="module")
 def built() -> tuple[dict, dict, list[str], object]:
     """Each tab of app.TABS built on its own (its API names and its Permalink), the API of the shared sections
-    (tabs/why.py), and the whole app."""
+    (tabs/sections/), and the whole app."""
     import gradio as gr
 
     import app
-    from tabs import why
+    from tabs import sections
 
     apis, links = {}, {}
     for tab in app.TABS:
@@ -173,7 +177,7 @@ def built() -> tuple[dict, dict, list[str], object]:
             links[tab] = tab.build()
         apis[tab] = public_api(alone)
     with gr.Blocks() as shared:
-        why.register_api()
+        sections.register_api()
     return apis, links, public_api(shared), app.build_demo()
 
 

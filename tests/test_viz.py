@@ -327,3 +327,23 @@ def test_step_candidates_outline_the_chosen_token() -> None:
     assert z.shape == (5, 2) and np.allclose(z[:, 0], probs[0])  # one column per step, top row most likely
     chosen = [s for s in fig.layout.shapes if s.line.color == "#d62728"]
     assert [(s.x0, s.y0) for s in chosen] == [(0.5, 0.5), (1.5, 2.5)]  # step 1 rank 1, step 2 rank 3
+
+
+def test_legends_keep_off_the_tilted_labels():
+    """Issue 48, item 10: the score split's and the "what changes" chart's legends lay over their tilted x labels
+    (placed below the plot at y −0.08 and −0.35, where the labels are). Each legend now sits outside the band the
+    x labels take: right of the plot area (x > 1) or above it (y ≥ 1, anchored at its bottom)."""
+    from viz import why as vw
+
+    tokens = [f"▁token{i}" for i in range(14)]
+    for by_offset in (None, np.linspace(-1, 1, 14)):
+        table = np.random.default_rng(0).standard_normal((5, 5))
+        fig = vw.score_decomposition(table, ["bias", "tok", "pos", "L0H0", "L0 MLP"], np.zeros(14),
+                                     np.full(14, 1 / 14), tokens, 13, 3, title="t", by_offset=by_offset,
+                                     renormalised=np.full(14, 1 / 13))
+        legend = fig.layout.legend
+        assert legend.x is not None and legend.x > 1 and legend.xanchor == "left"
+        colorbar = fig.data[0].colorbar
+        assert legend.y <= colorbar.y - colorbar.len  # under the colour bar, not across it
+    fig = vw.change_bars(tokens, np.ones(14), np.ones(14), title="t", unit="bits")
+    assert fig.layout.legend.y >= 1 and fig.layout.legend.yanchor == "bottom"

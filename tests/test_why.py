@@ -1,9 +1,10 @@
-"""The "why a head attends / whether it matters" handlers (tabs/why.py) over the tiny checkpoints, called directly
+"""The "why a head attends / whether it matters" handlers (tabs/sections/) over the tiny checkpoints, called directly
 and through the API: the decomposition sums to the score and its softmax row is the attention the tab shows, for
 every text model the app serves; patching answers with the documented JSON; hostile parameters get words."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -11,11 +12,14 @@ import numpy as np
 import pytest
 
 from serving import catalogue, store
-from tabs import why
 from tabs.classify import classify
 from tabs.classify import sequence as classify_sequence
 from tabs.generate import generate
 from tabs.generate import sequence as generate_sequence
+from tabs.sections import compare as compare_section
+from tabs.sections import patching as patch_section
+from tabs.sections import text as text_section
+from tabs.sections import why
 
 TEXT = "a dog runs on the grass"
 
@@ -33,9 +37,9 @@ def test_attention_why_sums_and_reproduces_the_row(tiny, model: str) -> None:
     assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
     assert {"query_part", "key_part", "value"} <= set(table["components"][0])
     row = np.array(table["softmax_row"])
-    assert abs(row.sum() - 1) < 1e-5 and fig["data"]
+    assert abs(row.sum() - 1) < 1e-5 and json.loads(fig)["data"]
     net = store.get_model(model)
-    ids, _, _ = why.encode(net, TEXT)
+    ids, _, _ = text_section.encode(net, TEXT)
     from models.inspect.decompose import attention_scores
 
     scores = attention_scores(net, ids)[-1, 1, -1]
@@ -85,18 +89,19 @@ def test_enormous_input_is_capped_with_a_notice(tiny) -> None:
 
 
 def test_patch_answers_and_refuses_different_lengths(tiny) -> None:
-    fig, table = why.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "heads")
+    fig, table = patch_section.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "heads")
     restored = np.array(table["restored"])
-    assert restored.shape == (2, 4) and np.isfinite(restored).all() and fig["data"][0]["type"] == "heatmap"
+    assert restored.shape == (2, 4) and np.isfinite(restored).all()
+    assert json.loads(fig)["data"][0]["type"] == "heatmap"
     assert table["logit_diff_clean"] != table["logit_diff_corrupted"]
-    _, table = why.patch("a fine film .", "a bad film .", "sst2", "positive", "positions")
+    _, table = patch_section.patch("a fine film .", "a bad film .", "sst2", "positive", "positions")
     assert np.array(table["restored"]).shape == (2, len(table["clean_tokens"])) and table["target"] == "positive"
     with pytest.raises(gr.Error, match=r"has \d+ tokens and the corrupted one \d+"):
-        why.patch("a dog", "a dog runs on and on and on", "gpt-tiny")
+        patch_section.patch("a dog", "a dog runs on and on and on", "gpt-tiny")
     with pytest.raises(gr.Error, match="Unknown sweep"):
-        why.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "everything")
+        patch_section.patch("a dog runs on the grass", "a man runs on the grass", "gpt-tiny", "", "everything")
     with pytest.raises(gr.Error, match="Unknown class"):
-        why.patch("a fine film .", "a bad film .", "sst2", "maybe")
+        patch_section.patch("a fine film .", "a bad film .", "sst2", "maybe")
 
 
 def test_clicked_cells(tiny) -> None:
@@ -109,9 +114,9 @@ def test_clicked_cells(tiny) -> None:
     with pytest.raises(gr.Error, match="heatmap view"):
         why.from_cell("5,2,9", 1, "3", 0, "heatmap", "cross")
     net = store.get_model("gpt-tiny")
-    ids = [why.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
-    _, _, _, kept = why.run_patch("gpt-tiny", *ids, None, "heads")
-    fig, summary, layer_u, head_u = why.patched_head("1,2,1", kept)
+    ids = [text_section.encode(net, t)[0] for t in ("a dog runs on the grass", "a man runs on the grass")]
+    _, _, _, kept = patch_section.run_patch("gpt-tiny", *ids, None, "heads")
+    fig, summary, layer_u, head_u = patch_section.patched_head("1,2,1", kept)
     assert fig is not None and "Layer 1, head 2" in summary and (layer_u["value"], head_u["value"]) == (1, 2)
 
 
@@ -119,7 +124,10 @@ def test_api_attention_why_and_patch(client) -> None:
     fig, table = client.predict("a dog runs on the grass", "gpt-tiny", -1, 0, -1, 0, api_name="/attention_why")
     assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
     fig, table = client.predict("a fine film .", "a bad film .", "sst2", "", "heads", api_name="/patch")
-    assert np.array(table["restored"]).shape == (2, 4)
+    assert np.array(table["restored"]).shape == (2, 4) and json.loads(fig)["data"]
+    _, table = client.predict("a dog runs on the grass", "a cat runs on the grass", "gpt-tiny", "", "heads", True,
+                              api_name="/patch")
+    assert "Aligned" in table["aligned"] and len(table["clean_tokens"]) == len(table["corrupted_tokens"])
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="outside"):
@@ -139,7 +147,7 @@ def test_compare_two_inputs(tiny) -> None:
     from tabs import generate as tab_generate
 
     a, b = classify("a fine film .")[5], classify("a bad film .")[5]
-    note, fig_b, diff, change = why.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
+    note, fig_b, diff, change = compare_section.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
     wa, wb = a["result"].attention["encoder"].weights[1, 2], b["result"].attention["encoder"].weights[1, 2]
     from models.inspect.analysis import align_tokens
 
@@ -149,24 +157,204 @@ def test_compare_two_inputs(tiny) -> None:
     np.testing.assert_allclose(np.array(diff.data[0].z, dtype=float), wb[np.ix_(ib, ib)] - wa[np.ix_(ia, ia)],
                                atol=1e-6)
     assert "p(" in note and [t.name for t in change.data] == ["A", "B"]
-    path = why.both_arrays("classify", tab_classify.compare_view, a, b)
+    path = compare_section.both_arrays("classify", tab_classify.compare_view, a, b)
     with np.load(path) as z:
         assert z["attention_a"].shape[-1] == len(a["result"].tokens) and z["shared"].shape == (len(pairs), 2)
     g_a, g_b = generate("a dog", 4)[6], generate("a cat", 4)[6]
-    note, *_ = why.compared(tab_generate.compare_view, g_a, g_b, 0, "mean", "model view")
+    note, *_ = compare_section.compared(tab_generate.compare_view, g_a, g_b, 0, "mean", "model view")
     assert "surprisal" in note
     with pytest.raises(gr.Error, match="first input"):
-        why.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
+        compare_section.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
 
 
 def test_translate_compare_and_encoder_scores(tiny) -> None:
     from tabs import translate as tab
 
     a, b = tab.translate("A dog runs.")[6], tab.translate("A cat runs.")[6]
-    note, fig_b, diff, change = why.compared(tab.compare_view, a, b, 0, "mean", "heatmap")
+    note, fig_b, diff, change = compare_section.compared(tab.compare_view, a, b, 0, "mean", "heatmap")
     assert "cross-attention received" in note and fig_b is not None
     with np.load(tab.translate("A dog runs.")[7]) as z:
         enc = z["encoder"]
         scores = z["encoder_scores"]
         soft = np.exp(scores - scores.max(-1, keepdims=True))
         np.testing.assert_allclose(soft / soft.sum(-1, keepdims=True), enc, atol=1e-5)
+
+
+def _reference_contrast(net, a: list[int], b: list[int]) -> tuple[str, str, float]:
+    """Issue 48, item 5, written out: the two inputs' next-token log-probabilities from full forwards, the
+    candidates each input's 5 likeliest, the target the one the corruption lowers most, the foil the one it raises
+    most; and the old default's span (the clean answer against the corrupted answer or the clean runner-up)."""
+    import torch
+
+    with torch.no_grad():
+        lp = [torch.log_softmax(net(torch.tensor([ids])).logits[0, -1].double(), -1) for ids in (a, b)]
+    cand = sorted({int(i) for p in lp for i in p.topk(5).indices})
+    drop = {c: float(lp[0][c] - lp[1][c]) for c in cand}
+    target, foil = max(drop, key=drop.get), min(drop, key=drop.get)
+    old_t = int(lp[0].argmax())
+    old_f = int(lp[1].argmax()) if int(lp[1].argmax()) != old_t else int(lp[0].topk(2).indices[1])
+    old_span = float((lp[0][old_t] - lp[0][old_f]) - (lp[1][old_t] - lp[1][old_f]))
+    return net.piece(target), net.piece(foil), old_span
+
+
+@pytest.mark.parametrize("clean,corrupted", [("a dog runs on the grass", "a man runs on the grass"),
+                                             ("Mary gave a ball to the cat", "John gave a ball to the cat"),
+                                             ("two men ride in the snow", "two men ride in the water")])
+def test_default_target_and_foil_are_where_the_predictions_differ(tiny, clean: str, corrupted: str) -> None:
+    """Issue 48, item 5: the default compared the clean answer with the runner-up when both inputs agreed ("the"
+    vs "a" for a name swap), so the difference to restore was tiny. It now compares the two next tokens whose
+    probability the corruption moves most in opposite directions, checked against full forwards here; the span to
+    restore is never smaller than the old default's."""
+    net = store.get_model("gpt-tiny")
+    a, b, _ = text_section.encode(net, clean)[0], text_section.encode(net, corrupted)[0], None
+    if len(a) != len(b):
+        a, b, _ = patch_section.align_ids(net, a, b)
+    target, foil, old_span = _reference_contrast(net, a, b)
+    _, _, table, _ = patch_section.run_patch("gpt-tiny", a, b, None, "heads")
+    assert (table["target"], table["foil"]) == (target, foil)
+    span = table["logit_diff_clean"] - table["logit_diff_corrupted"]
+    assert span > 0 and span >= abs(old_span) - 1e-4
+
+
+def test_a_small_difference_is_warned(tiny) -> None:
+    """Issue 48, item 5: clean 0.673 against corrupted 0.612 read "restoring 149 %" with no warning. A difference
+    under a fifth of its size (or of 1 nat) is flagged in the note, the figure and the JSON; a large one is not."""
+    assert patch_section.small_span(0.673, 0.612) and patch_section.small_span(-0.05, 0.04)
+    assert not patch_section.small_span(3.0, -1.0)
+    assert not patch_section.small_span(0.9, -0.4)
+    net = store.get_model("gpt-tiny")
+    seen = set()
+    for clean, corrupted in [("a dog runs on the grass", "a man runs on the grass"),
+                             ("two men ride in the snow", "two men ride in the water"), ("a b", "a c")]:
+        a, b = text_section.encode(net, clean)[0], text_section.encode(net, corrupted)[0]
+        for target in (None, *net.encode_prompt(" the")[0][1:2]):
+            note, fig, table, _ = patch_section.run_patch("gpt-tiny", a, b, target, "heads")
+            small = abs(table["logit_diff_clean"] - table["logit_diff_corrupted"]) < 0.2 * max(
+                abs(table["logit_diff_clean"]), abs(table["logit_diff_corrupted"]), 1.0)
+            assert table["small_difference"] == small and ("barely differ" in note) == small
+            assert ("fractions unreliable" in fig.layout.title.text) == small
+            seen.add(small)
+
+
+def test_unequal_inputs_are_explained_and_aligned(tiny) -> None:
+    """Issue 48, item 5: a swap of words with different piece counts was refused with no word of why. The refusal
+    and the live preview name the differing pieces; "align" pads the shorter span with word-boundary tokens before
+    its word so that the tokens after the swap take the same positions."""
+    net = store.get_model("gpt-tiny")
+    clean, corrupted = "a dog runs on the grass", "a cat runs on the grass"
+    ta, tb = text_section.encode(net, clean)[1], text_section.encode(net, corrupted)[1]
+    assert len(ta) != len(tb)
+    with pytest.raises(gr.Error, match=r"differ at \d+: clean .*piece.* corrupted .*piece") as err:
+        patch_section.patch(clean, corrupted, "gpt-tiny")
+    assert "align" in str(err.value)
+    shown = patch_section.tokens_preview("gpt-tiny", clean, corrupted)
+    assert f"{len(ta)} tokens" in shown and f"{len(tb)} tokens" in shown and "Different lengths" in shown
+    ready = patch_section.tokens_preview("gpt-tiny", clean, "a man runs on the grass")
+    assert "ready to patch" in ready
+    # equal lengths: the pieces that differ position by position are marked, nothing else (the induction example's
+    # second copy equals the corrupted input's, which difflib would have matched to the clean first copy)
+    pa, pb = text_section.encode(net, clean)[1], text_section.encode(net, "a man runs on the grass")[1]
+    differ = [i for i, (x, y) in enumerate(zip(pa, pb, strict=True)) if x != y]
+    clean_line = ready.split("\n\n")[0]
+    assert clean_line.count("**") == 2 * len(differ)
+    a, b, said = patch_section.align_ids(net, text_section.encode(net, clean)[0],
+                                         text_section.encode(net, corrupted)[0])
+    assert len(a) == len(b) and "position" in said
+    short, long_ = (a, b) if len(ta) < len(tb) else (b, a)
+    pads = [i for i, t in enumerate(short) if t == patch_section.filler(net) and t not in long_[i:i + 1]]
+    assert pads and net.piece(short[pads[0]]) == "▁"
+    # the shared tail (from "runs" on) sits at the same positions in both
+    tail = len(text_section.encode(net, " runs on the grass")[0]) - 1
+    assert a[-tail:] == b[-tail:]
+    # a name swapped twice: each occurrence padded on its own, so the words between the two line up too
+    two = ["a dog saw the man and the dog ran", "a cat saw the man and the cat ran"]
+    ids = [text_section.encode(net, t)[0] for t in two]
+    a2, b2, said2 = patch_section.align_ids(net, *ids)
+    assert len(a2) == len(b2) and said2.count(",") >= 1
+    middle = text_section.encode(net, " saw the man and the")[0][1:]
+    at_a = next(i for i in range(len(a2)) if a2[i:i + len(middle)] == middle)
+    at_b = next(i for i in range(len(b2)) if b2[i:i + len(middle)] == middle)
+    assert at_a == at_b  # the shared middle at the same positions
+    _, table = patch_section.patch(clean, corrupted, "gpt-tiny", "", "positions", True)
+    assert len(table["clean_tokens"]) == len(table["corrupted_tokens"]) == len(a)
+    assert np.array(table["restored"]).shape[1] == len(a)
+
+
+def test_a_run_empties_what_the_last_run_showed(tiny) -> None:
+    """Issue 48, item 4: after a failed run (unequal lengths) the previous heatmap, its title and its clicks stayed
+    under the new inputs. The Patch button first empties the note, the figure, the kept state and the clicked
+    head's views; editing an input or switching the sweep empties them too."""
+    with gr.Blocks() as demo:
+        section = why.decomposition("t", gr.State(), lambda st: st, gr.Slider(), gr.Dropdown(), [])
+        patch_section.patching("t", lambda: "gpt-tiny", [], [["a dog", "a cat"]], section)
+    plot = next(c for c in demo.blocks.values() if isinstance(c, gr.Plot) and c.elem_id == "t-patch")
+    empties = [fn for fn in demo.fns.values() if plot in fn.outputs and not fn.inputs]
+    triggers = {(demo.blocks[i].label if hasattr(demo.blocks[i], "label") else "", kind)
+                for fn in empties for i, kind in fn.targets}
+    assert {("clean input", "input"), ("patch", "input")} <= {(label, kind) for label, kind in triggers}
+    assert any(kind == "click" for _, kind in triggers)
+    for fn in empties:
+        values = fn.fn()
+        assert values[fn.outputs.index(plot)] is None and all(v in ("", None) for v in values)
+
+
+def test_sink_note_shows_the_change_in_percentage_points(tiny) -> None:
+    """Issue 48, items 7 and 12: the sink note read "p(<s> next) 100.0 % → 100.0 %" (a change too small for one
+    decimal) and a classifier's "+1.2 %" meant percentage points. The change is printed with the digits it needs,
+    in percentage points, and the end-of-text token is named in words; the numbers are the ablation's own."""
+    from models.inspect.patching import sink_ablation
+
+    assert why.probability_change(0.99997, 0.99993) == "99.997 % → 99.993 % (-0.004 percentage points)"
+    assert why.probability_change(0.5, 0.512).endswith("(+1.2 percentage points)")
+    net = store.get_model("sst2")
+    ids = text_section.encode(net, "a fine film .")[0]
+    r = sink_ablation(net, ids, 1, 0)
+    note = why.sink_words(r, 1, 0, text_section.encode(net, "a fine film .")[1])
+    change = (r.target_prob_after - r.target_prob_before) * 100
+    assert "percentage points" in note or "unchanged" in note
+    if "percentage points" in note:
+        text = note.split("(")[-1].split(" percentage points")[0]
+        digits = len(text.split(".")[1])
+        assert abs(float(text) - change) <= 0.5 * 10 ** -digits + 1e-12 and float(text) != 0
+
+
+def test_the_section_follows_the_head_on_screen(tiny) -> None:
+    """Issue 48, item 7: Classify's sink ablation used head 0 before a cell was clicked though head 3 was shown.
+    The section's layer and head follow the figure's (one head: its number; the mean keeps the section's)."""
+    with gr.Blocks() as demo:
+        layer, head = gr.Slider(0, 3, value=0, step=1), gr.Dropdown(["mean", "0", "1", "2", "3"], value="mean")
+        section = why.decomposition("t", gr.State(), lambda st: st, layer, head, [])
+    followers = {fn.outputs[0]: fn for fn in demo.fns.values()
+                 if len(fn.inputs) == 1 and fn.inputs[0] in (layer, head) and len(fn.outputs) == 1}
+    assert followers[section["head"]].fn("3")["value"] == 3
+    assert "value" not in followers[section["head"]].fn("mean")
+    assert followers[section["layer"]].fn(2)["value"] == 2
+
+
+def test_induction_example_fills_the_boxes_with_text(tiny) -> None:
+    """Issue 48, item 12: the induction example filled the boxes with raw "▁" pieces. They hold the tokenizer's
+    decoding when it reads back as the same ids (so a second Patch on the boxes runs the same input)."""
+    from models.inspect.patching import repeated_pair
+
+    net = store.get_model("gpt-tiny")
+    note, fig, kept, clean, corrupted = patch_section.patch_repeated("gpt-tiny", "heads")
+    ids = repeated_pair(net, 19, 0)
+    for text, want in zip((clean, corrupted), ids, strict=True):
+        if text_section.encode(net, net.tokenizer.decode(want[1:]))[0] == want:
+            assert "▁" not in text and text_section.encode(net, text)[0] == want
+        else:
+            assert text == " ".join(net.piece(i) for i in want)
+    # the real tokenizer's round trip, written out: SentencePiece decodes "▁" as a space
+    assert patch_section.readable(net, text_section.encode(net, "a dog runs")[0]) == "a dog runs"
+
+
+def test_translate_compare_says_which_attention_it_draws() -> None:
+    """Issue 48, item 7: Translate's compare said "same layer, head and view" beside A's cross-attention while it
+    drew the encoder's. Its labels name the encoder's self-attention."""
+    from tabs import translate
+
+    with gr.Blocks() as demo:
+        translate.build()
+    labels = [getattr(b, "label", "") or "" for b in demo.blocks.values()]
+    assert "B · encoder self-attention, same layer, head and view" in labels
+    assert "B, same layer, head and view" not in labels

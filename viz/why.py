@@ -89,7 +89,10 @@ def score_decomposition(table: np.ndarray, parts: Sequence[str], row: np.ndarray
         fig.update_yaxes(title=dict(text="score"), row=3, col=1)
     height = 560 + 28 * len(r_names) + (300 if by_offset is not None else 0)
     base_layout(fig, title, height=int(height))
-    fig.update_layout(legend=dict(orientation="h", y=-0.08), margin=dict(t=100, b=80))
+    # the legend to the right of the lower panels, under the colour bar (0.6–1.0): below the plot it lay over the
+    # tilted token labels
+    fig.update_layout(legend=dict(orientation="v", x=1.02, xanchor="left", y=0.56 if n_rows == 3 else 0.42,
+                                  yanchor="top"), margin=dict(t=100, b=80))
     return fig.build()
 
 
@@ -154,8 +157,9 @@ def change_bars(labels: Sequence[str], a: np.ndarray, b: np.ndarray, *, title: s
         dict(type="bar", x=shown, y=f32(np.asarray(b)), name=esc(names[1]), marker=dict(color="#d62728"),
              hovertemplate=f"%{{x}}: %{{y:.3f}} {esc(unit)}<extra>{esc(names[1])}</extra>"),
     ])
-    base_layout(fig, title, height=380, width=int(np.clip(28 * len(shown) + 300, 500, 2400)))
-    fig.update_layout(barmode="group", legend=dict(orientation="h", y=-0.35))
+    base_layout(fig, title, height=400, width=int(np.clip(28 * len(shown) + 300, 500, 2400)))
+    # the legend above the bars, right-aligned under the title: below, it lay over the tilted labels
+    fig.update_layout(barmode="group", legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"))
     fig.update_xaxes(tickangle=-60, type="category")
     fig.update_yaxes(title=dict(text=unit))
     return fig.build()

@@ -1,0 +1,1 @@
+"""What the model families are built from: attention, positions, the shared layers (docs/ARCHITECTURE.md §1)."""

@@ -1,0 +1,1 @@
+"""The analyses over the families: their walks, the score split, patching, attribution, arrays (§1, §2)."""

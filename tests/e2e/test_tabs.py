@@ -140,7 +140,7 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
     _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
-    _wait_for_title(page, lambda t: t.startswith("Attention rollout toward"))
+    _wait_for_title(page, lambda t: t.startswith("Attention rollout · the same for every class"))
     before = plot_signature(page)
     _pick(page, "explanation", "Gradient × input")
     wait_for_change(page, before)
@@ -340,7 +340,7 @@ def test_choices_say_what_they_can_do_before_the_button(page) -> None:
     options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]  # ✓: chosen
     assert options == ["the predicted class", "negative", "positive"], options
     page.get_by_role("option", name="negative", exact=True).click()
-    expect(panel.locator(".highlight").first).to_contain_text("toward negative", timeout=30_000)
+    expect(panel.locator(".highlight").first).to_contain_text("(p(negative) = ", timeout=30_000)
     panel.get_by_label("AG News topic").check()
     panel.get_by_label("explain the class").click()
     expect(page.get_by_role("option", name="Sci/Tech", exact=True)).to_be_visible(timeout=30_000)
@@ -449,4 +449,41 @@ def test_positional_says_what_it_ignored_and_no_title_is_cut(page) -> None:
             while (found := (cut_titles(page), overlapping_labels(page))) != ([], []) and time.monotonic() < deadline:
                 page.wait_for_timeout(250)
             assert found == ([], []), (width, tab, found)
+    assert page.js_errors == []
+
+
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_head_roles_and_the_stripe_fit_or_scroll_visibly(page, width: int) -> None:
+    """Issue 48, item 6: head roles lost its colour bar at 1400 px and its fourth panel at 1024 px, and the
+    induction stripe (1,310 px in a 600 px box) was cut off: the boxes scrolled, with an overlay scrollbar that
+    showed nothing. Both now take their box's width (the stripe a row of its own)."""
+    page.set_viewport_size({"width": width, "height": 1000})
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_role("button", name="Repeated random tokens").click()
+    _wait_for_title(page, lambda t: t.startswith("Induction stripe"), timeout=90)
+    _wait_for_title(page, lambda t: t.startswith("Head roles"), timeout=30)
+    page.wait_for_timeout(1000)
+    assert clipped_figures(page) == []
+    fits = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.offsetParent
+        && e._fullLayout && /^(Head roles|Induction stripe)/.test(e._fullLayout.title.text || ''))
+        .map(e => [e._fullLayout.width, e.parentElement.clientWidth])""")
+    assert len(fits) == 2 and all(w <= box + 1 for w, box in fits), fits
+    screenshot(page, f"generate-roles-{width}")
+    assert page.js_errors == []
+
+
+def test_a_paragraph_keeps_every_sentence_and_the_picker_draws_each(page) -> None:
+    """Issue 48, item 1: a paragraph of short sentences came back as one sentence, silently. Every sentence is
+    translated, the figures say which sentence they show, and the picker redraws them for another sentence."""
+    open_tab(page, "Translate")
+    panel = _panel(page)
+    panel.get_by_label("English sentence").fill("A dog runs on the beach. Two girls play in the park. A man sleeps.")
+    panel.get_by_role("button", name="Translate", exact=True).click()
+    expect(panel).to_contain_text("Each of its 3 sentences was translated on its own", timeout=60_000)
+    _wait_for_title(page, lambda t: t.startswith("Sentence 1 of 3 · "), timeout=60)
+    _pick(page, "sentence the figures show", "2 · Two girls play in the park.")
+    _wait_for_title(page, lambda t: t.startswith("Sentence 2 of 3 · "), timeout=60)
+    expect(panel).to_contain_text("The figures show sentence 2 of 3", timeout=30_000)
+    assert not any(t.startswith("Sentence 1 of 3") for t in titles(page))
     assert page.js_errors == []

@@ -1,0 +1,113 @@
+"""The lessons' engine: a lesson is a title, an intro, an input (a seed, a sentence or an example image) and 3–6
+steps; a step is a function of that input returning a `Question` (the text, 3–4 choices, the one the numbers make
+correct, and the figure to reveal with the prediction marked on it). The helpers every lesson shares, and the
+verdict on a prediction."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from tabs.common import Error, get_model, read_seed
+from viz.common import esc
+
+
+@dataclass(frozen=True)
+class Question:
+    """One step: what the student reads, what they may predict, and what the numbers say."""
+
+    text: str  # Markdown: the context and the question
+    choices: list[str]  # 3–4 predictions to pick from
+    answer: str  # the one the model's numbers make correct
+    fact: str  # the numbers behind the verdict, one line
+    explanation: str  # two sentences: why
+    reveal: Callable[[str | None], go.Figure]  # the figure, with the prediction (or None) marked on it
+    before: go.Figure | None = None  # shown before predicting; never gives the answer away
+
+
+@dataclass(frozen=True)
+class Lesson:
+    title: str
+    intro: str
+    input_label: str
+    default: str
+    steps: tuple[Callable[[str], Question], ...]
+
+
+def offer(candidates: list[str], answer: str, k: int = 4) -> list[str]:
+    """Up to ``k`` distinct choices, the answer always among them (their order is set by `shuffled`)."""
+    out = [c for c in dict.fromkeys(candidates) if c != answer][: k - 1]
+    return [answer, *out]
+
+
+def shuffled(q: Question, number: int, step: int, inp: str) -> Question:
+    """The question with its choices in an order drawn from the lesson, step and input (crc32 as the seed, so the
+    same input always lists them the same way, in the page, the API and the export), so that where the right answer
+    stands says nothing: a step's own list puts it first as often as not."""
+    choices = list(q.choices)
+    random.Random(zlib.crc32(f"{number}/{step}/{inp}".encode())).shuffle(choices)
+    return dataclasses.replace(q, choices=choices)
+
+
+def mark(fig: go.Figure, prediction: str | None, x=None, y=None, *, note: str = "") -> go.Figure:
+    """A copy of ``fig`` with the prediction marked: an open red square at (x, y) on the first axes when given,
+    and a red line under the title."""
+    fig = go.Figure(fig)
+    if prediction is None:
+        return fig
+    if x is not None and y is not None:
+        x, y = (esc(v) if isinstance(v, str) else v for v in (x, y))  # as the figures' category labels
+        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name="your prediction", hoverinfo="skip",
+                                 marker=dict(symbol="square-open", size=24, color="#d62728", line=dict(width=3))))
+    said = esc(f"your prediction: {prediction}" + (f" · {note}" if note else ""))
+    title = fig.layout.title.text or ""
+    fig.update_layout(title=dict(text=f"{title}<br><span style='color:#d62728'>{said}</span>"),
+                      margin=dict(t=max(fig.layout.margin.t or 0, 80) + 30))
+    return fig
+
+
+def label(tokens: list[str], i: int) -> str:
+    return f"{i} · {tokens[i]}"
+
+
+def stop(quoted: str) -> str:
+    """The full stop after a quoted sentence, unless the sentence ends with its own ("… entlang.." read as a typo)."""
+    return "" if quoted.rstrip().endswith((".", "!", "?", "…")) else "."
+
+
+def seed_of(text: str) -> int:
+    return read_seed((text or "0").strip() or "0")
+
+
+def sentence(text: str, default: str) -> str:
+    return (text or "").strip()[:2000] or default
+
+
+@functools.lru_cache(maxsize=64)
+def losses(net, ids: tuple[int, ...]):
+    return net.token_losses(list(ids))
+
+
+def lm_run(name: str, ids: tuple[int, ...]):
+    """(losses, attention) of a language model on ids, kept per model object (the steps of a lesson share it)."""
+    return losses(get_model(name), ids)
+
+
+def attention_steps(seed: int, mask: str = "none"):
+    from viz import playground as pg
+
+    return pg.compute_steps(seq_len=6, d_k=8, seed=seed, mask=mask, scale=True)
+
+
+def verdict(q: Question, answer: str) -> tuple[bool, str]:
+    if answer not in q.choices:
+        raise Error(f"{str(answer)[:60]!r} is not one of the choices: " + "; ".join(q.choices))
+    right = answer == q.answer
+    said = "**correct**" if right else f"**not quite**: the numbers say *{esc(q.answer)}*"
+    return right, f"{said} — {esc(q.fact)}."

@@ -1,0 +1,98 @@
+"""Lesson 6 · Cross-attention in translation."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from examples import sentences
+from tabs.common import get_model
+from tabs.lessons.engine import (
+    Lesson,
+    Question,
+    label,
+    mark,
+    offer,
+    sentence,
+    stop,
+)
+from viz.common import esc
+
+
+@functools.lru_cache(maxsize=16)
+def _translate(net, text: str, beam: int):
+    return net.translate(text, beam_size=beam)
+
+
+def _translation(text: str, beam: int):
+    return _translate(get_model("translator-en-de"), text, beam)
+
+
+def l6_align(inp: str) -> Question:
+    from viz import text as vt
+
+    text = sentence(inp, sentences.TRANSLATE[0])
+    r = _translation(text, 5)
+    cross = r.attention["cross"]
+    row = min(1, cross.weights.shape[2] - 1)
+    w = cross.weights[-1].mean(0)[row]
+    best = int(np.argmax(w))
+    src = r.source_tokens
+    produced = r.target_tokens[row + 1] if row + 1 < len(r.target_tokens) else "</s>"
+    order = [label(src, j) for j in np.argsort(-w)]
+    return Question(f"The translator turns *{esc(text)}* into *{esc(r.text)}*{stop(r.text)} At step {row} it produces "
+                    f"“{esc(produced)}”. **Which English token does that step attend to most (last layer, mean of "
+                    "heads)?**", offer(order[:2] + order[-2:], label(src, best)), label(src, best),
+                    f"{label(src, best)} gets {w[best]:.2f} of step {row}'s cross-attention",
+                    "Cross-attention lets each decoder step read the whole English sentence and pick what it needs. "
+                    "In the last layers it often traces a word alignment, though nothing forces it to.",
+                    lambda p: mark(vt.cross_alignment(cross.weights, r.target_tokens, src, layer=cross.layers - 1),
+                                    p))
+
+
+def l6_beam(inp: str) -> Question:
+    from viz import text as vt
+
+    r = _translation(sentence(inp, sentences.TRANSLATE[0]), 5)
+    slots = beam_slots(r)
+    choices = ["yes, in the top slot at every step", "it started on top, then fell behind",
+               "no, it started below the top slot"]
+    answer = choices[0] if not any(slots) else choices[1] if slots[0] == 0 else choices[2]
+    lower = [t for t, slot in enumerate(slots) if slot]
+    return Question("Beam search keeps the 5 best partial translations at every step, the most likely one in the top "
+                    "slot. **Did the translation it finally chose hold the top slot at every step?**", choices,
+                    answer, f"the chosen translation's slot at steps 0–{len(slots) - 1}: "
+                    + " ".join(str(v) for v in slots)
+                    + (f" (below the top at step{'s' if len(lower) > 1 else ''} {', '.join(map(str, lower))})"
+                       if lower else ""),
+                    "A greedy decoder commits to the best word at every step. Beam search keeps alternatives alive, "
+                    "so a hypothesis that is behind for a while can still win on the whole sentence.",
+                    lambda p: mark(vt.beam_tree(r.beam, r.chosen, title="Beam search (beam size 5)"), p))
+
+
+def beam_slots(r) -> list[int]:
+    """The beam slot of the chosen hypothesis at each step: the red path the beam tree draws (slot 0 is the top)."""
+    return [int(c) for c in r.chosen[: len(r.beam)]]
+
+
+def l6_greedy(inp: str) -> Question:
+    from viz import text as vt
+
+    text = sentence(inp, sentences.TRANSLATE[0])
+    beam, greedy = _translation(text, 5), _translation(text, 1)
+    choices = ["the same translation", "a different translation", "no translation at all"]
+    answer = choices[2] if not greedy.text else choices[0] if greedy.text == beam.text else choices[1]
+    return Question(f"Beam search (5) gives *{esc(beam.text)}*{stop(beam.text)} **What does greedy search (beam 1) "
+                    "give?**", choices,
+                    answer, f"greedy: “{greedy.text}”",
+                    "Greedy search takes the most likely word at every step, and on short captions it often agrees "
+                    "with beam search. Where it does not, beam search found a sentence more likely as a whole.",
+                    lambda p: mark(vt.cross_alignment(greedy.attention["cross"].weights, greedy.target_tokens,
+                                                       greedy.source_tokens, layer=greedy.attention["cross"].layers - 1,
+                                                       title="Greedy translation · cross-attention"), p))
+
+
+LESSON = Lesson(
+    "6 · Cross-attention in translation", "How each German word reads the English sentence; the beam tree.",
+           "English sentence", sentences.TRANSLATE[0], (l6_align, l6_beam, l6_greedy))

@@ -1,0 +1,106 @@
+"""The compare toggle the text tabs share (docs/ARCHITECTURE.md §2): a second input run with the tab's settings,
+drawn beside the first at the same layer, head and view, with B − A over the tokens both share and the change per
+token or class; the .npz holds both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from models import limits
+from tabs.common import FAST, Error, read_text
+from tabs.sections.text import MAX_PATCH_CHARS
+from viz import attention as va
+from viz import why as vw
+from viz.common import esc
+
+
+def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b: Callable[..., Any],
+               inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio, shows: str = "") -> None:
+    """The compare toggle: a second input (B) run with the tab's current settings (``run_b(text, *inputs)`` returns
+    its kept state), drawn beside the first at the same layer, head and view, with B − A over the tokens they
+    share and the change per token or class. ``view_of(state)`` says what to draw: ``amap`` (the AttentionMap),
+    ``values`` (per token, or per class with ``classes``), ``kind`` (the figure's title), optionally ``what`` and
+    ``unit`` (default surprisal in bits). ``shows``: which attention the comparison draws when it is not the one the
+    figure above shows (Translate compares the encoder's, whichever attention is chosen above)."""
+    on = gr.Checkbox(False, label="compare with a second input (B)")
+    with gr.Column(visible=False) as box:
+        if shows:
+            gr.Markdown(f"The comparison draws the **{shows}** of A and B, whichever attention is chosen above.")
+        with gr.Row():
+            text_b = gr.Textbox(label="input B", lines=2, scale=4, max_length=MAX_PATCH_CHARS)
+            run = gr.Button("Compare", scale=1)
+        note = gr.Markdown()
+        with gr.Row():
+            plot_b = gr.Plot(label=f"B · {shows}, same layer, head and view" if shows else
+                             "B, same layer, head and view")
+            plot_d = gr.Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
+                             "B − A over the tokens both inputs share")
+        change = gr.Plot(label="what changes")
+        download = gr.File(label="both inputs' arrays (.npz)")
+    state_b = gr.State()
+    on.change(lambda v: gr.update(visible=bool(v)), [on], [box], api_name=False, show_progress="hidden")
+
+    def go(a, text, lay, hd, vw_, *values):
+        b = run_b(read_text(text), *values)
+        return (*compared(view_of, a, b, lay, hd, vw_), both_arrays(tab, view_of, a, b), b)
+
+    run.click(go, [state, text_b, layer, head, view, *inputs], [note, plot_b, plot_d, change, download, state_b],
+              api_name=False)
+    for control in (layer, head, view):
+        control.change(lambda a, b, lay, hd, vw_: compared(view_of, a, b, lay, hd, vw_) if a and b else
+                       (gr.update(),) * 4, [state, state_b, layer, head, view], [note, plot_b, plot_d, change],
+                       api_name=False, show_progress="hidden", **FAST)
+
+
+def compared(view_of, state_a, state_b, layer, head, view):
+    """(note, B's figure, B − A, the change per token or class) from two kept states: no model runs."""
+    from models.inspect.analysis import align_tokens
+    from tabs.common import attention_figure, parse_head
+
+    if not state_a:
+        raise Error("Run the first input (A) first: B is compared with it.")
+    a, b = view_of(state_a), view_of(state_b)
+    amap_a, amap_b = a["amap"], b["amap"]
+    layer = min(int(layer), amap_a.layers - 1, amap_b.layers - 1)
+    hd = parse_head(head)
+    fig_b = attention_figure(amap_b, f"B · {a['kind']}", layer, hd, view)
+    pairs = align_tokens(amap_a.queries, amap_b.queries)
+    wa, wb = va.select_head(amap_a.weights, layer, hd), va.select_head(amap_b.weights, layer, hd)
+    shown = f"layer {layer} · " + (f"head {hd}" if isinstance(hd, int) else f"{hd} of heads")
+    diff = vw.attention_difference(wa, wb, amap_a.queries, amap_b.queries, pairs, title=esc(f"B − A · {shown}"))
+    if a.get("classes"):
+        labels = a["classes"]
+        change = vw.change_bars(labels, a["values"], b["values"], title="Class probabilities, A and B",
+                                unit="probability")
+        top = int(np.argmax(a["values"]))
+        note = (f"{len(pairs)} of {len(amap_b.queries)} tokens of B are shared with A. p({labels[top]}): "
+                f"{a['values'][top]:.1%} (A) → {b['values'][top]:.1%} (B).")
+    else:
+        keep = [(i, j) for i, j in pairs if np.isfinite(a["values"][i]) and np.isfinite(b["values"][j])]
+        sa = np.asarray(a["values"])[[i for i, _ in keep]]
+        sb = np.asarray(b["values"])[[j for _, j in keep]]
+        what, unit = a.get("what", "surprisal"), a.get("unit", "bits")
+        change = vw.change_bars([amap_b.queries[j] for _, j in keep], sa, sb,
+                                title=esc(f"{what.capitalize()} of the shared tokens, A and B"), unit=unit)
+        means = f"{sa.mean():.2f} {unit} (A), {sb.mean():.2f} (B)" if keep else "none shared"
+        note = (f"{len(pairs)} of {len(amap_b.queries)} tokens of B are shared with A. Mean {what} of the shared "
+                f"tokens: {means}.")
+    return note, fig_b, diff, change
+
+
+def both_arrays(tab: str, view_of, state_a, state_b) -> str:
+    """The .npz of both inputs: attention, tokens, the per-token or per-class values, the shared-token pairs."""
+    from models.inspect.analysis import align_tokens
+    from tabs.common import save_npz
+
+    a, b = view_of(state_a), view_of(state_b)
+    pairs = align_tokens(a["amap"].queries, b["amap"].queries)
+    long = max(len(a["amap"].keys), len(b["amap"].keys)) > limits.LONG_TOKENS  # float16 arrays, deflated
+    return save_npz(f"{tab}-compare", compressed=long, attention_a=a["amap"].weights, attention_b=b["amap"].weights,
+                    tokens_a=np.array(a["amap"].queries), tokens_b=np.array(b["amap"].queries),
+                    values_a=np.asarray(a["values"], dtype=np.float32), values_b=np.asarray(b["values"], np.float32),
+                    shared=np.array(pairs, dtype=np.int64).reshape(-1, 2))
