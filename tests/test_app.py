@@ -344,7 +344,7 @@ def test_every_sentence_of_a_short_paragraph_is_translated_and_the_figures_say_w
     assert "sentence 3 of 5" in shown[0] and shown[1].layout.title.text.startswith("Sentence 3 of 5")
     cross = shown[5].attention["cross"]  # the kept result: the third sentence's own
     assert cross.keys == solo[2].attention["cross"].keys and shown[-1] == "sentence 3 of 5"
-    assert tab.why_controls_for(text, picker["choices"][2])[0] == parts[2]
+    assert tab.why_controls_for(text, picker["choices"][2])[0] == (parts[2], "translator-en-de")  # and its model
     assert not tab.sentence_picker(parts[0])[0]["visible"]
     with pytest.raises(gr.Error, match="5 sentences"):
         tab.show_sentence(text, "9 · nothing", 2)
