@@ -26,8 +26,14 @@ result. Reported: `generate_long_p50_s`, `generate_long_p95_s`, `attention_zoom_
 (the server's whole process tree, model load included), `long_tokens`, `long_model` (its shape) and the targets
 (≤ 30 s, ≤ 4 GB).
 
+Families (`--families`, issue 49): an opus-mt-shaped Marian (74 M parameters) translating a 20-word sentence with
+beam 5 through `/translate` (its `model` input) and a DeBERTa-v3-base-shaped classifier (184 M) through `/classify`,
+random weights of the real shapes written once into `--families-folder` (bench/_family_models.py, default
+runs/families) and served as configured folders (ATLAS_MODELS); reported: `<action>_p50_s`, `_p95_s`, `_cold_s`
+and the targets (translate ≤ 1.5 s, classify ≤ 1 s; recorded, never asserted).
+
 Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`, or
-`python bench/latency.py --long --repeats 3 --warmup 1`.
+`python bench/latency.py --long --repeats 3 --warmup 1`, or `python bench/latency.py --families --repeats 10`.
 The last stdout line is one JSON object with `ready_s`, `<action>_p50_s`, `<action>_p95_s`, the targets
 (docs/ARCHITECTURE.md §6, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
 ready < 5 s, all on an idle 2-core CPU) and the machine (CPU count, load average at start: figures taken
@@ -80,9 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true", help="the long-context run instead (a 2,048-token Generate)")
     parser.add_argument("--long-folder", type=Path, default=ROOT / "runs" / "long-llama",
                         help="where the random long-context LLaMA folder is written once and reused")
+    parser.add_argument("--families", action="store_true",
+                        help="the families run instead: an opus-mt-shaped Marian translating 20 words with beam 5 "
+                             "and a DeBERTa-v3-base-shaped classifier, random folders configured by ATLAS_MODELS")
+    parser.add_argument("--families-folder", type=Path, default=ROOT / "runs" / "families",
+                        help="where the random family folders are written once and reused")
     args = parser.parse_args(argv)
     if args.long:
         return long_context(args)
+    if args.families:
+        return families(args)
     actions, missing = available(select_actions(args.actions), args.checkpoints)
 
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
@@ -120,6 +133,69 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LONG_TARGETS = {"generate_long_p50_s": 30.0, "server_peak_rss_mb": 4096.0}
+FAMILY_TARGETS = {"translate_opus_mt_shaped_p50_s": 1.5, "classify_deberta_v3_base_shaped_p50_s": 1.0}
+SENTENCE_20 = ("The young woman in a red coat walked her small dog along the quiet river before the evening rain "
+               "began.")  # 20 words
+
+
+def families(args: argparse.Namespace) -> int:
+    """/translate with an opus-mt-shaped Marian (74 M parameters, beam 5, a 20-word sentence) and /classify with a
+    DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes (bench/_family_models.py), served
+    as configured folders; p50 / p95 after the warm-up (the first call loads the model: ``_cold_s``)."""
+    from bench._family_models import deberta_folder, marian_folder
+
+    root = args.families_folder
+    shapes = {}
+    for name, write in (("opus-mt-shaped", marian_folder), ("deberta-v3-base-shaped", deberta_folder)):
+        shape_file = root / name / "shape.json"
+        if not shape_file.is_file():
+            print(f"writing the random {name} folder into {root / name} ...", file=sys.stderr)
+            (root / name).mkdir(parents=True, exist_ok=True)
+            shape_file.write_text(json.dumps(write(root / name)))
+        shapes[name] = json.loads(shape_file.read_text())
+    report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
+                              "models": shapes, "sentence_words": len(SENTENCE_20.split())}
+    errors: dict[str, str] = {}
+    calls = {"translate_opus_mt_shaped": ((SENTENCE_20, 5, "cross", -1, "mean", "heatmap", "opus-mt-shaped"),
+                                          "/translate"),
+             "classify_deberta_v3_base_shaped": ((SENTENCE_20, "SST-2 sentiment", "deberta-v3-base-shaped"),
+                                                 "/classify")}
+    models_env = ",".join(str(root / name) for name in shapes)
+    with AppServer(args.checkpoints, env={"ATLAS_MODELS": models_env}) as server:
+        report["ready_s"] = rounded(server.ready_s, 3)
+        client = client_for(server.url, timeout=args.timeout)
+        try:
+            for name, (call_args, api) in calls.items():
+                times: list[float] = []
+                for i in range(args.warmup + args.repeats):
+                    t0 = time.perf_counter()
+                    try:
+                        out = client.submit(*call_args, api_name=api).result(timeout=args.timeout)
+                    except Exception as err:  # reported; the next action still runs
+                        errors[name] = f"{type(err).__name__}: {err}"[:300]
+                        break
+                    dt = time.perf_counter() - t0
+                    if i == 0:
+                        report[f"{name}_cold_s"] = rounded(dt)
+                        report[f"{name}_answer"] = str(out[1] if api == "/translate" else out[0])[:200]
+                    if i >= args.warmup:
+                        times.append(dt)
+                report[f"{name}_p50_s"] = rounded(percentile(times, 50))
+                report[f"{name}_p95_s"] = rounded(percentile(times, 95))
+                print(f"{name:34s} p50 {_fmt(report[f'{name}_p50_s'])}  p95 {_fmt(report[f'{name}_p95_s'])}  "
+                      f"(cold {_fmt(report.get(f'{name}_cold_s'))})", file=sys.stderr)
+        finally:
+            client.close()
+    try:
+        report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    report["errors"] = errors
+    report["targets"] = FAMILY_TARGETS
+    report["meets_targets"] = {k: (report[k] <= v if report.get(k) is not None else None)
+                               for k, v in FAMILY_TARGETS.items()}
+    print(json.dumps(report))
+    return 1 if errors else 0
 
 
 def long_context(args: argparse.Namespace) -> int:

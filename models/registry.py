@@ -72,12 +72,20 @@ def register(family: Family) -> Family:
 
 
 register(Family("translator", "models.families.translator", "Translator", "TranslatorConfig", ("Translator",),
+                (("marian", "models.io.hf_translators:marian_from_state"),),
                 tabs=("translate",), walk="translator", text=True))
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
                 ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))
 register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",),
-                (("bert", "models.io.hf:bert_classifier_from_state"),),
+                (("bert", "models.io.hf:bert_classifier_from_state"),
+                 ("roberta", "models.io.hf_encoders:roberta_classifier_from_state"),
+                 ("distilbert", "models.io.hf_encoders:distilbert_classifier_from_state"),
+                 ("electra", "models.io.hf_encoders:electra_classifier_from_state"),
+                 ("albert", "models.io.hf_encoders:albert_classifier_from_state")),
                 tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
+register(Family("deberta", "models.families.deberta", "DebertaClassifier", "DebertaConfig", ("DebertaClassifier",),
+                (("deberta-v2", "models.io.hf_encoders:deberta_v2_classifier_from_state"),),
+                tabs=("classify",), methods=ALL_METHODS, text=True))  # its own "why": the three-term split
 register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state"),
                  # the later decoders: LLaMA's block with GPTConfig's switches (models/io/hf_decoders.py)
@@ -94,7 +102,8 @@ register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),
                 (("deit", "models.families.deit:from_hf"),), tabs=("vision",), methods=ALL_METHODS))
-register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",), tabs=("vision",),
+register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",),
+                (("swin", "models.io.hf_vision:swin_from_state"),), tabs=("vision",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
 
 

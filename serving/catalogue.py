@@ -42,13 +42,23 @@ class Configured:
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
-# Offered in the Generate tab without configuration; fetched from the Hub on first use (models/io/hub.py).
-# Qwen2.5-0.5B (qwen2, 494 M), Gemma 3 270M (gemma3_text; gated: HF_TOKEN) and Mamba 130M (mamba) publish
-# model.safetensors and tokenizer.json (their Hub file lists); models/io/hf_decoders.py and models/families/mamba.py
-# read them.
-DOWNLOADABLE = {repo: Configured(None, "generate", repo) for repo in
-                ("openai-community/gpt2", "HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B", "google/gemma-3-270m",
-                 "state-spaces/mamba-130m-hf")}
+# Offered in their tabs without configuration; fetched from the Hub on first use (models/io/hub.py). Each repository
+# publishes model.safetensors (README "Your own models" says which, and what is uncertain).
+DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, revision in (
+    ("generate", "openai-community/gpt2", None), ("generate", "HuggingFaceTB/SmolLM2-135M", None),
+    # Qwen2.5-0.5B (qwen2, 494 M), Gemma 3 270M (gemma3_text; gated: HF_TOKEN) and Mamba 130M (mamba) publish
+    # model.safetensors and tokenizer.json (their Hub file lists); models/io/hf_decoders.py and
+    # models/families/mamba.py read them
+    ("generate", "Qwen/Qwen2.5-0.5B", None), ("generate", "google/gemma-3-270m", None),
+    ("generate", "state-spaces/mamba-130m-hf", None),
+    # Marian, a real English -> German translator; its safetensors file is on the Hub's conversion branch refs/pr/4
+    ("translate", "Helsinki-NLP/opus-mt-en-de", "refs/pr/4"),
+    ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
+    ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
+)}
+DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
+                       "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
+                       "Helsinki-NLP/opus-mt-en-de": "translator"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
@@ -104,6 +114,16 @@ def configured(kind: str) -> list[str]:
     return [name for name, c in CONFIGURED.items() if c.kind == kind]
 
 
+def downloadable(kind: str) -> list[str]:
+    """The Hub models one tab offers without configuration (fetched on first use)."""
+    return [name for name, c in DOWNLOADABLE.items() if c.kind == kind]
+
+
+def offered(kind: str) -> list[str]:
+    """What a tab offers besides its shipped checkpoints: its Hub models, then the configured ones."""
+    return [*downloadable(kind), *configured(kind)]
+
+
 def configuration_notice(kind: str) -> str:
     """The configured entries this tab could not add (and those no tab can), for its notice."""
     return "\n\n".join(f"**Model not added:** {p}" for k, p in CONFIG_PROBLEMS if k in (kind, None))
@@ -156,11 +176,11 @@ def checkpoint_status(*names: str) -> str:
 
 def names(tab: str) -> list[str]:
     """Every model name a tab offers, in its order: the shipped checkpoints, then (Vision) the ImageNet models by
-    their shown names, (Generate) the other decoder checkpoints and the downloadable ones, then the configured."""
+    their shown names, (Generate) the other decoder checkpoints, then the Hub's downloadable ones and the configured."""
     if tab == "generate":
         return decoder_models()
     extra = list(IMAGENET) if tab == "vision" else []
-    return [*SHIPPED.get(tab, ()), *extra, *configured(tab)]
+    return [*SHIPPED.get(tab, ()), *extra, *offered(tab)]
 
 
 def text_models() -> list[str]:
@@ -173,7 +193,7 @@ def decoder_models() -> list[str]:
     """The Generate tab's models: gpt-tiny first (even when it is missing: its notice says so), the other decoder
     checkpoints under CHECKPOINTS, the downloadable and the configured ones."""
     found = _decoder_checkpoints(CHECKPOINTS)
-    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *DOWNLOADABLE, *configured("generate")]
+    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *offered("generate")]
 
 
 @cache
@@ -198,6 +218,8 @@ def family(name: str) -> registry.Family | None:
         name = IMAGENET[name]
     if name in IMAGENET_FAMILY:
         return registry.FAMILIES[IMAGENET_FAMILY[name]]
+    if name in DOWNLOADABLE_FAMILY:  # known before its config.json is fetched
+        return registry.FAMILIES[DOWNLOADABLE_FAMILY[name]]
     folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
     try:
         meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}

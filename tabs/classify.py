@@ -11,7 +11,7 @@ import numpy as np
 from examples import sentences
 from serving import catalogue
 from serving.batcher import batch_events, heavy
-from serving.catalogue import checkpoint_labels, configured
+from serving.catalogue import checkpoint_labels, offered
 from serving.store import batched
 from tabs.common import (
     EXPLANATIONS,
@@ -62,7 +62,12 @@ a method ranks highest and watch the class probability; the faster it falls, the
 *Why* (under the attention map) splits one cell's score into the parts of the model that make its query and its
 key: it shows which parts meet, not that the head matters. *Patching* copies one head's output (or one position of
 the residual stream) from a clean into a corrupted sentence and measures how much of the clean class comes back:
-it shows where the difference between the two sentences is carried, not what the head does elsewhere."""
+it shows where the difference between the two sentences is carried, not what the head does elsewhere.
+
+**Real classifiers can be picked as the model**: `distilbert/distilbert-base-uncased-finetuned-sst-2-english`
+(DistilBERT fine-tuned on SST-2, downloaded from the Hugging Face Hub on first use), and any RoBERTa, DistilBERT,
+ELECTRA, ALBERT, BERT or DeBERTa-v2/v3 sequence classifier the server is configured with. For ALBERT the layers of the
+model view are passes of one shared layer; for DeBERTa *why* splits a score into content and relative-position terms."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}
 TEXT_MODELS = {"trained from scratch": "", "MiniLM (pretrained, fine-tuned)": "minilm-"}
 CHECKPOINTS = catalogue.SHIPPED["classify"]  # each is TEXT_MODELS[model] + TASKS[task] (checkpoint_name)
@@ -79,7 +84,7 @@ def build() -> Permalink:
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             task = gr.Radio(list(TASKS), value="SST-2 sentiment", label="task")
-            model = gr.Radio([*TEXT_MODELS, *configured("classify")], value="trained from scratch", label="model")
+            model = gr.Radio([*TEXT_MODELS, *offered("classify")], value="trained from scratch", label="model")
             run = gr.Button("Classify", variant="primary")
     gr.Examples([[s, "SST-2 sentiment"] for s in sentences.SENTIMENT]
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])
@@ -121,7 +126,7 @@ def build() -> Permalink:
         control.change(target_update, [task, model, target], [target], api_name=False, show_progress="hidden")
     chain(target.input, steps)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
-                      "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *configured("classify"))),
+                      "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
 
 
@@ -171,10 +176,10 @@ def checkpoint_name(task: str, model: str) -> str:
     """The checkpoint behind the two choices: a configured model by its name (its own labels: the task is
     ignored), else the task's checkpoint of the chosen family. An unknown model or task (the API, a link or a caller
     may pass any string) is refused by name, so no input ever becomes part of a path or another model's answer."""
-    if model in configured("classify"):
+    if model in offered("classify"):  # configured, or a Hub model offered for download on first use
         return model
     if model not in TEXT_MODELS:
-        known = ", ".join([*TEXT_MODELS, *configured("classify")])
+        known = ", ".join([*TEXT_MODELS, *offered("classify")])
         raise Error(f"Unknown model {str(model)[:60]!r}; choose one of {known}.")
     if task not in TASKS:
         raise Error(f"Unknown task {str(task)[:60]!r}; choose one of {', '.join(TASKS)}.")
@@ -209,6 +214,10 @@ def _classified(net, name: str, text: str, method: str, target: str, layer: int 
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"
     if result.notice:
         verdict += f"\n\n{result.notice}"
+    if getattr(net.config, "shared_layers", False):  # ALBERT: say it where the layers are shown
+        verdict += (f"\n\n*{net.config.family.upper()} shares one layer's weights across all {net.config.n_layers} "
+                    "passes: the layers of the model view, the head statistics and the head roles are passes of the "
+                    "same weights, repeated.*")
     state = {"result": result, "model": name, "input": text, "target": target_index(target, result.labels),
              "attributions": {}}
     attribution = attribute(state, method, progress)

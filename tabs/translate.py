@@ -10,6 +10,7 @@ from examples import sentences
 from models.outputs import AttentionMap
 from serving import catalogue
 from serving.batcher import BATCH_MAX, GRADIO_BATCH, batch_events, heavy
+from serving.catalogue import offered
 from serving.store import batched
 from tabs.common import (
     FAST,
@@ -43,7 +44,11 @@ INTRO = """**English → German with an encoder–decoder Transformer trained by
 The *encoder* attends over the English sentence, the *decoder* over the German words produced so far
 (causal: nothing above the diagonal), and *cross-attention* links each German word to the English words it
 was produced from; in the last layers it often traces a rough word alignment. A head that attends to the
-previous token draws a diagonal just below the main one."""
+previous token draws a diagonal just below the main one.
+
+**A real translator** can be picked as the model: `Helsinki-NLP/opus-mt-en-de` (Marian, trained on OPUS by the
+University of Helsinki, downloaded from the Hugging Face Hub on first use) or a Marian folder the server is configured
+with; every view below works for it as for the project's own."""
 KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention (causal)",
          "cross": "Cross-attention (target → source)"}
 MAX_BEAM = 8
@@ -56,6 +61,7 @@ def build() -> Permalink:
                           max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             beam = gr.Slider(1, MAX_BEAM, value=5, step=1, label="beam size (1 = greedy)")
+            model = gr.Dropdown(translator_models(), value=MODEL, label="model")
             run = gr.Button("Translate", variant="primary")
     gr.Examples([[s] for s in sentences.TRANSLATE], [text])
     out = gr.Textbox(label="German translation", interactive=False)
@@ -78,12 +84,13 @@ def build() -> Permalink:
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, beam, kind, run_layer(), head, view]
+    inputs = [text, beam, kind, run_layer(), head, view, model]  # model last: API callers' positions stay
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
              (sentence_picker, [text], [shown, which], {"show_progress": "hidden"}),
-             (why_controls_for, [text], [source, *why_controls], {"show_progress": "hidden"}), qk_section.follow]
+             (lambda t, m: why_controls_for(t, "", m), [text, model], [source, *why_controls],
+              {"show_progress": "hidden"}), qk_section.follow]
     if GRADIO_BATCH:  # the measured alternative to the model store's batcher (docs/ARCHITECTURE.md §9)
         steps[0] = (translate_gradio_batch, inputs, outputs,
                     {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})
@@ -92,11 +99,11 @@ def build() -> Permalink:
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view, which], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
-    shown.input(show_sentence, [text, shown, beam, kind, head, view],
+    shown.input(show_sentence, [text, shown, beam, kind, head, view, model],
                 [notice, attn, stats, tree, align, state, download, layer, head, which], api_name=False).then(
-        lambda t, sh: why_controls_for(t, sh), [text, shown], [source, *why_controls], api_name=False,
+        lambda t, sh, m: why_controls_for(t, sh, m), [text, shown, model], [source, *why_controls], api_name=False,
         show_progress="hidden")
-    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view}, steps,
+    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view, "model": model}, steps,
                      after={"layer": layer, "head": head}, state=state, limits=link_limits)
 
 
@@ -106,16 +113,31 @@ def link_limits(result) -> dict:
     return {"layer": range(cross.layers), "head": head_choices(cross.heads)}
 
 
+def translator_models() -> list[str]:
+    """The Translate tab's models: the project's own, then the Hub's and the configured translators."""
+    return [MODEL, *offered("translate")]
+
+
+def _model(name: str | None, progress=None):
+    """The translator behind a name the tab offers (an unknown name is refused by name, never guessed)."""
+    name = MODEL if name in (None, "") else name
+    choices = translator_models()
+    if name not in choices:
+        raise Error(f"Unknown model {str(name)[:80]!r}; choose one of {', '.join(choices)}.")
+    report = None if progress is None else (lambda done, what: progress(done, desc=what))
+    return name, get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
+
+
 def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = -1, head: str = "mean",
-              view: str = "heatmap"):
+              view: str = "heatmap", model_name: str = MODEL, progress=gr.Progress()):
     """Translate English to German; return the translation and every attention figure."""
     text = read_text(text)
-    model = get_model(MODEL)
+    name, model = _model(model_name, progress)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     text, rest, split_notice = split_long(model, text)
     which = f"sentence 1 of {1 + len(rest)}" if rest else ""
     # with the requests arriving now; each one's figures are drawn in the batch's thread (serving.store.batched)
-    out = batched(MODEL, "translate", translate_batch, model, (text, beam),
+    out = batched(name, "translate", translate_batch, model, (text, beam),
                   finish=lambda result: _translated(model, text, beam, split_notice, result, kind, layer, head,
                                                     view, which))
     if rest:  # the other sentences, as one batched search (it holds one of the app's permits meanwhile)
@@ -148,7 +170,7 @@ def sentence_picker(text: str):
 
 
 def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross", head: str = "mean",
-                  view: str = "heatmap"):
+                  view: str = "heatmap", model_name: str = MODEL):
     """The figures of the picked sentence (the translation itself stays): that sentence translated alone, as the
     whole text's translation translated it."""
     parts = sentences_of(read_text(text))
@@ -158,7 +180,7 @@ def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross
         i = 0
     if not 0 <= i < len(parts):
         raise Error(f"The text has {len(parts)} sentences; pick one of them.")
-    model = get_model(MODEL)
+    _, model = _model(model_name)
     beam = max(1, min(int(beam_size), MAX_BEAM))
     which = f"sentence {i + 1} of {len(parts)}"
     result = model.translate(parts[i], beam_size=beam)
@@ -191,11 +213,13 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
 
 
 def translate_gradio_batch(texts: list[str], beams: list[int], kinds: list[str], layers: list[int], heads: list[str],
-                           views: list[str]):
+                           views: list[str], names: list[str] | None = None):
     """The measured alternative (ATLAS_BATCH=gradio, docs/ARCHITECTURE.md §9): Gradio's ``batch=True`` hands the
     queued requests over as lists; one batched search, then every request's figures in this one thread. A request
     that fails fails the whole batch (a batch function returns no per-request errors)."""
-    model = get_model(MODEL)
+    if len(set(names or [MODEL])) > 1:  # one batch runs one model
+        raise Error("A batch mixes translators; ATLAS_BATCH=gradio serves one model per batch.")
+    _, model = _model((names or [MODEL])[0])
     prepared = []
     for text, beam_size in zip(texts, beams):
         beam = max(1, min(int(beam_size), MAX_BEAM))
@@ -249,16 +273,18 @@ def compare_view(result) -> dict:
             "what": "cross-attention received", "unit": "attention"}
 
 
-def sequence(source: str) -> tuple[str, list[int], list[str]]:
-    """What the "why" section splits: the English sentence as the encoder read it."""
-    ids, tokens, _ = text_section.encode(get_model(MODEL), source)
-    return MODEL, ids, tokens
+def sequence(source: tuple[str, str] | str) -> tuple[str, list[int], list[str]]:
+    """What the "why" section splits: the English sentence as the chosen translator's encoder read it."""
+    text, name = source if isinstance(source, (tuple, list)) else (source, MODEL)
+    name, net = _model(name)
+    ids, tokens, _ = text_section.encode(net, text)
+    return name, ids, tokens
 
 
-def why_controls_for(text: str, picked: str = ""):
-    """Keep the source for the "why" section (the sentence the figures show); its sliders follow the encoder (last
-    layer, last token)."""
-    net = get_model(MODEL)
+def why_controls_for(text: str, picked: str = "", model_name: str = MODEL):
+    """Keep the source and the translator for the "why" section (the sentence the figures show); its sliders follow
+    the encoder (last layer, last token)."""
+    name, net = _model(model_name)
     parts = sentences_of(read_text(text))
     try:
         source = parts[int(str(picked).split(" · ")[0]) - 1] if picked else parts[0]
@@ -266,7 +292,7 @@ def why_controls_for(text: str, picked: str = ""):
         source = parts[0]
     ids, _, _ = text_section.encode(net, source)
     c = net.config
-    return (source, *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
+    return ((source, name), *why.controls(c.n_enc_layers, c.n_heads, len(ids)))
 
 
 def draw_translation(result, kind: str, layer: int, head: str, view: str, which: str = ""):

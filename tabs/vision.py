@@ -54,7 +54,10 @@ Swin attends only inside local windows: its maps stay within the highlighted win
 **Attention is not explanation**: where the CLS token looks is not what the answer depends on. The
 *explanation* map shows one method's signed attribution (red supports the class, blue speaks against it), and
 the *deletion curve* tests every method on this image: grey out the patches a method ranks highest and watch
-the class probability; the faster it falls, the more faithful the ranking."""
+the class probability; the faster it falls, the more faithful the ranking.
+
+**Real models can be picked**: ViT-B/16 and Swin-T on ImageNet (torchvision), `microsoft/swin-tiny-patch4-window7-224`
+(a Hugging Face Swin, downloaded on first use), and any ViT, DeiT or Swin classifier the server is configured with."""
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 PREVIEW_SIDE = 160  # pixels of the upload preview and of what the model will see
 FASHION = catalogue.SHIPPED["vision"]  # the models that see 28×28 grey (the others: what their preprocessing crops)

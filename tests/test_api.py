@@ -246,6 +246,60 @@ def test_classify_with_a_configured_bert_matches_transformers(configured_app) ->
     assert ["negative", "neutral", "positive"][int(np.argmax(probs))] in out[0]
 
 
+def test_translate_with_a_configured_marian_matches_transformers(configured_app) -> None:
+    """/translate's ``model`` (its last input) picks a Marian folder: the translation is transformers' beam-5
+    output and the .npz cross-attention is transformers' for it; the trained translator stays the default."""
+    import torch
+    from gradio_client import Client
+
+    url, _, refs = configured_app
+    hf, tok = refs["my-marian"]
+    client = Client(url, verbose=False)
+    text = "Two young girls are playing with a dog."
+    out = client.predict(text, 5, "cross", 0, "mean", "heatmap", "my-marian", api_name="/translate")
+    enc = tok(text, return_tensors="pt")
+    want = hf.generate(**enc, num_beams=5, early_stopping=True, max_new_tokens=2 * enc["input_ids"].shape[1] + 10,
+                       length_penalty=1.0)[0]
+    assert out[0] == tok.decode(want, skip_special_tokens=True)
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    with torch.no_grad():
+        ref = hf(**enc, decoder_input_ids=want[None, :-1] if want[-1] == 0 else want[None], output_attentions=True)
+    with np.load(npz) as arrays:
+        np.testing.assert_allclose(arrays["cross"], torch.stack(ref.cross_attentions, 1)[0].numpy(), atol=1e-4)
+    with pytest.raises(Exception, match="no-such-model"):  # refused by name
+        client.predict(text, 5, "cross", 0, "mean", "heatmap", "no-such-model", api_name="/translate")
+    assert "Beam size 5" in client.predict(text, api_name="/translate")[1]  # the default: the trained translator
+
+
+def test_classify_with_a_configured_albert_matches_transformers(configured_app) -> None:
+    import torch
+    from gradio_client import Client
+
+    url, _, refs = configured_app
+    hf, tok = refs["my-albert"]
+    out = Client(url, verbose=False).predict("the film is warm and funny .", "SST-2 sentiment", "my-albert",
+                                             api_name="/classify")
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    with torch.no_grad():
+        probs = torch.softmax(hf(**tok("the film is warm and funny .", return_tensors="pt")).logits[0], -1).numpy()
+    with np.load(npz) as arrays:
+        np.testing.assert_allclose(arrays["probs"], probs, atol=1e-4)
+    assert "shares one layer's weights across all 3 passes" in out[0]  # the model view's layers are passes
+
+
+def test_hub_translator_not_in_the_cache_says_offline_quickly(configured_app) -> None:
+    import time
+
+    from gradio_client import Client
+
+    url, _, _ = configured_app
+    start = time.monotonic()
+    with pytest.raises(Exception, match="offline"):
+        Client(url, verbose=False).predict("A dog.", 1, "cross", 0, "mean", "heatmap", "Helsinki-NLP/opus-mt-en-de",
+                                           api_name="/translate")
+    assert time.monotonic() - start < 5
+
+
 def test_classify_image_with_a_configured_vit_matches_transformers(configured_app, tmp_path) -> None:
     import torch
     from gradio_client import Client, handle_file

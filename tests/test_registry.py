@@ -14,7 +14,7 @@ from models import registry
 
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
-        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "mamba": None}
+        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None, "mamba": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -45,7 +45,25 @@ def tiny_mamba(folder: Path) -> Path:
     return save_checkpoint(folder, model, labels=[], text={"lowercase": False}, extra_files={"tokenizer.model": sp})
 
 
-BUILT = {"deit": tiny_deit, "mamba": tiny_mamba}  # families whose tiny model is built here
+
+def tiny_deberta(folder: Path) -> Path:
+    """A tiny random DebertaClassifier checkpoint (log buckets reached: k = 8) with the tiny WordPiece tokenizer."""
+    import torch
+
+    from models.families.deberta import DebertaClassifier, DebertaConfig
+    from models.io.checkpoint import save_checkpoint
+    from tests.tiny import WORDS, tiny_wordpiece
+
+    tok = tiny_wordpiece(folder.parent / "_deberta_tok")
+    torch.manual_seed(0)
+    model = DebertaClassifier(DebertaConfig(vocab_size=5 + len(WORDS), d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                            max_positions=64, max_len=16, dropout=0.0, attention_dropout=0.0,
+                                            pooling="pooler", position_buckets=8, max_relative_positions=32))
+    return save_checkpoint(folder, model, labels=["negative", "positive"], text={"lowercase": True},
+                           extra_files={"tokenizer.json": tok})
+
+
+BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba}  # families whose tiny model is built here
 
 
 def entry_point(model, tab: str):

@@ -11,20 +11,25 @@ from torch import Tensor, nn
 
 from models.blocks.attention import LayerEdit, MultiHeadAttention
 
+# The feed-forward activation by name: ReLU (eq. 2), SiLU = swish (Marian's opus-mt), exact GELU.
+ACTIVATIONS = {"relu": nn.ReLU, "swish": nn.SiLU, "silu": nn.SiLU, "gelu": nn.GELU}
+
 
 class FeedForward(nn.Sequential):
-    """FFN(x) = max(0, xW1 + b1)W2 + b2 (eq. 2)."""
+    """FFN(x) = max(0, xW1 + b1)W2 + b2 (eq. 2); ``activation`` swaps the ReLU (the parameter names stay)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
+        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), nn.Dropout(dropout),
+                         nn.Linear(d_ff, d_model))
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True,
+                 activation: str = "relu") -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 

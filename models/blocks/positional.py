@@ -15,12 +15,19 @@ import torch
 from torch import Tensor, nn
 
 
-def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> Tensor:
-    """The (n_positions, d_model) sinusoidal table of Vaswani et al. (2017), §3.5."""
+def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """The (n_positions, d_model) sinusoidal table of Vaswani et al. (2017), §3.5. ``layout`` "interleaved" puts
+    sin and cos of angle i at columns 2i and 2i+1 (the paper); "half" puts every sin first, then every cos
+    (Marian / fairseq's table: columns i and i + ceil(d/2))."""
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (N, 1)
     i2 = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i
     angle = pos / base ** (i2 / d_model)  # (N, ceil(d/2))
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    if layout == "half":
+        half = angle.size(1)
+        table[:, :half] = torch.sin(angle)
+        table[:, half:] = torch.cos(angle[:, : d_model - half])
+        return table.float()
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return table.float()
@@ -29,10 +36,10 @@ def sinusoidal_table(n_positions: int, d_model: int, base: float = 10000.0) -> T
 class SinusoidalPositions(nn.Module):
     """Adds the fixed sinusoidal table; ``offset`` shifts positions (incremental decoding)."""
 
-    def __init__(self, max_len: int, d_model: int) -> None:
+    def __init__(self, max_len: int, d_model: int, layout: str = "interleaved") -> None:
         super().__init__()
         # derived, not learned: a non-persistent buffer stays out of the checkpoint
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, layout=layout), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # x: (B, T, D)
         t = x.size(1)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,18 @@ class BertConfig:
     pad_id: int = 0  # [PAD] in the WordPiece vocabulary
     max_len: int = MAX_TOKENS_MINILM  # input cap in tokens, [CLS] and [SEP] included (models/limits.py)
     origin: str = ""  # where the pretrained weights come from, with their licence (kept in config.json)
+    # The switches of the BERT-shaped families read from Hugging Face folders (models/io/hf.py); the defaults are BERT.
+    family: str = "bert"  # "bert", "roberta", "distilbert", "electra" or "albert": what the model view calls it
+    embedding_size: int = 0  # E of factorised embeddings (ALBERT §3.1, ELECTRA small): tables of width E, then a
+    # Linear E -> d_model; 0: tables of width d_model, no projection
+    position_offset: int = 0  # RoBERTa counts positions from padding_idx + 1 (fairseq's make_positions): 2
+    act: str = "gelu"  # feed-forward activation: "gelu" (exact, erf) or "gelu_new" (tanh approximation, ALBERT)
+    pooler_act: str = "tanh"  # after the pooler's dense layer: "tanh" (BERT, ALBERT, RoBERTa's head), "gelu"
+    # (ELECTRA's discriminator head), "relu" (DistilBERT's pre_classifier)
+    shared_layers: bool = False  # ALBERT §3.1: one layer's weights used by every pass (n_layers passes)
+    # newer than the shipped minilm checkpoints: their defaults (BERT) apply to a config.json without them
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("family", "embedding_size", "position_offset", "act", "pooler_act",
+                                           "shared_layers")
 
 
 class BertEmbeddings(nn.Module):
@@ -57,24 +69,43 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, c: BertConfig) -> None:
         super().__init__()
-        self.word = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.position = nn.Embedding(c.max_positions, c.d_model)
-        self.token_type = nn.Embedding(c.type_vocab_size, c.d_model)
-        self.norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        e = c.embedding_size or c.d_model  # ALBERT / ELECTRA-small: narrower tables, projected by BertEncoder
+        self.offset = c.position_offset
+        self.word = nn.Embedding(c.vocab_size, e, padding_idx=c.pad_id)
+        self.position = nn.Embedding(c.max_positions, e)
+        # DistilBERT has no token types (type_vocab_size 0)
+        self.token_type = nn.Embedding(c.type_vocab_size, e) if c.type_vocab_size > 0 else None
+        self.norm = nn.LayerNorm(e, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.dropout)
+
+    def position_ids(self, n: int, device: torch.device | None = None) -> Tensor:
+        """The position of each of n tokens: 0..n-1, or from ``position_offset`` (RoBERTa: padding_idx + 1).
+        Padding after the text gets later positions here, which no real token sees (its keys are masked)."""
+        if self.offset + n > self.position.num_embeddings:
+            raise ValueError(f"sequence of {n} tokens exceeds the {self.position.num_embeddings - self.offset} "
+                             "positions")
+        return torch.arange(self.offset, self.offset + n, device=device)
+
+    def type_part(self, word: Tensor, token_types: Tensor | None = None) -> Tensor | None:
+        """The token-type embeddings (B, N, E) (type 0 unless given), or None for a family without them."""
+        if self.token_type is None:
+            return None
+        types = torch.zeros(word.shape[:2], dtype=torch.long, device=word.device) if token_types is None \
+            else token_types
+        return self.token_type(types)
 
     def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:  # ids: (B, N) -> (B, N, D)
         return self.embed(self.word(ids), token_types)
 
     def embed(self, word: Tensor, token_types: Tensor | None = None) -> Tensor:
         """The rest of ``forward`` from word embeddings (B, N, D): positions, token types, LayerNorm, dropout."""
-        n = word.size(1)
-        if n > self.position.num_embeddings:
-            raise ValueError(f"sequence of {n} tokens exceeds the {self.position.num_embeddings} positions")
-        pos = torch.arange(n, device=word.device)
-        types = torch.zeros(word.shape[:2], dtype=torch.long, device=word.device) if token_types is None \
-            else token_types
-        return self.drop(self.norm(word + self.position(pos) + self.token_type(types)))
+        x = word + self.position(self.position_ids(word.size(1), word.device))
+        types = self.type_part(word, token_types)
+        return self.drop(self.norm(x if types is None else x + types))
+
+
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
+               "tanh": torch.tanh}
 
 
 class BertLayer(nn.Module):
@@ -88,6 +119,11 @@ class BertLayer(nn.Module):
         self.ff_out = nn.Linear(c.d_ff, c.d_model)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.dropout)
+        self.act = ACTIVATIONS[c.act]
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """W_2 · act(W_1 x) (B, N, D) -> (B, N, D), without dropout."""
+        return self.ff_out(self.act(self.ff_in(x)))
 
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
                 edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
@@ -95,7 +131,7 @@ class BertLayer(nn.Module):
         (models/blocks/attention.py). Returns (x, weights (B, H, N, N) or None)."""
         a, w = self.self_attn(x, mask=mask, need_weights=need_weights, edit=edit)
         x = self.norm1(x + self.drop(a))
-        x = self.norm2(x + self.drop(self.ff_out(F.gelu(self.ff_in(x)))))  # exact (erf) GELU, as BERT
+        x = self.norm2(x + self.drop(self.feed_forward(x)))  # exact (erf) GELU for BERT
         return x, w
 
 
@@ -105,7 +141,13 @@ class BertEncoder(nn.Module):
     def __init__(self, c: BertConfig) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(c)
-        self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.n_layers))
+        # factorised embeddings: E -> d_model once, after the embedding LayerNorm (ALBERT §3.1, ELECTRA)
+        self.project = nn.Linear(c.embedding_size, c.d_model) if c.embedding_size else None
+        if c.shared_layers:  # ALBERT: the same module n_layers times (one set of weights, one pass each)
+            shared = BertLayer(c)
+            self.layers = nn.ModuleList([shared] * c.n_layers)
+        else:
+            self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.n_layers))
 
     def forward(self, ids: Tensor, pad_mask: Tensor | None = None, token_types: Tensor | None = None,
                 need_weights: bool = False) -> tuple[list[Tensor], list[Tensor]]:
@@ -123,6 +165,8 @@ class BertEncoder(nn.Module):
         edits: one ``LayerEdit`` or None per layer (``models.blocks.attention.bind`` of an intervention)."""
         mask = None if pad_mask is None else padding_mask(pad_mask)  # (B, 1, 1, N), None without padding
         x = self.embeddings.embed(word, token_types)
+        if self.project is not None:
+            x = self.project(x)
         states, weights = [x], []
         for layer, e in zip(self.layers, edits or [None] * len(self.layers)):
             x = enter_layer(x, e)  # patched residual positions
@@ -146,8 +190,10 @@ class BertClassifier(EncoderClassifier):
         self.config = c = config
         if c.pooling not in ("cls", "mean", "pooler"):
             raise ValueError(f"pooling must be 'cls', 'mean' or 'pooler', got {c.pooling!r}")
-        if c.max_len > c.max_positions:
-            raise ValueError(f"max_len={c.max_len} exceeds max_positions={c.max_positions}")
+        if c.act not in ACTIVATIONS or c.pooler_act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {c.act!r} / {c.pooler_act!r}; known: {sorted(ACTIVATIONS)}")
+        if c.max_len + c.position_offset > c.max_positions:
+            raise ValueError(f"max_len={c.max_len} exceeds the {c.max_positions - c.position_offset} positions")
         self.tokenizer = tokenizer  # models.io.tokenizer.JsonTokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.text: dict[str, Any] = {}
@@ -174,8 +220,8 @@ class BertClassifier(EncoderClassifier):
                       edits: Sequence[LayerEdit | None] | None = None) -> tuple[Tensor, list[Tensor]]:
         states, weights = self.bert.forward_embedded(embeddings, pad, need_weights=need_weights, edits=edits)
         x = states[-1]  # (B, N, D)
-        if self.pooler is not None:  # BertPooler: dense + tanh on the [CLS] state
-            return self.head(self.drop(torch.tanh(self.pooler(x[:, 0])))), weights
+        if self.pooler is not None:  # BertPooler: dense + tanh on the [CLS] state (GELU: ELECTRA, ReLU: DistilBERT)
+            return self.head(self.drop(ACTIVATIONS[self.config.pooler_act](self.pooler(x[:, 0])))), weights
         # "mean" averages over real tokens, [CLS] and [SEP] included (sentence-transformers' mean pooling)
         return self.head(self.drop(pool(x, pad, self.config.pooling))), weights
 

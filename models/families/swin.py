@@ -17,7 +17,7 @@ patch 2 -> 14×14 tokens in 2×2 windows of 7×7, merged to 7×7 tokens in one w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -47,7 +47,9 @@ class SwinConfig:
     attention_dropout: float = 0.0  # dropout on attention weights (training only)
     drop_path: float = 0.1  # stochastic depth, rising linearly to this rate over all blocks
     norm_eps: float = 1e-5  # LayerNorm epsilon (torchvision's Swin uses 1e-5)
-    input: str = "fashion"  # "fashion" (grey 28×28, dark background) or "imagenet" (RGB crop)
+    input: str = "fashion"  # "fashion" (grey 28×28, dark background), "imagenet" (RGB crop) or "processor"
+    processor: dict | None = None  # "processor" only: a Hugging Face folder's preprocessing (images.processor_spec)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("processor",)  # newer than the shipped checkpoints
     resize: int = 232  # imagenet only: shorter side before the centre crop (torchvision's Swin-T: 232)
     interpolation: str = "bicubic"  # imagenet only: resize interpolation (torchvision's Swin-T: bicubic)
 
@@ -401,7 +403,8 @@ class Swin(nn.Module):
     def classify(self, image: ImageInput) -> ImageResult:
         """Any image -> ImageResult with class probabilities and one WindowAttention per block."""
         cfg = self.config
-        prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation)
+        prepared = prepare(image, cfg.input, resize=cfg.resize, crop=cfg.image_size, interpolation=cfg.interpolation,
+                           processor=cfg.processor)
         device = next(self.parameters()).device
         was_training = self.training
         self.eval()

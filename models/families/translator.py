@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,8 +38,20 @@ class TranslatorConfig:
     norm_first: bool = True  # pre-norm (True) or the original post-norm (False)
     max_len: int = 128  # positions per side; inputs are capped here (models/limits.py)
     pad_id: int = 0  # SentencePiece ids of the special pieces
-    bos_id: int = 1
+    bos_id: int = 1  # the decoder's first input (Marian: its decoder_start_token_id, the pad id)
     eos_id: int = 2
+    # The switches of translators read from Hugging Face folders (models/io/hf_translators.py); defaults: ours.
+    family: str = "translator"  # "translator" (trained here) or "marian": what the views call it
+    positions: str = "interleaved"  # sinusoidal table layout: "interleaved" (the paper) or "half" (Marian)
+    activation: str = "relu"  # feed-forward activation: "relu", "swish" (opus-mt) or "gelu"
+    scale_embedding: bool = True  # embeddings × √d_model (§3.4; Marian's scale_embedding)
+    tie_output: bool = False  # with tie_embeddings False (separate source and target tables): the output
+    # projection is still the target table (Marian with separate vocabularies); False: a matrix of its own
+    logits_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+    blocked_ids: tuple[int, ...] = ()  # tokens never produced (Marian's generation_config bad_words_ids: <pad>)
+    forced_eos: bool = False  # the last allowed step can only produce eos (forced_eos_token_id)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("family", "positions", "activation", "scale_embedding", "tie_output",
+                                           "logits_bias", "blocked_ids", "forced_eos")  # newer than the checkpoint
 
     @property
     def n_layers(self) -> int:
@@ -48,12 +60,13 @@ class TranslatorConfig:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, norm_first: bool = True,
+                 activation: str = "relu") -> None:
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 
@@ -122,18 +135,20 @@ class Translator(nn.Module):
         self.src_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_embed = self.src_embed if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model,
                                                                                 padding_idx=c.pad_id)
-        self.positions = SinusoidalPositions(c.max_len, c.d_model)
+        self.positions = SinusoidalPositions(c.max_len, c.d_model, c.positions)
         self.drop = nn.Dropout(c.dropout)
-        self.encoder = nn.ModuleList(
-            EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first) for _ in range(c.n_enc_layers))
-        self.decoder = nn.ModuleList(
-            DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first) for _ in range(c.n_dec_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation)
+                                     for _ in range(c.n_enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation)
+                                     for _ in range(c.n_dec_layers))
         # pre-norm stacks end with a LayerNorm (the residual stream is never normalised otherwise)
         self.enc_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
-        self.generator = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.generator = nn.Linear(c.d_model, c.vocab_size, bias=c.logits_bias)
         self._init_weights()
-        if c.tie_embeddings:
+        if c.logits_bias:
+            nn.init.zeros_(self.generator.bias)
+        if c.tie_embeddings or c.tie_output:
             self.generator.weight = self.tgt_embed.weight  # §3.4: one matrix for both embeddings and output
 
     def _init_weights(self) -> None:
@@ -148,7 +163,26 @@ class Translator(nn.Module):
     # ---------------------------------------------------------------- forward passes
     def _embed(self, emb: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
         # §3.4: embeddings are multiplied by √d_model before the positions are added
-        return self.drop(self.positions(emb(ids) * math.sqrt(self.config.d_model), offset))
+        return self.drop(self.positions(emb(ids) * self.embed_scale, offset))
+
+    @property
+    def embed_scale(self) -> float:
+        """√d_model (§3.4), or 1 for a model trained without it (Marian's scale_embedding false)."""
+        return math.sqrt(self.config.d_model) if self.config.scale_embedding else 1.0
+
+    def _restrict(self, logp: Tensor, t: int, limits: Sequence[int], rows_per_source: int = 1) -> None:
+        """Block ``blocked_ids`` everywhere and, with ``forced_eos``, every token but eos at each source's last
+        step (t = its limit − 1), eos then scored 0, in place on log-probabilities (N, V) (as transformers' logits
+        processors act on beam scores, so the same hypothesis wins)."""
+        c = self.config
+        if c.blocked_ids:
+            logp[:, list(c.blocked_ids)] = float("-inf")
+        if c.forced_eos:
+            for i, limit in enumerate(limits):
+                if t == limit - 1:
+                    rows = slice(i * rows_per_source, (i + 1) * rows_per_source)
+                    logp[rows] = float("-inf")
+                    logp[rows, c.eos_id] = 0.0  # at no cost, as transformers' ForcedEOSTokenLogitsProcessor
 
     def encode(self, src: Tensor, need_weights: bool = False,
                src_pad: Tensor | None = None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
@@ -240,6 +274,7 @@ class Translator(nn.Module):
         done = [False] * b
         for t in range(max_len):
             logp = self.decode_step(tokens, state)
+            self._restrict(logp, t, limits)
             if t < min_len:
                 logp[:, c.eos_id] = float("-inf")
             best, tok = logp.max(dim=-1)
@@ -288,6 +323,7 @@ class Translator(nn.Module):
         done = [False] * b
         for t in range(max_len):
             logp = self.decode_step(tokens, state)  # (B*K, V)
+            self._restrict(logp, t, limits, k)
             if t < min_len:
                 logp[:, c.eos_id] = float("-inf")
             v = logp.size(-1)

@@ -62,6 +62,18 @@ class Stream:
         self.parts[0] = self.parts[0] + other.parts[0]
         self.names = self.names + other.names[1:]
 
+    def projected(self, linear: nn.Linear) -> Stream:
+        """The stream through a Linear layer: each part by W, the bias into the constant part (linear exactly)."""
+        out = Stream.__new__(Stream)
+        out.at, out.names = self.at, list(self.names)
+        w = linear.weight.double()
+        out.total = self.total @ w.T
+        out.parts = self.parts @ w.T
+        if linear.bias is not None:
+            out.total = out.total + linear.bias.double()
+            out.parts[0] = out.parts[0] + linear.bias.double()
+        return out
+
     def normed(self, norm: nn.Module) -> Stream:
         """The stream after ``norm`` (LayerNorm or RMSNorm), its scale frozen at the one computed on ``total``."""
         x = self.total
@@ -106,6 +118,8 @@ def _start(p: Plan, at: Sequence[int]) -> Stream:
     for name, value in p.embed:
         if name == "__norm__":  # BERT's embedding LayerNorm
             stream = stream.normed(value)
+        elif name == "__linear__":  # factorised embeddings' projection E -> d (ALBERT, ELECTRA)
+            stream = stream.projected(value)
         else:
             stream.add(name, value)
     return stream
@@ -284,4 +298,10 @@ def _split(attn: Attn, inp: Stream, scores: Tensor, weights: Tensor, layer: int,
 @torch.no_grad()
 def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     """Every layer's pre-softmax scores (layers, heads, T, T), float32, masked cells −inf."""
+    from models import registry
+
+    if registry.is_family(model, "deberta"):  # disentangled attention: its own three-term scores (no walk)
+        from models.families.deberta import pre_softmax_scores
+
+        return pre_softmax_scores(model, ids).float().cpu().numpy()
     return np.stack([scores.float().cpu().numpy() for _, _, _, scores, _ in _walk(plan(model, ids), [])])

@@ -195,17 +195,26 @@ def _encoder(encoder_layers: nn.ModuleList, embed: list[tuple[str, Tensor]]) -> 
 
 
 def bert(model: nn.Module, x: Tensor) -> Plan:
-    e = model.bert.embeddings
+    """BertClassifier and the families read into it (RoBERTa's offset positions, DistilBERT without token types,
+    ALBERT's and ELECTRA's factorised embeddings projected after their LayerNorm, ALBERT's one shared layer walked
+    once per pass)."""
+    e, enc = model.bert.embeddings, model.bert
     t = x.size(1)
-    embed = [("token", e.word(x)[0].double()), ("position", e.position(torch.arange(t, device=x.device)).double()),
-             (BIAS, e.token_type(torch.zeros_like(x))[0].double()), ("__norm__", e.norm)]
+    word = e.word(x)
+    embed = [("token", word[0].double()), ("position", e.position(e.position_ids(t, x.device)).double())]
+    types = e.type_part(word)
+    if types is not None:
+        embed.append((BIAS, types[0].double()))
+    embed.append(("__norm__", e.norm))
+    if enc.project is not None:
+        embed.append(("__linear__", enc.project))
     layers = []
-    for layer in model.bert.layers:
+    for layer in enc.layers:
+
+        def ff(h: Tensor, layer=layer) -> Tensor:  # BertLayer's feed-forward with its own activation
+            return _call(layer.ff_out, layer.act(_call(layer.ff_in, h)))
+
         a = layer.self_attn
-
-        def ff(h: Tensor, layer=layer) -> Tensor:  # BertLayer's feed-forward, exact (erf) GELU
-            return _call(layer.ff_out, F.gelu(_call(layer.ff_in, h)))
-
         attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.n_heads, a.n_heads, None, causal=False)
         layers.append((attn, ("post", layer.norm1, ff, layer.norm2)))
     return Plan(embed, layers)
@@ -229,7 +238,7 @@ def text_classifier(model: nn.Module, x: Tensor) -> Plan:
 
 def translator(model: nn.Module, x: Tensor) -> Plan:
     """Translator's encoder: token embeddings scaled by √d (Vaswani et al. 2017, §3.4) + position."""
-    tok = model.src_embed(x) * math.sqrt(model.config.d_model)
+    tok = model.src_embed(x) * model.embed_scale  # Marian without scale_embedding: 1
     pos = model.positions(torch.zeros_like(tok))
     return _encoder(model.encoder, [("token", tok[0].double()), ("position", pos[0].double())])
 

@@ -57,6 +57,8 @@ def load_hf(folder: str | Path) -> Any:
         raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
     if not family.text:  # an image classifier: its preprocessing from preprocessor_config.json
         return _with_processor(model, folder).float().eval()
+    if getattr(model, "tokenizer", None) is not None:  # the reader attached its own (Marian's SentencePiece pair)
+        return model.float().eval()
     from models.io.tokenizer import JsonTokenizer, folder_tokenizer
 
     try:  # tokenizer.json, or BERT's vocab.txt / GPT-2's vocab.json + merges.txt

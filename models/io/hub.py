@@ -23,8 +23,9 @@ from pathlib import Path
 # What the loaders read (models/io/hf.py): never the pickled *.bin weights.
 FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json",
-         "vocab.txt", "vocab.json", "merges.txt", "generation_config.json"]
-KINDS = ("classify", "generate", "vision")
+         "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
+         "source.spm", "target.spm", "target_vocab.json"]  # Marian's SentencePiece pair and vocabularies
+KINDS = ("classify", "generate", "vision", "translate")
 DEFAULT_MAX_PARAMS = 500_000_000  # Qwen2.5-0.5B (494 M, 2 GB in float32) fits
 TIMEOUT_S = 4.0  # per network step: "offline" is reported within about 5 s
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -177,7 +177,9 @@ class JsonTokenizer(Tokenizer):
 
     def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
         enc = self.tk.encode(text, add_special_tokens=False)
-        return list(enc.ids), list(enc.tokens)
+        # the vocabulary's piece of each id: a unigram model (ALBERT, DeBERTa-v3) reports an unknown character as
+        # itself in enc.tokens, while the model sees <unk>
+        return list(enc.ids), [self.id_to_piece(i) for i in enc.ids]
 
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
         """Exactly as transformers encodes it: the tokenizer's own normaliser and post-processor decide the
@@ -244,7 +246,7 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
         options = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         options = {}
-    if model_type == "bert" and (folder / "vocab.txt").is_file():
+    if model_type in ("bert", "distilbert", "electra") and (folder / "vocab.txt").is_file():  # all WordPiece
         lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
         vocab = {tok: i for i, tok in enumerate(t.rstrip("\r") for t in lines) if tok}
         names = {k: str(options.get(f"{k}_token", f"[{k.upper()}]")) for k in ("unk", "cls", "sep", "pad", "mask")}
@@ -272,5 +274,58 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
         if end in vocab:
             tk.add_special_tokens([end])
         return tk
-    wanted = {"bert": "vocab.txt", "gpt2": "vocab.json and merges.txt"}.get(model_type)
+    wanted = {"bert": "vocab.txt", "distilbert": "vocab.txt", "electra": "vocab.txt",
+              "gpt2": "vocab.json and merges.txt"}.get(model_type)
     raise FileNotFoundError("no tokenizer.json" + (f" (nor {wanted})" if wanted else ""))
+
+
+class MarianTokenizer(Tokenizer):
+    """A Marian (opus-mt) folder's tokenizer: SentencePiece ``source.spm`` cuts the source into pieces that
+    ``vocab.json`` numbers (a piece it lacks is ``<unk>``), then ``</s>``; no ``<s>`` (Marian sources have none).
+    Target ids are named by the same vocabulary (``target_vocab.json`` where the folder has separate ones) and
+    joined into text by ``target.spm``. Language codes (``>>de<<``, multilingual models) are not read."""
+
+    def __init__(self, folder: str | Path, max_tokens: int = 512) -> None:
+        import json
+
+        import sentencepiece as spm
+
+        super().__init__({"nfkc": False}, max_tokens)  # SentencePiece normalises as it was trained to
+        folder = Path(folder)
+        self.source = spm.SentencePieceProcessor(model_file=str(folder / "source.spm"))
+        self.target = spm.SentencePieceProcessor(model_file=str(folder / "target.spm"))
+        self.vocab: dict[str, int] = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        target = folder / "target_vocab.json"
+        target_vocab = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else self.vocab
+        self.names = {i: p for p, i in target_vocab.items()}
+        self.pad_id, self.unk_id, self.eos_id = self.vocab["<pad>"], self.vocab["<unk>"], self.vocab["</s>"]
+        self.bos_id = self.pad_id  # Marian starts decoding from <pad> (decoder_start_token_id)
+
+    def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        pieces = self.source.encode(text, out_type=str)
+        ids = [self.vocab.get(p, self.unk_id) for p in pieces]
+        return ids, [p if i != self.unk_id else "<unk>" for p, i in zip(pieces, ids)]
+
+    def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> Encoded:
+        """Source pieces then ``</s>`` (transformers' MarianTokenizer), cut at the cap with ``</s>`` kept."""
+        cap = self.max_tokens if max_tokens is None else max_tokens
+        ids, pieces = self._encode_pieces(self.normalize(text))
+        n_special = 1 if add_special else 0
+        notice = ""
+        if len(ids) + n_special > cap:
+            notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
+            ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
+        if add_special:
+            ids, pieces = [*ids, self.eos_id], [*pieces, "</s>"]
+        return Encoded(ids, pieces, notice)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.names.get(i, f"<{i}>")
+
+    def decode(self, ids: list[int]) -> str:
+        special = {self.pad_id, self.eos_id}
+        return self.target.decode_pieces([self.id_to_piece(i) for i in ids if i not in special])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.names)

@@ -116,6 +116,8 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     c = net.config
     layer, head = index(layer, n_layers(net), "layer"), index(head, c.n_heads, "head")
     query, key = index(query, len(ids), "query position"), index(key, len(ids), "key position")
+    if registry.is_family(net, "deberta"):  # disentangled attention: content and position terms, not residual parts
+        return why_disentangled(net, ids, tokens, layer, head, query, key, name)
     try:
         d = decompose_score(net, ids, layer, head, query, key)
     except ValueError as err:
@@ -129,6 +131,34 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     if d.content is not None:
         table["content_score"], table["position_part"] = d.content, d.score - d.content
     return summarise(d, tokens), fig, table
+
+
+def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
+                     name: str = ""):
+    """DeBERTa's score split into content→content, content→position and position→content (He et al. 2021, eq. 4):
+    a 2 × 2 table (query part × key part; position→position is not in DeBERTa), the row and its softmax."""
+    from models.families.deberta import disentangled_split
+
+    d = disentangled_split(net, ids, layer, head, query, key)
+    parts = ["content", f"relative position (bucket {d.bucket})"]
+    table = np.array([[d.c2c, d.c2p], [d.p2c, 0.0]])
+    row, soft = np.array(d.row), np.array(d.softmax_row)
+    title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
+             + (f" · {name}" if name else ""))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title))
+    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
+               f"(distance {d.distance}, relative bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} "
+               f"after the softmax over {len(row)} keys. DeBERTa's disentangled attention adds three terms, each over "
+               "√(3·d_head):\n\n| term | value |\n| --- | ---: |\n"
+               f"| content → content (q_i · k_j) | {d.c2c:+.3f} |\n"
+               f"| content → position (q_i · W_k r_δ) | {d.c2p:+.3f} |\n"
+               f"| position → content (k_j · W_q r_δ) | {d.p2c:+.3f} |\n| **sum = score** | **{d.score:+.3f}** |")
+    components = [{"query_part": "content", "key_part": "content", "value": d.c2c},
+                  {"query_part": "content", "key_part": "relative position", "value": d.c2p},
+                  {"query_part": "relative position", "key_part": "content", "value": d.p2c}]
+    return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
+                          "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
+                          "bucket": d.bucket}
 
 
 def summarise(d, tokens: list[str]) -> str:

@@ -1,0 +1,110 @@
+"""Hugging Face translators read into the project's own ``models.families.translator.Translator`` (transformers is
+never imported here; the registry names each reader, ``models.io.hf.load_hf`` calls it).
+
+``marian`` (``MarianMTModel``, the opus-mt models of Tiedemann & Thottingal 2020, trained with Marian NMT) is the
+Transformer of Vaswani et al. (2017) in its original post-norm form, so it is the Translator with switches
+(``TranslatorConfig``): sinusoidal positions with every sine before every cosine (``positions="half"``), the
+feed-forward activation of the config (swish for opus-mt), embeddings × √d only with ``scale_embedding``, a bias on the
+output logits (``final_logits_bias``), decoding started from ``<pad>`` (``decoder_start_token_id``), ``<pad>``
+never produced (generation_config.json ``bad_words_ids``) and eos forced at the last allowed step
+(``forced_eos_token_id``), as transformers' ``generate`` does. The tokenizer is the folder's SentencePiece pair
+(``models.io.tokenizer.MarianTokenizer``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from models.io.checkpoint import CheckpointError
+
+
+def _generation(folder: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``MarianMTModel`` config and weights -> Translator, with the folder's MarianTokenizer attached."""
+    from models.families.translator import Translator, TranslatorConfig
+    from models.io.tokenizer import MarianTokenizer
+
+    where = Path(where)
+    folder = where.parent
+    if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads") or \
+            hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"):
+        raise CheckpointError(where, "encoder and decoder of different head counts or widths are not supported")
+    if hf.get("normalize_before") or hf.get("add_final_layer_norm") or hf.get("normalize_embedding"):
+        raise CheckpointError(where, "only Marian's post-norm layout is supported (no pre-norm, no extra norms)")
+    act = str(hf.get("activation_function", "gelu"))
+    if act not in ("relu", "swish", "silu", "gelu"):
+        raise CheckpointError(where, f"activation {act!r} is not supported (relu, swish, gelu)")
+    vocab, target_vocab = int(hf["vocab_size"]), int(hf.get("decoder_vocab_size") or hf["vocab_size"])
+    shared = bool(hf.get("share_encoder_decoder_embeddings", True))
+    if vocab != target_vocab:
+        raise CheckpointError(where, "source and target vocabularies of different sizes are not supported")
+    gen = {**hf, **_generation(folder)}
+    pad, eos = int(hf["pad_token_id"]), int(gen.get("eos_token_id", hf.get("eos_token_id", 0)))
+    blocked = sorted({int(w[0]) for w in gen.get("bad_words_ids") or [] if isinstance(w, list) and len(w) == 1})
+    d = int(hf["d_model"])
+    config = TranslatorConfig(
+        vocab_size=vocab, d_model=d, n_heads=int(hf["encoder_attention_heads"]),
+        n_enc_layers=int(hf["encoder_layers"]), n_dec_layers=int(hf["decoder_layers"]),
+        d_ff=int(hf["encoder_ffn_dim"]), dropout=0.0, tie_embeddings=shared, norm_first=False,
+        max_len=int(hf.get("max_position_embeddings", 512)), pad_id=pad,
+        bos_id=int(gen.get("decoder_start_token_id", hf.get("decoder_start_token_id", pad))), eos_id=eos,
+        family="marian", positions="half", activation=act, scale_embedding=bool(hf.get("scale_embedding", False)),
+        tie_output=bool(hf.get("tie_word_embeddings", True)), logits_bias=True, blocked_ids=tuple(blocked),
+        forced_eos=gen.get("forced_eos_token_id") == eos)
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    src = s["shared.weight"] if "shared.weight" in s else s["encoder.embed_tokens.weight"]
+    tgt = s["shared.weight"] if shared and "shared.weight" in s else s.get("decoder.embed_tokens.weight", src)
+    ours: dict[str, Tensor] = {"src_embed.weight": src, "generator.bias": s["final_logits_bias"].reshape(-1)}
+    if not shared:
+        ours["tgt_embed.weight"] = tgt
+    if not (shared or config.tie_output):
+        ours["generator.weight"] = state["lm_head.weight"]
+    common = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
+              "self_attn.v_proj": "self_attn.v_proj", "self_attn.out_proj": "self_attn.out_proj",
+              "self_attn_layer_norm": "norm1", "fc1": "ff.0", "fc2": "ff.3"}
+    for i in range(config.n_enc_layers):
+        for theirs, mine in {**common, "final_layer_norm": "norm2"}.items():
+            for kind in ("weight", "bias"):
+                ours[f"encoder.{i}.{mine}.{kind}"] = s[f"encoder.layers.{i}.{theirs}.{kind}"]
+    cross = {"encoder_attn.q_proj": "cross_attn.q_proj", "encoder_attn.k_proj": "cross_attn.k_proj",
+             "encoder_attn.v_proj": "cross_attn.v_proj", "encoder_attn.out_proj": "cross_attn.out_proj",
+             "encoder_attn_layer_norm": "norm2", "final_layer_norm": "norm3"}
+    for i in range(config.n_dec_layers):
+        for theirs, mine in {**common, **cross}.items():
+            for kind in ("weight", "bias"):
+                ours[f"decoder.{i}.{mine}.{kind}"] = s[f"decoder.layers.{i}.{theirs}.{kind}"]
+    model = Translator(config)
+    expected = model.state_dict()
+    for name, t in ours.items():
+        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
+            raise CheckpointError(folder / "model.safetensors", f"tensor for {name} has shape {tuple(t.shape)}, "
+                                                                f"the config says {tuple(expected[name].shape)}")
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    missing = [m for m in missing if not _tied(m, config)]
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit Marian: missing {missing}, unexpected {unexpected}")
+    try:
+        model.tokenizer = MarianTokenizer(folder, max_tokens=config.max_len)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise CheckpointError(folder / "source.spm", f"no usable Marian tokenizer (source.spm, target.spm, "
+                                                     f"vocab.json): {err}") from None
+    model.labels, model.text = [], {}
+    return model
+
+
+def _tied(name: str, config: Any) -> bool:
+    """A parameter that is another one (tied tables): loading the other filled it."""
+    if name == "tgt_embed.weight":
+        return config.tie_embeddings
+    return name == "generator.weight" and (config.tie_embeddings or config.tie_output)

@@ -1,0 +1,151 @@
+"""Random-weight Hugging Face folders of the families models/io/hf_encoders.py (and the translators) read, written by
+transformers itself (test-only), with tokenizers transformers builds and saves offline from tiny vocabularies, and
+unusual but valid configs (three layers, nine-wide heads, factorised embeddings narrower than the model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.tiny import SENTENCES, WORDS, train_sentencepiece
+
+LABELS = ("negative", "neutral", "positive")
+EOS_BIAS = 4.0
+SHAPE = dict(hidden_size=36, num_hidden_layers=3, num_attention_heads=4, intermediate_size=52)  # d_head 9
+
+
+def _bpe(vocab_size: int = 300) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE (GPT-2 / RoBERTa style) trained on the tiny sentences, RoBERTa's specials at ids 0-4."""
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(SENTENCES, vocab_size=vocab_size, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    merges = json.loads(bpe._tokenizer.to_str())["model"]["merges"]
+    return bpe.get_vocab(), [tuple(m) for m in merges]
+
+
+def unigram_pieces(folder: Path, specials: tuple[str, ...]) -> list[tuple[str, float]]:
+    """SentencePiece unigram pieces trained on the tiny sentences, ``specials`` first (ALBERT's, DeBERTa's ids)."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(train_sentencepiece(folder / "spm")))
+    return [(s, 0.0) for s in specials] + [(sp.id_to_piece(i), sp.get_score(i)) for i in range(4, sp.get_piece_size())]
+
+
+def tokenizer_for(family: str, folder: Path) -> Any:
+    """The family's transformers tokenizer over a tiny vocabulary, saved into ``folder`` (tokenizer.json and all)."""
+    import transformers as t
+
+    wordpiece = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    if family == "roberta":
+        vocab, merges = _bpe()
+        tok = t.RobertaTokenizer(vocab=vocab, merges=merges)
+    elif family == "distilbert":
+        tok = t.DistilBertTokenizer(vocab=wordpiece)
+    elif family == "electra":
+        tok = t.ElectraTokenizer(vocab=wordpiece)
+    elif family == "albert":
+        tok = t.AlbertTokenizer(vocab=unigram_pieces(folder, ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")))
+    elif family == "deberta-v2":
+        tok = t.DebertaV2Tokenizer(vocab=unigram_pieces(folder, ("[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]")),
+                                   unk_id=3)
+    else:
+        raise ValueError(family)
+    tok.save_pretrained(folder)
+    return tok
+
+
+def classifier_folder(family: str, folder: Path) -> tuple[Any, Any]:
+    """A random ``*ForSequenceClassification`` of ``family`` with its tokenizer, saved (safetensors) into ``folder``;
+    every LayerNorm moved off 1/0 and the head scaled so probabilities are far from uniform. Returns (model, tok)."""
+    import torch
+    import transformers as t
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer_for(family, folder)
+    n = len(tok)
+    labels = dict(id2label=dict(enumerate(LABELS)), label2id={k: i for i, k in enumerate(LABELS)})
+    if family == "roberta":
+        cfg = t.RobertaConfig(vocab_size=n, max_position_embeddings=42, type_vocab_size=1, pad_token_id=1, **SHAPE,
+                              **labels)
+        cls = t.RobertaForSequenceClassification
+    elif family == "distilbert":
+        cfg = t.DistilBertConfig(vocab_size=n, dim=36, n_layers=3, n_heads=4, hidden_dim=52,
+                                 max_position_embeddings=40, **labels)
+        cls = t.DistilBertForSequenceClassification
+    elif family == "electra":
+        cfg = t.ElectraConfig(vocab_size=n, embedding_size=20, max_position_embeddings=40, **SHAPE, **labels)
+        cls = t.ElectraForSequenceClassification
+    elif family == "albert":
+        cfg = t.AlbertConfig(vocab_size=n, embedding_size=20, max_position_embeddings=40, **SHAPE, **labels)
+        cls = t.AlbertForSequenceClassification
+    elif family == "deberta-v2":
+        cfg = t.DebertaV2Config(vocab_size=n, max_position_embeddings=40, relative_attention=True,
+                                position_buckets=8, max_relative_positions=40, pos_att_type=["p2c", "c2p"],
+                                position_biased_input=False, share_att_key=True, norm_rel_ebd="layer_norm",
+                                type_vocab_size=0, pad_token_id=0, **SHAPE, **labels)
+        cls = t.DebertaV2ForSequenceClassification
+    else:
+        raise ValueError(family)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+        head = next(m for name, m in reversed(list(model.named_modules()))
+                    if isinstance(m, torch.nn.Linear))  # the last linear layer: the classifier
+        head.weight.mul_(100.0 if family in ("distilbert", "deberta-v2") else 30.0)  # ReLU, GELU damp it
+    model.save_pretrained(folder)
+    return model, tok
+
+
+def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[Any, Any]:
+    """A random ``MarianMTModel`` (swish, scaled embeddings, 3 encoder and 2 decoder layers, nine-wide heads) with a
+    MarianTokenizer over a tiny joint SentencePiece model (opus-mt's layout: ``</s>`` 0, ``<unk>`` 1, ``<pad>``
+    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix.
+    eos is made likely enough that searches finish before their limit. Returns (model, tokenizer)."""
+    import json
+
+    import sentencepiece as spm
+    import torch
+    import transformers as t
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sp_path = train_sentencepiece(folder / "spm", vocab=150)
+    sp = spm.SentencePieceProcessor(model_file=str(sp_path))
+    pieces = ["</s>", "<unk>", *[sp.id_to_piece(i) for i in range(4, sp.get_piece_size())], "<pad>"]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tok = t.MarianTokenizer(str(sp_path), str(sp_path), str(folder / "vocab.json"))
+    tok.save_pretrained(folder)
+    pad = vocab["<pad>"]
+    cfg = t.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=36, encoder_layers=3,
+                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=52,
+                         decoder_ffn_dim=52, activation_function="swish", scale_embedding=True,
+                         max_position_embeddings=64, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
+                         forced_eos_token_id=0, share_encoder_decoder_embeddings=shared, tie_word_embeddings=shared,
+                         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    model = t.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+        last = model.model.decoder.layers[-1].final_layer_norm  # peaked next-token distributions that depend on
+        last.weight.mul_(40.0)  # the decoder state (tiny tied embeddings would leave only the logits bias)
+        last.bias.mul_(40.0)
+        for layer in model.model.decoder.layers:  # the source matters: cross-attention writes strongly
+            layer.encoder_attn.out_proj.weight.mul_(25.0)
+            layer.encoder_attn.q_proj.weight.mul_(5.0)
+        model.final_logits_bias.normal_(0.0, 0.1)
+        model.final_logits_bias[0, 0] += EOS_BIAS  # eos: hypotheses end within the limit
+    model.generation_config.bad_words_ids = [[pad]]
+    model.generation_config.num_beams = beams
+    model.save_pretrained(folder)
+    return model, tok

@@ -1,0 +1,90 @@
+"""Hugging Face folders that cannot be read are refused by name (models.load), and the app's store says so for that
+model while every other model keeps loading: a missing tensor, a tensor of the wrong shape, an unknown model_type,
+and a repository with only pickled .bin weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from models.io.checkpoint import CheckpointError
+from tests.families import classifier_folder, marian_folder
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("good")
+    classifier_folder("roberta", base / "roberta")
+    marian_folder(base / "marian")
+    return {"roberta": base / "roberta", "marian": base / "marian"}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("spm"))
+    return dst
+
+
+def _edit_weights(folder: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    edit(state)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("family, tensor", [("roberta", "roberta.encoder.layer.2.attention.self.key.weight"),
+                                            ("marian", "model.decoder.layers.1.encoder_attn.v_proj.bias")])
+def test_a_missing_tensor_is_named(good, tmp_path: Path, family: str, tensor: str) -> None:
+    folder = _copy(good[family], tmp_path / "f")
+    _edit_weights(folder, lambda s: s.pop(tensor))
+    name = tensor.removeprefix("roberta.").removeprefix("model.")
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors.*{name}"):
+        models.load(str(folder))
+
+
+@pytest.mark.parametrize("family, tensor", [("roberta", "roberta.encoder.layer.1.intermediate.dense.weight"),
+                                            ("marian", "model.encoder.layers.0.fc1.weight")])
+def test_a_wrong_shape_is_named(good, tmp_path: Path, family: str, tensor: str) -> None:
+    folder = _copy(good[family], tmp_path / "f")
+    _edit_weights(folder, lambda s: s.__setitem__(tensor, s[tensor][:-1].clone()))
+    with pytest.raises(CheckpointError, match=r"shape \(51, 36\).*\(52, 36\)"):
+        models.load(str(folder))
+
+
+def test_an_unknown_model_type_is_named(good, tmp_path: Path) -> None:
+    folder = _copy(good["roberta"], tmp_path / "f")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "reformer"}))
+    with pytest.raises(CheckpointError, match=r"model_type .reformer. is not supported.*marian.*roberta"):
+        models.load(str(folder))
+
+
+def test_a_pickle_only_repository_is_refused(good, tmp_path: Path) -> None:
+    folder = _copy(good["marian"], tmp_path / "f")
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not read")  # never opened: pickles are not loaded
+    with pytest.raises(CheckpointError, match=r"only pytorch_model\.bin \(pickle, refused\)"):
+        models.load(str(folder))
+
+
+def test_the_store_refuses_a_bad_folder_and_serves_the_rest(good, tmp_path: Path, monkeypatch) -> None:
+    from serving import catalogue
+    from serving.errors import ModelUnavailable
+    from serving.store import ModelStore
+
+    broken = _copy(good["roberta"], tmp_path / "broken")
+    (broken / "model.safetensors").unlink()
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    catalogue.configure([str(broken), str(good["marian"])])
+    assert catalogue.configured("classify") == ["broken"] and catalogue.configured("translate") == ["marian"]
+    store = ModelStore()
+    with pytest.raises(ModelUnavailable, match=r"`broken`.*no model\.safetensors.*other models keep working"):
+        store.get("broken")
+    assert store.get("marian").config.family == "marian"  # the other configured model still loads
