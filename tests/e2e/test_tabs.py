@@ -369,12 +369,13 @@ def test_swin_offers_only_what_applies(page) -> None:
     open_tab(page, "Vision")
     panel = _panel(page)
     panel.get_by_label("swin-fashion").check()
+    # the switch and the choices come in one answer to the model's change: wait for it before reading the choices
+    expect(panel.get_by_label("rollout", exact=True)).to_be_disabled(timeout=30_000)
+    expect(panel).to_contain_text("Swin has no CLS token", timeout=30_000)
     panel.get_by_label("explanation", exact=True).click()
     options = [o.replace("✓", "").strip() for o in page.get_by_role("option").all_inner_texts()]
     assert options == ["Gradient × input", "Integrated gradients"], options
     page.keyboard.press("Escape")
-    expect(panel.get_by_label("rollout", exact=True)).to_be_disabled(timeout=30_000)
-    expect(panel).to_contain_text("Swin has no CLS token", timeout=30_000)
     panel.get_by_label("vit-fashion").check()
     expect(panel.get_by_label("rollout", exact=True)).to_be_enabled(timeout=30_000)
     assert page.js_errors == []
