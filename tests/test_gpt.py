@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.families.gpt import GPT, GPTConfig, sample
+from models.decoding.loop import sample
+from models.families.gpt import GPT, GPTConfig
 
 torch.set_num_threads(2)
 

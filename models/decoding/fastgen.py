@@ -43,8 +43,9 @@ from torch import Tensor
 
 from models import limits
 from models.blocks.positional import apply_rope
+from models.decoding.loop import Decoding
 from models.decoding.packed import joined
-from models.outputs import AttentionMap, GenerationResult, GenerationStep
+from models.outputs import GenerationResult
 
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (vocabulary-wide logits each)
 ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
@@ -160,41 +161,11 @@ class _Decoder:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def run(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed) -> GenerationResult:
-        from models.families.gpt import sample
-
-        model = self.model
-        ids, new, notice = model.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
-        prompt_len = len(ids)
-        g = torch.Generator(device="cpu").manual_seed(int(seed))
-        eos = model.eos_id()
-
-        self._allocate(prompt_len + new, prompt_len)
-        surprisal = np.full(prompt_len + new, np.nan, dtype=np.float32)
-        logits = self._prompt(ids, surprisal)  # (V,) after the prompt's last token
-        steps: list[GenerationStep] = []
-        for step in range(new):
-            scores = logits.float()
-            probs = torch.softmax(scores, -1).cpu()
-            top = torch.topk(probs, min(5, probs.numel()))
-            if strategy == "greedy":
-                choice = int(top.indices[0])
-            else:
-                choice = sample(scores.cpu(), temperature, top_k, top_p, g)
-            steps.append(GenerationStep([model.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
-                                        model.piece(choice), float(probs[choice])))
-            surprisal[len(ids)] = -float(torch.log_softmax(scores, -1)[choice])
-            ids.append(choice)
-            last = choice == eos or step == new - 1
-            logits = self._step(choice, len(ids) - 1, last)  # the last token: its attention rows only
-            if last:
-                break
-        tokens = [model.piece(i) for i in ids]
-        weights = self._attention(len(ids))
-        return GenerationResult(text=model.tokenizer.decode(ids[prompt_len:]) if model.tokenizer else "",
-                                tokens=tokens, ids=ids, prompt_len=prompt_len,
-                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
-                                steps=steps, surprisal=surprisal[: len(ids)] / np.float32(math.log(2)),
-                                notice=notice)
+        run = Decoding.start(self.model, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
+        self._allocate(run.prompt_len + run.new, run.prompt_len)
+        # the prompt pass fills the prompt's surprisal; each step its token's; the last token: attention rows only
+        run.run(self._prompt(run.ids, run.surprisal), self._step)
+        return run.result(self._attention(len(run.ids)))
 
     # ------------------------------------------------------------------------------------------ the buffers
     def _allocate(self, n: int, prompt_len: int) -> None:

@@ -19,7 +19,6 @@ prompt tokens), and inputs over ``limits.LONG_TOKENS`` tokens are served alone (
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,8 @@ import numpy as np
 import torch
 
 from models import limits
-from models.outputs import AttentionMap, GenerationResult, GenerationStep
+from models.decoding.loop import Decoding, full_surprisal
+from models.outputs import GenerationResult
 
 PROMPT_SPAN = 32  # prompts in one group differ by at most this many tokens (each extra one is a one-token pass)
 ATTENTION_CELLS = 64 << 20  # float32 attention cells of a group's final pass, rows × layers × heads × T² (256 MB)
@@ -50,14 +50,7 @@ class GenerateRequest:
 @dataclass
 class _Row:
     index: int  # the request's place in the caller's list
-    ids: list[int]  # prompt, then the tokens chosen
-    prompt_len: int
-    new: int  # tokens to generate at most
-    request: GenerateRequest
-    notice: str
-    generator: torch.Generator
-    steps: list[GenerationStep]
-    finished: bool = False
+    run: Decoding  # its ids (prompt, then the tokens chosen), settings and steps
 
 
 def generate_many(model, requests: Sequence[GenerateRequest]) -> list[GenerationResult | Exception]:
@@ -73,7 +66,7 @@ def generate_many(model, requests: Sequence[GenerateRequest]) -> list[Generation
         except Exception as err:  # bad input: this request's answer, not the batch's
             results[i] = err
             continue
-        if row is None or row.prompt_len + row.new > limits.LONG_TOKENS:  # served alone
+        if row is None or row.run.prompt_len + row.run.new > limits.LONG_TOKENS:  # served alone
             results[i] = _alone(model, req)
         else:
             rows.append(row)
@@ -104,10 +97,8 @@ def _alone(model, req: GenerateRequest) -> GenerationResult | Exception:
 
 def _prepare(model, index: int, req: GenerateRequest) -> _Row:
     """What ``GPT.generate`` checks and cuts before decoding (``GPT.prepare_prompt``), as a row of the batch."""
-    ids, new, notice = model.prepare_prompt(req.text, req.max_new_tokens, req.strategy, req.temperature, req.top_k,
-                                            req.top_p)
-    return _Row(index, ids, len(ids), new, req, notice, torch.Generator(device="cpu").manual_seed(int(req.seed)), [],
-                finished=new == 0)
+    return _Row(index, Decoding.start(model, req.text, req.max_new_tokens, req.strategy, req.temperature, req.top_k,
+                                      req.top_p, req.seed))
 
 
 def _groups(model, rows: list[_Row]) -> list[list[_Row]]:
@@ -115,11 +106,11 @@ def _groups(model, rows: list[_Row]) -> list[list[_Row]]:
     attention would pass ATTENTION_CELLS, or MAX_ROWS rows are reached."""
     per_cell = model.config.n_layers * model.config.n_heads
     groups: list[list[_Row]] = []
-    for row in sorted(rows, key=lambda r: r.prompt_len):
+    for row in sorted(rows, key=lambda r: r.run.prompt_len):
         if groups:
             g = groups[-1]
-            longest = max(max(r.prompt_len + r.new for r in g), row.prompt_len + row.new)
-            if (len(g) < MAX_ROWS and row.prompt_len - g[0].prompt_len <= PROMPT_SPAN
+            longest = max(max(r.run.prompt_len + r.run.new for r in g), row.run.prompt_len + row.run.new)
+            if (len(g) < MAX_ROWS and row.run.prompt_len - g[0].run.prompt_len <= PROMPT_SPAN
                     and (len(g) + 1) * per_cell * longest ** 2 <= ATTENTION_CELLS):
                 g.append(row)
                 continue
@@ -130,61 +121,42 @@ def _groups(model, rows: list[_Row]) -> list[list[_Row]]:
 @torch.no_grad()
 def _decode(model, group: list[_Row]) -> list[GenerationResult]:
     from models.blocks.attention import KVCache
-    from models.families.gpt import sample
 
+    runs = [row.run for row in group]
     device = model.embed.weight.device
-    eos = model.eos_id()
-    start = min(r.prompt_len for r in group)
+    filler = max(model.eos_id(), 0)  # what a finished row is fed: its cache entries are never read
+    start = min(r.prompt_len for r in runs)
     caches = [KVCache() for _ in model.blocks]
-    x = torch.tensor([r.ids[:start] for r in group], device=device)
+    x = torch.tensor([r.ids[:start] for r in runs], device=device)
     logits = model(x, caches, last_only=True).logits[:, -1]  # (B, V): the prediction after position start - 1
     pos = start  # the position the next fed tokens take
     while True:
         feed = []
-        for b, row in enumerate(group):
-            if pos < row.prompt_len:  # still reading its prompt: the prediction is not used
-                feed.append(row.ids[pos])
+        for b, r in enumerate(runs):
+            if pos < r.prompt_len:  # still reading its prompt: the prediction is not used
+                feed.append(r.ids[pos])
                 continue
-            if not row.finished:  # one generation step, as GPT.generate takes it
-                probs = torch.softmax(logits[b].float(), -1).cpu()
-                top = torch.topk(probs, min(5, probs.numel()))
-                r = row.request
-                if r.strategy == "greedy":
-                    choice = int(top.indices[0])
-                else:
-                    choice = sample(logits[b].float().cpu(), r.temperature, r.top_k, r.top_p, row.generator)
-                row.steps.append(GenerationStep([model.piece(i) for i in top.indices],
-                                                top.values.numpy().astype(np.float32), model.piece(choice),
-                                                float(probs[choice])))
-                row.ids.append(choice)
-                row.finished = choice == eos or len(row.steps) == row.new
-            feed.append(row.ids[-1] if not row.finished else max(eos, 0))  # a finished row's filler is never read
-        if all(r.finished for r in group):
+            if not r.finished:  # one generation step, as a lone request takes it (models.decoding.loop)
+                r.choose(logits[b])
+            feed.append(filler if r.finished else r.ids[-1])
+        if all(r.finished for r in runs):
             break
         logits = model(torch.tensor(feed, device=device)[:, None], caches).logits[:, -1]
         pos += 1
     del caches
     # every token through the explicit path once, padded after each row's end (causal: unseen by real positions)
-    longest = max(len(r.ids) for r in group)
+    longest = max(len(r.ids) for r in runs)
     # any real id pads (the causal mask hides it); Hugging Face folders have no pad id (pad_id −1, not an index)
     fill = model.config.pad_id if model.config.pad_id >= 0 else 0
-    x = torch.full((len(group), longest), fill, dtype=torch.long, device=device)
-    for b, row in enumerate(group):
-        x[b, : len(row.ids)] = torch.tensor(row.ids, device=device)
+    x = torch.full((len(runs), longest), fill, dtype=torch.long, device=device)
+    for b, r in enumerate(runs):
+        x[b, : len(r.ids)] = torch.tensor(r.ids, device=device)
     full = model(x, need_weights=True)
     results = []
-    for b, row in enumerate(group):
-        t = len(row.ids)
-        logp = torch.log_softmax(full.logits[b, :t].float(), -1)  # (T, V)
-        surprisal = np.full(t, np.nan, dtype=np.float32)
-        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(row.ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
+    for b, r in enumerate(runs):
+        t = len(r.ids)
         weights = np.empty((len(full.attention), *full.attention[0].shape[1:2], t, t), np.float32)  # (L, H, T, T)
         for layer, w in enumerate(full.attention):
             weights[layer] = w[b, :, :t, :t].float().cpu().numpy()
-        tokens = [model.piece(i) for i in row.ids]
-        text = model.tokenizer.decode(row.ids[row.prompt_len:]) if model.tokenizer else ""
-        results.append(GenerationResult(text=text, tokens=tokens, ids=list(row.ids), prompt_len=row.prompt_len,
-                                        attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
-                                        steps=row.steps, surprisal=surprisal / np.float32(math.log(2)),
-                                        notice=row.notice))
+        results.append(r.result(weights, full_surprisal(full.logits[b, :t], r.ids)))
     return results

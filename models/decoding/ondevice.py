@@ -44,6 +44,7 @@ from torch import Tensor
 
 from models import limits
 from models.blocks.positional import apply_rope
+from models.decoding.loop import Decoding
 from models.io.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
 
@@ -496,20 +497,15 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
     (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph
     where the model sits whole on one CUDA device without accelerate hooks, else pass)."""
-    from models.families.gpt import sample
-
-    ids, new, notice = model.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
-    prompt_len = len(ids)
+    dec = Decoding.start(model, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
+    ids, prompt_len, new = dec.ids, dec.prompt_len, dec.new
     was_training = model.training
     model.eval()
-    g = torch.Generator(device="cpu").manual_seed(int(seed))
-    eos = model.eos_id()
     run = _Run(model, prompt_len + new)
     dev = _device(model.embed)
     clock = _Clock(dev)
     if pool:  # the tiles for prompt_len + new rows, filled as the rows are made (redone should it stop early)
         run.tiles = _Tiles(prompt_len + new, POOL_CELLS, model.config.n_heads, run.devices)
-    surprisal = np.full(prompt_len + new, np.nan, dtype=np.float32)
     x = run.layers(torch.tensor(ids, device=dev), 0)  # (P, D)
     clock.mark("prompt_pass")
     target = torch.tensor(ids[1:] + [0], device=x.device)
@@ -523,7 +519,7 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
             logp = torch.log_softmax(logits[: e - a], -1)
             prompt_nll.append(-logp.gather(1, target[a:e, None].to(logp.device))[:, 0])
     if prompt_nll:  # one copy to the host, not one a chunk
-        surprisal[1:prompt_len] = torch.cat(prompt_nll).cpu().numpy()
+        dec.surprisal[1:prompt_len] = torch.cat(prompt_nll).cpu().numpy()
     assert logits is not None
     logits = logits[-1]
     clock.mark("prompt_logits")
@@ -533,25 +529,14 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     if steps not in ("pass", "fixed", "graph"):
         raise ValueError(f"steps must be auto, pass, fixed or graph, got {steps!r}")
     stepper = _Steps(run, dev, capture=steps == "graph") if steps != "pass" else None
-    chosen: list[GenerationStep] = []
-    for step in range(new):
-        probs = torch.softmax(logits, -1)
-        top = torch.topk(probs, min(5, probs.numel()))
-        top_i, top_p_ = top.indices.cpu(), top.values.cpu()
-        choice = int(top_i[0]) if strategy == "greedy" else sample(logits.cpu(), temperature, top_k, top_p, g)
-        chosen.append(GenerationStep([model.piece(i) for i in top_i], top_p_.numpy().astype(np.float32),
-                                     model.piece(choice), float(probs[choice])))
-        surprisal[len(ids)] = -float(torch.log_softmax(logits, -1)[choice])
-        ids.append(choice)
-        last = choice == eos or step == new - 1
-        if stepper is not None:  # its attention rows (the last token's too); the logits after it
-            logits = stepper(choice, len(ids) - 1)
-        else:
-            x = run.layers(torch.tensor([choice], device=dev), len(ids) - 1)
-            if not last:
-                logits = run.logits(x)[0].float()
-        if last:
-            break
+
+    def advance(token: int, pos: int, last: bool) -> Tensor | None:  # its attention rows (the last token's too)
+        if stepper is not None:
+            return stepper(token, pos)
+        x = run.layers(torch.tensor([token], device=dev), pos)
+        return None if last else run.logits(x)[0].float()
+
+    dec.run(logits, advance)
     model.train(was_training)
     clock.mark("decode")
     t = len(ids)
@@ -563,9 +548,7 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     elif pool:  # stopped early (end of sequence): the blocks differ, all the tiles again
         attention.pool(POOL_CELLS)
     clock.mark("tiles")
-    tokens = [model.piece(i) for i in ids]
     decoding = "pass" if stepper is None else "graph" if stepper.graphed else "fixed"
-    return LongGeneration(text=model.tokenizer.decode(ids[prompt_len:]) if model.tokenizer else "", tokens=tokens,
-                          ids=ids, prompt_len=prompt_len, steps=chosen,
-                          surprisal=surprisal[:t] / np.float32(math.log(2)), attention=attention, notice=notice,
-                          decoding=decoding, timings=clock.ms())
+    return LongGeneration(text=dec.text(), tokens=dec.tokens(), ids=ids, prompt_len=prompt_len, steps=dec.steps,
+                          surprisal=dec.bits(), attention=attention, notice=dec.notice, decoding=decoding,
+                          timings=clock.ms())

@@ -48,8 +48,9 @@ from models.blocks.attention import (
     restrict_keys,
 )
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope, rope_angles
+from models.decoding.loop import Decoding, full_surprisal
 from models.inspect.analysis import HEAD_ROLES, head_roles
-from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
+from models.outputs import GenerationResult, LogitLens
 
 RECIPES = ("llama", "gpt2")
 FF_ACTS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -377,39 +378,19 @@ class GPT(nn.Module):
         own top-5 candidates (temperature 1). After generating, every token (the last generated one too)
         is run through the explicit path once, so the attention has a row for each token.
         """
-        ids, new, notice = self.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
-        prompt_len = len(ids)
+        run = Decoding.start(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
         was_training = self.training
         self.eval()
         device = self.embed.weight.device
-        g = torch.Generator(device="cpu").manual_seed(int(seed))
         caches = [KVCache() for _ in self.blocks]
-        logits = self(torch.tensor([ids], device=device), caches, last_only=True).logits[0, -1]  # the prompt: last row
-        steps: list[GenerationStep] = []
-        for step in range(new):
-            probs = torch.softmax(logits.float(), -1).cpu()
-            top = torch.topk(probs, min(5, probs.numel()))
-            if strategy == "greedy":
-                choice = int(top.indices[0])
-            else:
-                choice = sample(logits.float().cpu(), temperature, top_k, top_p, g)
-            steps.append(GenerationStep([self.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
-                                        self.piece(choice), float(probs[choice])))
-            ids.append(choice)
-            if choice == self.eos_id() or step == new - 1:
-                break
-            logits = self(torch.tensor([[choice]], device=device), caches).logits[0, -1]
-        full = self(torch.tensor([ids], device=device), need_weights=True)
+
+        def advance(token: int, pos: int, last: bool) -> Tensor | None:  # the KV cache grows by one token
+            return None if last else self(torch.tensor([[token]], device=device), caches).logits[0, -1]
+
+        run.run(self(torch.tensor([run.ids], device=device), caches, last_only=True).logits[0, -1], advance)
+        full = self(torch.tensor([run.ids], device=device), need_weights=True)
         self.train(was_training)
-        logp = torch.log_softmax(full.logits[0].float(), -1)  # (T, V)
-        surprisal = np.full(len(ids), np.nan, dtype=np.float32)
-        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
-        tokens = [self.piece(i) for i in ids]
-        weights = attention_array(full.attention)  # (L, H, T, T)
-        return GenerationResult(text=self.tokenizer.decode(ids[prompt_len:]) if self.tokenizer else "",
-                                tokens=tokens, ids=ids, prompt_len=prompt_len,
-                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
-                                steps=steps, surprisal=surprisal / np.float32(math.log(2)), notice=notice)
+        return run.result(attention_array(full.attention), full_surprisal(full.logits[0], run.ids))  # (L, H, T, T)
 
     def _adds_bos(self) -> bool:
         return bool(getattr(self.tokenizer, "adds_bos", True))
@@ -507,17 +488,3 @@ def attention_array(attention: list[Tensor]) -> np.ndarray:
         out[i] = attention[i][0].to(torch.float16 if long else torch.float32).cpu().numpy()  # torch converts faster
         attention[i] = None  # freed as soon as it is copied
     return out
-
-
-def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> int:
-    """One token id from logits (V,) after temperature, top-k and nucleus (top-p) filtering."""
-    logits = logits / temperature
-    if 0 < top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, -1) >= top_p  # keep tokens until the mass reaches p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))

@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import limits
-from models.families.gpt import RMSNorm, sample
-from models.outputs import AttentionMap, GenerationResult, GenerationStep, LogitLens
+from models.decoding.loop import Decoding, full_surprisal
+from models.families.gpt import RMSNorm
+from models.outputs import GenerationResult, LogitLens
 
 STRATEGIES = ("greedy", "sample")
 # The implicit attention costs T² · d_state exponentials and multiply-adds per channel and layer, where the scan
@@ -279,37 +280,19 @@ class Mamba(nn.Module):
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
         """Continue ``text`` token by token through the recurrent state (each step costs the same, whatever the
         length), then read every token once more for the implicit attention (channels averaged: (L, 1, T, T))."""
-        ids, new, notice = self.prepare_prompt(text, max_new_tokens, strategy, temperature, top_k, top_p)
-        prompt_len = len(ids)
+        run = Decoding.start(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
         was = self.training
         self.eval()
         device = self.embed.weight.device
-        g = torch.Generator(device="cpu").manual_seed(int(seed))
         state = self._new_state()
-        logits = self(torch.tensor([ids], device=device), state, last_only=True).logits[0, -1]
-        steps: list[GenerationStep] = []
-        for step in range(new):
-            probs = torch.softmax(logits.float(), -1).cpu()
-            top = torch.topk(probs, min(5, probs.numel()))
-            choice = int(top.indices[0]) if strategy == "greedy" else sample(logits.float().cpu(), temperature,
-                                                                             top_k, top_p, g)
-            steps.append(GenerationStep([self.piece(i) for i in top.indices], top.values.numpy().astype(np.float32),
-                                        self.piece(choice), float(probs[choice])))
-            ids.append(choice)
-            if choice == self.eos_id() or step == new - 1:
-                break
-            logits = self(torch.tensor([[choice]], device=device), state).logits[0, -1]
-        full = self(torch.tensor([ids], device=device), keep_trace=True)
+
+        def advance(token: int, pos: int, last: bool) -> Tensor | None:  # the state takes one more token
+            return None if last else self(torch.tensor([[token]], device=device), state).logits[0, -1]
+
+        run.run(self(torch.tensor([run.ids], device=device), state, last_only=True).logits[0, -1], advance)
+        full = self(torch.tensor([run.ids], device=device), keep_trace=True)
         self.train(was)
-        logp = torch.log_softmax(full.logits[0].float(), -1)
-        surprisal = np.full(len(ids), np.nan, dtype=np.float32)
-        surprisal[1:] = (-logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]).cpu().numpy()
-        tokens = [self.piece(i) for i in ids]
-        weights = self._maps(full.traces)
-        return GenerationResult(text=self.tokenizer.decode(ids[prompt_len:]) if self.tokenizer else "",
-                                tokens=tokens, ids=ids, prompt_len=prompt_len,
-                                attention={"decoder": AttentionMap(weights, tokens, list(tokens))},
-                                steps=steps, surprisal=surprisal / np.float32(math.log(2)), notice=notice)
+        return run.result(self._maps(full.traces), full_surprisal(full.logits[0], run.ids))
 
     def _a(self, layer: int) -> Tensor:
         return -torch.exp(self.blocks[layer].mixer.A_log.float())
