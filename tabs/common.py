@@ -98,9 +98,11 @@ def run_layer() -> gr.Number:
     return gr.Number(-1, visible=False, precision=0, label="layer")
 
 
-def index(value: Any, n: int, name: str, default: int | None = None) -> int:
+def index(value: Any, n: int, name: str, default: int | None = None, fit: bool = False) -> int:
     """The one check of a layer, head or token position from the UI, the API or a link: empty is ``default`` (the
-    last when None), −k counts from the end, anything outside 0 … n − 1 or not a whole number is refused in words."""
+    last when None), −k counts from the end, anything outside 0 … n − 1 or not a whole number is refused in words.
+    ``fit``: a redraw from the app's own slider, whose range may not yet be the new result's (its update is on the
+    way when a model with fewer layers answers): a value past either end is brought inside rather than refused."""
     if value is None or value == "":
         return n - 1 if default is None else default
     try:
@@ -113,15 +115,18 @@ def index(value: Any, n: int, name: str, default: int | None = None) -> int:
     if -n <= i < 0:
         i += n
     if not 0 <= i < n:
+        if fit:
+            return min(max(i, 0), n - 1)
         raise Error(f"The {name} {int(number)} is outside 0 … {n - 1} (there are {n}).")
     return i
 
 
-def head_index(value: Any, heads: int) -> str | int:
-    """A head from the UI or the API: a fusion ("mean", "max"; empty is "mean") or an index checked by ``index``."""
+def head_index(value: Any, heads: int, fit: bool = False) -> str | int:
+    """A head from the UI or the API: a fusion ("mean", "max"; empty is "mean") or an index checked by ``index``
+    (``fit``: as there, a redraw from the app's own control)."""
     if value is None or value == "" or value in HEADS_DEFAULT:
         return value or "mean"
-    return index(value, heads, "head")
+    return index(value, heads, "head", fit=fit)
 
 
 # ------------------------------------------------------------------------------------------- handlers
@@ -199,7 +204,7 @@ def save_npz(prefix: str, compressed: bool = False, **arrays: Any) -> str:
 def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str, pool: str = "max"):
     """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view. ``pool``: how a
     long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE)."""
-    layer = min(int(layer), amap.layers - 1)
+    layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
     if view == "model view":
         return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
     if view == "head view":
@@ -230,7 +235,7 @@ def window_figure(result, block, head: str | int, query: tuple[int, int]):
         weights = weights.max(1, keepdims=True) if head == "max" else weights.mean(1, keepdims=True)
         h, said = 0, f"{'max' if head == 'max' else 'mean'} of {block.weights.shape[1]} heads"
     else:
-        h = min(int(head), block.weights.shape[1] - 1)
+        h = index(head, block.weights.shape[1], "head", fit=True)
         said = f"head {h}"
     title = (f"Token r{query[0]}c{query[1]} → its window · stage {block.stage} block {block.block} · {said}"
              f"{' · shifted' if block.shift else ''}")

@@ -9,7 +9,7 @@ import gradio as gr
 import numpy as np
 
 from serving import catalogue
-from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, intro, window_figure
+from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, index, intro, window_figure
 from tabs.permalink import Permalink
 from viz import positional as vp
 from viz import swin as vw
@@ -111,7 +111,7 @@ def trained_swin(example: str | None = None, block: int = 1, head: int = 0):
     """The shipped Swin's window attention on an example image and its relative-position-bias tables."""
     net = get_model(MODEL)
     result = net.classify(EXAMPLE_NAMES.get(example or "", EXAMPLE_IMAGES[-1]))  # names only, never paths
-    b = max(0, min(int(block), len(result.windows) - 1))
+    b = index(block, len(result.windows), "block", fit=True)
     win = result.windows[b]
     heads = win.weights.shape[1]
     head = int(head)

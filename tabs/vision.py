@@ -298,7 +298,7 @@ def draw_image(result, layer: int, head: str, view: str):
         from models.inspect.analysis import rollout
 
         amap = result.attention["encoder"]
-        layer = min(int(layer), amap.layers - 1)
+        layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
         w = amap.weights[layer]  # (H, T, T)
         if view == "rollout":
             values = rollout(amap.weights)[-1][0]
@@ -312,7 +312,7 @@ def draw_image(result, layer: int, head: str, view: str):
                                            titles=[f"head {h}" for h in range(w.shape[0])],
                                            title=f"CLS → patch attention, every head of layer {layer}")
         return overlay, grid_fig
-    block = result.windows[min(int(layer), len(result.windows) - 1)]
+    block = result.windows[index(layer, len(result.windows), "block", fit=True)]
     query = (block.grid[0] // 2, block.grid[1] // 2)
     overlay = fit(window_figure(result, block, head, query))
     heads = block.weights.shape[1]
@@ -332,13 +332,13 @@ def draw_query(result, layer: int, head: str, query: tuple[int, int]):
     head = parse_head(head)
     if result.attention:
         amap = result.attention["encoder"]
-        layer = min(int(layer), amap.layers - 1)
+        layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
         k = result.prefix_tokens  # the patches come after [CLS] (and any other prefix token)
-        index = k + query[0] * result.grid[1] + query[1]
-        values = va.select_head(amap.weights[layer], None, head)[index]
+        row = k + query[0] * result.grid[1] + query[1]
+        values = va.select_head(amap.weights[layer], None, head)[row]
         return fit(vi.query_patch_attention(result.image, values[k:], result.grid, query,
                                             title=va.describe(f"Patch r{query[0]}c{query[1]} → patches", layer, head)))
-    block = result.windows[min(int(layer), len(result.windows) - 1)]
+    block = result.windows[index(layer, len(result.windows), "block", fit=True)]
     return fit(window_figure(result, block, head, block.token_at(*result.patch_centre(query))))
 
 
@@ -373,8 +373,8 @@ def show_patch(state: dict | None, layer: int, head: str, patch: str):
     result = state["result"]
     rows, cols = result.grid
     try:
-        query = tuple(max(0, min(int(v), n - 1)) for v, n in zip(patch.split(","), (rows, cols), strict=True))
-    except ValueError:  # "" (a new image) or anything else: the centre patch
+        query = tuple(index(v, n, "patch", fit=True) for v, n in zip(patch.split(","), (rows, cols), strict=True))
+    except (ValueError, Error):  # "" (a new image) or anything else: the centre patch
         query = (rows // 2, cols // 2)
     return draw_query(result, layer, head, query), {**state, "query": query}
 

@@ -183,3 +183,22 @@ def test_one_checker_for_a_layer_head_or_position() -> None:
     assert head_index("2", 4) == 2 and head_index(-1, 4) == 3
     with pytest.raises(gr.Error, match="head 9 is outside"):
         head_index("9", 4)
+
+
+def test_redraws_bring_a_stale_slider_inside_through_the_same_checker() -> None:
+    """A redraw from the app's own slider (``fit``) may still carry the previous model's range (layer 11 of GPT-2
+    while gpt-tiny's 4-layer answer is drawn): the value is brought inside, never refused or out of bounds, and
+    anything that is not a whole number is still refused in words."""
+    from models.outputs import AttentionMap
+    from tabs.common import attention_figure, head_index, index
+
+    assert index(11, 4, "layer", fit=True) == 3 and index(-9, 4, "layer", fit=True) == 0
+    assert head_index(7, 2, fit=True) == 1 and head_index("max", 2, fit=True) == "max"
+    with pytest.raises(gr.Error, match="whole number"):
+        index("x", 4, "layer", fit=True)
+    rng = np.random.default_rng(0)
+    weights = rng.dirichlet(np.ones(3), size=(4, 2, 3)).astype(np.float32)  # (L, H, T, T)
+    amap = AttentionMap(weights, ["a", "b", "c"], ["a", "b", "c"])
+    fig = attention_figure(amap, "encoder", 11, 7, "heatmap")  # stale layer and head: the last of each
+    drawn = np.asarray(fig.data[0].z, dtype=np.float32)
+    np.testing.assert_allclose(drawn, weights[3, 1], atol=1e-6)

@@ -59,13 +59,13 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
 def compared(view_of, state_a, state_b, layer, head, view):
     """(note, B's figure, B − A, the change per token or class) from two kept states: no model runs."""
     from models.inspect.analysis import align_tokens
-    from tabs.common import attention_figure, parse_head
+    from tabs.common import attention_figure, index, parse_head
 
     if not state_a:
         raise Error("Run the first input (A) first: B is compared with it.")
     a, b = view_of(state_a), view_of(state_b)
     amap_a, amap_b = a["amap"], b["amap"]
-    layer = min(int(layer), amap_a.layers - 1, amap_b.layers - 1)
+    layer = index(layer, min(amap_a.layers, amap_b.layers), "layer", fit=True)
     hd = parse_head(head)
     fig_b = attention_figure(amap_b, f"B · {a['kind']}", layer, hd, view)
     pairs = align_tokens(amap_a.queries, amap_b.queries)

@@ -184,8 +184,8 @@ def follow(sequence: Callable, state: Any, drawn: bool, layer: Any, head: Any, q
     name, ids, tokens = sequence(read_text(state) if isinstance(state, str) else state)
     net = get_model(name)
     layers, heads = n_layers(net), int(net.config.n_heads)
-    layer = min(max(int(layer or 0), 0), layers - 1)
-    head = min(max(int(head or 0), 0), heads - 1)
+    layer = index(layer, layers, "layer", default=0, fit=True)
+    head = index(head, heads, "head", default=0, fit=True)
     updates = (gr.update(value=layer, label=f"layer (0–{layers - 1})"),
                gr.update(value=head, label=f"head (0–{heads - 1})"))
     query = query if query is not None and -len(ids) <= int(query) < len(ids) else -1  # kept where it fits
