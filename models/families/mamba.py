@@ -22,7 +22,8 @@ product of T factors). ``implicit_attention`` computes α from the layer's own �
 row divided by its sum, so that rows compare with a Transformer's softmax rows: α itself is signed and unnormalised
 (nothing makes a row sum to 1), which is why a state-space model has no attention sink to look for.
 
-Everything is plain PyTorch: the scan is a loop over positions (a few hundred at most here), with no custom kernel.
+Everything is plain PyTorch: the scan is a loop over positions (a few hundred at most here) of one fused multiply-add
+each, every position's decay and input computed beforehand in one tensor operation; no custom kernel.
 Weights come from a Hugging Face ``mamba`` folder (``MambaForCausalLM``, e.g. state-spaces/mamba-130m-hf) via
 ``mamba_from_state``. What does not apply to Mamba (no heads: no head roles, ablation of heads, "why" score split, sink
 ablation or patching of heads) is said in words by the Generate tab (``NOT_APPLICABLE``).
@@ -149,11 +150,17 @@ class Mixer(nn.Module):
         a = -torch.exp(self.A_log.float())  # (E, N)
         s = state.ssm[layer] if state is not None and state.ssm[layer] is not None else \
             x.new_zeros(bsz, self.c.d_inner, self.c.d_state)
-        ys = []
-        for i in range(t):  # s_t = exp(Δ_t A) ⊙ s_{t−1} + (Δ_t u_t) B_t ;  y_t = s_t C_t
-            s = torch.exp(delta[:, i, :, None] * a) * s + (delta[:, i] * u[:, i])[:, :, None] * b[:, i, None, :]
-            ys.append((s @ c[:, i, :, None])[..., 0])
-        y = torch.stack(ys, dim=1) + u * self.D  # (B, T, E)
+        # s_t = exp(Δ_t A) ⊙ s_{t−1} + (Δ_t u_t) B_t ;  y_t = s_t C_t. The decays and inputs of every position are
+        # computed at once and the loop does one fused multiply-add per position over unbound views (whose backward
+        # is one stack): indexing [:, i] in the loop made training 8x slower on a CPU (each index's backward
+        # allocates a whole (B, T, E, N) gradient).
+        decay = torch.exp(delta[..., None] * a)  # (B, T, E, N): Ā
+        inp = (delta * u)[..., None] * b[:, :, None, :]  # (B, T, E, N): B̄ u
+        states = []
+        for decay_i, inp_i in zip(decay.unbind(1), inp.unbind(1), strict=True):
+            s = torch.addcmul(inp_i, decay_i, s)
+            states.append(s)
+        y = torch.einsum("bten,btn->bte", torch.stack(states, 1), c) + u * self.D  # (B, T, E)
         if state is not None:
             state.ssm[layer] = s
         if trace is not None:
