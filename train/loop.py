@@ -142,7 +142,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        is_matrix = p.ndim >= 2 and "pos" not in name and "norm" not in name and "bias_table" not in name
+        is_matrix = (p.ndim >= 2 and "pos" not in name and "norm" not in name and "bias_table" not in name
+                     and not name.endswith("A_log"))  # Mamba's state matrix A = −exp(A_log): not a weight to shrink
         (decay if is_matrix else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
