@@ -27,8 +27,8 @@ def tiny(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 STEPS = [(n, s) for n, lesson in enumerate(lessons.LESSONS, 1) for s in range(1, len(lesson.steps) + 1)]
 
 
-def test_eight_lessons_of_three_to_six_steps() -> None:
-    assert len(lessons.LESSONS) >= 8
+def test_nine_lessons_of_three_to_six_steps() -> None:
+    assert len(lessons.LESSONS) >= 9
     assert all(3 <= len(lesson.steps) <= 6 for lesson in lessons.LESSONS)
 
 
@@ -91,7 +91,7 @@ def test_answers_against_independent_numbers(tiny) -> None:
 
 
 def test_hostile_lesson_calls_answer_in_words(tiny) -> None:
-    for number, step, message in ((0, 1, "There are 8 lessons"), (9, 1, "There are 8 lessons"),
+    for number, step, message in ((0, 1, "There are 9 lessons"), (10, 1, "There are 9 lessons"),
                                   ("abc", 1, "must be a number"), (1, 99, "has 3 steps"), (1, "x", "must be a number")):
         with pytest.raises(gr.Error, match=message):
             lessons.question(number, step)
@@ -155,7 +155,9 @@ INPUTS = {1: ["0", "1", "2", "3", "5", "8"], 2: ["0", "1", "2", "3", "4", "7"],
                                                   "The cat sleeps on the warm mat.", "Children play in the park."],
           6: ["", "A dog runs.", "Two men talk.", "A woman is cooking dinner.", "The cat sleeps.", "A boy swims."],
           7: ["0", "1", "2", "3", "7", "9"], 8: ["", "a warm , funny film .", "the plot is thin .", "bad .",
-                                                  "not bad at all .", "a long and dull film ."]}
+                                                  "not bad at all .", "a long and dull film ."],
+          9: ["", "A dog runs on the beach.", "Two men talk in a small room.", "The cat sleeps on the warm mat.",
+              "A woman is cooking dinner in a small kitchen.", "Children play in the park near the old church."]}
 
 
 def test_where_the_right_answer_stands_varies(tiny) -> None:

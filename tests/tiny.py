@@ -76,11 +76,12 @@ def tiny_bert_checkpoint(folder: Path, labels: list[str] | None = None) -> Path:
 
 def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "sst2", "agnews", "vit-fashion",
                                                            "swin-fashion", "minilm-sst2",
-                                                           "minilm-agnews", "gpt-tiny")) -> Path:
+                                                           "minilm-agnews", "gpt-tiny", "mamba-tiny")) -> Path:
     import torch
 
     from models.families.classifier import ClassifierConfig, TextClassifier
     from models.families.gpt import GPT, GPTConfig
+    from models.families.mamba import Mamba, MambaConfig
     from models.families.swin import Swin, SwinConfig
     from models.families.translator import Translator, TranslatorConfig
     from models.families.vit import ViT, ViTConfig
@@ -114,6 +115,9 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
         elif name == "gpt-tiny":  # as the shipped one: the LLaMA recipe, grouped-query heads, qkv biases; 128 positions
             model = GPT(GPTConfig(vocab_size=vocab, max_len=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                   qkv_bias=True))
+            save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
+        elif name == "mamba-tiny":  # as the shipped one: gpt-tiny's tokenizer, tied embeddings; small and random
+            model = Mamba(MambaConfig(vocab_size=vocab, d_model=16, n_layers=2, d_state=4, expand=2, max_len=128))
             save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
     return root
 

@@ -132,6 +132,30 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
     return fig
 
 
+def heatmaps_side_by_side(maps: Sequence[np.ndarray], tokens: Sequence[Sequence[str]], titles: Sequence[str], *,
+                          title: str) -> go.Figure:
+    """Two or more (Q, K) maps beside each other, each drawn by ``heatmap_fig`` (same cells, labels and hover), on
+    one shared colour range (0 to the largest weight of any of them), so that equal colours are equal weights: a
+    Mamba's implicit attention beside a Transformer's on the same sentence."""
+    if not maps or len(maps) != len(tokens) or len(maps) != len(titles):
+        raise ValueError("need as many token lists and titles as maps")
+    top = max(float(np.nanmax(m)) if m.size else 0.0 for m in maps) or 1.0
+    parts = [heatmap_fig(np.asarray(m), list(t), list(t), autoscale=True) for m, t in zip(maps, tokens, strict=True)]
+    n = len(parts)
+    fig = Fig(rows=1, cols=n, subplot_titles=[esc(t) for t in titles], horizontal_spacing=0.12)
+    for c, part in enumerate(parts, 1):
+        trace = {**part.data[0], "zmin": 0.0, "zmax": top, "showscale": c == n}
+        fig.add_trace(trace, row=1, col=c)
+        x, y = fig._axes(1, c)
+        for mine, theirs in ((x, "xaxis"), (y, "yaxis")):
+            axis = {k: v for k, v in part.layout.get(theirs, {}).items() if k not in ("scaleanchor", "domain")}
+            fig.layout[mine].update(axis)
+    size = max(len(t) for t in tokens)
+    cell = int(np.clip(420 / max(size, 1), 8, 32))
+    base_layout(fig, title, width=n * (cell * size + 160) + 200, height=cell * size + 300)
+    return fig.build()
+
+
 def _block_labels(tokens: Sequence[str], edges: np.ndarray, prefix: str, offset: int = 0) -> list[str]:
     out = []
     for a, b in zip(edges[:-1], edges[1:]):

@@ -1,15 +1,15 @@
-"""The course: the eight lessons in order and how a lesson and a step are looked up by number or title, what the
+"""The course: the nine lessons in order and how a lesson and a step are looked up by number or title, what the
 Lessons tab and its class mode (tabs/classroom.py) both read, so neither imports the other's page."""
 
 from __future__ import annotations
 
 from tabs.common import Error
-from tabs.lessons import attention, explanation, induction, masks, positions, sinks, translation, vision
+from tabs.lessons import attention, explanation, induction, mamba, masks, positions, sinks, translation, vision
 from tabs.lessons.engine import Lesson, Question, shuffled
 from viz.common import esc
 
 LESSONS = [attention.LESSON, masks.LESSON, positions.LESSON, induction.LESSON, sinks.LESSON, translation.LESSON,
-           vision.LESSON, explanation.LESSON]
+           vision.LESSON, explanation.LESSON, mamba.LESSON]
 
 
 def _number(title: str) -> int:
