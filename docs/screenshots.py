@@ -74,10 +74,12 @@ def qk_shot(page, panel, shot, layer: int, head: int) -> None:
 
 
 def lesson_shots(page, panel, tab, shot) -> None:
-    """Two lessons: induction heads (a right prediction revealed) and attention sinks (a wrong one)."""
+    """Three lessons: induction heads (a right prediction revealed), attention sinks (a wrong one) and Mamba's
+    hidden attention beside gpt-tiny's (the side-by-side step, a right prediction)."""
     tab("Lessons")
     for title, step, pick_answer, name in (("4 · Previous-token and induction heads", 2, True, "lesson-induction"),
-                                           ("5 · Attention sinks", 2, False, "lesson-sink")):
+                                           ("5 · Attention sinks", 2, False, "lesson-sink"),
+                                           ("9 · Mamba's hidden attention", 3, True, "lesson-mamba")):
         panel().get_by_label("lesson").click()
         page.get_by_role("option", name=title, exact=True).click()
         panel().get_by_role("button", name="Start the lesson").click()
@@ -99,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    width = ap.parse_args(argv).width
+    ap.add_argument("--only", choices=["lessons"], default=None, help="retake only these screenshots")
+    args = ap.parse_args(argv)
+    width = args.width
     out = OUT if width == 1400 else OUT / f"{width}px"
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -128,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
                 page.screenshot(path=str(out / f"{name}.png"), full_page=True,
                                 clip={"x": 0, "y": y, "width": width, "height": height})
 
+            if args.only == "lessons":
+                lesson_shots(page, panel, tab, shot)
+                browser.close()
+                return
             tab("Translate")
             panel().get_by_role("button", name="Translate", exact=True).click()
             wait_for_plots(page, 4, timeout=120_000)

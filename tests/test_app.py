@@ -262,7 +262,7 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     assert len(catalogue.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
     assert "no readable config.json" in problems
     assert list(catalogue.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
-    assert tab.decoder_models() == ["gpt-tiny", *catalogue.downloadable("generate"), "my-gpt2"]
+    assert tab.decoder_models() == ["gpt-tiny", "mamba-tiny", *catalogue.downloadable("generate"), "my-gpt2"]
     assert "Model not added" in catalogue.configuration_notice("generate")  # the intro shows it (tabs.common.intro)
     monkeypatch.setattr(store, "MODELS", store.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
