@@ -26,8 +26,8 @@ included), and ``ratio_to_floor`` their quotient (1.0 would be the memory-bound 
 
 ``--family qwen3``: Qwen3-0.6B's shape instead (28 layers, 16 query and 8 key/value heads of width 128, d=1024,
 151,936 tokens, tied output; 0.6 B parameters), random weights in fp16 on both sides, read through
-``models.io.hf_decoders.qwen3_from_state``, against transformers' ``Qwen3ForCausalLM`` (eager). Its per-head q/k
-norms are not in fastgen's plan, so ours is ``GPT.generate`` there (``ours`` and ``plain`` are the same path).
+``models.io.hf_decoders.qwen3_from_state``, against transformers' ``Qwen3ForCausalLM`` (eager). fastgen's plan
+carries its per-head q/k norms (before RoPE, keys normalised before they are cached), so ours is fastgen there too.
 
 Last stdout line: one JSON object with ``speedup`` (reference / ours), ``ours_s``, ``reference_s``, ``plain_s``,
 ``identical``, ``max_attention_diff``, the floor figures above, ``cpu_s`` and ``speedup_cpu`` (the process's CPU
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ref, ours = build(args.family, args.layers)
     cfg = ref.config
     args.layers = cfg.num_hidden_layers
-    packed = pack_linears(ours) if args.family == "gpt2" else 0  # fastgen's fp16 copies: only where it decodes
+    packed = pack_linears(ours) if fastgen.supports(ours) else 0  # fastgen's fp16 copies: only where it decodes
     prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
 
     def run_ours():

@@ -2,8 +2,9 @@
 (models/families/gpt.py), field by field:
 the same token ids, texts, candidates and notices; every attention weight and probability within 1e-5, the
 surprisal (bits) within 1e-5 absolute + 1e-5 relative;
-for both recipes (LLaMA with grouped-query heads, GPT-2), greedy and seeded sampling, shortened prompts, a stop at
-EOS, long inputs (float16 attention), fp16-packed models as the model store serves them, and the tiny checkpoints."""
+for both recipes (LLaMA with grouped-query heads, GPT-2) and Qwen3's q/k norms, greedy and seeded sampling, shortened
+prompts, a stop at EOS, long inputs (float16 attention), fp16-packed models as the model store serves them, and the
+tiny checkpoints."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ CONFIGS = {
     "llama-untied": GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=3, n_heads=4,
                               n_kv_heads=1, tie_embeddings=False),
     "gpt2": GPTConfig(recipe="gpt2", vocab_size=64, max_len=48, d_model=32, n_layers=2, n_heads=4),
+    # Qwen3's switches: per-head q/k RMSNorm before RoPE, a head width other than d_model / n_heads, odd layers
+    "qwen3-qk-norm": GPTConfig(recipe="llama", vocab_size=64, max_len=48, d_model=32, n_layers=3, n_heads=6,
+                               n_kv_heads=2, head_dim=12, qk_norm=True, rope_layout="half", rope_base=1e6),
 }
 SETTINGS = {
     "greedy": {},

@@ -48,17 +48,17 @@ from models.decoding.packed import joined
 from models.outputs import GenerationResult
 
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (vocabulary-wide logits each)
-ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj"})
+ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"})
 FF_PARTS = frozenset({"up", "gate", "down"})
 
 
 def supports(model) -> bool:
     """Whether this module computes what ``model.generate`` computes: a ``models.families.gpt.GPT`` whose attention is
-    its four projections and whose feed-forward layer its two or three, nothing else (no learned parts of
-    their own, no extra modules)."""
+    its four projections (and Qwen3's per-head q/k norms) and whose feed-forward layer its two or three, nothing else
+    (no learned parts of their own, no extra modules)."""
     from models.families.gpt import GPT
 
-    if not isinstance(model, GPT) or not getattr(model.config, "plain", True):
+    if not isinstance(model, GPT) or not _known(model.config):
         return False  # a later family's switch (sliding window, soft-capping, experts ...): model.generate decodes
     for block in model.blocks:
         for module, parts in ((block.attn, ATTENTION_PARTS), (block.ff, FF_PARTS)):
@@ -66,6 +66,15 @@ def supports(model) -> bool:
             if extra or any(p is not None for p in module._parameters.values()):
                 return False
     return True
+
+
+def _known(c) -> bool:
+    """The gpt2 / llama recipes, with Qwen3's two switches at most: a head width of its own (``head_dim``) and a
+    per-head RMSNorm on queries and keys before RoPE (``qk_norm``)."""
+    if getattr(c, "plain", True):
+        return True
+    return not (c.sliding_window or c.embed_scale or c.sandwich_norm or c.attn_scale or c.final_softcap
+                or c.ff_act != "silu" or c.n_experts)
 
 
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
@@ -105,6 +114,8 @@ class _Layer:
     up: Fn  # GPT-2: the up projection; LLaMA: gate and up together -> (T, 2·F)
     down: Fn
     gated: bool
+    q_norm: Fn | None = None  # Qwen3: each head's query RMS-normalised over d_head, before RoPE
+    k_norm: Fn | None = None  # and each key, before RoPE and before it is cached
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,8 @@ def plan(model) -> Plan:
             layers.append(_Layer(norm1=_norm(block.norm1), qkv=joined(attn.q_proj, attn.k_proj, attn.v_proj),
                                  o=joined(attn.o_proj), norm2=_norm(block.norm2),
                                  up=joined(ff.gate, ff.up) if gated else joined(ff.up), down=joined(ff.down),
-                                 gated=gated))
+                                 gated=gated, q_norm=getattr(attn, "q_norm", None),
+                                 k_norm=getattr(attn, "k_norm", None)))
         made = Plan(key, layers, _norm(model.norm), joined(model.lm_head))
     _PLANS[model] = made
     return made
@@ -243,7 +255,11 @@ class _Decoder:
             qkv = layer.qkv(layer.norm1(x))  # (T, (H + 2·Hkv)·d)
             cache = self.kv[i][:end].view(end, 2, h_kv, d)  # (S, keys | values, Hkv, d): this pass's rows next
             cache[start:] = qkv[:, h_q * d :].view(t, 2, h_kv, d)
-            q = qkv[:, : h_q * d].view(t, h_q, d).transpose(0, 1)  # (H, T, d)
+            q = qkv[:, : h_q * d].view(t, h_q, d)
+            if layer.q_norm is not None:  # Qwen3's q/k norms: over each head's d, before RoPE
+                q = layer.q_norm(q)
+                cache[start:, 0] = layer.k_norm(cache[start:, 0])
+            q = q.transpose(0, 1)  # (H, T, d)
             if angles is not None:  # RoPE: queries and keys turned by their positions, the keys before caching
                 q = apply_rope(q, angles, c.rope_layout)
                 k = cache[start:, 0].transpose(0, 1)  # (Hkv, T, d)
