@@ -133,13 +133,13 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
 
 
 def heatmaps_side_by_side(maps: Sequence[np.ndarray], tokens: Sequence[Sequence[str]], titles: Sequence[str], *,
-                          title: str) -> go.Figure:
+                          title: str, zmax: float | None = None) -> go.Figure:
     """Two or more (Q, K) maps beside each other, each drawn by ``heatmap_fig`` (same cells, labels and hover), on
-    one shared colour range (0 to the largest weight of any of them), so that equal colours are equal weights: a
-    Mamba's implicit attention beside a Transformer's on the same sentence."""
+    one shared colour range (0 to ``zmax``, by default the largest weight of any of them), so that equal colours
+    are equal weights: a Mamba's implicit attention beside a Transformer's on the same sentence."""
     if not maps or len(maps) != len(tokens) or len(maps) != len(titles):
         raise ValueError("need as many token lists and titles as maps")
-    top = max(float(np.nanmax(m)) if m.size else 0.0 for m in maps) or 1.0
+    top = zmax or max(float(np.nanmax(m)) if m.size else 0.0 for m in maps) or 1.0
     parts = [heatmap_fig(np.asarray(m), list(t), list(t), autoscale=True) for m, t in zip(maps, tokens, strict=True)]
     n = len(parts)
     fig = Fig(rows=1, cols=n, subplot_titles=[esc(t) for t in titles], horizontal_spacing=0.12)

@@ -23,6 +23,7 @@ from tabs.common import get_model
 from tabs.lessons.engine import Lesson, Question, lm_run, mark, sentence
 from viz import attention as va
 from viz import why as vw
+from viz.common import esc
 
 MAMBA, GPT = "mamba-tiny", "gpt-tiny"
 MARGIN = 0.05  # shares closer than this are "about the same"
@@ -54,7 +55,7 @@ def _setup(inp: str):
     limit = min(gpt.context_limit(), mamba.context_limit())
     ids, tokens = ids[:limit], tokens[:limit]
     if len(ids) < 4:
-        raise ValueError("the sentence needs at least three tokens after <s>")
+        raise ValueError("the sentence needs at least three tokens after the first")
     _, weights = lm_run(GPT, tuple(ids))
     return list(tokens), mamba_rows(mamba, tuple(ids)), weights.astype(np.float64).mean(1)
 
@@ -92,14 +93,15 @@ def l9_sink(inp: str) -> Question:
 
     def reveal(p):
         fig = vw.change_bars(labels, np.append(pad(per_g), g), np.append(pad(per_m), m), unit="share of the row",
-                             title="Weight on the first token <s>, mean over the queries after it",
+                             title=esc("Weight on the first token <s>, mean over the queries after it"),
                              names=(GPT, MAMBA))
+        fig.update_layout(width=820)  # room for the title and the prediction under it
         return mark(fig, p)
 
     return Question("gpt-tiny (a Transformer) and mamba-tiny (a state-space model, no attention) read the same "
                     f"sentence, split into the same {len(tokens)} tokens. Mamba has an attention hidden in its scan "
                     "(Ali et al. 2024); both models' maps here have rows summing to 1. **Averaged over the layers, "
-                    "which model puts more of each row's weight on the first token <s>?**", choices, answer,
+                    "which model puts more of each row's weight on the first token `<s>`?**", choices, answer,
                     f"first-token share {g:.1%} (gpt-tiny) against {m:.1%} (mamba-tiny); {HOW}",
                     "A softmax row must spend all its weight somewhere, and Transformers learn to park what they do "
                     "not need on the first token, an attention sink. Mamba's α is a product of decays that nothing "
@@ -137,10 +139,13 @@ def l9_side_by_side(inp: str) -> Question:
     answer = _compare(gf - gn, mf - mn, choices)
 
     def reveal(p):
+        # one colour range up to the largest weight below the first row (whose only key holds all of it, 1.0)
+        top = float(max(m_rows[1:].max(), g_rows[1:].max()))
         fig = va.heatmaps_side_by_side(
             [m_rows, g_rows], [tokens, tokens],
             [f"mamba-tiny: near {mn:.2f}, far {mf:.2f}", f"gpt-tiny: near {gn:.2f}, far {gf:.2f}"],
-            title="The same sentence: Mamba's implicit attention and a Transformer's attention, layers averaged")
+            title="The same sentence: Mamba's implicit attention and a Transformer's attention, layers averaged "
+                  f"(colours up to {top:.2f})", zmax=top)
         return mark(fig, p)
 
     return Question("Beside it, gpt-tiny's attention on the same tokens (heads and layers averaged). Measure how far "
