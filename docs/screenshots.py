@@ -77,23 +77,24 @@ def lesson_shots(page, panel, tab, shot) -> None:
     """Three lessons: induction heads (a right prediction revealed), attention sinks (a wrong one) and Mamba's
     hidden attention beside gpt-tiny's (the side-by-side step, a right prediction)."""
     tab("Lessons")
-    for title, step, pick_answer, name in (("4 · Previous-token and induction heads", 2, True, "lesson-induction"),
-                                           ("5 · Attention sinks", 2, False, "lesson-sink"),
-                                           ("9 · Mamba's hidden attention", 3, True, "lesson-mamba")):
+    for title, step, pick_answer, name, height in (
+            ("4 · Previous-token and induction heads", 2, True, "lesson-induction", 1500),
+            ("5 · Attention sinks", 2, False, "lesson-sink", 1500),
+            ("9 · Mamba's hidden attention", 3, True, "lesson-mamba", 1900)):  # two heatmaps under the verdict
         panel().get_by_label("lesson").click()
         page.get_by_role("option", name=title, exact=True).click()
         panel().get_by_role("button", name="Start the lesson").click()
         panel().get_by_text("step 1 of").wait_for(timeout=60_000)
-        for _ in range(step - 1):
+        for k in range(2, step + 1):  # one step at a time: a second click before the first's answer is lost
             panel().get_by_role("button", name="next step →").click()
-        panel().get_by_text(f"step {step} of").wait_for(timeout=60_000)
+            panel().get_by_text(f"step {k} of").wait_for(timeout=60_000)
         # the right answer or a wrong one, whichever the screenshot shows, from the lesson's own question
         q = lessons.question(int(title.split(" ")[0]), step)
         pick = q.answer if pick_answer else next(c for c in q.choices if c != q.answer)
         panel().get_by_role("radio", name=pick, exact=True).check()
         panel().get_by_role("button", name="Check my prediction").click()
         page.wait_for_timeout(3000)
-        shot(name, 1500)
+        shot(name, height)
 
 
 def main(argv: list[str] | None = None) -> None:

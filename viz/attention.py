@@ -152,7 +152,8 @@ def heatmaps_side_by_side(maps: Sequence[np.ndarray], tokens: Sequence[Sequence[
             fig.layout[mine].update(axis)
     size = max(len(t) for t in tokens)
     cell = int(np.clip(420 / max(size, 1), 8, 32))
-    base_layout(fig, title, width=n * (cell * size + 160) + 200, height=cell * size + 300)
+    # the width follows the page (a fixed one wider than the column clipped the right map and its colour bar)
+    base_layout(fig, title, height=cell * size + 300)
     return fig.build()
 
 
