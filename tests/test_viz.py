@@ -347,3 +347,24 @@ def test_legends_keep_off_the_tilted_labels():
         assert legend.y <= colorbar.y - colorbar.len  # under the colour bar, not across it
     fig = vw.change_bars(tokens, np.ones(14), np.ones(14), title="t", unit="bits")
     assert fig.layout.legend.y >= 1 and fig.layout.legend.yanchor == "bottom"
+
+
+def test_heatmaps_side_by_side_share_one_colour_range() -> None:
+    """Lesson 9's figure: each map on its own axes with its own tokens, the values as given, one colour range (the
+    largest weight of both, or the zmax asked for), one colour bar; mismatched inputs are refused."""
+    from viz import attention as va
+
+    a, b = softmax_attention((5, 5), seed=1), softmax_attention((3, 3), seed=2) * 0.5
+    fig = va.heatmaps_side_by_side([a, b], [TOKENS[:5], TOKENS[:3]], ["A", "B"], title="both")
+    first, second = fig.data
+    assert (first.xaxis, second.xaxis) == ("x", "x2") and (first.yaxis, second.yaxis) == ("y", "y2")
+    np.testing.assert_allclose(np.array(first.z, dtype=float), a, atol=1e-6)
+    np.testing.assert_allclose(np.array(second.z, dtype=float), b, atol=1e-6)
+    top = float(max(a.max(), b.max()))
+    assert first.zmax == second.zmax == pytest.approx(top) and first.zmin == second.zmin == 0
+    assert [first.showscale, second.showscale] == [False, True]
+    assert len(first.x) == 5 and len(second.x) == 3  # each map its own keys
+    assert va.heatmaps_side_by_side([a, b], [TOKENS[:5], TOKENS[:3]], ["A", "B"], title="t", zmax=0.3).data[0].zmax \
+        == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="as many"):
+        va.heatmaps_side_by_side([a, b], [TOKENS[:5]], ["A", "B"], title="t")
