@@ -79,3 +79,21 @@ def deberta_folder(folder: Path, vocab: int = 128_100, seed: int = 0) -> dict:
     model.save_pretrained(folder)
     return {"family": "deberta-v2", "d_model": 768, "layers": 12, "heads": 12, "vocab": vocab,
             "params": sum(p.numel() for p in model.parameters())}
+
+
+FOLDERS = {"opus-mt-shaped": marian_folder, "deberta-v3-base-shaped": deberta_folder}
+
+
+def ensure(root: Path, names=tuple(FOLDERS)) -> dict[str, dict]:
+    """The named random folders under ``root``, each written once (its ``shape.json`` marks it done): name → shape."""
+    import sys
+
+    shapes = {}
+    for name in names:
+        shape_file = root / name / "shape.json"
+        if not shape_file.is_file():
+            print(f"writing the random {name} folder into {root / name} ...", file=sys.stderr)
+            (root / name).mkdir(parents=True, exist_ok=True)
+            shape_file.write_text(json.dumps(FOLDERS[name](root / name)))
+        shapes[name] = json.loads(shape_file.read_text())
+    return shapes

@@ -142,17 +142,10 @@ def families(args: argparse.Namespace) -> int:
     """/translate with an opus-mt-shaped Marian (74 M parameters, beam 5, a 20-word sentence) and /classify with a
     DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes (bench/_family_models.py), served
     as configured folders; p50 / p95 after the warm-up (the first call loads the model: ``_cold_s``)."""
-    from bench._family_models import deberta_folder, marian_folder
+    from bench._family_models import ensure
 
     root = args.families_folder
-    shapes = {}
-    for name, write in (("opus-mt-shaped", marian_folder), ("deberta-v3-base-shaped", deberta_folder)):
-        shape_file = root / name / "shape.json"
-        if not shape_file.is_file():
-            print(f"writing the random {name} folder into {root / name} ...", file=sys.stderr)
-            (root / name).mkdir(parents=True, exist_ok=True)
-            shape_file.write_text(json.dumps(write(root / name)))
-        shapes[name] = json.loads(shape_file.read_text())
+    shapes = ensure(root)
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
                               "models": shapes, "sentence_words": len(SENTENCE_20.split())}
     errors: dict[str, str] = {}

@@ -27,7 +27,8 @@ Click a cell of the heatmap above (one head, not the mean), or pick a query and 
 q·k/√d_k of that cell is split into the parts of the residual stream that make up the query and the key (token
 and position embeddings, each earlier head, each earlier MLP, the biases), with every LayerNorm frozen at the scale
 it computed on this input: the terms add up to the score exactly. It shows *which parts meet* in the dot product;
-it does not say that the head would fail without them (for that, ablate or patch)."""
+it does not say that the head would fail without them (for that, ablate or patch). DeBERTa's disentangled attention
+is split into its own three terms instead: content→content, content→position and position→content."""
 
 
 SINK_TEXT = """**Attention sinks.** Softmax has to put all of a row's weight somewhere, so a head with nothing useful
@@ -136,16 +137,18 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
 def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
                      name: str = ""):
     """DeBERTa's score split into content→content, content→position and position→content (He et al. 2021, eq. 4):
-    a 2 × 2 table (query part × key part; position→position is not in DeBERTa), the row and its softmax."""
+    a 2 × 2 table (query part × key part; position→position is not a term of DeBERTa's: left empty), the row and its
+    softmax."""
     from models.families.deberta import disentangled_split
 
     d = disentangled_split(net, ids, layer, head, query, key)
     parts = ["content", f"relative position (bucket {d.bucket})"]
-    table = np.array([[d.c2c, d.c2p], [d.p2c, 0.0]])
+    table = np.array([[d.c2c, d.c2p], [d.p2c, np.nan]])
     row, soft = np.array(d.row), np.array(d.softmax_row)
     title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
              + (f" · {name}" if name else ""))
-    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
+                                 split="content→content + content→position + position→content")
     summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
                f"(distance {d.distance}, relative bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} "
                f"after the softmax over {len(row)} keys. DeBERTa's disentangled attention adds three terms, each over "
