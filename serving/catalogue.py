@@ -53,12 +53,14 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("generate", "state-spaces/mamba-130m-hf", None),
     # Marian, a real English -> German translator; its safetensors file is on the Hub's conversion branch refs/pr/4
     ("translate", "Helsinki-NLP/opus-mt-en-de", "refs/pr/4"),
+    # T5 (60 M): model.safetensors and tokenizer.json on main; its config names the en -> de task prefix
+    ("translate", "google-t5/t5-small", None),
     ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
-                       "Helsinki-NLP/opus-mt-en-de": "translator"}
+                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "translator"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 

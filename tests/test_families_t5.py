@@ -130,3 +130,39 @@ def test_a_spiece_only_folder_is_refused_by_name(t5, tmp_path: Path) -> None:
     shutil.copy(where / "spm" / "sp.model", folder / "spiece.model")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json.*spiece\.model alone is not read"):
         models.load(str(folder))
+
+
+def test_translate_tab_runs_every_view_on_the_chosen_t5(t5, monkeypatch) -> None:
+    """The Translate tab's handlers with a configured T5 chosen: the translation (with the prefix notice), the Q/K
+    section and the "why" split all read that T5 (not the trained translator): the Q/K lines' weights and the split's
+    softmax row are the tab's own encoder attention, and the split's two terms sum to its score."""
+    from serving import catalogue, store
+    from tabs import translate
+    from tabs.sections import qk as section
+    from tabs.sections import why as why_api
+
+    where, _, tok, _ = t5
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    monkeypatch.setattr(section, "_CACHE", type(section._CACHE)())
+    catalogue.configure([str(where)])
+    name = where.name
+    assert name in translate.translator_models()
+    out = translate.translate(TEXTS[1], 3, "encoder", -1, "mean", "heatmap", name)
+    result, ours = out[6], models.load(str(where))
+    assert result.text == ours.translate(TEXTS[1], beam_size=3).text
+    assert "task prefix" in out[1] and "translate English to German" in out[1]
+    enc = tok(ours.config.prefix + TEXTS[1])["input_ids"]
+    assert result.source_tokens == [ours.tokenizer.id_to_piece(i) for i in enc]
+    amap = result.attention["encoder"]
+    got_name, ids, tokens = translate.sequence((TEXTS[1], name))
+    assert got_name == name and ids == enc and tokens == amap.queries
+    layer, head = amap.layers - 1, amap.heads - 1
+    note, _ = section.draw(translate.sequence, (TEXTS[1], name), layer, head, -1, True)
+    assert note.startswith(f"**Layer {layer}, head {head}")
+    _, _, p = section.qk_view(name, ids, tokens, layer, head, -1)
+    np.testing.assert_allclose(p.weights, amap.weights[layer, head], atol=1e-5)
+    summary, _, table = why_api.why(ours, ids, tokens, layer, head, 2, 0, name)
+    assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
+    assert "relative position bias" in summary
+    np.testing.assert_allclose(table["softmax_row"], amap.weights[layer, head, 2], atol=1e-4)

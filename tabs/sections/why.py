@@ -119,6 +119,8 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     query, key = index(query, len(ids), "query position"), index(key, len(ids), "key position")
     if registry.is_family(net, "deberta"):  # disentangled attention: content and position terms, not residual parts
         return why_disentangled(net, ids, tokens, layer, head, query, key, name)
+    if getattr(c, "family", "") == "t5":  # T5: content plus the learned bias of the offset's bucket
+        return why_relative_bias(net, ids, tokens, layer, head, query, key, name)
     try:
         d = decompose_score(net, ids, layer, head, query, key)
     except ValueError as err:
@@ -159,6 +161,35 @@ def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: i
     components = [{"query_part": "content", "key_part": "content", "value": d.c2c},
                   {"query_part": "content", "key_part": "relative position", "value": d.c2p},
                   {"query_part": "relative position", "key_part": "content", "value": d.p2c}]
+    return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
+                          "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
+                          "bucket": d.bucket}
+
+
+def why_relative_bias(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
+                      name: str = ""):
+    """T5's encoder score split into content q_i·k_j and the head's learned bias of the offset's bucket (Raffel et al.
+    2020, §2.1; no 1/√d_k): a 2 × 2 table (query part × key part, the bias on the position × position cell), the row
+    and its softmax."""
+    from models.families.t5 import bias_split
+
+    d = bias_split(net, ids, layer, head, query, key)
+    parts = ["content", f"relative position (bucket {d.bucket})"]
+    table = np.array([[d.content, 0.0], [0.0, d.position]])
+    row, soft = np.array(d.row), np.array(d.softmax_row)
+    title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
+             + (f" · {name}" if name else ""))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title))
+    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
+               f"(offset {key - query:+d}, bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} after "
+               f"the softmax over {len(row)} keys. T5 adds to each query·key product (not divided by √d_k) a learned "
+               "bias per head for the bucket of the offset, shared by every layer (the Positional tab draws them):\n\n"
+               "| term | value |\n| --- | ---: |\n"
+               f"| content (q_i · k_j) | {d.content:+.3f} |\n"
+               f"| relative position bias (bucket {d.bucket}) | {d.position:+.3f} |\n"
+               f"| **sum = score** | **{d.score:+.3f}** |")
+    components = [{"query_part": "content", "key_part": "content", "value": d.content},
+                  {"query_part": "relative position", "key_part": "relative position", "value": d.position}]
     return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
                           "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
                           "bucket": d.bucket}
