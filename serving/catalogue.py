@@ -213,6 +213,25 @@ def _decoder_checkpoints(folder: Path) -> tuple[str, ...]:
     return tuple(found)
 
 
+T5_DOWNLOADABLE = ("google-t5/t5-small",)  # the Hub translators that are T5 (known before they are fetched)
+
+
+def t5_models() -> list[str]:
+    """The translators that are T5, for the Positional tab's bucket section (no torch): the configured folders whose
+    config.json says model_type "t5", then the Hub's."""
+    found = []
+    for name, c in CONFIGURED.items():
+        if c.kind != "translate" or c.folder is None:
+            continue
+        try:
+            meta = json.loads((c.folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("model_type") == "t5":
+            found.append(name)
+    return [*found, *(r for r in T5_DOWNLOADABLE if r in DOWNLOADABLE)]
+
+
 def family(name: str) -> registry.Family | None:
     """The family of a model name the catalogue offers, from its config.json (no torch; None where unknown or not
     yet fetched): what a tab offers for it (explanation methods) before the model is loaded."""

@@ -166,3 +166,36 @@ def test_translate_tab_runs_every_view_on_the_chosen_t5(t5, monkeypatch) -> None
     assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
     assert "relative position bias" in summary
     np.testing.assert_allclose(table["softmax_row"], amap.weights[layer, head, 2], atol=1e-4)
+
+
+def test_positional_tab_draws_the_chosen_t5s_buckets_and_biases(t5, monkeypatch) -> None:
+    """/t5_bias: the bucket of each offset is transformers' (encoder bidirectional, decoder causal), and each head's
+    line is transformers' learned table read at that bucket, for the encoder and the decoder."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from serving import catalogue, store
+    from tabs import positional
+    from tabs.common import Error
+
+    where, hf, _, _ = t5
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    catalogue.configure([str(where)])
+    assert catalogue.t5_models() == [where.name, "google-t5/t5-small"]
+    note, fig = positional.t5_bias(where.name)
+    assert "8 buckets" in note and "max_distance` 20" in note
+    traces = {(t.xaxis or "x", t.name): t for t in fig.data}
+    enc_b, dec_b = traces["x", "encoder (bidirectional)"], traces["x", "decoder (causal)"]
+    offsets = torch.tensor(np.asarray(enc_b.x, dtype=np.int64))
+    assert int(offsets.min()) < -20 and int(offsets.max()) > 20  # past max_distance both ways
+    for trace, bidirectional, stack, axis in ((enc_b, True, hf.encoder, "x2"), (dec_b, False, hf.decoder, "x3")):
+        want = T5Attention._relative_position_bucket(offsets, bidirectional, 8, 20)
+        assert np.array_equal(np.asarray(trace.y), want.numpy())
+        table = stack.block[0].layer[0].SelfAttention.relative_attention_bias.weight.detach().numpy()  # (8, H)
+        for h in range(table.shape[1]):
+            line = traces[axis, f"head {h}"]
+            keep = np.isin(offsets.numpy(), np.asarray(line.x))
+            np.testing.assert_allclose(np.asarray(line.y), table[want.numpy()[keep], h], atol=1e-6)
+            assert bidirectional or max(line.x) == 0  # the decoder's line: keys at or before the query
+    with pytest.raises(Error, match="not a T5 model here"):
+        positional.t5_bias("translator-en-de")
