@@ -26,8 +26,9 @@ result. Reported: `generate_long_p50_s`, `generate_long_p95_s`, `attention_zoom_
 (the server's whole process tree, model load included), `long_tokens`, `long_model` (its shape) and the targets
 (≤ 30 s, ≤ 4 GB).
 
-Families (`--families`, issue 49): an opus-mt-shaped Marian (74 M parameters) translating a 20-word sentence with
-beam 5 through `/translate` (its `model` input) and a DeBERTa-v3-base-shaped classifier (184 M) through `/classify`,
+Families (`--families`, issue 49): an opus-mt-shaped Marian (74 M parameters) and a t5-small-shaped T5 (60 M)
+translating a 20-word sentence with beam 5 through `/translate` (its `model` input) and a DeBERTa-v3-base-shaped
+classifier (184 M) through `/classify`,
 random weights of the real shapes written once into `--families-folder` (bench/_family_models.py, default
 runs/families) and served as configured folders (ATLAS_MODELS); reported: `<action>_p50_s`, `_p95_s`, `_cold_s`
 and the targets (translate ≤ 1.5 s, classify ≤ 1 s; recorded, never asserted).
@@ -139,9 +140,10 @@ SENTENCE_20 = ("The young woman in a red coat walked her small dog along the qui
 
 
 def families(args: argparse.Namespace) -> int:
-    """/translate with an opus-mt-shaped Marian (74 M parameters, beam 5, a 20-word sentence) and /classify with a
-    DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes (bench/_family_models.py), served
-    as configured folders; p50 / p95 after the warm-up (the first call loads the model: ``_cold_s``)."""
+    """/translate with an opus-mt-shaped Marian (74 M parameters) and a t5-small-shaped T5 (60 M), beam 5, a 20-word
+    sentence, and /classify with a DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes
+    (bench/_family_models.py), served as configured folders; p50 / p95 after the warm-up (the first call loads the
+    model: ``_cold_s``)."""
     from bench._family_models import ensure
 
     root = args.families_folder
@@ -151,6 +153,8 @@ def families(args: argparse.Namespace) -> int:
     errors: dict[str, str] = {}
     calls = {"translate_opus_mt_shaped": ((SENTENCE_20, 5, "cross", -1, "mean", "heatmap", "opus-mt-shaped"),
                                           "/translate"),
+             "translate_t5_small_shaped": ((SENTENCE_20, 5, "cross", -1, "mean", "heatmap", "t5-small-shaped"),
+                                           "/translate"),
              "classify_deberta_v3_base_shaped": ((SENTENCE_20, "SST-2 sentiment", "deberta-v3-base-shaped"),
                                                  "/classify")}
     models_env = ",".join(str(root / name) for name in shapes)
