@@ -199,3 +199,16 @@ def test_positional_tab_draws_the_chosen_t5s_buckets_and_biases(t5, monkeypatch)
             assert bidirectional or max(line.x) == 0  # the decoder's line: keys at or before the query
     with pytest.raises(Error, match="not a T5 model here"):
         positional.t5_bias("translator-en-de")
+
+
+def test_a_batch_translates_each_sentence_as_alone(t5) -> None:
+    """translate_many pads the sources on the right: the relative bias of the real tokens is unchanged, so each
+    answer (text, beam tree, attention) equals the sentence's own translate."""
+    where, _, _, _ = t5
+    ours = models.load(str(where))
+    batch = ours.translate_many(TEXTS, beam_size=3)
+    for text, got in zip(TEXTS, batch):
+        alone = ours.translate(text, beam_size=3)
+        assert got.text == alone.text and got.target_tokens == alone.target_tokens and got.chosen == alone.chosen
+        for kind in ("encoder", "decoder", "cross"):
+            np.testing.assert_allclose(got.attention[kind].weights, alone.attention[kind].weights, atol=1e-5)
