@@ -212,3 +212,25 @@ def test_a_batch_translates_each_sentence_as_alone(t5) -> None:
         assert got.text == alone.text and got.target_tokens == alone.target_tokens and got.chosen == alone.chosen
         for kind in ("encoder", "decoder", "cross"):
             np.testing.assert_allclose(got.attention[kind].weights, alone.attention[kind].weights, atol=1e-5)
+
+
+def test_translate_compare_runs_b_on_the_chosen_t5(t5, monkeypatch) -> None:
+    """The compare toggle's B runs on the model chosen in the dropdown (it ran on the trained translator whatever
+    was chosen): B's translation and attention are the configured T5's."""
+    import gradio as gr
+
+    from serving import catalogue, store
+    from tabs import translate
+
+    where, _, _, _ = t5
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    catalogue.configure([str(where)])
+    with gr.Blocks() as demo:
+        translate.build()
+    go = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "go")
+    a = translate.translate(TEXTS[0], 3, "cross", -1, "mean", "heatmap", where.name)[6]
+    *_, b = go(a, TEXTS[1], 0, "mean", "heatmap", 3, where.name)
+    alone = models.load(str(where)).translate(TEXTS[1], beam_size=3)
+    assert b.text == alone.text and b.source_tokens == alone.source_tokens
+    np.testing.assert_allclose(b.attention["encoder"].weights, alone.attention["encoder"].weights, atol=1e-5)
