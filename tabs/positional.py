@@ -18,7 +18,8 @@ INTRO = """**Attention itself has no sense of order; positions are added.** The 
 encoding (Vaswani et al. 2017) gives each position a pattern of waves of different wavelengths, so nearby
 positions look alike. RoPE (Su et al. 2021) instead rotates pairs of query/key dimensions by an angle that
 grows with position, so a query–key score depends only on their distance. ViT learns its embeddings; trained,
-they come to encode the 2-D patch grid."""
+they come to encode the 2-D patch grid. T5 adds no position to its tokens at all: each head learns a bias for each
+bucket of relative offsets (the last section)."""
 MAX_POSITIONS, MAX_WIDTH = 512, 1024
 T5_TEXT = """### T5: relative positions in buckets
 T5 (Raffel et al. 2020) adds no position vector to its tokens. Each head instead adds a learned number to the score
