@@ -169,17 +169,18 @@ def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: i
 def why_relative_bias(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
                       name: str = ""):
     """T5's encoder score split into content q_i·k_j and the head's learned bias of the offset's bucket (Raffel et al.
-    2020, §2.1; no 1/√d_k): a 2 × 2 table (query part × key part, the bias on the position × position cell), the row
-    and its softmax."""
+    2020, §2.1; no 1/√d_k): a 2 × 2 table (query part × key part, the bias on the position × position cell, the two
+    cells that are not terms left empty), the row and its softmax."""
     from models.families.t5 import bias_split
 
     d = bias_split(net, ids, layer, head, query, key)
     parts = ["content", f"relative position (bucket {d.bucket})"]
-    table = np.array([[d.content, 0.0], [0.0, d.position]])
+    table = np.array([[d.content, np.nan], [np.nan, d.position]])  # the cross cells are not terms of T5's: empty
     row, soft = np.array(d.row), np.array(d.softmax_row)
     title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
              + (f" · {name}" if name else ""))
-    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
+                                 split="content (q·k) + relative position bias")
     summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
                f"(offset {key - query:+d}, bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} after "
                f"the softmax over {len(row)} keys. T5 adds to each query·key product (not divided by √d_k) a learned "
