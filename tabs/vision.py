@@ -235,7 +235,9 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     else:
         arrays = {f"stage{w.stage}_block{w.block}": w.weights for w in result.windows}
     query = (result.grid[0] // 2, result.grid[1] // 2)
-    state = {"result": result, "query": query, "model": name, "input": image,
+    # the explanations start from the model's input as it ran (not the upload decoded and converted again)
+    kept = result.tensor if result.tensor is not None else image
+    state = {"result": result, "query": query, "model": name, "input": kept,
              "target": target_index(target, result.labels), "attributions": {}}
     attribution = attribute(state, method, progress)
     npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels,

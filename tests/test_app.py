@@ -603,3 +603,27 @@ def test_readme_has_a_path_for_teachers() -> None:
     assert "Export this lesson as an HTML page" in section and "link" in section
     assert "sentence by sentence" in section and "scrollbar" in section
     assert "-webkit-scrollbar" in app.CSS  # the promise of a drawn scrollbar
+
+
+def test_vision_explains_the_input_it_classified(tiny_checkpoints: Path, monkeypatch, tmp_path: Path) -> None:
+    """Issue 48, item 11: every explanation decoded and converted the upload again (slow for a large photo). The
+    state keeps the model's input tensor, so a later explanation is of exactly what was classified, even when the
+    file has changed since (here overwritten with another picture)."""
+    from PIL import Image
+
+    from models.inspect.attribution import explain
+    from models.io.images import fashion_tensor
+    from tabs import vision
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    upload = tmp_path / "upload.png"
+    shutil.copy(common.EXAMPLE_IMAGES[0], upload)
+    state = classify_image(str(upload), "vit-fashion", 3, 0, "mean", "CLS → patches", "rollout")[7]
+    assert np.array_equal(state["input"].numpy(), fashion_tensor(state["result"].image[None]).numpy())
+    Image.open(common.EXAMPLE_IMAGES[1]).save(upload)  # the file changes after classifying
+    vision.reexplain(state, "gradxinput")
+    kept = state["attributions"]["gradxinput"]
+    want = explain(common.get_model("vit-fashion"), common.EXAMPLE_IMAGES[0], "gradxinput",
+                   target=state["target"])
+    np.testing.assert_allclose(kept.values, want.values, atol=1e-6)
