@@ -169,10 +169,11 @@ def preview(image: str | None, model: str):
     that cannot be read (classifying it says why)."""
     if not image:
         return None, None
-    from models.io.images import fashion_array, open_image, to_rgb
+    from models.io.images import FASHION_DECODE, fashion_array, open_image, to_rgb
 
     try:
-        img, _ = open_image(image)  # decoded once, for both pictures
+        # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
+        img, _ = open_image(image, at_least=FASHION_DECODE)
         seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
         img = to_rgb(img)  # transparency on white, as the model reads it (a plain convert showed it black)
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
