@@ -627,3 +627,50 @@ def test_vision_explains_the_input_it_classified(tiny_checkpoints: Path, monkeyp
     want = explain(common.get_model("vit-fashion"), common.EXAMPLE_IMAGES[0], "gradxinput",
                    target=state["target"])
     np.testing.assert_allclose(kept.values, want.values, atol=1e-6)
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_main_serves_then_warms_the_model_stack_in_the_background(monkeypatch, warm: str) -> None:
+    """Issue 48, item 11: the first Vision classify waited seconds for torch's import and the first figures of
+    Translate and Generate for Plotly's. main pays for the first figure before serving, launches without blocking,
+    starts the model stack's import in a background thread (not with ATLAS_WARM=0), then blocks."""
+    import threading
+
+    import app
+
+    calls: list[str] = []
+
+    class Demo:
+        def queue(self, **kwargs):
+            calls.append("queue")
+
+        def launch(self, **kwargs):
+            calls.append(f"launch prevent_thread_lock={kwargs.get('prevent_thread_lock')}")
+
+        def block_thread(self):
+            calls.append("block")
+
+    started: list[str] = []
+    monkeypatch.setenv("ATLAS_WARM", warm)
+    monkeypatch.setattr(app, "build_demo", Demo)
+    monkeypatch.setattr(app, "configure", lambda names: None)
+    monkeypatch.setattr(app, "warm_plotly", lambda: calls.append("plotly"))
+    monkeypatch.setattr(app, "warm_stack", lambda: started.append(threading.current_thread().name))
+    app.main([])
+    for t in threading.enumerate():
+        if t.name == "atlas-warm":
+            t.join(timeout=10)
+    assert calls == ["queue", "plotly", "launch prevent_thread_lock=True", "block"]
+    assert started == (["atlas-warm"] if warm == "1" else [])
+
+
+def test_warm_stack_imports_what_a_first_request_needs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, app; assert 'torch' not in sys.modules; app.warm_plotly(); print(app.warm_stack()); "
+            "print(all(m in sys.modules for m in app.WARM_MODULES))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]", "True"]
