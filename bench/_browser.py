@@ -55,25 +55,38 @@ _CLICK_AND_WATCH = """async ({button, text, n, timeout}) => {
 }""".replace("SIGNATURES", _SIGNATURES)
 
 
-class Page:
-    """One browser page on the app at ``url`` (use as a context manager)."""
+class Chrome:
+    """Headless Chromium, started once (use as a context manager); ``page(url)`` opens a fresh page."""
 
-    def __init__(self, url: str, width: int = 1400) -> None:
-        self.url, self.width = url, width
-
-    def __enter__(self) -> Page:
+    def __enter__(self) -> Chrome:
         from playwright.sync_api import sync_playwright
 
         self._pw = sync_playwright().start()
         self.browser = self._pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        self.page = self.browser.new_page(viewport={"width": self.width, "height": 1000})
-        self.page.goto(self.url, wait_until="domcontentloaded")
-        self.page.wait_for_selector("button[role=tab]", timeout=120_000)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.browser.close()
         self._pw.stop()
+
+    def page(self, url: str, width: int = 1400) -> Page:
+        return Page(self.browser, url, width)
+
+
+class Page:
+    """One page (its own browser context) on the app at ``url``; use as a context manager."""
+
+    def __init__(self, browser: Any, url: str, width: int = 1400) -> None:
+        self.context = browser.new_context(viewport={"width": width, "height": 1000})
+        self.page = self.context.new_page()
+        self.page.goto(url, wait_until="domcontentloaded")
+        self.page.wait_for_selector("button[role=tab]", timeout=120_000)
+
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.context.close()
 
     def panel(self):
         return self.page.locator("div[role=tabpanel]:visible")

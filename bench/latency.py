@@ -162,7 +162,7 @@ def browser(args: argparse.Namespace) -> int:
     """--browser: the page's waits per arm ("after": this checkout; "before": --against), arms in turns (ABBA)."""
     import tempfile
 
-    from bench._browser import Page, settle
+    from bench._browser import Chrome, settle
 
     arms = {"after": ROOT} | ({"before": args.against.resolve()} if args.against else {})
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "browser": True,
@@ -187,37 +187,38 @@ def browser(args: argparse.Namespace) -> int:
         if args.idle is not None:
             settle(args.idle)
 
-    # A fresh server per sample: the first classify a visitor meets (model stack not yet imported).
-    for order in turns():
-        for arm in order:
-            wait_idle()
-            try:
-                with AppServer(args.checkpoints, root=arms[arm]) as server, Page(server.url) as page:
-                    add(arm, "example", page.upload(example))
-                    add(arm, "first", page.classify())
-            except Exception as err:  # reported; the run goes on
-                errors[f"{arm}_first_classify"] = f"{type(err).__name__}: {err}"[:300]
-    with contextlib.ExitStack() as stack:
-        servers = {arm: stack.enter_context(AppServer(args.checkpoints, root=root)) for arm, root in arms.items()}
-        pages = {arm: stack.enter_context(Page(server.url)) for arm, server in servers.items()}
-        for page in pages.values():  # the models load on first use: not measured
-            page.translate(BROWSER_SENTENCES[-1])
-            page.generate(BROWSER_PROMPTS[-1])
-            page.upload(example)
-            page.classify()
-        for i, order in enumerate(turns()):
+    with Chrome() as chrome:
+        # A fresh server per sample: the first classify a visitor meets (model stack not yet imported).
+        for order in turns():
             for arm in order:
                 wait_idle()
-                page = pages[arm]
                 try:
-                    add(arm, "translate", page.translate(BROWSER_SENTENCES[i % (len(BROWSER_SENTENCES) - 1)]))
-                    add(arm, "generate", page.generate(BROWSER_PROMPTS[i % (len(BROWSER_PROMPTS) - 1)]))
-                    add(arm, "upload6000", page.upload(huge))
-                    with Page(servers[arm].url) as fresh:  # a fresh page: its figures are all new
-                        fresh.upload(huge)
-                        add(arm, "classify6000", fresh.classify())
+                    with AppServer(args.checkpoints, root=arms[arm]) as server, chrome.page(server.url) as page:
+                        add(arm, "example", page.upload(example))
+                        add(arm, "first", page.classify())
                 except Exception as err:  # reported; the run goes on
-                    errors[f"{arm}_turn{i}"] = f"{type(err).__name__}: {err}"[:300]
+                    errors[f"{arm}_first_classify"] = f"{type(err).__name__}: {err}"[:300]
+        with contextlib.ExitStack() as stack:
+            servers = {arm: stack.enter_context(AppServer(args.checkpoints, root=root)) for arm, root in arms.items()}
+            pages = {arm: stack.enter_context(chrome.page(server.url)) for arm, server in servers.items()}
+            for page in pages.values():  # the models load on first use: not measured
+                page.translate(BROWSER_SENTENCES[-1])
+                page.generate(BROWSER_PROMPTS[-1])
+                page.upload(example)
+                page.classify()
+            for i, order in enumerate(turns()):
+                for arm in order:
+                    wait_idle()
+                    page = pages[arm]
+                    try:
+                        add(arm, "translate", page.translate(BROWSER_SENTENCES[i % (len(BROWSER_SENTENCES) - 1)]))
+                        add(arm, "generate", page.generate(BROWSER_PROMPTS[i % (len(BROWSER_PROMPTS) - 1)]))
+                        add(arm, "upload6000", page.upload(huge))
+                        with chrome.page(servers[arm].url) as fresh:  # a fresh page: its figures are all new
+                            fresh.upload(huge)
+                            add(arm, "classify6000", fresh.classify())
+                    except Exception as err:  # reported; the run goes on
+                        errors[f"{arm}_turn{i}"] = f"{type(err).__name__}: {err}"[:300]
     for arm, found in times.items():
         report[arm] = {key: rounded(percentile(values, 50)) for key, values in sorted(found.items())}
         report[arm]["n"] = {key: len(values) for key, values in sorted(found.items())}
