@@ -219,3 +219,13 @@ def test_lone_user_arms_take_turns(monkeypatch) -> None:
     times = load.lone_user({"unbatched": Server("u"), "batched": Server("b")}, load.OPEN_SESSION, 4, 5.0, Client)
     assert seen == ["u", "b", "u", "b", "b", "u", "u", "b", "b", "u"]  # one warm-up each, then ABBA turns
     assert {k: len(v) for k, v in times.items()} == {"unbatched": 4, "batched": 4}
+
+
+def test_idle_waits_for_the_load_to_settle(monkeypatch) -> None:
+    """bench/latency.py --idle: each browser turn waits until the 1-minute load average falls to the given value."""
+    import bench._browser as browser
+
+    loads = iter([5.0, 4.0, 1.5, 1.0])
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(browser.time, "sleep", lambda s: None)
+    assert browser.settle(2.0) == 1.5
