@@ -23,11 +23,15 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run", "--disable-dev-shm-usage"]
 
-# The drawn, visible figures of the open tab and a signature of each: title and every trace's type and shape.
+# The drawn, visible figures of the open tab and a signature of each: title, every trace's type and shape, and the
+# sum of its z values (a figure whose shape does not depend on the input, as Translate's entropy per head, still
+# changes with it).
 _SIGNATURES = """() => [...document.querySelectorAll('div[role=tabpanel] .js-plotly-plot')]
   .filter(e => e.offsetParent !== null && e._fullData && e.querySelector('.main-svg .subplot, .main-svg .trace'))
   .map(e => JSON.stringify([(e._fullLayout.title || {}).text || '', e._fullData.map(t => [t.type,
-    t.x ? t.x.length : 0, t.y ? t.y.length : 0, t.z ? t.z.length : 0, t.z && t.z[0] ? t.z[0].length : 0])]))"""
+    t.x ? t.x.length : 0, t.y ? t.y.length : 0, t.z ? t.z.length : 0, t.z && t.z[0] ? t.z[0].length : 0,
+    t.z ? Array.from(t.z, r => r && r.length !== undefined ? Array.from(r) : [r]).flat()
+            .reduce((a, v) => a + (Number.isFinite(+v) ? +v : 0), 0).toFixed(6) : ''])]))"""
 
 # Click `button`, then poll: when the text of `text` (a selector; none: no text) changed and when `n` figures are new.
 _CLICK_AND_WATCH = """async ({button, text, n, timeout}) => {
@@ -100,6 +104,8 @@ class Page:
         button = self.panel().get_by_role("button", name=button_name, exact=True).element_handle()
         out = self.page.evaluate(_CLICK_AND_WATCH, {"button": button, "text": text_selector, "n": figures,
                                                     "timeout": timeout_s * 1000})
+        if text_selector is None:
+            return {"figures": out["figures"]}
         out["figures_after_text"] = (out["figures"] - out["text"]) if None not in (out["figures"], out["text"]) \
             else None
         return out
@@ -119,8 +125,9 @@ class Page:
         return self._press("Generate", "div[role=tabpanel] .atlas-generation", 3, timeout_s)
 
     def upload(self, path: Path, timeout_s: float = 120) -> dict[str, float | None]:
-        """Hand ``path`` to Vision's upload: seconds until the file component shows it (Gradio's upload, the
-        floor) and until the preview shows the picture."""
+        """Hand ``path`` to Vision's upload (on a page where none was uploaded yet: the file component then hides
+        its input): seconds until the file component shows it (Gradio's upload, the floor) and until the preview
+        shows the picture."""
         self.open_tab("Vision")
         self.page.evaluate("""() => { window._benchOld = [...document.querySelectorAll('#vision-upload img')]
                                         .map(i => i.src).join(); window._benchT0 = performance.now(); }""")

@@ -36,7 +36,8 @@ Browser (`--browser`, issue 48 item 11): what a person waits for in headless Chr
 inside the page: Translate and Generate from the click to the text and to the figures (`*_figures_after_text_s`:
 the figures' wait once the text is there), the upload preview of the Fashion-MNIST example and of a 6000×6000 JPEG
 against Gradio's own upload of the same file (the floor), the first Vision classify on a fresh server
-(`first_classify_s`: a new server, its page, the example uploaded and classified) and the 6000×6000 JPEG's
+(`first_figures_s`: a new server, its page, `--think` seconds as a visitor reads it, the example uploaded and
+classified) and the 6000×6000 JPEG's
 classify on a fresh page. `--against DIR` runs the same against another checkout (say the commit before a change)
 in the same run: the two arms take turns (ABBA), each figure reported per arm with the ratio after/before.
 `--idle LOAD` first waits (up to 5 min) for the 1-minute load average to fall to LOAD, and every turn waits again.
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the browser run instead: text and figure times in headless Chromium (bench/_browser.py)")
     parser.add_argument("--against", type=Path, default=None,
                         help="--browser: also time this other checkout of the app (the 'before' arm), in turns")
+    parser.add_argument("--think", type=float, default=15.0,
+                        help="--browser: seconds between a fresh server's page and its first upload (default 15)")
     parser.add_argument("--idle", type=float, default=None, metavar="LOAD",
                         help="--browser: wait for the 1-minute load average to fall to LOAD before each turn")
     args = parser.parse_args(argv)
@@ -194,6 +197,7 @@ def browser(args: argparse.Namespace) -> int:
                 wait_idle()
                 try:
                     with AppServer(args.checkpoints, root=arms[arm]) as server, chrome.page(server.url) as page:
+                        time.sleep(args.think)  # a visitor arrives a little after the start and reads the page
                         add(arm, "example", page.upload(example))
                         add(arm, "first", page.classify())
                 except Exception as err:  # reported; the run goes on
@@ -201,11 +205,12 @@ def browser(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             servers = {arm: stack.enter_context(AppServer(args.checkpoints, root=root)) for arm, root in arms.items()}
             pages = {arm: stack.enter_context(chrome.page(server.url)) for arm, server in servers.items()}
-            for page in pages.values():  # the models load on first use: not measured
+            for arm, page in pages.items():  # the models load on first use: not measured
                 page.translate(BROWSER_SENTENCES[-1])
                 page.generate(BROWSER_PROMPTS[-1])
-                page.upload(example)
-                page.classify()
+                with chrome.page(servers[arm].url) as fresh:
+                    fresh.upload(example)
+                    fresh.classify()
             for i, order in enumerate(turns()):
                 for arm in order:
                     wait_idle()
@@ -213,9 +218,8 @@ def browser(args: argparse.Namespace) -> int:
                     try:
                         add(arm, "translate", page.translate(BROWSER_SENTENCES[i % (len(BROWSER_SENTENCES) - 1)]))
                         add(arm, "generate", page.generate(BROWSER_PROMPTS[i % (len(BROWSER_PROMPTS) - 1)]))
-                        add(arm, "upload6000", page.upload(huge))
-                        with chrome.page(servers[arm].url) as fresh:  # a fresh page: its figures are all new
-                            fresh.upload(huge)
+                        with chrome.page(servers[arm].url) as fresh:  # a fresh page: no upload yet, no figures
+                            add(arm, "upload6000", fresh.upload(huge))
                             add(arm, "classify6000", fresh.classify())
                     except Exception as err:  # reported; the run goes on
                         errors[f"{arm}_turn{i}"] = f"{type(err).__name__}: {err}"[:300]
