@@ -7,7 +7,8 @@ Two problems a user meets with a model trained on 28×28 clothing images:
   Networks", §4.2) divides the logits by one scalar T, fitted by minimising the negative log-likelihood on a
   held-out split; the predicted class never changes, only how sure the model says it is.
 - **Inputs unlike anything it was trained on.** A photo of a cat or a drawn shoe outline still gets one of ten
-  clothing classes. Five measurements of the input, each with a threshold set on held-out Fashion-MNIST images, raise a notice:
+  clothing classes. Five measurements of the input, each with a threshold set on Fashion-MNIST images, raise a
+  notice:
   *background*: Fashion-MNIST objects sit on an exactly black background, so inside the box around the object a
   good share of pixels is near black; a photo fitted into 28×28 has a grey, textured background instead.
   *pixels*: the distance of the image from the 50-dimensional subspace that the training images' principal
