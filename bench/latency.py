@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the browser run instead: text and figure times in headless Chromium (bench/_browser.py)")
     parser.add_argument("--against", type=Path, default=None,
                         help="--browser: also time this other checkout of the app (the 'before' arm), in turns")
+    parser.add_argument("--fresh", type=int, default=None,
+                        help="--browser: fresh-server samples per arm (default: --repeats; 0 skips them)")
     parser.add_argument("--think", type=float, default=15.0,
                         help="--browser: seconds between a fresh server's page and its first upload (default 15)")
     parser.add_argument("--idle", type=float, default=None, metavar="LOAD",
@@ -192,7 +194,8 @@ def browser(args: argparse.Namespace) -> int:
 
     with Chrome() as chrome:
         # A fresh server per sample: the first classify a visitor meets (model stack not yet imported).
-        for order in turns():
+        fresh_turns = turns()[:args.repeats if args.fresh is None else args.fresh]
+        for order in fresh_turns:
             for arm in order:
                 wait_idle()
                 try:
