@@ -133,8 +133,9 @@ class Page:
                                         .map(i => i.src).join(); window._benchT0 = performance.now(); }""")
         self.panel().locator("input[type=file]").set_input_files(str(path))
         shown = self.page.wait_for_function(
-            """(name) => { const f = [...document.querySelectorAll('div[role=tabpanel] a, div[role=tabpanel] td')]
-                 .some(e => e.offsetParent !== null && e.textContent.includes(name));
+            """(name) => { const f = [...document.querySelectorAll('div[role=tabpanel] tr.file')]
+                 .some(r => r.offsetParent !== null && r.querySelector(`td.filename[aria-label="${name}"]`)
+                            && r.querySelector('a[data-testid=download-link][href*="/file="]'));
                if (f && window._benchFile === undefined) window._benchFile = performance.now() - window._benchT0;
                const src = [...document.querySelectorAll('#vision-upload img')].map(i => i.src).join();
                return src && src !== window._benchOld
