@@ -4,13 +4,16 @@
 Each tab is one module of `tabs/` (its intro, a `build()` that lays it out, then its handlers); this file
 puts them in order and holds what the whole app needs. A tab is added by writing its module and listing it
 in TABS (docs/ARCHITECTURE.md §8). torch is imported on first use, so the page is served
-before the model stack has loaded.
+before the model stack has loaded; `main` imports that stack in a background thread once the server is up (ATLAS_WARM=0
+turns it off) and pays the first Plotly figure's cost before serving, so neither falls on a user's first request.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import threading
 
 import gradio as gr
 
@@ -122,6 +125,46 @@ def build_demo() -> gr.Blocks:
     return demo
 
 
+# What a first Translate, Classify, Generate or Vision request imports (measured: 5–9 s of torch and the families on
+# a busy 2-core machine), imported by warm_stack in the background once the page is served.
+WARM_MODULES = ("torch", "safetensors.torch", "models.io.checkpoint", "models.io.images", "models.io.placement",
+                "models.io.hf", "models.families.translator", "models.families.classifier", "models.families.gpt",
+                "models.families.vit", "models.families.swin", "models.decoding.loop", "models.decoding.fastgen",
+                "models.decoding.packed", "models.inspect.analysis", "models.inspect.attribution",
+                "models.inspect.calibration", "serving.store")
+
+
+def warm_plotly() -> None:
+    """Build and serialise one small figure of each trace kind the tabs draw (heatmap, bar, scatter), as gr.Plot
+    does: the first figure of a process pays for Plotly's validators and JSON encoder (measured 0.2–1.2 s), which
+    otherwise fell on the first Translate or Generate request's figures, seconds after its text."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Heatmap(z=[[0.0, 1.0], [1.0, 0.0]], colorscale="Viridis", colorbar={"title": "w"}),
+                     go.Bar(x=["a", "b"], y=[1, 2], text=["1", "2"]),
+                     go.Scatter(x=[0, 1], y=[1, 0], mode="lines+markers", line={"dash": "dash"})])
+    fig.update_layout(title="warm-up", xaxis={"title": "x", "tickangle": -45}, yaxis={"autorange": "reversed"},
+                      legend={"orientation": "h"}, margin={"t": 40})
+    gr.Plot().postprocess(fig)
+
+
+def warm_stack() -> list[str]:
+    """Import the model stack (WARM_MODULES) and run one small torch operation, so that the first request a user
+    sends does not wait for them; returns the modules that could not be imported (an optional dependency missing:
+    its request will say so itself). Safe beside requests: Python's import lock serialises a module's import."""
+    failed = []
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (warming is best effort; the request that needs the module reports it)
+            failed.append(name)
+    if "torch" not in failed:
+        import torch
+
+        torch.softmax(torch.ones(2, 4) @ torch.ones(4, 3), dim=-1)  # the first op initialises torch's kernels
+    return failed
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Attention Atlas: see what attention does inside Transformers.")
     ap.add_argument("--model", action="append", default=[], metavar="DIR",
@@ -134,7 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.
     demo.queue(default_concurrency_limit=int(os.environ.get("ATLAS_CONCURRENCY", "2")),
                max_size=int(os.environ.get("ATLAS_QUEUE", "64")))
-    demo.launch(theme=gr.themes.Soft(), css=CSS, js=JS, max_file_size=f"{limits.MAX_UPLOAD_MB}mb")
+    warm_plotly()
+    demo.launch(theme=gr.themes.Soft(), css=CSS, js=JS, max_file_size=f"{limits.MAX_UPLOAD_MB}mb",
+                prevent_thread_lock=True)  # returns once the page is served ...
+    if os.environ.get("ATLAS_WARM", "1") != "0":  # ... then the model stack is imported beside the first visitors
+        threading.Thread(target=warm_stack, name="atlas-warm", daemon=True).start()
+    demo.block_thread()
 
 
 if __name__ == "__main__":

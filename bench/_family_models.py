@@ -7,6 +7,9 @@ that never occur, so the embedding tables, and so the parameter counts, are the 
 
 - ``opus-mt-shaped``: Helsinki-NLP/opus-mt-en-de's MarianConfig (d = 512, 6 + 6 layers, 8 heads, FFN 2,048, swish,
   58,101 pieces, tied embeddings): 74 M parameters;
+- ``t5-small-shaped``: google-t5/t5-small's T5Config (d = 512, 6 + 6 layers, 8 heads of 64, FFN 2,048, ReLU, 32
+  buckets up to 128 positions, tied rescaled head, 32,128 embeddings for 32,000 pieces and 100 sentinels, its
+  English → German task prefix): 60.5 M parameters;
 - ``deberta-v3-base-shaped``: microsoft/deberta-v3-base's DebertaV2Config (d = 768, 12 layers, 12 heads, FFN 3,072,
   relative attention with 256 log buckets, shared keys, 128,100 pieces) with a 2-class head: 184 M parameters.
 """
@@ -79,3 +82,45 @@ def deberta_folder(folder: Path, vocab: int = 128_100, seed: int = 0) -> dict:
     model.save_pretrained(folder)
     return {"family": "deberta-v2", "d_model": 768, "layers": 12, "heads": 12, "vocab": vocab,
             "params": sum(p.numel() for p in model.parameters())}
+
+
+def t5_folder(folder: Path, vocab: int = 32_128, seed: int = 0) -> dict:
+    """google-t5/t5-small's shape with random weights (tokenizer.json with 32,000 pieces + 100 sentinels, as
+    t5-small's); returns its shape and parameter count."""
+    import torch
+    import transformers as t
+
+    pieces = _pieces(folder / "_spm", 4000)
+    specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    fill = [(f"▁unused{i}", -100.0) for i in range(32_000 - len(specials) - len(pieces))]
+    tok = t.T5Tokenizer(vocab=specials + pieces + fill, extra_ids=100)
+    tok.save_pretrained(folder)
+    cfg = t.T5Config(vocab_size=vocab, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+                     feed_forward_proj="relu", decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                     task_specific_params={"translation_en_to_de": {"prefix": "translate English to German: "}})
+    torch.manual_seed(seed)
+    model = t.T5ForConditionalGeneration(cfg).eval()
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["scale_decoder_outputs"] = True  # t5-small: the tied head with the d_model^-0.5 rescale
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return {"family": "t5", "d_model": 512, "layers": "6+6", "heads": 8, "vocab": vocab,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+FOLDERS = {"opus-mt-shaped": marian_folder, "t5-small-shaped": t5_folder, "deberta-v3-base-shaped": deberta_folder}
+
+
+def ensure(root: Path, names=tuple(FOLDERS)) -> dict[str, dict]:
+    """The named random folders under ``root``, each written once (its ``shape.json`` marks it done): name → shape."""
+    import sys
+
+    shapes = {}
+    for name in names:
+        shape_file = root / name / "shape.json"
+        if not shape_file.is_file():
+            print(f"writing the random {name} folder into {root / name} ...", file=sys.stderr)
+            (root / name).mkdir(parents=True, exist_ok=True)
+            shape_file.write_text(json.dumps(FOLDERS[name](root / name)))
+        shapes[name] = json.loads(shape_file.read_text())
+    return shapes

@@ -388,8 +388,10 @@ class AppServer:
     """`python app.py` on a free loopback port; use as a context manager (it always stops the app)."""
 
     def __init__(self, checkpoints: Path | str | None = None, env: dict[str, str] | None = None,
-                 ready_timeout: float = 180.0, poll: float = 0.02, script: str = "app.py") -> None:
+                 ready_timeout: float = 180.0, poll: float = 0.02, script: str = "app.py",
+                 root: Path | None = None) -> None:
         self.script = script
+        self.root = Path(root) if root is not None else ROOT  # another checkout's app (bench/latency.py --against)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.ready_timeout, self.poll = ready_timeout, poll
@@ -407,7 +409,7 @@ class AppServer:
     def start(self) -> AppServer:
         log = self.log_path.open("w")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, self.script], cwd=ROOT, env=self.env, stdout=log,
+        self.proc = subprocess.Popen([sys.executable, self.script], cwd=self.root, env=self.env, stdout=log,
                                      stderr=subprocess.STDOUT)
         log.close()  # the child keeps its own handle
         self.sampler = MemorySampler(self.proc.pid)

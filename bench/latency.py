@@ -26,13 +26,25 @@ result. Reported: `generate_long_p50_s`, `generate_long_p95_s`, `attention_zoom_
 (the server's whole process tree, model load included), `long_tokens`, `long_model` (its shape) and the targets
 (≤ 30 s, ≤ 4 GB).
 
-Families (`--families`, issue 49): an opus-mt-shaped Marian (74 M parameters) translating a 20-word sentence with
-beam 5 through `/translate` (its `model` input) and a DeBERTa-v3-base-shaped classifier (184 M) through `/classify`,
+Families (`--families`, issue 49): an opus-mt-shaped Marian (74 M parameters) and a t5-small-shaped T5 (60 M)
+translating a 20-word sentence with beam 5 through `/translate` (its `model` input) and a DeBERTa-v3-base-shaped
+classifier (184 M) through `/classify`,
 random weights of the real shapes written once into `--families-folder` (bench/_family_models.py, default
 runs/families) and served as configured folders (ATLAS_MODELS); reported: `<action>_p50_s`, `_p95_s`, `_cold_s`
 and the targets (translate ≤ 1.5 s, classify ≤ 1 s; recorded, never asserted).
 
+Browser (`--browser`, issue 48 item 11): what a person waits for in headless Chromium (bench/_browser.py), timed
+inside the page: Translate and Generate from the click to the text and to the figures (`*_figures_after_text_s`:
+the figures' wait once the text is there), the upload preview of the Fashion-MNIST example and of a 6000×6000 JPEG
+against Gradio's own upload of the same file (the floor), the first Vision classify on a fresh server
+(`first_figures_s`: a new server, its page, `--think` seconds as a visitor reads it, the example uploaded and
+classified) and the 6000×6000 JPEG's
+classify on a fresh page. `--against DIR` runs the same against another checkout (say the commit before a change)
+in the same run: the two arms take turns (ABBA), each figure reported per arm with the ratio after/before.
+`--idle LOAD` first waits (up to 5 min) for the 1-minute load average to fall to LOAD, and every turn waits again.
+
 Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`, or
+`python bench/latency.py --browser --repeats 5 --against ../before --idle 2.5`, or
 `python bench/latency.py --long --repeats 3 --warmup 1`, or `python bench/latency.py --families --repeats 10`.
 The last stdout line is one JSON object with `ready_s`, `<action>_p50_s`, `<action>_p95_s`, the targets
 (docs/ARCHITECTURE.md §6, recorded, never asserted: translate p50 < 0.5 s, classify and vit-fashion p50 < 0.2 s,
@@ -43,6 +55,7 @@ on a busy machine are not comparable). Exit status 1 when any call failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -91,7 +104,19 @@ def main(argv: list[str] | None = None) -> int:
                              "and a DeBERTa-v3-base-shaped classifier, random folders configured by ATLAS_MODELS")
     parser.add_argument("--families-folder", type=Path, default=ROOT / "runs" / "families",
                         help="where the random family folders are written once and reused")
+    parser.add_argument("--browser", action="store_true",
+                        help="the browser run instead: text and figure times in headless Chromium (bench/_browser.py)")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="--browser: also time this other checkout of the app (the 'before' arm), in turns")
+    parser.add_argument("--fresh", type=int, default=None,
+                        help="--browser: fresh-server samples per arm (default: --repeats; 0 skips them)")
+    parser.add_argument("--think", type=float, default=15.0,
+                        help="--browser: seconds between a fresh server's page and its first upload (default 15)")
+    parser.add_argument("--idle", type=float, default=None, metavar="LOAD",
+                        help="--browser: wait for the 1-minute load average to fall to LOAD before each turn")
     args = parser.parse_args(argv)
+    if args.browser:
+        return browser(args)
     if args.long:
         return long_context(args)
     if args.families:
@@ -132,6 +157,105 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if errors else 0
 
 
+BROWSER_SENTENCES = ["Two dogs are running on the beach .", "A man in a red shirt is riding a bike down the street .",
+                     "Children play football in the park .", "A woman is reading a book on a bench near the old "
+                     "river .", "The cat sleeps .", "Three young men are climbing a steep rock wall in the sun ."]
+BROWSER_PROMPTS = ["Two dogs are running on the", "A man in a red shirt is", "The children play in the park and",
+                   "A woman", "Three young men are climbing a steep rock wall near", "The cat"]
+
+
+def browser(args: argparse.Namespace) -> int:
+    """--browser: the page's waits per arm ("after": this checkout; "before": --against), arms in turns (ABBA)."""
+    import tempfile
+
+    from bench._browser import Chrome, settle
+
+    arms = {"after": ROOT} | ({"before": args.against.resolve()} if args.against else {})
+    report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "browser": True,
+                              "arms": {k: str(v) for k, v in arms.items()}, "idle_load": args.idle}
+    times: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
+    errors: dict[str, str] = {}
+    example = ROOT / "examples" / "fashion" / sorted(p.name for p in (ROOT / "examples" / "fashion").glob("*.png"))[0]
+    folder = Path(tempfile.mkdtemp(prefix="atlas-browser-"))
+    huge = folder / "photo-6000.jpg"
+    _photo(6000).save(huge, quality=90)
+
+    def add(arm: str, prefix: str, out: dict[str, float | None]) -> None:
+        for key, value in out.items():
+            if value is not None:
+                times[arm].setdefault(f"{prefix}_{key}_s", []).append(value)
+
+    def turns() -> list[list[str]]:
+        order = list(arms)
+        return [order if i % 2 == 0 else order[::-1] for i in range(args.repeats)]
+
+    def wait_idle() -> None:
+        if args.idle is not None:
+            settle(args.idle)
+
+    with Chrome() as chrome:
+        # A fresh server per sample: the first classify a visitor meets (model stack not yet imported).
+        fresh_turns = turns()[:args.repeats if args.fresh is None else args.fresh]
+        for order in fresh_turns:
+            for arm in order:
+                wait_idle()
+                try:
+                    with AppServer(args.checkpoints, root=arms[arm]) as server, chrome.page(server.url) as page:
+                        time.sleep(args.think)  # a visitor arrives a little after the start and reads the page
+                        add(arm, "example", page.upload(example))
+                        add(arm, "first", page.classify())
+                except Exception as err:  # reported; the run goes on
+                    errors[f"{arm}_first_classify"] = f"{type(err).__name__}: {err}"[:300]
+        with contextlib.ExitStack() as stack:
+            servers = {arm: stack.enter_context(AppServer(args.checkpoints, root=root)) for arm, root in arms.items()}
+            pages = {arm: stack.enter_context(chrome.page(server.url)) for arm, server in servers.items()}
+            for arm, page in pages.items():  # the models load on first use: not measured
+                page.translate(BROWSER_SENTENCES[-1])
+                page.generate(BROWSER_PROMPTS[-1])
+                with chrome.page(servers[arm].url) as fresh:
+                    fresh.upload(example)
+                    fresh.classify()
+            for i, order in enumerate(turns()):
+                for arm in order:
+                    wait_idle()
+                    page = pages[arm]
+                    try:
+                        add(arm, "translate", page.translate(BROWSER_SENTENCES[i % (len(BROWSER_SENTENCES) - 1)]))
+                        add(arm, "generate", page.generate(BROWSER_PROMPTS[i % (len(BROWSER_PROMPTS) - 1)]))
+                        with chrome.page(servers[arm].url) as fresh:  # a fresh page: no upload yet, no figures
+                            add(arm, "upload6000", fresh.upload(huge))
+                            add(arm, "classify6000", fresh.classify())
+                    except Exception as err:  # reported; the run goes on
+                        errors[f"{arm}_turn{i}"] = f"{type(err).__name__}: {err}"[:300]
+    for arm, found in times.items():
+        report[arm] = {key: rounded(percentile(values, 50)) for key, values in sorted(found.items())}
+        report[arm]["n"] = {key: len(values) for key, values in sorted(found.items())}
+    if "before" in report:
+        report["ratio_after_before"] = {key: rounded(value / report["before"][key])
+                                        for key, value in report["after"].items()
+                                        if key != "n" and value and report["before"].get(key)}
+    try:
+        report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    report["errors"] = errors
+    print(json.dumps(report))
+    return 1 if errors else 0
+
+
+def _photo(side: int):
+    """A photo-like test picture: a dark shoe-like shape on a light, gently shaded background, side × side."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    ramp = np.linspace(200, 245, side, dtype=np.float32)
+    img = Image.fromarray(np.repeat((ramp[:, None] + ramp[None, :] * 0)[:, :, None], 3, axis=2).astype(np.uint8))
+    s = side / 1600
+    ImageDraw.Draw(img).polygon([(300 * s, 800 * s), (1300 * s, 800 * s), (1300 * s, 650 * s), (900 * s, 600 * s),
+                                 (700 * s, 350 * s), (350 * s, 400 * s)], fill=(60, 40, 30))
+    return img
+
+
 LONG_TARGETS = {"generate_long_p50_s": 30.0, "server_peak_rss_mb": 4096.0}
 FAMILY_TARGETS = {"translate_opus_mt_shaped_p50_s": 1.5, "classify_deberta_v3_base_shaped_p50_s": 1.0}
 SENTENCE_20 = ("The young woman in a red coat walked her small dog along the quiet river before the evening rain "
@@ -139,25 +263,21 @@ SENTENCE_20 = ("The young woman in a red coat walked her small dog along the qui
 
 
 def families(args: argparse.Namespace) -> int:
-    """/translate with an opus-mt-shaped Marian (74 M parameters, beam 5, a 20-word sentence) and /classify with a
-    DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes (bench/_family_models.py), served
-    as configured folders; p50 / p95 after the warm-up (the first call loads the model: ``_cold_s``)."""
-    from bench._family_models import deberta_folder, marian_folder
+    """/translate with an opus-mt-shaped Marian (74 M parameters) and a t5-small-shaped T5 (60 M), beam 5, a 20-word
+    sentence, and /classify with a DeBERTa-v3-base-shaped classifier (184 M), random weights of the real shapes
+    (bench/_family_models.py), served as configured folders; p50 / p95 after the warm-up (the first call loads the
+    model: ``_cold_s``)."""
+    from bench._family_models import ensure
 
     root = args.families_folder
-    shapes = {}
-    for name, write in (("opus-mt-shaped", marian_folder), ("deberta-v3-base-shaped", deberta_folder)):
-        shape_file = root / name / "shape.json"
-        if not shape_file.is_file():
-            print(f"writing the random {name} folder into {root / name} ...", file=sys.stderr)
-            (root / name).mkdir(parents=True, exist_ok=True)
-            shape_file.write_text(json.dumps(write(root / name)))
-        shapes[name] = json.loads(shape_file.read_text())
+    shapes = ensure(root)
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
                               "models": shapes, "sentence_words": len(SENTENCE_20.split())}
     errors: dict[str, str] = {}
     calls = {"translate_opus_mt_shaped": ((SENTENCE_20, 5, "cross", -1, "mean", "heatmap", "opus-mt-shaped"),
                                           "/translate"),
+             "translate_t5_small_shaped": ((SENTENCE_20, 5, "cross", -1, "mean", "heatmap", "t5-small-shaped"),
+                                           "/translate"),
              "classify_deberta_v3_base_shaped": ((SENTENCE_20, "SST-2 sentiment", "deberta-v3-base-shaped"),
                                                  "/classify")}
     models_env = ",".join(str(root / name) for name in shapes)

@@ -26,8 +26,9 @@ the server went down, a request failed, or (with --expect-busy) nothing was turn
 Burst mode (issue 37, docs/ARCHITECTURE.md §9): `--burst ACTION` connects `--clients` clients, then all of them
 press the same button at the same instant (a barrier), `--rounds` times; it reports p50/p95 latency, the wall time
 of each burst (release to last answer) and errors, and a lone user's latency (`--single` requests one after the
-other, before the bursts). `--compare` runs the same against a server with ATLAS_BATCH=0 (every request alone, as
-before batching) first, in the same run, and reports the ratios; `--modes 0,1,gradio` also runs Translate through
+other, before the bursts; with several arms every server is up at once and the arms take turns, ABBA).
+`--compare` runs the same against a server with ATLAS_BATCH=0 (every request alone, as before batching) in the
+same run, and reports the ratios; `--modes 0,1,gradio` also runs Translate through
 Gradio's own `batch=True` (the alternative measured in §9). `--distinct` gives each client its own input (the
 action's text without its first i mod 6 words: mixed lengths) instead of the same one. Each client's session is
 opened before the burst, as a browser's page load opens it (Gradio builds a session's state on its first event:
@@ -42,6 +43,7 @@ as the server). `--floor` also bursts bench/_floor_app.py, a Gradio app that doe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -209,6 +211,28 @@ def _burst_round(url: str, actions: list[Action], request_timeout: float, cold: 
     return latencies, errors, wall
 
 
+def lone_user(servers: dict[str, Any], action: Action, n: int, timeout: float, make_client: Any
+              ) -> dict[str, list[float]]:
+    """A lone user's latencies per arm: one warm-up call each (the model loads on first use: not measured), then
+    ``n`` turns in which every arm answers one request, one at a time, the arms' order reversed every other turn
+    (ABBA), so that a drift of the machine falls on every arm alike."""
+    clients = {mode: make_client(server.url, timeout=timeout) for mode, server in servers.items()}
+    try:
+        for client in clients.values():
+            call(client, action, timeout=timeout)
+        times: dict[str, list[float]] = {mode: [] for mode in clients}
+        order = list(clients)
+        for turn in range(n):
+            for mode in (order if turn % 2 == 0 else order[::-1]):
+                t0 = time.monotonic()
+                call(clients[mode], action, timeout=timeout)
+                times[mode].append(time.monotonic() - t0)
+        return times
+    finally:
+        for client in clients.values():
+            client.close()
+
+
 def burst(args: argparse.Namespace) -> int:
     """--burst ACTION: N clients press at the same instant; optionally beside the unbatched server (--compare)."""
     chosen, missing = available(select_actions(args.burst), args.checkpoints)
@@ -230,18 +254,17 @@ def burst(args: argparse.Namespace) -> int:
     failed = False
     total_requests = total_errors = 0
     peak = 0.0
-    for mode, env in modes:
+    for _, env in modes:
         if args.concurrency is not None:
             env["ATLAS_CONCURRENCY"] = str(args.concurrency)
-        with AppServer(args.checkpoints, env=env, ready_timeout=180.0) as server:
-            warm = make_client(server.url, timeout=args.request_timeout)
-            call(warm, action, timeout=args.request_timeout)  # the model loads on first use: not measured
-            single = []
-            for _ in range(args.single):  # a lone user: one request at a time
-                t0 = time.monotonic()
-                call(warm, action, timeout=args.request_timeout)
-                single.append(time.monotonic() - t0)
-            warm.close()
+    with contextlib.ExitStack() as stack:
+        # Every arm's server is up at once, so a lone user's requests alternate between the arms in turns (ABBA...):
+        # measured one arm after the other, the second ran on a machine in another state (load from the first
+        # server's shutdown, another CPU frequency), which made the batcher look ×1.42 slower alone (issue 48).
+        servers = {mode: stack.enter_context(AppServer(args.checkpoints, env=env, ready_timeout=180.0))
+                   for mode, env in modes}
+        single = lone_user(servers, action, args.single, args.request_timeout, make_client)
+        for mode, server in servers.items():
             latencies: list[float] = []
             errors: list[str] = []
             walls = []
@@ -252,20 +275,21 @@ def burst(args: argparse.Namespace) -> int:
                 walls.append(round(wall, 3))
             up = server.alive()
             mode_peak = server.sampler.peak_mb() if server.sampler else None
-        requests = args.clients * args.rounds
-        total_requests += requests
-        total_errors += len(errors)
-        peak = max(peak, mode_peak or 0.0)
-        failed |= bool(errors) or not up
-        report[mode] = {
-            f"{key}_p50_s": rounded(percentile(latencies, 50)), f"{key}_p95_s": rounded(percentile(latencies, 95)),
-            f"{key}_wall_s": rounded(sorted(walls)[len(walls) // 2]), "walls_s": walls,
-            "single_p50_s": rounded(percentile(single, 50)), "requests": requests, "errors": len(errors),
-            "first_errors": [e[:300] for e in errors[:5]], "server_up": up, "peak_rss_mb": mode_peak,
-        }
-        print(f"{mode}: {action.name} x {args.clients} at once, {args.rounds} round(s): p50 "
-              f"{report[mode][f'{key}_p50_s']} s, p95 {report[mode][f'{key}_p95_s']} s, wall {walls} s, "
-              f"{len(errors)} errors; lone user p50 {report[mode]['single_p50_s']} s", file=sys.stderr)
+            requests = args.clients * args.rounds
+            total_requests += requests
+            total_errors += len(errors)
+            peak = max(peak, mode_peak or 0.0)
+            failed |= bool(errors) or not up
+            report[mode] = {
+                f"{key}_p50_s": rounded(percentile(latencies, 50)), f"{key}_p95_s": rounded(percentile(latencies, 95)),
+                f"{key}_wall_s": rounded(sorted(walls)[len(walls) // 2]), "walls_s": walls,
+                "single_p50_s": rounded(percentile(single[mode], 50)), "requests": requests, "errors": len(errors),
+                "first_errors": [e[:300] for e in errors[:5]], "server_up": up, "peak_rss_mb": mode_peak,
+            }
+            print(f"{mode}: {action.name} x {args.clients} at once, {args.rounds} round(s): p50 "
+                  f"{report[mode][f'{key}_p50_s']} s, p95 {report[mode][f'{key}_p95_s']} s, wall {walls} s, "
+                  f"{len(errors)} errors; lone user p50 {report[mode]['single_p50_s']} s", file=sys.stderr)
+    report["single_alternated"] = True  # the lone-user arms in turns, every server up (not one after the other)
     if args.floor:  # Gradio's own cost of a burst: the same clients against an app that does no work
         floor_action = FLOOR_ACTIONS[0]
         with AppServer(script="bench/_floor_app.py") as server:

@@ -137,6 +137,10 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
         rng.standard_normal((196, 768)), (14, 14))
     yield "positional", "relative bias 24 heads 49x49", lambda: viz.relative_bias_tables(
         rng.standard_normal((24, 49, 49)), expanded=True)
+    off = np.arange(-162, 163)  # T5-large's 16 heads, offsets past max_distance 128 both ways
+    yield "positional", "T5 bias 16 heads 325 offsets", lambda: viz.t5_bias(
+        off, rng.integers(0, 32, off.size), rng.integers(0, 32, off.size), rng.standard_normal((16, off.size)),
+        rng.standard_normal((16, off.size)))
     for layers, heads in ((12, 12), (24, 16)):  # GPT-2 small and medium shapes, the LM token cap
         lm = np.tril(random_attention((layers, heads, 256, 256), seed=layers))
         lm /= lm.sum(-1, keepdims=True)

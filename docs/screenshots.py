@@ -2,6 +2,8 @@
 
     python docs/screenshots.py                # over checkpoints/, 1400 px wide: docs/screenshots/*.png
     python docs/screenshots.py --width 1024   # a laptop's width: docs/screenshots/1024px/*.png (each tab once)
+    python docs/screenshots.py --families     # DeBERTa's disentangled split on a DeBERTa-v3-base-shaped folder
+    python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
 """
 
 from __future__ import annotations
@@ -97,18 +99,43 @@ def lesson_shots(page, panel, tab, shot) -> None:
         shot(name, height)
 
 
+def deberta_shot(page, panel, tab, shot) -> None:
+    """DeBERTa's "why" split (content→content, content→position, position→content) on the configured
+    DeBERTa-v3-base-shaped folder (random weights of the real shape: bench/_family_models.py)."""
+    tab("Classify")
+    panel().get_by_label("deberta-v3-base-shaped").check()
+    panel().get_by_label("text", exact=True).fill("a warm , funny and beautifully acted film , if too long .")
+    panel().get_by_role("button", name="Classify", exact=True).click()
+    wait_for_plots(page, 3, timeout=300_000)
+    section = panel().get_by_text("Why does this head attend there?")
+    section.scroll_into_view_if_needed()
+    for label, value in (("query position (−1: the last)", 0), ("key position", 3)):
+        panel().get_by_label(label).fill(str(value))
+    panel().get_by_role("button", name="Split this score").click()
+    panel().get_by_text("content → position").first.wait_for(timeout=300_000)
+    shot("classify-deberta-why", 1300, y=_top(page, section) - 20)
+
+
 def main(argv: list[str] | None = None) -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
     ap.add_argument("--only", choices=["lessons"], default=None, help="retake only these screenshots")
+    ap.add_argument("--families", action="store_true",
+                    help="only the families' screenshots, over random folders of real shapes in runs/families")
     args = ap.parse_args(argv)
     width = args.width
     out = OUT if width == 1400 else OUT / f"{width}px"
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=app_env(port), stdout=subprocess.DEVNULL,
+    env = app_env(port)
+    if args.families:
+        from bench._family_models import ensure
+
+        root = ROOT / "runs" / "families"
+        env["ATLAS_MODELS"] = ",".join(str(root / name) for name in ensure(root, ("deberta-v3-base-shaped",)))
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/"
@@ -135,8 +162,11 @@ def main(argv: list[str] | None = None) -> None:
 
             if args.only == "lessons":
                 lesson_shots(page, panel, tab, shot)
-                browser.close()
-                return
+                return browser.close()
+            if args.families:
+                deberta_shot(page, panel, tab, shot)
+                return browser.close()
+
             tab("Translate")
             panel().get_by_role("button", name="Translate", exact=True).click()
             wait_for_plots(page, 4, timeout=120_000)

@@ -8,6 +8,7 @@ saw, special tokens included (``<s>``, ``</s>``, ``[CLS]``, ``[SEP]``, ``CLS``, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +101,9 @@ class ImageResult:
     temperature: float = 1.0  # probs = softmax(logits / temperature); 1 for a model without calibration
     unusual: str = ""  # the out-of-distribution notice (models/inspect/calibration.py), empty if the input looks usual
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
+    # the model's input exactly as it ran, a normalised float32 tensor (1, C, H, W) on the CPU: explanations and
+    # deletion curves start from it (the upload is not decoded and converted again)
+    tensor: Any = field(default=None, repr=False, compare=False)
 
     def patch_at(self, y: float, x: float) -> tuple[int, int]:
         """The first-stage patch (row, col) that covers pixel (y, x) of ``image``, clamped to the grid."""

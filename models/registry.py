@@ -72,7 +72,10 @@ def register(family: Family) -> Family:
 
 
 register(Family("translator", "models.families.translator", "Translator", "TranslatorConfig", ("Translator",),
-                (("marian", "models.io.hf_translators:marian_from_state"),),
+                (("marian", "models.io.hf_translators:marian_from_state"),
+                 # T5: a Translator subclass with its own attention (models/families/t5.py); its "why" split and
+                 # scores are its own (content + relative position bias), not the walk's
+                 ("t5", "models.io.hf_translators:t5_from_state")),
                 tabs=("translate",), walk="translator", text=True))
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
                 ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))

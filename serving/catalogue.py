@@ -53,12 +53,14 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("generate", "state-spaces/mamba-130m-hf", None),
     # Marian, a real English -> German translator; its safetensors file is on the Hub's conversion branch refs/pr/4
     ("translate", "Helsinki-NLP/opus-mt-en-de", "refs/pr/4"),
+    # T5 (60 M): model.safetensors and tokenizer.json on main; its config names the en -> de task prefix
+    ("translate", "google-t5/t5-small", None),
     ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
-                       "Helsinki-NLP/opus-mt-en-de": "translator"}
+                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "translator"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
@@ -209,6 +211,25 @@ def _decoder_checkpoints(folder: Path) -> tuple[str, ...]:
         if isinstance(meta, dict) and registry.tab_of(meta) == "generate":
             found.append(sub.name)
     return tuple(found)
+
+
+T5_DOWNLOADABLE = ("google-t5/t5-small",)  # the Hub translators that are T5 (known before they are fetched)
+
+
+def t5_models() -> list[str]:
+    """The translators that are T5, for the Positional tab's bucket section (no torch): the configured folders whose
+    config.json says model_type "t5", then the Hub's."""
+    found = []
+    for name, c in CONFIGURED.items():
+        if c.kind != "translate" or c.folder is None:
+            continue
+        try:
+            meta = json.loads((c.folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("model_type") == "t5":
+            found.append(name)
+    return [*found, *(r for r in T5_DOWNLOADABLE if r in DOWNLOADABLE)]
 
 
 def family(name: str) -> registry.Family | None:

@@ -47,8 +47,11 @@ was produced from; in the last layers it often traces a rough word alignment. A 
 previous token draws a diagonal just below the main one.
 
 **A real translator** can be picked as the model: `Helsinki-NLP/opus-mt-en-de` (Marian, trained on OPUS by the
-University of Helsinki, downloaded from the Hugging Face Hub on first use) or a Marian folder the server is configured
-with; every view below works for it as for the project's own."""
+University of Helsinki) or `google-t5/t5-small` (**T5**, Raffel et al. 2020: no position embeddings, a learned bias
+per head for each bucket of relative offsets instead; it reads the sentence after its task prefix
+"translate English to German: ", which the notice and the encoder's tokens show), both downloaded from the Hugging
+Face Hub on first use, or a Marian or T5 folder the server is configured with; every view below works for them as for
+the project's own (the Positional tab draws T5's buckets and biases)."""
 KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention (causal)",
          "cross": "Cross-attention (target → source)"}
 MAX_BEAM = 8
@@ -74,12 +77,15 @@ def build() -> Permalink:
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = gr.Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
-    compare_section.comparison("translate", state, compare_view, lambda text, *v: translate(text, *v)[6], [beam],
+    # B runs on the model chosen above, as A did
+    compare_section.comparison("translate", state, compare_view,
+                               lambda text, b, m: translate(text, b, model_name=m)[6], [beam, model],
                                layer, head, view, shows="encoder self-attention")
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
     gr.Markdown("The split below is of the **encoder**'s self-attention (choose \"encoder\" above to click its cells).")
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
-    qk_section = qk.section("translate", text, sequence)  # the encoder's queries and keys of the English text
+    # the encoder's queries and keys of the English text, in the chosen model (/translate_qk: model last)
+    qk_section = qk.section("translate", text, sequence, extra=[model])
     stats = gr.Plot(label="head statistics")
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
@@ -205,6 +211,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
                    source_tokens=result.source_tokens, target_tokens=result.target_tokens)
     notice = " ".join(x for x in (split_notice, result.notice) if x) or \
         f"Beam size {beam} · score {result.score:.3f} · {len(result.target_tokens)} decoder steps"
+    notice = " ".join(x for x in (notice, prefix_notice(model)) if x)
     return (result.text, notice, *draw_translation(result, kind, layer, head, view, which),
             vt.beam_tree(result.beam, result.chosen, title=esc(f"{said}Beam search (beam size {beam})")),
             vt.cross_alignment(cross.weights, produced(result), cross.keys, layer=cross.layers - 1, head="mean",
@@ -263,6 +270,15 @@ def split_long(model, text: str) -> tuple[str, list[str], str]:
         f"{longer} of its {len(sentences)} sentences was translated on its own (the model was trained on single "
         "captions; given several at once it drops sentences). The figures show the first sentence; pick another "
         "under the translation.")
+
+
+def prefix_notice(model) -> str:
+    """What a model with a task prefix (T5) reads: the notice under the translation says so."""
+    prefix = getattr(model.tokenizer, "prefix", "")
+    if not prefix:
+        return ""
+    return (f"T5 translates with its task prefix: the encoder reads “{esc(prefix.strip())}” before the sentence (from "
+            "the model's config), so its tokens begin with it in the encoder and cross-attention figures.")
 
 
 def compare_view(result) -> dict:

@@ -169,10 +169,11 @@ def preview(image: str | None, model: str):
     that cannot be read (classifying it says why)."""
     if not image:
         return None, None
-    from models.io.images import fashion_array, open_image, to_rgb
+    from models.io.images import FASHION_DECODE, fashion_array, open_image, to_rgb
 
     try:
-        img, _ = open_image(image)  # decoded once, for both pictures
+        # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
+        img, _ = open_image(image, at_least=FASHION_DECODE)
         seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
         img = to_rgb(img)  # transparency on white, as the model reads it (a plain convert showed it black)
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
@@ -235,7 +236,9 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
     else:
         arrays = {f"stage{w.stage}_block{w.block}": w.weights for w in result.windows}
     query = (result.grid[0] // 2, result.grid[1] // 2)
-    state = {"result": result, "query": query, "model": name, "input": image,
+    # the explanations start from the model's input as it ran (not the upload decoded and converted again)
+    kept = result.tensor if result.tensor is not None else image
+    state = {"result": result, "query": query, "model": name, "input": kept,
              "target": target_index(target, result.labels), "attributions": {}}
     attribution = attribute(state, method, progress)
     npz = save_npz("image", image=result.image, probs=result.probs, labels=result.labels,

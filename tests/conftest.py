@@ -102,7 +102,8 @@ HUB_GPT2 = "atlas-test/hub-gpt2"
 @pytest.fixture(scope="session")
 def configured_app(tmp_path_factory, tiny_checkpoints):
     """`python app.py --model DIR` and ATLAS_MODELS: Hugging Face GPT-2 folders, a BERT, an ALBERT and a ViT
-    classifier, a Marian translator, and a Hub entry whose files are in the server's (offline) huggingface_hub cache."""
+    classifier, a Marian and a T5 translator, and a Hub entry whose files are in the server's (offline)
+    huggingface_hub cache."""
     from tests.tiny import place_in_hub_cache, tiny_bert_classifier_folder, tiny_gpt2_folder, tiny_vit_classifier_folder
 
     base = tmp_path_factory.mktemp("configured")
@@ -110,13 +111,14 @@ def configured_app(tmp_path_factory, tiny_checkpoints):
     refs["my-bert"] = tiny_bert_classifier_folder(base / "my-bert")
     refs["my-vit"] = tiny_vit_classifier_folder(base / "my-vit")
     refs[HUB_GPT2] = tiny_gpt2_folder(base / "hub-source")
-    from tests.families import classifier_folder, marian_folder
+    from tests.families import classifier_folder, marian_folder, t5_folder
 
     refs["my-marian"] = marian_folder(base / "my-marian")  # (model, tokenizer): the Translate tab's Marian
+    refs["my-t5"] = t5_folder(base / "my-t5")  # (model, tokenizer): the Translate tab's T5
     refs["my-albert"] = classifier_folder("albert", base / "my-albert")  # (model, tokenizer): a Classify family
     place_in_hub_cache(base / "hub-source", base / "hf" / "hub", HUB_GPT2)
     env = app_env(free_port(), ATLAS_CHECKPOINTS=str(tiny_checkpoints), HF_HOME=str(base / "hf"), ATLAS_OFFLINE="1",
                   ATLAS_MODELS=f"{base / 'env-gpt2'},{base / 'my-bert'},{base / 'my-vit'},generate:{HUB_GPT2},"
-                                                 f"{base / 'my-marian'},{base / 'my-albert'}")
+                                                 f"{base / 'my-marian'},{base / 'my-albert'},{base / 'my-t5'}")
     with serving(env, base / "server.log", "--model", str(base / "cli-gpt2")) as url:
         yield url, base, refs

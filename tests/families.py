@@ -149,3 +149,67 @@ def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[An
     model.generation_config.num_beams = beams
     model.save_pretrained(folder)
     return model, tok
+
+
+def t5_folder(folder: Path, feed_forward: str = "gated-gelu", tied: bool = False, layers: tuple[int, int] = (3, 2),
+              prefix: str = "translate English to German: ") -> tuple[Any, Any]:
+    """A random ``T5ForConditionalGeneration`` with a T5 tokenizer (tokenizer.json, a unigram model over the tiny
+    sentences, T5's ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2 and three ``<extra_id_N>``), saved into ``folder``. Unusual
+    but valid: encoder and decoder of different depths (``layers``), five heads of 8 = 40 wide over d_model 36,
+    8 buckets reaching 20 positions (sentences longer than that share the last bucket). ``feed_forward``: "relu"
+    (T5) or "gated-gelu" (v1.1, Flan); ``tied=False``: an output matrix of its own, stored as ``lm_head.weight``,
+    without the d_model^-0.5 rescale (v1.1); True: the shared table with it (T5). The config carries the task
+    prefix as t5-small's does. Returns (model, tokenizer)."""
+    import json
+
+    import torch
+    import transformers as t
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = t.T5Tokenizer(vocab=unigram_pieces(folder, ("<pad>", "</s>", "<unk>")), extra_ids=3)
+    tok.save_pretrained(folder)
+    cfg = t.T5Config(vocab_size=len(tok), d_model=36, d_kv=8, num_heads=5, d_ff=52, num_layers=layers[0],
+                     num_decoder_layers=layers[1], relative_attention_num_buckets=8,
+                     relative_attention_max_distance=20, feed_forward_proj=feed_forward, dropout_rate=0.0,
+                     decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                     task_specific_params={"translation_en_to_de": {"prefix": prefix}})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(2)
+    model = t.T5ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            if "relative_attention_bias" in name:
+                p.normal_(0.0, 2.0)  # positions matter: the bias moves the attention visibly
+        model.shared.weight.mul_(0.2)  # layer outputs, not the input token's own row, decide the next token
+        for layer in model.decoder.block:  # the source matters: cross-attention and the feed-forward write strongly
+            layer.layer[1].EncDecAttention.o.weight.mul_(5.0)
+            layer.layer[2].DenseReluDense.wo.weight.mul_(3.0)
+        model.decoder.final_layer_norm.weight.mul_(8.0)  # peaked next-token distributions
+        if not tied:  # transformers 5 ties T5's head always: untie it by hand, as v1.1 checkpoints are stored
+            model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.5)
+        model.config.scale_decoder_outputs = tied
+        # eos likely at some steps only: its output row along the decoder's mean output, scaled so that its logit
+        # is about the best one of a middling step
+        enc = tok([prefix + s for s in SENTENCES[:4]], return_tensors="pt", padding=True)
+        start = torch.zeros((enc["input_ids"].size(0), 1), dtype=torch.long)
+        out = model.generate(**enc, max_new_tokens=12, do_sample=False, decoder_start_token_id=0)
+        h = model(**enc, decoder_input_ids=torch.cat([start, out[:, 1:]], 1), output_hidden_states=True
+                  ).decoder_hidden_states[-1]  # (B, T, D) after the final norm
+        h = h * (36 ** -0.5 if tied else 1.0)
+        logits = h @ model.lm_head.weight.T
+        mean = h.reshape(-1, 36).mean(0)
+        want = logits.max(-1).values.quantile(0.4 if tied else 0.5)
+        model.lm_head.weight[1] = mean / mean.dot(mean) * want
+    model.save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    saved["tie_word_embeddings"] = tied
+    saved["scale_decoder_outputs"] = tied
+    (folder / "config.json").write_text(json.dumps(saved))
+    if not tied:
+        state = load_file(str(folder / "model.safetensors"))
+        state["lm_head.weight"] = model.lm_head.weight.detach().clone()
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return model, tok

@@ -271,6 +271,37 @@ def test_translate_with_a_configured_marian_matches_transformers(configured_app)
     assert "Beam size 5" in client.predict(text, api_name="/translate")[1]  # the default: the trained translator
 
 
+def test_translate_with_a_configured_t5_matches_transformers(configured_app) -> None:
+    """/translate with ``model`` my-t5: transformers' beam-5 output for the sentence after T5's task prefix, its
+    cross-attention in the .npz, the notice naming the prefix; /translate_qk's ``model`` (its last input) draws that
+    T5's encoder (5 heads: head 4 exists there, not in the trained translator, the default); /t5_bias its buckets."""
+    import torch
+    from gradio_client import Client
+
+    url, _, refs = configured_app
+    hf, tok = refs["my-t5"]
+    client = Client(url, verbose=False)
+    text = "Two young girls are playing with a dog."
+    out = client.predict(text, 5, "cross", 0, "mean", "heatmap", "my-t5", api_name="/translate")
+    enc = tok("translate English to German: " + text, return_tensors="pt")
+    want = hf.generate(**enc, num_beams=5, early_stopping=True, max_new_tokens=2 * enc["input_ids"].shape[1] + 10,
+                       length_penalty=1.0)[0]
+    assert out[0] == tok.decode(want, skip_special_tokens=True)
+    assert "task prefix" in out[1] and "translate English to German" in out[1]
+    npz = next(o for o in out if isinstance(o, str) and o.endswith(".npz"))
+    with torch.no_grad():
+        ref = hf(**enc, decoder_input_ids=want[None, :-1] if want[-1] == 1 else want[None], output_attentions=True)
+    with np.load(npz) as arrays:
+        np.testing.assert_allclose(arrays["cross"], torch.stack(ref.cross_attentions, 1)[0].numpy(), atol=1e-4)
+        np.testing.assert_allclose(arrays["encoder"], torch.stack(ref.encoder_attentions, 1)[0].numpy(), atol=1e-4)
+    assert client.predict(text, 2, 4, -1, True, "my-t5", api_name="/translate_qk")[0].startswith("**Layer 2, head 4")
+    with pytest.raises(Exception, match="head 4 is outside"):  # without the model: the trained translator's 4 heads
+        client.predict(text, 0, 4, -1, True, api_name="/translate_qk")
+    note, fig = client.predict("my-t5", api_name="/t5_bias")
+    assert "**my-t5**: 8 buckets" in note
+    assert {d.get("name") for d in _figure_data(fig)} >= {"encoder (bidirectional)", "decoder (causal)", "head 4"}
+
+
 def test_classify_with_a_configured_albert_matches_transformers(configured_app) -> None:
     import torch
     from gradio_client import Client

@@ -603,3 +603,74 @@ def test_readme_has_a_path_for_teachers() -> None:
     assert "Export this lesson as an HTML page" in section and "link" in section
     assert "sentence by sentence" in section and "scrollbar" in section
     assert "-webkit-scrollbar" in app.CSS  # the promise of a drawn scrollbar
+
+
+def test_vision_explains_the_input_it_classified(tiny_checkpoints: Path, monkeypatch, tmp_path: Path) -> None:
+    """Issue 48, item 11: every explanation decoded and converted the upload again (slow for a large photo). The
+    state keeps the model's input tensor, so a later explanation is of exactly what was classified, even when the
+    file has changed since (here overwritten with another picture)."""
+    from PIL import Image
+
+    from models.inspect.attribution import explain
+    from models.io.images import fashion_tensor
+    from tabs import vision
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    upload = tmp_path / "upload.png"
+    shutil.copy(common.EXAMPLE_IMAGES[0], upload)
+    state = classify_image(str(upload), "vit-fashion", 3, 0, "mean", "CLS → patches", "rollout")[7]
+    assert np.array_equal(state["input"].numpy(), fashion_tensor(state["result"].image[None]).numpy())
+    Image.open(common.EXAMPLE_IMAGES[1]).save(upload)  # the file changes after classifying
+    vision.reexplain(state, "gradxinput")
+    kept = state["attributions"]["gradxinput"]
+    want = explain(common.get_model("vit-fashion"), common.EXAMPLE_IMAGES[0], "gradxinput",
+                   target=state["target"])
+    np.testing.assert_allclose(kept.values, want.values, atol=1e-6)
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_main_serves_then_warms_the_model_stack_in_the_background(monkeypatch, warm: str) -> None:
+    """Issue 48, item 11: the first Vision classify waited seconds for torch's import and the first figures of
+    Translate and Generate for Plotly's. main pays for the first figure before serving, launches without blocking,
+    starts the model stack's import in a background thread (not with ATLAS_WARM=0), then blocks."""
+    import threading
+
+    import app
+
+    calls: list[str] = []
+
+    class Demo:
+        def queue(self, **kwargs):
+            calls.append("queue")
+
+        def launch(self, **kwargs):
+            calls.append(f"launch prevent_thread_lock={kwargs.get('prevent_thread_lock')}")
+
+        def block_thread(self):
+            calls.append("block")
+
+    started: list[str] = []
+    monkeypatch.setenv("ATLAS_WARM", warm)
+    monkeypatch.setattr(app, "build_demo", Demo)
+    monkeypatch.setattr(app, "configure", lambda names: None)
+    monkeypatch.setattr(app, "warm_plotly", lambda: calls.append("plotly"))
+    monkeypatch.setattr(app, "warm_stack", lambda: started.append(threading.current_thread().name))
+    app.main([])
+    for t in threading.enumerate():
+        if t.name == "atlas-warm":
+            t.join(timeout=10)
+    assert calls == ["queue", "plotly", "launch prevent_thread_lock=True", "block"]
+    assert started == (["atlas-warm"] if warm == "1" else [])
+
+
+def test_warm_stack_imports_what_a_first_request_needs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, app; assert 'torch' not in sys.modules; app.warm_plotly(); print(app.warm_stack()); "
+            "print(all(m in sys.modules for m in app.WARM_MODULES))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]", "True"]

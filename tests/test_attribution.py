@@ -476,3 +476,21 @@ def test_rgb_imagenet_kind_vit_from_an_uploaded_image() -> None:
     assert torch.allclose(A.mean_fill(model, (0.485, 0.456, 0.406)), torch.zeros(3, 1, 1), atol=1e-7)
     curve = A.deletion_curve(model, photo, a)
     assert curve.removed[-1] == 16 and curve.probs[0] == pytest.approx(a.prob, abs=1e-5)
+
+
+@pytest.mark.parametrize("shape,sigma", [((2, 1, 28, 28), None), ((1, 3, 224, 224), None), ((1, 3, 16, 20), 1.3),
+                                         ((1, 1, 8, 8), 5.0)])
+def test_the_image_baseline_blur_is_torchvisions_gaussian_blur(shape, sigma) -> None:
+    """The integrated-gradients image baseline (its own two 1-D convolutions, issue 48 item 11: torchvision's
+    transforms cost the first explanation a second to import) against torchvision's gaussian_blur, the reference:
+    the same kernel size rule, sigma and reflect padding."""
+    from torchvision.transforms.functional import gaussian_blur
+
+    from models.inspect.attribution import blur
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    side = min(shape[-2:])
+    s = side / 10.0 if sigma is None else sigma
+    k = min(2 * math.ceil(3 * s) + 1, 2 * (side - 1) + 1)
+    torch.testing.assert_close(blur(x, sigma), gaussian_blur(x, [k, k], [s, s]), atol=2e-6, rtol=0)
+    assert torch.equal(blur(x, 0.0), x)

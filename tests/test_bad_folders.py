@@ -13,7 +13,7 @@ import torch
 
 import models
 from models.io.checkpoint import CheckpointError
-from tests.families import classifier_folder, marian_folder
+from tests.families import classifier_folder, marian_folder, t5_folder
 
 torch.set_num_threads(2)
 
@@ -23,7 +23,8 @@ def good(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("good")
     classifier_folder("roberta", base / "roberta")
     marian_folder(base / "marian")
-    return {"roberta": base / "roberta", "marian": base / "marian"}
+    t5_folder(base / "t5")
+    return {"roberta": base / "roberta", "marian": base / "marian", "t5": base / "t5"}
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -40,7 +41,8 @@ def _edit_weights(folder: Path, edit) -> None:
 
 
 @pytest.mark.parametrize("family, tensor", [("roberta", "roberta.encoder.layer.2.attention.self.key.weight"),
-                                            ("marian", "model.decoder.layers.1.encoder_attn.v_proj.bias")])
+                                            ("marian", "model.decoder.layers.1.encoder_attn.v_proj.bias"),
+                                            ("t5", "decoder.block.1.layer.1.EncDecAttention.v.weight")])
 def test_a_missing_tensor_is_named(good, tmp_path: Path, family: str, tensor: str) -> None:
     folder = _copy(good[family], tmp_path / "f")
     _edit_weights(folder, lambda s: s.pop(tensor))
@@ -50,7 +52,8 @@ def test_a_missing_tensor_is_named(good, tmp_path: Path, family: str, tensor: st
 
 
 @pytest.mark.parametrize("family, tensor", [("roberta", "roberta.encoder.layer.1.intermediate.dense.weight"),
-                                            ("marian", "model.encoder.layers.0.fc1.weight")])
+                                            ("marian", "model.encoder.layers.0.fc1.weight"),
+                                            ("t5", "encoder.block.2.layer.1.DenseReluDense.wi_1.weight")])
 def test_a_wrong_shape_is_named(good, tmp_path: Path, family: str, tensor: str) -> None:
     folder = _copy(good[family], tmp_path / "f")
     _edit_weights(folder, lambda s: s.__setitem__(tensor, s[tensor][:-1].clone()))
@@ -66,8 +69,9 @@ def test_an_unknown_model_type_is_named(good, tmp_path: Path) -> None:
         models.load(str(folder))
 
 
-def test_a_pickle_only_repository_is_refused(good, tmp_path: Path) -> None:
-    folder = _copy(good["marian"], tmp_path / "f")
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_a_pickle_only_repository_is_refused(good, tmp_path: Path, family: str) -> None:
+    folder = _copy(good[family], tmp_path / "f")
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x04not read")  # never opened: pickles are not loaded
     with pytest.raises(CheckpointError, match=r"only pytorch_model\.bin \(pickle, refused\)"):

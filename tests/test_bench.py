@@ -195,3 +195,37 @@ def test_generate_bench_qwen3_shape(capsys) -> None:
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["family"] == "qwen3" and report["layers"] == 1 and report["new_tokens"] == 30
     assert report["identical"] is True and report["max_attention_diff"] < 1e-5
+
+
+def test_lone_user_arms_take_turns(monkeypatch) -> None:
+    """bench/load.py's lone-user arms alternate request by request (ABBA), every server up at once; measured one arm
+    after the other, the second arm met another machine state (issue 48: a ×1.42 'batcher slowdown')."""
+    import bench.load as load
+
+    seen: list[str] = []
+
+    class Server:
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+    class Client:
+        def __init__(self, url: str, timeout: float) -> None:
+            self.url = url
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(load, "call", lambda client, action, timeout: seen.append(client.url))
+    times = load.lone_user({"unbatched": Server("u"), "batched": Server("b")}, load.OPEN_SESSION, 4, 5.0, Client)
+    assert seen == ["u", "b", "u", "b", "b", "u", "u", "b", "b", "u"]  # one warm-up each, then ABBA turns
+    assert {k: len(v) for k, v in times.items()} == {"unbatched": 4, "batched": 4}
+
+
+def test_idle_waits_for_the_load_to_settle(monkeypatch) -> None:
+    """bench/latency.py --idle: each browser turn waits until the 1-minute load average falls to the given value."""
+    import bench._browser as browser
+
+    loads = iter([5.0, 4.0, 1.5, 1.0])
+    monkeypatch.setattr(os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(browser.time, "sleep", lambda s: None)
+    assert browser.settle(2.0) == 1.5

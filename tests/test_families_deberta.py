@@ -108,6 +108,16 @@ def test_the_why_section_shows_the_three_terms(deberta) -> None:
     summary, fig, table = why.why(ours, enc.ids, enc.pieces, 2, 1, 6, 1)
     assert "content → position" in summary and "position → content" in summary and fig is not None
     assert abs(sum(c["value"] for c in table["components"]) - table["score"]) < 1e-4
+    # the figure draws the three terms and leaves position→position empty (it is no term of DeBERTa's); its
+    # title's score is their sum
+    z = np.array(fig.data[0].z, dtype=float)
+    at = {(y.split(" (")[0], x.split(" (")[0]): (i, j) for i, y in enumerate(fig.data[0].y)
+          for j, x in enumerate(fig.data[0].x)}
+    for c in table["components"]:
+        assert abs(z[at[c["query_part"], c["key_part"]]] - c["value"]) < 1e-6
+    empty = at["relative position", "relative position"]
+    assert np.isnan(z[empty]) and fig.data[0].text[empty[0]][empty[1]] == ""
+    assert f"score {table['score']:.3f} = content→content" in fig.layout.annotations[0].text
     scores = attention_scores(ours, enc.ids)
     weights = ours.classify(TEXTS[1]).attention["encoder"].weights
     e = np.exp(scores - scores.max(-1, keepdims=True))

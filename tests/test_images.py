@@ -241,3 +241,42 @@ def test_prepare_dispatch() -> None:
     assert prepare(light_photo(), "imagenet").tensor.shape == (1, 3, 224, 224)
     with pytest.raises(ValueError, match="unknown"):
         prepare(light_photo(), "cifar")
+
+
+def test_a_large_jpeg_is_decoded_at_reduced_scale_for_a_small_input(tmp_path) -> None:
+    """Issue 48, item 11: a 6000×6000 photo took seconds to preview and classify, decoded in full for a 28×28
+    input. A JPEG much larger than what the model needs is decoded at 1/2, 1/4 or 1/8 scale (never below the
+    needed side); the 28×28 image barely changes, and other formats and small JPEGs are decoded in full."""
+    from PIL import Image, ImageDraw
+
+    from models.io.images import FASHION_DECODE, fashion_array, open_image
+
+    big = Image.new("RGB", (4000, 3000), (250, 250, 250))
+    ImageDraw.Draw(big).ellipse((800, 600, 3200, 2400), fill=(40, 40, 120))
+    path = tmp_path / "big.jpg"
+    big.save(path, quality=90)
+    assert open_image(str(path))[0].size == (4000, 3000)
+    assert open_image(str(path), at_least=FASHION_DECODE)[0].size == (500, 375)  # 1/8: both sides >= 224
+    assert open_image(str(path), at_least=400)[0].size == (1000, 750)  # 1/4: 1/8 would give 375 < 400
+    reduced = fashion_array(str(path))[0]
+    full = fashion_array(Image.open(path).convert("RGB"))[0]  # in memory: decoded in full
+    assert np.abs(reduced.astype(int) - full.astype(int)).mean() < 2.0
+    png = tmp_path / "big.png"
+    big.save(png)
+    assert open_image(str(png), at_least=FASHION_DECODE)[0].size == (4000, 3000)
+
+
+def test_the_upload_preview_does_not_import_torch() -> None:
+    """Issue 48, item 11: the upload preview waited for torch's import (seconds on a fresh server) though it only
+    needs PIL and numpy; models.io.images imports torch where it makes a tensor."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; import app; from tabs.common import EXAMPLE_IMAGES; from tabs.vision import preview; "
+            "shown, seen = preview(str(EXAMPLE_IMAGES[0]), 'vit-fashion'); assert shown is not None; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "ATLAS_WARM": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

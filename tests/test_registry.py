@@ -95,7 +95,8 @@ def test_lookups() -> None:
     assert registry.by_model_type("deit").name == "deit" and registry.by_model_name("nope") is None
     assert [f.name for f in registry.by_tab("vision")] == ["vit", "deit", "swin"]
     assert registry.tab_of({"model_type": "bert"}) == "classify" and registry.tab_of({"model": "Translator"}) == \
-        "translate" and registry.tab_of({"model_type": "t5"}) is None
+        "translate" and registry.tab_of({"model_type": "t5"}) == "translate"
+    assert registry.tab_of({"model_type": "reformer"}) is None
     with pytest.raises(ValueError, match="clashes"):
         registry.register(registry.Family("gpt-again", "m", "C", "Cfg", ("GPT",)))
     with pytest.raises(TypeError, match="not a registered model family"):

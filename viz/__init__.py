@@ -20,6 +20,7 @@ from viz.positional import (
     similarity_matrix,
     sinusoidal_curves,
     sinusoidal_heatmap,
+    t5_bias,
 )
 from viz.stats import entropy_heatmap, head_metric_scatter, head_share_heatmap, token_shares
 from viz.swin import (
@@ -41,7 +42,7 @@ __all__ = [
     "head_share_heatmap", "head_view", "image_attention", "image_attention_grid", "learned_pe_grid",
     "logit_lens", "max_pool", "model_view", "patch_map", "pool_blocks", "position_similarity",
     "query_patch_attention", "region_map", "relative_bias_tables", "rope_offset_scores", "rope_rotation", "select_head",
-    "shifted_window_ids", "similarity_matrix", "sinusoidal_curves", "sinusoidal_heatmap", "step_candidates",
+    "shifted_window_ids", "similarity_matrix", "sinusoidal_curves", "sinusoidal_heatmap", "step_candidates", "t5_bias",
     "token_highlight", "token_shares", "topk_bars", "window_attention_grid", "window_attention_map",
     "window_mask", "window_partitions",
 ]

@@ -183,3 +183,38 @@ def relative_bias_tables(tables: np.ndarray, *, title: str = "Relative position 
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
     return fig.build()
+
+
+def t5_bias(offsets: np.ndarray, encoder_buckets: np.ndarray, decoder_buckets: np.ndarray, encoder_bias: np.ndarray,
+            decoder_bias: np.ndarray, *, title: str = "T5's relative position bias") -> go.Figure:
+    """T5's bucketed relative positions (Raffel et al. 2020, §2.1) in three panels over the offset key − query:
+    the bucket function (the encoder's bidirectional, the decoder's causal: later keys all in bucket 0, masked
+    anyway), then each head's learned bias by offset in the encoder and in the decoder (one line per head; flat
+    stretches are offsets that share a bucket).
+
+    offsets: (N,) ints; encoder_buckets, decoder_buckets: (N,) bucket ids; encoder_bias, decoder_bias: (H, N)."""
+    x = np.asarray(offsets, dtype=np.int32)
+    enc, dec = np.asarray(encoder_bias, np.float32), np.asarray(decoder_bias, np.float32)
+    fig = Fig(rows=1, cols=3, subplot_titles=["bucket of each offset", "encoder bias per head",
+                                              "decoder bias per head (keys ≤ query)"], horizontal_spacing=0.07)
+    for name, b, dash in (("encoder (bidirectional)", encoder_buckets, "solid"),
+                          ("decoder (causal)", decoder_buckets, "dot")):
+        fig.add_trace(dict(type="scatter", x=x, y=np.asarray(b, np.int32), mode="lines", name=name,
+                           line=dict(shape="hv", width=2.5, dash=dash), legendgroup="buckets",
+                           hovertemplate=f"{name}<br>offset %{{x}} → bucket %{{y}}<extra></extra>"), row=1, col=1)
+    causal = x <= 0
+    for col, (stack, bias, keep) in enumerate((("encoder", enc, np.ones_like(causal)), ("decoder", dec, causal)), 2):
+        for h in range(bias.shape[0]):
+            fig.add_trace(dict(type="scatter", x=x[keep], y=f32(bias[h][keep]), mode="lines", name=f"head {h}",
+                               legendgroup=f"head {h}", showlegend=col == 2,
+                               line=dict(shape="hv", width=1.8, color=HEAD_COLORS[h % len(HEAD_COLORS)]),
+                               hovertemplate=f"{stack} head {h}<br>offset %{{x}}: bias %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
+    base_layout(fig, f"{title}<br><sup>offset = key position − query position; each bucket is one learned number "
+                     "per head, added to q·k in every layer</sup>", height=440)
+    for col in (1, 2, 3):
+        fig.update_xaxes(title=dict(text="offset (key − query)"), zeroline=True, zerolinecolor="#bbb", row=1, col=col)
+    fig.update_yaxes(title=dict(text="bucket"), row=1, col=1)
+    fig.update_yaxes(title=dict(text="bias added to the score"), row=1, col=2)
+    fig.update_layout(margin=dict(t=110))
+    return fig.build()

@@ -17,7 +17,8 @@ def grouped_table(table: np.ndarray, parts: Sequence[str], max_parts: int = 12) 
                                                                                          list[str]]:
     """The (C, C) table reduced to the ``max_parts`` query parts and key parts that move the score most
     (largest total |term|), the rest summed into an ``other`` row and column: the reduced table still sums to
-    the score. Returns (table, query part names, key part names)."""
+    the score. A NaN (a pair that is not a term) counts as nothing, and stays NaN where a cell holds nothing else.
+    Returns (table, query part names, key part names)."""
     t = np.asarray(table, dtype=np.float64)
     names = list(parts)
 
@@ -25,12 +26,13 @@ def grouped_table(table: np.ndarray, parts: Sequence[str], max_parts: int = 12) 
         order = [int(i) for i in np.argsort(-weight, kind="stable")]
         return order if len(order) <= max_parts + 1 else order[:max_parts]
 
-    rows, cols = keep(np.abs(t).sum(1)), keep(np.abs(t).sum(0))
+    rows, cols = keep(np.nansum(np.abs(t), 1)), keep(np.nansum(np.abs(t), 0))
     rest_r = [i for i in range(len(names)) if i not in rows]
     rest_c = [j for j in range(len(names)) if j not in cols]
     r_idx = [[i] for i in rows] + ([rest_r] if rest_r else [])
     c_idx = [[j] for j in cols] + ([rest_c] if rest_c else [])
-    out = np.array([[t[np.ix_(r, c)].sum() for c in c_idx] for r in r_idx])
+    cell = lambda r, c: np.nansum(t[np.ix_(r, c)]) if np.isfinite(t[np.ix_(r, c)]).any() else np.nan  # noqa: E731
+    out = np.array([[cell(r, c) for c in c_idx] for r in r_idx])
     r_names = [names[i] for i in rows] + ([f"other ({len(rest_r)})"] if rest_r else [])
     c_names = [names[j] for j in cols] + ([f"other ({len(rest_c)})"] if rest_c else [])
     return out, r_names, c_names
@@ -39,28 +41,35 @@ def grouped_table(table: np.ndarray, parts: Sequence[str], max_parts: int = 12) 
 def score_decomposition(table: np.ndarray, parts: Sequence[str], row: np.ndarray, softmax_row: np.ndarray,
                         tokens: Sequence[str], query: int, key: int, *, title: str,
                         by_offset: np.ndarray | None = None, renormalised: np.ndarray | None = None,
-                        max_parts: int = 12) -> go.Figure:
-    """Three panels, top to bottom: the score as query part × key part (signed, the terms sum to the score);
-    the query's attention over every key, the chosen key outlined (and, where given, the row renormalised
-    without the first token); for RoPE models, the score the same query and key would get at every offset."""
+                        max_parts: int = 12, split: str = "sum of query part × key part (norms frozen)") -> go.Figure:
+    """Three panels, top to bottom: the score as query part × key part (signed, the terms sum to the score; a NaN
+    cell is a pair that is not a term, drawn empty); the query's attention over every key, the chosen key outlined
+    (and, where given, the row renormalised without the first token); for RoPE models, the score the same query
+    and key would get at every offset. ``split`` names the first panel's terms."""
     small, r_names, c_names = grouped_table(table, parts, max_parts)
-    score = float(np.asarray(table).sum())
+    score = float(np.nansum(np.asarray(table)))
     n_rows = 3 if by_offset is not None else 2
-    fig = Fig(rows=n_rows, cols=1, vertical_spacing=0.12 if n_rows == 3 else 0.16, subplot_titles=[
-        f"score {score:.3f} = sum of query part × key part (norms frozen)",
+    flat = len(c_names) <= 4  # a few key parts read level; more are tilted
+    height = 560 + 28 * len(r_names) + (300 if by_offset is not None else 0)
+    # under the first panel: its key-part labels, its axis title, then the next panel's title (in pixels of the
+    # plot area, which is the height less the top and bottom margins below)
+    gap = (110 if flat else 150) / (height - 180)
+    fig = Fig(rows=n_rows, cols=1, vertical_spacing=max(gap, 0.12 if n_rows == 3 else 0.16), subplot_titles=[
+        f"score {score:.3f} = {split}",
         f"attention of query {query} over the keys (softmax of the scores)",
         *(["score of this query and key moved to every offset (RoPE)"] if by_offset is not None else []),
     ])
-    lim = float(np.abs(small).max()) or 1.0
+    lim = float(np.nanmax(np.abs(small))) or 1.0
     trace = dict(type="heatmap", z=f32(small), x=[esc(n) for n in c_names], y=[esc(n) for n in r_names],
                  zmin=-lim, zmax=lim, colorscale=DIVERGING_SCALE,
                  colorbar={**colorbar("term"), "len": 0.4, "y": 1.0, "yanchor": "top"},
                  hovertemplate="query part %{y} · key part %{x}: %{z:.4f}<extra></extra>")
     if small.size <= 196:
-        trace.update(text=[[f"{v:.2f}" for v in r] for r in small], texttemplate="%{text}", textfont=dict(size=11))
+        trace.update(text=[[f"{v:.2f}" if np.isfinite(v) else "" for v in r] for r in small], texttemplate="%{text}",
+                     textfont=dict(size=11))
     fig.add_trace(trace, row=1, col=1)
-    fig.update_xaxes(title=dict(text=f"key part (token {key} · {esc(shorten(tokens[key], 16))})"), tickangle=-45,
-                     row=1, col=1)
+    fig.update_xaxes(title=dict(text=f"key part (token {key} · {esc(shorten(tokens[key], 16))})"),
+                     tickangle=0 if flat else -45, row=1, col=1)
     fig.update_yaxes(title=dict(text=f"query part (token {query})"), autorange="reversed", row=1, col=1)
 
     labels = unique_labels([shorten(t, 12) for t in tokens])
@@ -87,7 +96,6 @@ def score_decomposition(table: np.ndarray, parts: Sequence[str], row: np.ndarray
                            marker=dict(size=12, color="#d62728")), row=3, col=1)
         fig.update_xaxes(title=dict(text="offset i − j (0: rotation removed, the content score)"), row=3, col=1)
         fig.update_yaxes(title=dict(text="score"), row=3, col=1)
-    height = 560 + 28 * len(r_names) + (300 if by_offset is not None else 0)
     base_layout(fig, title, height=int(height))
     # the legend to the right of the lower panels, under the colour bar (0.6–1.0): below the plot it lay over the
     # tilted token labels

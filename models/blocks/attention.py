@@ -196,7 +196,7 @@ def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
 
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
-    need_weights: bool = False, dropout: float = 0.0,
+    need_weights: bool = False, dropout: float = 0.0, scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention over per-head q (B, H, T, d), k and v (B, H_kv, S, d): (out (B, H, T, d), weights or None).
 
@@ -205,19 +205,20 @@ def attend(
     ``F.scaled_dot_product_attention`` (training and plain inference), with the bias and the mask folded into one
     additive mask. A row whose keys are all masked gives zeros on both paths. With fewer key/value heads than query
     heads (grouped-query attention, Ainslie et al. 2023) query head h reads key/value head h // (H / H_kv).
+    ``scale`` multiplies QKᵀ (None: 1/√d; T5 scores unscaled, 1.0).
     """
     if k.size(-3) != q.size(-3):
         group = q.size(-3) // k.size(-3)
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     if need_weights:
-        out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias)
+        out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias, scale=scale)
         if dropout > 0:  # dropout on the attention probabilities (Vaswani et al. 2017, §5.4)
             out = F.dropout(weights, dropout, training=True) @ v
         return out, weights
     attn_mask: Tensor | None = mask
     if bias is not None:  # one additive mask: bias where allowed, −inf where masked
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale)
     if mask is not None:  # rows with every key masked: zeros, as the explicit path gives
         out = torch.nan_to_num(out, nan=0.0)
     return out, None
@@ -262,19 +263,24 @@ class MultiHeadAttention(nn.Module):
 
     Separate q/k/v/out projections (easy to read and to map from other implementations). ``attend`` chooses the
     path: ``need_weights=False`` the fused kernel (training and plain inference), ``need_weights=True``
-    ``scaled_dot_product`` written out, also returning the weights.
+    ``scaled_dot_product`` written out, also returning the weights. ``d_head``: a head width of its own (T5's d_kv:
+    heads × d_head need not be d_model); ``scale``: the score scale (None: 1/√d_head; T5: 1.0).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
+                 d_head: int | None = None, scale: float | None = None) -> None:
         super().__init__()
-        if d_model % n_heads:
+        if d_head is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.d_model, self.n_heads = d_model, n_heads
+        self.d_head = d_model // n_heads if d_head is None else d_head
+        self.scale = scale
+        inner = n_heads * self.d_head
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
 
     def _split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, d_head)
         b, t, _ = x.shape
@@ -324,7 +330,7 @@ class MultiHeadAttention(nn.Module):
             q = rope(q, offset)
         assert k is not None and v is not None
         mask = restrict_keys(mask, edit, t, k.size(2), x.device)
-        out, weights = attend(q, k, v, mask, bias, need_weights, self.dropout if self.training else 0.0)
+        out, weights = attend(q, k, v, mask, bias, need_weights, self.dropout if self.training else 0.0, self.scale)
         out = edit_heads(out, edit)
-        out = out.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, H·d_head)
         return self.out_proj(out), weights

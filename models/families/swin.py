@@ -417,4 +417,5 @@ class Swin(nn.Module):
             for a in attention
         ]
         return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
-                           windows=windows, notice=prepared.notice, **calibrated(self, logits, pooled, prepared.shown))
+                           windows=windows, notice=prepared.notice, tensor=prepared.tensor,
+                           **calibrated(self, logits, pooled, prepared.shown))

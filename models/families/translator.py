@@ -358,7 +358,9 @@ class Translator(nn.Module):
                 if not done[i]:
                     steps[i].append(step)
                     done[i] = len(finals[i]) >= k
-                    if not done[i] and t + 1 >= limits[i]:  # its limit: the live beams count as unfinished
+                    # its limit: the live beams count as unfinished hypotheses, also when this very step finished
+                    # the K-th hypothesis (transformers ranks them with the finished ones at the last step)
+                    if t + 1 >= limits[i]:
                         cut[i] = [(h, sc, p) for h, sc, p in zip(new_hist[i * k:], new_scores[i * k:],
                                                                  new_paths[i * k:])][:k]
                         done[i] = True

@@ -201,5 +201,5 @@ class ViT(nn.Module):
         tokens = self.token_labels()
         encoder = AttentionMap(weights=attention[0].float().cpu().numpy(), queries=tokens, keys=list(tokens))
         return ImageResult(image=prepared.shown, labels=list(self.labels), grid=self.grid, patch=cfg.patch,
-                           attention={"encoder": encoder}, notice=prepared.notice,
+                           attention={"encoder": encoder}, notice=prepared.notice, tensor=prepared.tensor,
                            prefix_tokens=self.num_prefix_tokens, **calibrated(self, logits, features, prepared.shown))

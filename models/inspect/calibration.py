@@ -6,8 +6,9 @@ Two problems a user meets with a model trained on 28×28 clothing images:
   softmax near 92 %, right or wrong. Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural
   Networks", §4.2) divides the logits by one scalar T, fitted by minimising the negative log-likelihood on a
   held-out split; the predicted class never changes, only how sure the model says it is.
-- **Inputs unlike anything it was trained on.** A photo of a cat still gets one of ten clothing classes. Three
-  measurements of the input, each with a threshold set on held-out Fashion-MNIST images, raise a notice:
+- **Inputs unlike anything it was trained on.** A photo of a cat or a drawn shoe outline still gets one of ten
+  clothing classes. Five measurements of the input, each with a threshold set on Fashion-MNIST images, raise a
+  notice:
   *background*: Fashion-MNIST objects sit on an exactly black background, so inside the box around the object a
   good share of pixels is near black; a photo fitted into 28×28 has a grey, textured background instead.
   *pixels*: the distance of the image from the 50-dimensional subspace that the training images' principal
@@ -15,6 +16,14 @@ Two problems a user meets with a model trained on 28×28 clothing images:
   *features*: the Mahalanobis distance of the model's final feature vector to the nearest class mean, with one
   covariance shared by the classes (Lee et al. 2018, "A Simple Unified Framework for Detecting Out-of-
   Distribution Samples", eq. 2), measured on the training split.
+  *enclosed*: the share of the background that the ink encloses (background pixels not reachable from the image's
+  border through background). A drawn outline of a shoe or a shirt encloses its inside; a Fashion-MNIST garment is
+  filled, so its background is almost all outside it.
+  *thin*: the share of the ink that lies in thin strokes (ink pixels not covered by any 3×3 square of ink, i.e.
+  removed by a morphological opening). A pen line fitted into 28×28 is one or two pixels wide; a garment's ink is
+  mostly solid, thin only along its rim.
+  The two shape checks are plain image statistics with nothing learned, so their limits are set on the training
+  split; the three others' on the validation split (their statistics were fitted on the training split).
 
 The fitted numbers live in ``calibration.safetensors`` in the checkpoint folder (listed in its manifest), written
 by ``python -m train.calibrate``; ``models.load`` attaches them as ``model.calibration``.
@@ -33,6 +42,9 @@ from safetensors.torch import load_file, save_file
 FILE = "calibration.safetensors"
 ARRAYS = ("means", "precision", "pixel_mean", "pixel_basis")  # Calibration's arrays, stored as tensors
 NUMBERS = ("temperature", "feature_limit", "background_limit", "pixel_limit", "false_alarms")  # and its numbers
+# the shape checks' limits; a file written before them lacks these and loads with the checks off (limit 1: a share
+# is never above it)
+SHAPE_NUMBERS = ("enclosed_limit", "thin_limit")
 BLACK = 4  # a pixel at most this bright (of 255) counts as background black in Fashion-MNIST's sense
 
 
@@ -45,6 +57,53 @@ def background_share(pixels: np.ndarray) -> float:
         return 1.0
     box = pixels[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
     return float((box <= BLACK).mean())
+
+
+def _batch(pixels: np.ndarray) -> np.ndarray:
+    p = np.asarray(pixels)
+    return p[None] if p.ndim == 2 else p
+
+
+def enclosed_share(pixels: np.ndarray) -> np.ndarray:
+    """Share of the background (pixels at most BLACK) that cannot be reached from the image's border through
+    background (4-connected), per uint8 image (N, H, W) or of one (H, W) (then an array of one). An image with no
+    background gives 0."""
+    background = _batch(pixels) <= BLACK
+    outside = np.zeros_like(background)
+    for edge in (np.s_[:, 0, :], np.s_[:, -1, :], np.s_[:, :, 0], np.s_[:, :, -1]):
+        outside[edge] = background[edge]
+    while True:  # grow the outside through background until it stops (at most H·W steps; ~30 for 28×28)
+        grown = outside.copy()
+        grown[:, 1:] |= outside[:, :-1]
+        grown[:, :-1] |= outside[:, 1:]
+        grown[:, :, 1:] |= outside[:, :, :-1]
+        grown[:, :, :-1] |= outside[:, :, 1:]
+        grown &= background
+        if np.array_equal(grown, outside):
+            break
+        outside = grown
+    total = background.sum((1, 2))
+    return (background & ~outside).sum((1, 2)) / np.maximum(total, 1)
+
+
+def _any_3x3(mask: np.ndarray, every: bool) -> np.ndarray:
+    """Per pixel of (N, H, W) bool: whether every (erosion) or any (dilation) pixel of its 3×3 square is set."""
+    H, W = mask.shape[1:]
+    padded = np.pad(mask, ((0, 0), (1, 1), (1, 1)), constant_values=False)
+    out = np.full(mask.shape, every)
+    for dy in range(3):
+        for dx in range(3):
+            window = padded[:, dy:dy + H, dx:dx + W]
+            out = (out & window) if every else (out | window)
+    return out
+
+
+def thin_share(pixels: np.ndarray) -> np.ndarray:
+    """Share of the ink (pixels brighter than BLACK) that no 3×3 square of ink covers (what a 3×3 opening
+    removes), per uint8 image (N, H, W) or of one (H, W). An image with no ink gives 0."""
+    ink = _batch(pixels) > BLACK
+    solid = _any_3x3(_any_3x3(ink, every=True), every=False)  # the opening: ink inside some 3×3 block of ink
+    return (ink & ~solid).sum((1, 2)) / np.maximum(ink.sum((1, 2)), 1)
 
 
 @dataclass(frozen=True)
@@ -60,6 +119,8 @@ class Calibration:
     background_limit: float  # background share below which the background counts as unusual
     pixel_limit: float  # reconstruction residual above which the pixels count as unusual
     false_alarms: float  # share of held-out Fashion-MNIST images flagged by any check (measured when fitted)
+    enclosed_limit: float = 1.0  # enclosed background share above which the image counts as an outline drawing
+    thin_limit: float = 1.0  # thin-stroke share of the ink above which the image counts as a line drawing
 
     def probs(self, logits: torch.Tensor) -> np.ndarray:
         """Calibrated softmax of one logit vector (C,), float32, sums to 1."""
@@ -76,15 +137,17 @@ class Calibration:
         return np.linalg.norm(c - (c @ self.pixel_basis.T) @ self.pixel_basis, axis=1)
 
     def measure(self, pixels: np.ndarray, features: np.ndarray) -> dict[str, np.ndarray]:
-        """The three checks' scores of uint8 images (N, H, W) with their final features (N, D)."""
+        """The five checks' scores of uint8 images (N, H, W) with their final features (N, D)."""
         return {"background": np.array([background_share(im) for im in pixels]),
-                "residual": self.pixel_residual(pixels), "distance": self.feature_distance(features)}
+                "residual": self.pixel_residual(pixels), "distance": self.feature_distance(features),
+                "enclosed": enclosed_share(pixels), "thin": thin_share(pixels)}
 
     def flagged(self, pixels: np.ndarray, features: np.ndarray) -> np.ndarray:
         """(N,) bool: the images any check flags (the rule of ``check``, for many images at once)."""
         m = self.measure(pixels, features)
         return ((m["background"] < self.background_limit) | (m["residual"] > self.pixel_limit)
-                | (m["distance"] > self.feature_limit))
+                | (m["distance"] > self.feature_limit) | (m["enclosed"] > self.enclosed_limit)
+                | (m["thin"] > self.thin_limit))
 
     def check(self, pixels: np.ndarray, features: np.ndarray) -> str:
         """A notice when one image (H, W) with its features (D,) looks unlike Fashion-MNIST (empty when it looks
@@ -100,6 +163,12 @@ class Calibration:
         if m["distance"] > self.feature_limit:
             reasons.append(f"its features lie far from every class the model learned (log Mahalanobis distance "
                            f"{m['distance']:.1f}, threshold {self.feature_limit:.1f})")
+        if m["enclosed"] > self.enclosed_limit:
+            reasons.append(f"its lines enclose {m['enclosed']:.0%} of the background, as an outline drawing does "
+                           f"(Fashion-MNIST garments are filled: {self.enclosed_limit:.0%} or less)")
+        if m["thin"] > self.thin_limit:
+            reasons.append(f"{m['thin']:.0%} of it is thin strokes, as in a line drawing (Fashion-MNIST images: "
+                           f"{self.thin_limit:.0%} or less)")
         if not reasons:
             return ""
         return ("⚠️ **This image looks unlike Fashion-MNIST**: " + "; ".join(reasons) + ". The model only knows ten "
@@ -108,8 +177,12 @@ class Calibration:
 
     def save(self, path: str | Path) -> None:
         tensors = {k: torch.from_numpy(np.ascontiguousarray(getattr(self, k))) for k in ARRAYS}
-        numbers = {k: float(getattr(self, k)) for k in NUMBERS}
+        numbers = {k: float(getattr(self, k)) for k in (*NUMBERS, *SHAPE_NUMBERS)}
         save_file(tensors, str(path), metadata={"numbers": json.dumps(numbers)})
+
+
+UNCHECKED = ("This model has no calibration file (`calibration.safetensors`, written by `python -m train.calibrate`): "
+             "its probabilities are the plain softmax and unusual inputs (photos, drawings) are not checked.")
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -118,7 +191,8 @@ def load_calibration(path: str | Path) -> Calibration:
     with open(path, "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     numbers = json.loads(header["__metadata__"]["numbers"])
-    return Calibration(**{k: tensors[k].double().numpy() for k in ARRAYS}, **{k: float(numbers[k]) for k in NUMBERS})
+    return Calibration(**{k: tensors[k].double().numpy() for k in ARRAYS}, **{k: float(numbers[k]) for k in NUMBERS},
+                       **{k: float(numbers[k]) for k in SHAPE_NUMBERS if k in numbers})
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -175,7 +249,8 @@ def calibrated(model: torch.nn.Module, logits: torch.Tensor, features: torch.Ten
     need not read one vector (DeiT averages two heads)."""
     calibration: Calibration | None = getattr(model, "calibration", None)
     if calibration is None:
+        fashion = getattr(getattr(model, "config", None), "input", "") == "fashion"
         return {"probs": torch.softmax(logits.float(), dim=-1).cpu().numpy().astype(np.float32), "temperature": 1.0,
-                "unusual": ""}
+                "unusual": UNCHECKED if fashion else ""}
     return {"probs": calibration.probs(logits), "temperature": calibration.temperature,
             "unusual": calibration.check(shown, features.double().cpu().numpy())}

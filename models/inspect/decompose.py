@@ -304,4 +304,8 @@ def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
         from models.families.deberta import pre_softmax_scores
 
         return pre_softmax_scores(model, ids).float().cpu().numpy()
+    if getattr(model.config, "family", "") == "t5":  # T5: q·k + the relative position bias, its own (no walk)
+        from models.families.t5 import pre_softmax_scores as t5_scores
+
+        return t5_scores(model, ids).float().cpu().numpy()
     return np.stack([scores.float().cpu().numpy() for _, _, _, scores, _ in _walk(plan(model, ids), [])])

@@ -81,6 +81,11 @@ def qk_vectors(model: nn.Module, ids: Sequence[int], layer: int) -> tuple[torch.
     of its query heads), float64 on the model's device, and whether the layer is causal. The walk stops at
     ``layer``: nothing after it runs. Raises ValueError as ``check``."""
     check(model, ids, layer, 0)
+    if getattr(model.config, "family", "") == "t5":  # T5's encoder: RMSNorm, no biases (models/families/t5.py)
+        from models.families.t5 import encoder_qk
+
+        q, k, _ = encoder_qk(model, ids, layer)
+        return q.double(), k.double(), False
     positions = range(len(ids))
     for i, attn, inp, _, _ in _walk(plan(model, ids), []):
         if i == layer:
@@ -132,11 +137,15 @@ def qk_projection(model: nn.Module, ids: Sequence[int], layer: int, head: int, s
 
 
 def from_vectors(q: torch.Tensor, k: torch.Tensor, layer: int, head: int, causal: bool,
-                 scale: bool = True) -> QKProjection:
+                 scale: bool = True, score_scale: float | None = None,
+                 bias: torch.Tensor | None = None) -> QKProjection:
     """A ``QKProjection`` from one head's queries (T, d) and keys (T, d) (any float dtype, any device); the scores
-    and their softmax in float64, returned as float32."""
+    and their softmax in float64, returned as float32. ``score_scale``: the model's (None: 1/√d; T5: 1); ``bias``
+    (T, T): what the model adds to q·k (T5's relative position bias)."""
     t, d = q.shape
-    s = q.double() @ k.double().T / math.sqrt(d)  # (T, T)
+    s = q.double() @ k.double().T * (1 / math.sqrt(d) if score_scale is None else score_scale)  # (T, T)
+    if bias is not None:
+        s = s + bias.to(s.device, s.dtype)
     if causal:
         s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     w = torch.softmax(s, -1)

@@ -108,3 +108,88 @@ def _tied(name: str, config: Any) -> bool:
     if name == "tgt_embed.weight":
         return config.tie_embeddings
     return name == "generator.weight" and (config.tie_embeddings or config.tie_output)
+
+
+def t5_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``T5ForConditionalGeneration`` config and weights -> ``models.families.t5.T5``, with the folder's
+    tokenizer.json (``models.io.tokenizer.T5Tokenizer``) and the English → German task prefix of the config's
+    ``task_specific_params`` attached. ``feed_forward_proj`` "relu" (T5) or "gated-gelu" (v1.1, Flan); the output
+    projection is ``lm_head.weight`` when the folder has one (untied), else the shared table; the d_model^-0.5
+    rescale as the config says (``scale_decoder_outputs``, else ``tie_word_embeddings`` not false)."""
+    from models.families.t5 import ACTIVATIONS, T5, T5Config
+    from models.io.tokenizer import T5Tokenizer
+
+    where = Path(where)
+    folder = where.parent
+    proj = str(hf.get("feed_forward_proj", "relu"))
+    parts = proj.split("-")
+    act = "gelu_new" if proj == "gated-gelu" else parts[-1]
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or act not in ACTIVATIONS:
+        raise CheckpointError(where, f"feed_forward_proj {proj!r} is not supported (relu, gelu, silu, optionally "
+                                     "gated-)")
+    gen = {**hf, **_generation(folder)}
+    pad, eos = int(hf.get("pad_token_id", 0)), gen.get("eos_token_id", hf.get("eos_token_id", 1))
+    eos = int(eos[0] if isinstance(eos, list) else eos)
+    s = {k: v for k, v in state.items() if not k.startswith("encoder.embed_tokens")
+         and not k.startswith("decoder.embed_tokens")}
+    untied = "lm_head.weight" in s and not _same(s["lm_head.weight"], s.get("shared.weight"))
+    scale = hf.get("scale_decoder_outputs")
+    scale = bool(hf.get("tie_word_embeddings", True) is not False) if scale is None else bool(scale)
+    task = (hf.get("task_specific_params") or {}).get("translation_en_to_de") or {}
+    n_enc = int(hf["num_layers"])
+    config = T5Config(
+        vocab_size=int(hf["vocab_size"]), d_model=int(hf["d_model"]), n_heads=int(hf["num_heads"]),
+        n_enc_layers=n_enc, n_dec_layers=int(hf.get("num_decoder_layers") or n_enc), d_ff=int(hf["d_ff"]),
+        dropout=0.0, tie_embeddings=True, norm_first=True, max_len=int(gen.get("n_positions", 512) or 512),
+        pad_id=pad, bos_id=int(gen.get("decoder_start_token_id", pad)), eos_id=eos, family="t5",
+        activation=act, scale_embedding=False, tie_output=not untied, d_head=int(hf.get("d_kv", 64)),
+        num_buckets=int(hf.get("relative_attention_num_buckets", 32)),
+        max_distance=int(hf.get("relative_attention_max_distance", 128)), gated=len(parts) == 2,
+        eps=float(hf.get("layer_norm_epsilon", 1e-6)), scale_output=scale, prefix=str(task.get("prefix", "")))
+    ours: dict[str, Tensor] = {"src_embed.weight": s["shared.weight"]}
+    if untied:
+        ours["generator.weight"] = s["lm_head.weight"]
+    attn = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
+    ff = {"wi": "wi", "wo": "wo"} if not config.gated else {"wi_0": "wi", "wi_1": "wi_1", "wo": "wo"}
+    for stack, n, blocks in (("encoder", config.n_enc_layers, ("SelfAttention", "ff")),
+                             ("decoder", config.n_dec_layers, ("SelfAttention", "EncDecAttention", "ff"))):
+        for i in range(n):
+            for j, block in enumerate(blocks):
+                theirs = f"{stack}.block.{i}.layer.{j}"
+                ours[f"{stack}.{i}.norm{j + 1}.weight"] = s[f"{theirs}.layer_norm.weight"]
+                if block == "ff":
+                    for t, m in ff.items():
+                        ours[f"{stack}.{i}.ff.{m}.weight"] = s[f"{theirs}.DenseReluDense.{t}.weight"]
+                else:
+                    mine = "self_attn" if block == "SelfAttention" else "cross_attn"
+                    for t, m in attn.items():
+                        ours[f"{stack}.{i}.{mine}.{m}.weight"] = s[f"{theirs}.{block}.{t}.weight"]
+        bias = "enc_bias" if stack == "encoder" else "dec_bias"
+        ours[f"{bias}.table.weight"] = s[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+        ours[f"{'enc' if stack == 'encoder' else 'dec'}_norm.weight"] = s[f"{stack}.final_layer_norm.weight"]
+    model = T5(config)
+    expected = model.state_dict()
+    for name, t in ours.items():
+        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
+            raise CheckpointError(folder / "model.safetensors", f"tensor for {name} has shape {tuple(t.shape)}, "
+                                                                f"the config says {tuple(expected[name].shape)}")
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    missing = [m for m in missing if not (m == "generator.weight" and config.tie_output)
+               and not (m == "tgt_embed.weight")]
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit T5: missing {missing}, unexpected {unexpected}")
+    if not (folder / "tokenizer.json").is_file():
+        spiece = " (spiece.model alone is not read: save the tokenizer with transformers to write tokenizer.json)" \
+            if (folder / "spiece.model").is_file() else ""
+        raise CheckpointError(folder / "tokenizer.json", f"no tokenizer.json{spiece}")
+    try:
+        model.tokenizer = T5Tokenizer(folder / "tokenizer.json", max_tokens=config.max_len, prefix=config.prefix)
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise CheckpointError(folder / "tokenizer.json", f"no usable T5 tokenizer: {err}") from None
+    model.labels, model.text = [], {}
+    return model
+
+
+def _same(a: Tensor, b: Tensor | None) -> bool:
+    """Whether an lm_head is the shared table itself (a folder that stored both)."""
+    return b is not None and a.shape == b.shape and bool((a == b).all())

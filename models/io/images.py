@@ -25,10 +25,13 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: the upload preview (PIL and numpy only) never waits
+    import torch  # for it (seconds on a cold start)
 
 # The single pixel limit for images (docs/ARCHITECTURE.md §4). Over it, a JPEG file is decoded at a reduced
 # scale (cheap: libjpeg's DCT scaling) and an image already in memory is reduced, each with a notice; any other
@@ -40,6 +43,7 @@ from models.limits import MAX_IMAGE_PIXELS  # noqa: E402 (one place for every li
 Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
 
 FASHION_SIZE = 28  # Fashion-MNIST side (Xiao et al. 2017)
+FASHION_DECODE = 8 * FASHION_SIZE  # a large JPEG is decoded at no fewer pixels a side than this (open_image)
 # Normalisation of Fashion-MNIST pixels in [0, 1]: the training set's mean and standard deviation.
 FASHION_MEAN = 0.2860
 FASHION_STD = 0.3530
@@ -63,11 +67,13 @@ class PreparedImage:
 
 
 # --------------------------------------------------------------------------------------------- loading
-def open_image(image: ImageInput) -> tuple[Image.Image, str]:
+def open_image(image: ImageInput, at_least: int | None = None) -> tuple[Image.Image, str]:
     """Any supported input -> (PIL image with every pixel decoded, notice).
 
     Accepts a PIL image, a numpy array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), encoded bytes or a path.
-    The first frame of an animated image is used and the EXIF orientation applied.
+    The first frame of an animated image is used and the EXIF orientation applied. ``at_least``: the caller only
+    needs this many pixels on each side, so a JPEG file much larger than that is decoded at 1/2, 1/4 or 1/8 scale
+    (libjpeg's DCT scaling: a 6000×6000 photo for a 28×28 input decodes about 8× faster), never below it.
     """
     notice = ""
     if isinstance(image, np.ndarray):
@@ -95,8 +101,11 @@ def open_image(image: ImageInput) -> tuple[Image.Image, str]:
     w, h = img.size
     if w < 1 or h < 1:
         raise ValueError("The image has no pixels.")
+    encoded = not isinstance(image, (np.ndarray, Image.Image))
     if w * h > MAX_IMAGE_PIXELS:
-        img, notice = _reduce_large(img, encoded=not isinstance(image, (np.ndarray, Image.Image)))
+        img, notice = _reduce_large(img, encoded=encoded)
+    elif at_least and encoded and img.format == "JPEG" and min(w, h) >= 2 * at_least:
+        img.draft(img.mode, (at_least, at_least))  # the largest DCT reduction keeping both sides >= at_least
     try:
         img.load()  # decode now, so truncated files fail here with a clear message
         img = ImageOps.exif_transpose(img) or img
@@ -216,9 +225,10 @@ def fashion_array(image: ImageInput, size: int = FASHION_SIZE) -> tuple[np.ndarr
 
     Grey, inverted when the background is light, fitted into size×size keeping the aspect ratio (the
     longer side becomes ``size``) and padded with black. A 28×28 dark-background image (a Fashion-MNIST
-    sample) passes through unchanged.
+    sample) passes through unchanged. A large JPEG is decoded at reduced scale, at least FASHION_DECODE pixels a
+    side (8 source pixels per output pixel for the filter).
     """
-    img, notice = open_image(image)
+    img, notice = open_image(image, at_least=max(FASHION_DECODE, 8 * size))
     grey = to_grey(img)
     notes = [notice] if notice else []
     if light_background(np.asarray(grey)):
@@ -241,6 +251,8 @@ def fashion_tensor(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
 
     The training code uses this function too, so a model sees the same numbers in the app as in training.
     """
+    import torch
+
     # numpy pixels are prepared on the CPU (the caller moves the result to the model's device); a tensor stays put
     t = pixels if isinstance(pixels, torch.Tensor) else torch.as_tensor(np.asarray(pixels), device="cpu")
     t = t.to(torch.float32).div(255.0).unsqueeze(-3)  # (..., 1, H, W)
@@ -260,10 +272,11 @@ def prepare_imagenet(
     """Any image -> what an ImageNet model expects, as torchvision's ``ImageClassification`` transform:
     RGB, shorter side resized to ``resize`` (antialiased), centre crop ``crop``×``crop``, scaled to [0, 1]
     and normalised with the ImageNet mean/std. Returns tensor (1, 3, crop, crop) and the uint8 crop."""
+    import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as TF
 
-    img, notice = open_image(image)
+    img, notice = open_image(image, at_least=max(resize, crop))
     rgb = to_rgb(img)
     mode = InterpolationMode(interpolation)
     rgb = TF.center_crop(TF.resize(rgb, [resize], interpolation=mode, antialias=True), [crop, crop])
@@ -316,6 +329,7 @@ def prepare_processor(image: ImageInput, spec: dict) -> PreparedImage:
     """Any image -> what a Hugging Face image classifier expects (``spec`` from ``processor_spec``). The
     resize is torchvision's v2 one on the uint8 tensor, as transformers' image processors run it (its uint8
     kernel rounds a few pixels one level differently from the v1 float path)."""
+    import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
 

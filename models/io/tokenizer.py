@@ -329,3 +329,36 @@ class MarianTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return len(self.names)
+
+
+class T5Tokenizer(JsonTokenizer):
+    """A T5 folder's tokenizer.json (a SentencePiece unigram model in ``tokenizers`` form): the text's pieces, then
+    ``</s>`` (no ``<s>``: T5 sources have none), exactly as transformers' T5 tokenizer encodes it; ``prefix`` (the
+    task prefix, "translate English to German: ") is put before the text, so every view sees the sentence the
+    model translates. Decoding starts from ``<pad>`` (the decoder's first input)."""
+
+    def __init__(self, path: str | Path, max_tokens: int = 512, prefix: str = "") -> None:
+        super().__init__(path, {"nfkc": False}, max_tokens)  # the tokenizer's own normaliser decides
+        self.prefix = prefix
+        self.eos_id = self.tk.token_to_id("</s>")
+        self.pad_id = self.tk.token_to_id("<pad>")
+        if self.eos_id is None or self.pad_id is None:
+            raise ValueError("a T5 tokenizer.json needs the pieces </s> and <pad>")
+        self.bos_id = self.pad_id
+
+    def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> Encoded:
+        """``prefix + text``'s pieces then ``</s>``, cut at the cap with ``</s>`` kept."""
+        cap = self.max_tokens if max_tokens is None else max_tokens
+        ids, pieces = self._encode_pieces(self.prefix + self.normalize(text))
+        n_special = 1 if add_special else 0
+        notice = ""
+        if len(ids) + n_special > cap:
+            notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
+            ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
+        if add_special:
+            ids, pieces = [*ids, self.eos_id], [*pieces, "</s>"]
+        return Encoded(ids, pieces, notice)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self.tk.get_vocab(with_added_tokens=True)

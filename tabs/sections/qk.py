@@ -50,9 +50,18 @@ class Section:
 
 # ------------------------------------------------------------------------------------------------ layout
 def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list[int], list[str]]],
-            query_default: int = -1) -> Section:
+            query_default: int = -1, extra: list | None = None) -> Section:
     """The section, closed until opened. ``state`` is the tab's kept input (what ``sequence`` reads);
-    ``query_default``: the query ringed at first (−1: the last token; a classifier's [CLS] / <s> is 0)."""
+    ``query_default``: the query ringed at first (−1: the last token; a classifier's [CLS] / <s> is 0); ``extra``:
+    more of the tab's controls that say what to run (Translate's model), appended to the API action's inputs and
+    handed to ``sequence`` with the state as one tuple ``(state, *extra)``."""
+    extra = list(extra or [])
+
+    def joined(st, ex):  # the state and the extra controls' values, as ``sequence`` reads them
+        if not extra or not st or (isinstance(st, str) and not st.strip()):
+            return st
+        return (read_text(st) if isinstance(st, str) else st, *ex)
+
     drawn = gr.State(False)  # whether a figure is shown, so a new run redraws it
     with gr.Accordion("Queries and keys of one head (Q/K scatter)", open=False, elem_id=f"{tab}-qk-section") as box:
         gr.Markdown(TEXT)
@@ -69,31 +78,32 @@ def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list
         # a click on a point writes "position,n" here (app.py's page script); hidden by CSS so the script finds it
         cell = gr.Textbox(elem_id=f"{tab}-qk-cell", elem_classes=["atlas-hidden"], show_label=False, container=False)
 
-    def draw_state(st, lay, hd, q, sc):
-        return (*draw(sequence, st, lay, hd, q, sc), True)
+    def draw_state(st, lay, hd, q, sc, *ex):
+        return (*draw(sequence, joined(st, ex), lay, hd, q, sc), True)
 
-    args, outs = [state, layer, head, query, scale], [note, plot, drawn]
+    args, outs = [state, layer, head, query, scale, *extra], [note, plot, drawn]
     run.click(draw_state, args, outs, api_name=f"{tab}_qk", concurrency_limit=2)
     def on_open(st, dr, *values):
         if not st:
             return gr.update(value="Run the model first: the view is drawn for the tab's current input."), None, False
         return draw_state(st, *values) if not dr else (gr.update(),) * 3
 
-    def redraw(st, lay, hd, q, sc):  # a box being typed in (empty for a moment) waits for its number
+    def redraw(st, lay, hd, q, sc, *ex):  # a box being typed in (empty for a moment) waits for its number
         if not st or lay is None or hd is None or q is None:
             return (gr.update(),) * 3
-        return draw_state(st, lay, hd, q, sc)
+        return draw_state(st, lay, hd, q, sc, *ex)
 
-    box.expand(on_open, [state, drawn, layer, head, query, scale], outs, api_name=False, show_progress="minimal")
+    box.expand(on_open, [state, drawn, layer, head, query, scale, *extra], outs, api_name=False,
+               show_progress="minimal")
     for event in (layer.input, head.input, query.submit, scale.input):
         event(redraw, args, outs, api_name=False, show_progress="hidden")
     cell.change(lambda c: gr.update(value=clicked(c)), [cell], [query], api_name=False, show_progress="hidden"
                 ).then(draw_state, args, outs, api_name=False, show_progress="hidden")
 
-    def follow_state(st, dr, lay, hd, q, sc):
-        return follow(sequence, st, dr, lay, hd, q, sc)
+    def follow_state(st, dr, lay, hd, q, sc, *ex):
+        return follow(sequence, joined(st, ex), dr, lay, hd, q, sc)
 
-    return Section(layer, head, query, (follow_state, [state, drawn, layer, head, query, scale],
+    return Section(layer, head, query, (follow_state, [state, drawn, layer, head, query, scale, *extra],
                                         [layer, head, query, note, plot], {"show_progress": "hidden"}))
 
 
@@ -145,7 +155,12 @@ def qk_view(name: str, ids: list[int], tokens: list[str], layer: Any, head: Any,
     layer, head = index(layer, n_layers(net), "layer"), index(head, int(net.config.n_heads), "head")
     query = index(query, len(ids), "query position")
     q, k, causal = layer_vectors(name, net, list(ids), layer)
-    p = from_vectors(q[head], k[head], layer, head, causal, bool(scale))
+    terms = {}
+    if getattr(net.config, "family", "") == "t5":  # unscaled q·k plus the relative position bias of each offset
+        from models.families.t5 import encoder_qk
+
+        terms = {"score_scale": 1.0, "bias": encoder_qk(net, list(ids), 0)[2][head]}
+    p = from_vectors(q[head], k[head], layer, head, causal, bool(scale), **terms)
     subtitle = (f"{esc(name)} · {len(ids)} tokens · queries × α, keys ÷ α + c (α = {p.alpha:.2f}), PCA of both"
                 if scale else f"{esc(name)} · {len(ids)} tokens · keys + c, not scaled, PCA of both")
     fig = vq.qk_scatter(p.points, tokens, p.weights, query=query, explained=p.explained, subtitle=subtitle,

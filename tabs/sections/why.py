@@ -27,7 +27,8 @@ Click a cell of the heatmap above (one head, not the mean), or pick a query and 
 q·k/√d_k of that cell is split into the parts of the residual stream that make up the query and the key (token
 and position embeddings, each earlier head, each earlier MLP, the biases), with every LayerNorm frozen at the scale
 it computed on this input: the terms add up to the score exactly. It shows *which parts meet* in the dot product;
-it does not say that the head would fail without them (for that, ablate or patch)."""
+it does not say that the head would fail without them (for that, ablate or patch). DeBERTa's disentangled attention
+is split into its own three terms instead: content→content, content→position and position→content."""
 
 
 SINK_TEXT = """**Attention sinks.** Softmax has to put all of a row's weight somewhere, so a head with nothing useful
@@ -118,6 +119,8 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     query, key = index(query, len(ids), "query position"), index(key, len(ids), "key position")
     if registry.is_family(net, "deberta"):  # disentangled attention: content and position terms, not residual parts
         return why_disentangled(net, ids, tokens, layer, head, query, key, name)
+    if getattr(c, "family", "") == "t5":  # T5: content plus the learned bias of the offset's bucket
+        return why_relative_bias(net, ids, tokens, layer, head, query, key, name)
     try:
         d = decompose_score(net, ids, layer, head, query, key)
     except ValueError as err:
@@ -136,16 +139,18 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
 def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
                      name: str = ""):
     """DeBERTa's score split into content→content, content→position and position→content (He et al. 2021, eq. 4):
-    a 2 × 2 table (query part × key part; position→position is not in DeBERTa), the row and its softmax."""
+    a 2 × 2 table (query part × key part; position→position is not a term of DeBERTa's: left empty), the row and its
+    softmax."""
     from models.families.deberta import disentangled_split
 
     d = disentangled_split(net, ids, layer, head, query, key)
     parts = ["content", f"relative position (bucket {d.bucket})"]
-    table = np.array([[d.c2c, d.c2p], [d.p2c, 0.0]])
+    table = np.array([[d.c2c, d.c2p], [d.p2c, np.nan]])
     row, soft = np.array(d.row), np.array(d.softmax_row)
     title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
              + (f" · {name}" if name else ""))
-    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
+                                 split="content→content + content→position + position→content")
     summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
                f"(distance {d.distance}, relative bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} "
                f"after the softmax over {len(row)} keys. DeBERTa's disentangled attention adds three terms, each over "
@@ -156,6 +161,36 @@ def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: i
     components = [{"query_part": "content", "key_part": "content", "value": d.c2c},
                   {"query_part": "content", "key_part": "relative position", "value": d.c2p},
                   {"query_part": "relative position", "key_part": "content", "value": d.p2c}]
+    return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
+                          "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
+                          "bucket": d.bucket}
+
+
+def why_relative_bias(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
+                      name: str = ""):
+    """T5's encoder score split into content q_i·k_j and the head's learned bias of the offset's bucket (Raffel et al.
+    2020, §2.1; no 1/√d_k): a 2 × 2 table (query part × key part, the bias on the position × position cell, the two
+    cells that are not terms left empty), the row and its softmax."""
+    from models.families.t5 import bias_split
+
+    d = bias_split(net, ids, layer, head, query, key)
+    parts = ["content", f"relative position (bucket {d.bucket})"]
+    table = np.array([[d.content, np.nan], [np.nan, d.position]])  # the cross cells are not terms of T5's: empty
+    row, soft = np.array(d.row), np.array(d.softmax_row)
+    title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
+             + (f" · {name}" if name else ""))
+    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
+                                 split="content (q·k) + relative position bias")
+    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
+               f"(offset {key - query:+d}, bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} after "
+               f"the softmax over {len(row)} keys. T5 adds to each query·key product (not divided by √d_k) a learned "
+               "bias per head for the bucket of the offset, shared by every layer (the Positional tab draws them):\n\n"
+               "| term | value |\n| --- | ---: |\n"
+               f"| content (q_i · k_j) | {d.content:+.3f} |\n"
+               f"| relative position bias (bucket {d.bucket}) | {d.position:+.3f} |\n"
+               f"| **sum = score** | **{d.score:+.3f}** |")
+    components = [{"query_part": "content", "key_part": "content", "value": d.content},
+                  {"query_part": "relative position", "key_part": "relative position", "value": d.position}]
     return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
                           "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
                           "bucket": d.bucket}
