@@ -56,10 +56,17 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     # T5 (60 M): model.safetensors and tokenizer.json on main; its config names the en -> de task prefix
     ("translate", "google-t5/t5-small", None),
     ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
+    # RoBERTa sentiment (negative / neutral / positive, tweets): safetensors on the conversion branch refs/pr/8,
+    # its tokenizer as vocab.json + merges.txt (no tokenizer.json: models/io/tokenizer.folder_tokenizer reads them)
+    ("classify", "cardiffnlp/twitter-roberta-base-sentiment-latest", "refs/pr/8"),
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
+    # DeiT-Ti distilled (5.9 M, ImageNet-1k, with its distillation token): safetensors on refs/pr/3
+    ("vision", "facebook/deit-tiny-distilled-patch16-224", "refs/pr/3"),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
+                       "facebook/deit-tiny-distilled-patch16-224": "deit",
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
+                       "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
                        "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "translator"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab

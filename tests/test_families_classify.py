@@ -98,6 +98,11 @@ def test_each_tab_offers_its_hub_models() -> None:
                 assert kind in catalogue.family(name).tabs
     assert catalogue.family("microsoft/swin-tiny-patch4-window7-224").methods == registry.GRADIENT_METHODS
     assert "Helsinki-NLP/opus-mt-en-de" in catalogue.text_models()
+    # issue 49: real models of two classifier families (DistilBERT, RoBERTa), a DeiT and a Swin, two translators
+    assert {"distilbert/distilbert-base-uncased-finetuned-sst-2-english",
+            "cardiffnlp/twitter-roberta-base-sentiment-latest"} <= set(catalogue.downloadable("classify"))
+    assert catalogue.family("facebook/deit-tiny-distilled-patch16-224").name == "deit"
+    assert {"Helsinki-NLP/opus-mt-en-de", "google-t5/t5-small"} <= set(catalogue.downloadable("translate"))
 
 
 def test_every_explanation_and_its_deletion_curve_run(folder) -> None:

@@ -231,7 +231,8 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
     """A Hugging Face folder's tokenizer as a ``tokenizers.Tokenizer``: its tokenizer.json, or else the older
     files, assembled into the pipeline those files mean: BERT's ``vocab.txt`` (BERT normaliser with the
     folder's ``do_lower_case`` / ``strip_accents`` / ``tokenize_chinese_chars``, BERT pre-tokeniser, WordPiece,
-    ``[CLS] … [SEP]``) or GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE, no specials added). Raises
+    ``[CLS] … [SEP]``), GPT-2's ``vocab.json`` + ``merges.txt`` (byte-level BPE, no specials added) or RoBERTa's
+    (the same BPE, ``<s> … </s>``). Raises
     ``FileNotFoundError`` naming what is missing."""
     import json
 
@@ -262,20 +263,33 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
             single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
             special_tokens=[(cls, vocab.get(cls, 2)), (sep, vocab.get(sep, 3))])
         return tk
-    if model_type == "gpt2" and (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+    if model_type in ("gpt2", "roberta") and (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
         merges = [tuple(line.split(" ")) for line in (folder / "merges.txt").read_text(encoding="utf-8").split("\n")
                   if line and not line.startswith("#version") and len(line.split(" ")) == 2]
         tk = HFTokenizer(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
                              fuse_unk=False))
-        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(options.get("add_prefix_space", False)))
+        prefix = bool(options.get("add_prefix_space", False))
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix)
         tk.decoder = decoders.ByteLevel()
-        end = str(options.get("eos_token") or "<|endoftext|>")
-        if end in vocab:
-            tk.add_special_tokens([end])
+        if model_type == "gpt2":  # no specials added around the text
+            end = str(options.get("eos_token") or "<|endoftext|>")
+            if end in vocab:
+                tk.add_special_tokens([end])
+            return tk
+        # RoBERTa: the same byte-level BPE, the text between <s> and </s> (RobertaProcessing), as transformers' own
+        names = {k: str(options.get(f"{k}_token") or default) for k, default in
+                 (("bos", "<s>"), ("eos", "</s>"), ("pad", "<pad>"), ("unk", "<unk>"), ("mask", "<mask>"))}
+        missing = [n for n in (names["bos"], names["eos"]) if n not in vocab]
+        if missing:
+            raise ValueError(f"vocab.json has no {' or '.join(missing)}")
+        tk.add_special_tokens([n for n in names.values() if n in vocab])
+        tk.post_processor = processors.RobertaProcessing((names["eos"], vocab[names["eos"]]),
+                                                         (names["bos"], vocab[names["bos"]]),
+                                                         trim_offsets=True, add_prefix_space=prefix)
         return tk
     wanted = {"bert": "vocab.txt", "distilbert": "vocab.txt", "electra": "vocab.txt",
-              "gpt2": "vocab.json and merges.txt"}.get(model_type)
+              "gpt2": "vocab.json and merges.txt", "roberta": "vocab.json and merges.txt"}.get(model_type)
     raise FileNotFoundError("no tokenizer.json" + (f" (nor {wanted})" if wanted else ""))
 
 
