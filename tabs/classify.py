@@ -65,7 +65,8 @@ the residual stream) from a clean into a corrupted sentence and measures how muc
 it shows where the difference between the two sentences is carried, not what the head does elsewhere.
 
 **Real classifiers can be picked as the model**: `distilbert/distilbert-base-uncased-finetuned-sst-2-english`
-(DistilBERT fine-tuned on SST-2, downloaded from the Hugging Face Hub on first use), and any RoBERTa, DistilBERT,
+(DistilBERT fine-tuned on SST-2) and `cardiffnlp/twitter-roberta-base-sentiment-latest` (RoBERTa, negative / neutral /
+positive), downloaded from the Hugging Face Hub on first use, and any RoBERTa, DistilBERT,
 ELECTRA, ALBERT, BERT or DeBERTa-v2/v3 sequence classifier the server is configured with. For ALBERT the layers of the
 model view are passes of one shared layer; for DeBERTa *why* splits a score into content and relative-position terms."""
 TASKS = {"SST-2 sentiment": "sst2", "AG News topic": "agnews"}

@@ -57,7 +57,8 @@ the *deletion curve* tests every method on this image: grey out the patches a me
 the class probability; the faster it falls, the more faithful the ranking.
 
 **Real models can be picked**: ViT-B/16 and Swin-T on ImageNet (torchvision), `microsoft/swin-tiny-patch4-window7-224`
-(a Hugging Face Swin, downloaded on first use), and any ViT, DeiT or Swin classifier the server is configured with."""
+(a Hugging Face Swin) and `facebook/deit-tiny-distilled-patch16-224` (DeiT-Ti with its distillation token), both
+downloaded on first use, and any ViT, DeiT or Swin classifier the server is configured with."""
 SHOWN_SIDE = 336  # pixels of the clickable "what the model saw" image
 PREVIEW_SIDE = 160  # pixels of the upload preview and of what the model will see
 FASHION = catalogue.SHIPPED["vision"]  # the models that see 28×28 grey (the others: what their preprocessing crops)
