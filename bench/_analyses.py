@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 TEXT = "A man in a blue shirt is riding a bicycle down the street."
-KINDS = ("GPT", "TextClassifier", "BertClassifier", "Translator", "ViT", "Swin")
+KINDS = ("GPT", "Mamba", "TextClassifier", "BertClassifier", "Translator", "ViT", "Swin")
 
 
 def _image(model: nn.Module) -> np.ndarray:
@@ -128,9 +128,22 @@ def _vision(model: nn.Module, quick: bool) -> dict[str, np.ndarray]:
     return out
 
 
+def _mamba(model: nn.Module, quick: bool) -> dict[str, np.ndarray]:
+    """What Generate shows for a Mamba: the generation through the recurrent state, its implicit attention
+    (channels averaged, and one channel), the next-token distribution and the logit lens."""
+    ids = model.repeated_tokens(6, seed=0)
+    g = model.generate(ids[:5], max_new_tokens=6)
+    lens = model.logit_lens(ids)
+    return {"generate_ids": np.array(g.ids), "generate_attention": g.attention["decoder"].weights,
+            "generate_surprisal": np.nan_to_num(g.surprisal, nan=0.0),
+            "implicit_attention_channel": model.implicit_attention(ids, channel=1),
+            "next_token_probs": model.next_token_probs(ids),
+            "logit_lens": lens.top_probs, "logit_lens_target": lens.target_probs}
+
+
 RUNNERS: dict[str, Callable[[nn.Module, bool], dict[str, np.ndarray]]] = {
-    "GPT": _gpt, "TextClassifier": _classifier, "BertClassifier": _classifier, "Translator": _translator,
-    "ViT": _vision, "Swin": _vision}
+    "GPT": _gpt, "Mamba": _mamba, "TextClassifier": _classifier, "BertClassifier": _classifier,
+    "Translator": _translator, "ViT": _vision, "Swin": _vision}
 
 
 def run_all(model: nn.Module, quick: bool = False) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ import torch
 import models
 from bench._analyses import run_all
 
-NAMES = ("gpt-tiny", "sst2", "minilm-sst2", "translator-en-de", "vit-fashion", "swin-fashion")
+NAMES = ("gpt-tiny", "mamba-tiny", "sst2", "minilm-sst2", "translator-en-de", "vit-fashion", "swin-fashion")
 
 
 @pytest.fixture(scope="module")

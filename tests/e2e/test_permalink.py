@@ -109,8 +109,10 @@ def test_vision_link_restores_the_example_and_the_clicked_patch(page, opened) ->
     open_tab(page, "Vision")
     panel = _panel(page)
     panel.get_by_text("7-sneaker-t10k-9.png").click()  # one of the tab's Fashion-MNIST examples
+    # classify once the example is in the upload (its preview shows), with room for a loaded machine
+    expect(page.locator("#vision-will-see img")).to_be_visible(timeout=60_000)
     panel.get_by_role("button", name="Classify image", exact=True).click()
-    wait_for_plots(page, 5)
+    wait_for_plots(page, 5, timeout=120_000)
     seen = page.locator("#seen-image img")
     seen.wait_for(timeout=30_000)
     page.wait_for_timeout(500)
