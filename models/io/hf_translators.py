@@ -85,12 +85,7 @@ def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
             for kind in ("weight", "bias"):
                 ours[f"decoder.{i}.{mine}.{kind}"] = s[f"decoder.layers.{i}.{theirs}.{kind}"]
     model = Translator(config)
-    expected = model.state_dict()
-    for name, t in ours.items():
-        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
-            raise CheckpointError(folder / "model.safetensors", f"tensor for {name} has shape {tuple(t.shape)}, "
-                                                                f"the config says {tuple(expected[name].shape)}")
-    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    missing, unexpected = _load_checked(model, ours, folder)
     missing = [m for m in missing if not _tied(m, config)]
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit Marian: missing {missing}, unexpected {unexpected}")
@@ -101,6 +96,17 @@ def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
                                                      f"vocab.json): {err}") from None
     model.labels, model.text = [], {}
     return model
+
+
+def _load_checked(model: Any, ours: dict[str, Tensor], folder: Path) -> tuple[list[str], list[str]]:
+    """Load the mapped tensors into ``model`` (float32), refusing by name one whose shape the config contradicts;
+    returns (missing, unexpected) names for the caller, who knows which are tied and may be absent."""
+    expected = model.state_dict()
+    for name, t in ours.items():
+        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
+            raise CheckpointError(folder / "model.safetensors", f"tensor for {name} has shape {tuple(t.shape)}, "
+                                                                f"the config says {tuple(expected[name].shape)}")
+    return model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
 
 
 def _tied(name: str, config: Any) -> bool:
@@ -168,12 +174,7 @@ def t5_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | st
         ours[f"{bias}.table.weight"] = s[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
         ours[f"{'enc' if stack == 'encoder' else 'dec'}_norm.weight"] = s[f"{stack}.final_layer_norm.weight"]
     model = T5(config)
-    expected = model.state_dict()
-    for name, t in ours.items():
-        if name in expected and tuple(t.shape) != tuple(expected[name].shape):
-            raise CheckpointError(folder / "model.safetensors", f"tensor for {name} has shape {tuple(t.shape)}, "
-                                                                f"the config says {tuple(expected[name].shape)}")
-    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    missing, unexpected = _load_checked(model, ours, folder)
     missing = [m for m in missing if not (m == "generator.weight" and config.tie_output)
                and not (m == "tgt_embed.weight")]
     if missing or unexpected:

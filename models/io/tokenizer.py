@@ -293,6 +293,19 @@ def folder_tokenizer(folder: str | Path, model_type: str) -> Any:
     raise FileNotFoundError("no tokenizer.json" + (f" (nor {wanted})" if wanted else ""))
 
 
+def then_eos(ids: list[int], pieces: list[str], eos_id: int, add_special: bool, cap: int) -> Encoded:
+    """A translator's source as transformers encodes it: the pieces then ``</s>`` (no ``<s>``), cut at ``cap``
+    tokens with ``</s>`` kept, and a notice when cut."""
+    n_special = 1 if add_special else 0
+    notice = ""
+    if len(ids) + n_special > cap:
+        notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
+        ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
+    if add_special:
+        ids, pieces = [*ids, eos_id], [*pieces, "</s>"]
+    return Encoded(ids, pieces, notice)
+
+
 class MarianTokenizer(Tokenizer):
     """A Marian (opus-mt) folder's tokenizer: SentencePiece ``source.spm`` cuts the source into pieces that
     ``vocab.json`` numbers (a piece it lacks is ``<unk>``), then ``</s>``; no ``<s>`` (Marian sources have none).
@@ -322,16 +335,8 @@ class MarianTokenizer(Tokenizer):
 
     def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> Encoded:
         """Source pieces then ``</s>`` (transformers' MarianTokenizer), cut at the cap with ``</s>`` kept."""
-        cap = self.max_tokens if max_tokens is None else max_tokens
-        ids, pieces = self._encode_pieces(self.normalize(text))
-        n_special = 1 if add_special else 0
-        notice = ""
-        if len(ids) + n_special > cap:
-            notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
-            ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
-        if add_special:
-            ids, pieces = [*ids, self.eos_id], [*pieces, "</s>"]
-        return Encoded(ids, pieces, notice)
+        return then_eos(*self._encode_pieces(self.normalize(text)), self.eos_id, add_special,
+                        self.max_tokens if max_tokens is None else max_tokens)
 
     def id_to_piece(self, i: int) -> str:
         return self.names.get(i, f"<{i}>")
@@ -362,16 +367,8 @@ class T5Tokenizer(JsonTokenizer):
 
     def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> Encoded:
         """``prefix + text``'s pieces then ``</s>``, cut at the cap with ``</s>`` kept."""
-        cap = self.max_tokens if max_tokens is None else max_tokens
-        ids, pieces = self._encode_pieces(self.prefix + self.normalize(text))
-        n_special = 1 if add_special else 0
-        notice = ""
-        if len(ids) + n_special > cap:
-            notice = f"Input truncated to {cap} tokens (it had {len(ids) + n_special})."
-            ids, pieces = ids[: cap - n_special], pieces[: cap - n_special]
-        if add_special:
-            ids, pieces = [*ids, self.eos_id], [*pieces, "</s>"]
-        return Encoded(ids, pieces, notice)
+        return then_eos(*self._encode_pieces(self.prefix + self.normalize(text)), self.eos_id, add_special,
+                        self.max_tokens if max_tokens is None else max_tokens)
 
     @property
     def vocab(self) -> dict[str, int]:

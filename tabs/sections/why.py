@@ -144,26 +144,14 @@ def why_disentangled(net, ids: list[int], tokens: list[str], layer: int, head: i
     from models.families.deberta import disentangled_split
 
     d = disentangled_split(net, ids, layer, head, query, key)
-    parts = ["content", f"relative position (bucket {d.bucket})"]
-    table = np.array([[d.c2c, d.c2p], [d.p2c, np.nan]])
-    row, soft = np.array(d.row), np.array(d.softmax_row)
-    title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
-             + (f" · {name}" if name else ""))
-    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
-                                 split="content→content + content→position + position→content")
-    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
-               f"(distance {d.distance}, relative bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} "
-               f"after the softmax over {len(row)} keys. DeBERTa's disentangled attention adds three terms, each over "
-               "√(3·d_head):\n\n| term | value |\n| --- | ---: |\n"
-               f"| content → content (q_i · k_j) | {d.c2c:+.3f} |\n"
-               f"| content → position (q_i · W_k r_δ) | {d.c2p:+.3f} |\n"
-               f"| position → content (k_j · W_q r_δ) | {d.p2c:+.3f} |\n| **sum = score** | **{d.score:+.3f}** |")
-    components = [{"query_part": "content", "key_part": "content", "value": d.c2c},
-                  {"query_part": "content", "key_part": "relative position", "value": d.c2p},
-                  {"query_part": "relative position", "key_part": "content", "value": d.p2c}]
-    return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
-                          "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
-                          "bucket": d.bucket}
+    intro = (f"(distance {d.distance}, relative bucket {d.bucket}). Score {d.score:.3f}, attention "
+             f"{d.softmax_row[key]:.3f} after the softmax over {len(d.row)} keys. DeBERTa's disentangled attention "
+             "adds three terms, each over √(3·d_head):")
+    terms = [("content", "content", "content → content (q_i · k_j)", d.c2c),
+             ("content", "relative position", "content → position (q_i · W_k r_δ)", d.c2p),
+             ("relative position", "content", "position → content (k_j · W_q r_δ)", d.p2c)]
+    return position_split(d, tokens, layer, head, query, key, name, intro, terms,
+                          "content→content + content→position + position→content")
 
 
 def why_relative_bias(net, ids: list[int], tokens: list[str], layer: int, head: int, query: int, key: int,
@@ -174,23 +162,35 @@ def why_relative_bias(net, ids: list[int], tokens: list[str], layer: int, head: 
     from models.families.t5 import bias_split
 
     d = bias_split(net, ids, layer, head, query, key)
+    intro = (f"(offset {key - query:+d}, bucket {d.bucket}). Score {d.score:.3f}, attention {d.softmax_row[key]:.3f} "
+             f"after the softmax over {len(d.row)} keys. T5 adds to each query·key product (not divided by √d_k) a "
+             "learned bias per head for the bucket of the offset, shared by every layer (the Positional tab draws "
+             "them):")
+    terms = [("content", "content", "content (q_i · k_j)", d.content),
+             ("relative position", "relative position", f"relative position bias (bucket {d.bucket})", d.position)]
+    return position_split(d, tokens, layer, head, query, key, name, intro, terms,
+                          "content (q·k) + relative position bias")
+
+
+def position_split(d, tokens: list[str], layer: int, head: int, query: int, key: int, name: str, intro: str,
+                   terms: list[tuple[str, str, str, float]], split: str):
+    """A score split into content and relative-position terms (DeBERTa, T5; ``d`` has score, row, softmax_row and
+    bucket): ``terms`` are (query part, key part, label, value); the 2 × 2 table leaves a pair that is no term
+    empty. Returns the section's (summary Markdown, figure, table dict)."""
     parts = ["content", f"relative position (bucket {d.bucket})"]
-    table = np.array([[d.content, np.nan], [np.nan, d.position]])  # the cross cells are not terms of T5's: empty
-    row, soft = np.array(d.row), np.array(d.softmax_row)
+    index = {"content": 0, "relative position": 1}
+    table = np.full((2, 2), np.nan)
+    for q_part, k_part, _, value in terms:
+        table[index[q_part], index[k_part]] = value
     title = (f"Why layer {layer} head {head} attends from {query} · {tokens[query]} to {key} · {tokens[key]}"
              + (f" · {name}" if name else ""))
-    fig = vw.score_decomposition(table, parts, row, soft, tokens, query, key, title=esc(title),
-                                 split="content (q·k) + relative position bias")
-    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** "
-               f"(offset {key - query:+d}, bucket {d.bucket}). Score {d.score:.3f}, attention {soft[key]:.3f} after "
-               f"the softmax over {len(row)} keys. T5 adds to each query·key product (not divided by √d_k) a learned "
-               "bias per head for the bucket of the offset, shared by every layer (the Positional tab draws them):\n\n"
-               "| term | value |\n| --- | ---: |\n"
-               f"| content (q_i · k_j) | {d.content:+.3f} |\n"
-               f"| relative position bias (bucket {d.bucket}) | {d.position:+.3f} |\n"
-               f"| **sum = score** | **{d.score:+.3f}** |")
-    components = [{"query_part": "content", "key_part": "content", "value": d.content},
-                  {"query_part": "relative position", "key_part": "relative position", "value": d.position}]
+    fig = vw.score_decomposition(table, parts, np.array(d.row), np.array(d.softmax_row), tokens, query, key,
+                                 title=esc(title), split=split)
+    summary = (f"**Layer {layer}, head {head}: query {query} `{tokens[query]}` → key {key} `{tokens[key]}`** {intro}"
+               "\n\n| term | value |\n| --- | ---: |\n"
+               + "".join(f"| {label} | {value:+.3f} |\n" for _, _, label, value in terms)
+               + f"| **sum = score** | **{d.score:+.3f}** |")
+    components = [{"query_part": q, "key_part": k, "value": v} for q, k, _, v in terms]
     return summary, fig, {"score": d.score, "components": components, "softmax_row": d.softmax_row, "layer": layer,
                           "head": head, "query": query, "key": key, "tokens": tokens, "parts": parts,
                           "bucket": d.bucket}
