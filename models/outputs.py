@@ -38,6 +38,10 @@ class AttentionMap:
     def heads(self) -> int:
         return int(self.weights.shape[1])
 
+    def upto(self, t: int) -> AttentionMap:
+        """The map of the first ``t`` queries and keys (a causal map's replayed step): views, no copy."""
+        return AttentionMap(self.weights[:, :, :t, :t], self.queries[:t], self.keys[:t])
+
 
 @dataclass(frozen=True)
 class BeamStep:

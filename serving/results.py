@@ -53,3 +53,7 @@ class LongResults:
 
 
 LONG_RESULTS = LongResults(LONG_KEEP_MB)
+# A result whose attention stays on the model's device (models/decoding/ondevice.py: each layer's queries, keys and
+# log-sum-exps) holds that device's memory: an 8 B model's after 4,096 tokens about 1.6 GB. All sessions' together
+# are capped likewise: ATLAS_DEVICE_KEEP_MB (default 4,096).
+DEVICE_RESULTS = LongResults(max(0, int(os.environ.get("ATLAS_DEVICE_KEEP_MB", "4096"))))

@@ -26,6 +26,7 @@ from serving.errors import ServingError
 from viz import attention as va
 from viz import stats as vs
 from viz import swin as vw
+from viz.common import Pooled, block_edges
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
@@ -205,16 +206,39 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
     """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view. ``pool``: how a
     long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE)."""
     layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
+    kept = getattr(amap, "attention", None)  # a DeviceMap (models/decoding/ondevice.py): each figure's part only
     if view == "model view":
-        return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
+        if kept is None:
+            return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
+        cells = va.model_view_cells(amap.layers, amap.heads)
+        if kept.pooled and kept.edges is not None and len(kept.edges) == len(block_edges(kept.length, cells)):
+            tiles = (kept.pooled["max"], kept.edges, kept.edges)  # made while generating
+        else:
+            parts = [kept.tiles(i, None, cells, "max") for i in range(amap.layers)]
+            tiles = (np.stack([p[0] for p in parts]), parts[0][1], parts[0][2])
+        return va.model_view(None, amap.queries, amap.keys, kind=kind_title, tiles=Pooled(*tiles))
     if view == "head view":
-        heads = None if isinstance(head, str) else [head]
+        heads = list(range(amap.heads)) if isinstance(head, str) else [head]
         # Only lines clearly above a uniform spread (1/keys) are drawn, so the structure stands out.
         threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
-        return va.head_view(amap.weights, amap.queries, amap.keys, layer=layer, heads=heads, kind=kind_title,
-                            threshold=threshold)
-    return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title,
+        lines = None if kept is None else va.HeadLines(*kept.lines(layer, heads, threshold, va.HEAD_VIEW_SEGMENTS))
+        return va.head_view(None if kept else amap.weights, amap.queries, amap.keys, layer=layer, heads=heads,
+                            kind=kind_title, threshold=threshold, lines=lines)
+    if kept is None:
+        return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title,
+                                    pool=pool)
+    # over POOL_ABOVE tokens the tiles are pooled on the device: only they leave it
+    w = Pooled(*kept.tiles(layer, head, va.TILE_CELLS, pool)) if kept.length > va.POOL_ABOVE else \
+        kept.fused(layer, head)
+    return va.attention_heatmap(w, amap.queries, amap.keys, kind=kind_title, title=va.describe(kind_title, layer, head),
                                 pool=pool)
+
+
+def head_map(amap, layer: int, head: str | int) -> np.ndarray:
+    """One head's (or a fusion's) (Q, K) map of ``layer``, of an AttentionMap or of a DeviceMap (fused on the
+    device: only the (Q, K) map leaves it)."""
+    kept = getattr(amap, "attention", None)
+    return va.select_head(amap.weights, layer, head) if kept is None else kept.fused(layer, head)
 
 
 def stats_figure(amap, kind_title: str):

@@ -9,7 +9,6 @@ import gradio as gr
 import numpy as np
 
 from models import limits, registry
-from models.outputs import AttentionMap
 from serving import batcher, catalogue, results, store
 from serving.catalogue import GPT_TINY, decoder_models
 from tabs.common import (
@@ -40,7 +39,7 @@ from tabs.zerogpu import on_gpu
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
-from viz.common import POOLS
+from viz.common import POOLS, Pooled
 
 TITLE = "Generate"
 DEFAULT = GPT_TINY
@@ -253,7 +252,7 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     top_k = int(np.clip(int(top_k or 0), 0, MAX_TOP_K))
     top_p = float(np.clip(float(top_p or 1.0), 0.01, 1.0))
     pooling = read_pooling(pooling)
-    if previous and len(previous["result"].tokens) > limits.LONG_TOKENS:
+    if previous and (len(previous["result"].tokens) > limits.LONG_TOKENS or on_device(previous)):
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
     from models.decoding import fastgen
     from models.decoding.lockstep import GenerateRequest
@@ -264,6 +263,18 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, layer=layer, head=head, view=view, pooling=pooling)
+    try:
+        device_side = fastgen.keeps_on_device(net)
+    except ValueError as err:
+        raise Error(str(err)) from None
+    if device_side:  # the attention stays on the model's device; each figure computes its part there
+        from models.decoding import ondevice
+
+        cells = va.model_view_cells(net.config.n_layers, net.config.n_heads)  # the model view's tiles, made meanwhile
+        with batcher.heavy():
+            return finish(ondevice.generate(net, prompt, max_new_tokens=new, strategy=strategy,
+                                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                            pool_cells=cells).kept())
     if not long_input and not registry.is_family(net, "mamba"):  # drawn in the batch's thread (serving.store.batched)
         return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
     with batcher.heavy():
@@ -291,17 +302,36 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
     kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net))
-    if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
+    device_side = on_device(kept)
+    # all sessions' long (or device-side) results together stay under ATLAS_LONG_KEEP_MB (ATLAS_DEVICE_KEEP_MB):
+    # the oldest are let go
+    if device_side:
+        results.DEVICE_RESULTS.keep(kept, amap.nbytes)
+    elif long:
         results.LONG_RESULTS.keep(kept, amap.weights.nbytes)
-    npz = None if long else write_arrays(kept, net)
+    npz = None if long or device_side else write_arrays(kept, net)
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
     notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
-                                  long_notice(result, pooling) if long else "", family_notice(net)) if x)
+                                  long_notice(result, pooling) if long else "",
+                                  device_notice(amap) if device_side else "", family_notice(net)) if x)
     html, cand, attn = draw_generation(kept, 0, layer, head, view, pooling)
     lens_fig = None if long else lens_figure(kept, net)
     return (result.text, notice, html, cand, attn, lens_fig, kept, npz, layer_u, head_u, step_u, ablate_layer_u,
             ablate_head_u)
+
+
+def on_device(kept: dict) -> bool:
+    """Whether a kept generation's attention stays on the model's device (a DeviceMap, ATLAS_ONDEVICE)."""
+    return hasattr(kept["result"].attention["decoder"], "attention")
+
+
+def device_notice(amap) -> str:
+    """What keeping the attention on the device changes, said under the continuation."""
+    where = amap.attention.q[0].device
+    return (f"· The attention stays on `{where}` as each layer's queries, keys and row normalisers "
+            f"({amap.nbytes / 2**20:,.0f} MB): every figure, zoom and head view computes only what it draws there; "
+            "the attention arrays (.npz) are made on request, with their button.")
 
 
 def map_kind(net) -> dict:
@@ -422,7 +452,12 @@ def attention_npz(state: dict | None) -> str:
     12 × 12 heads over 2,048 tokens take about 20 s and 0.5 GB), for a short one as Generate wrote them."""
     if not state:
         raise Error(NO_RESULT)
-    return write_arrays(state)
+    from models.decoding.ondevice import ArraysTooLarge
+
+    try:
+        return write_arrays(state)
+    except ArraysTooLarge as err:
+        raise Error(str(err)) from None
 
 
 def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_last: float | None,
@@ -447,9 +482,14 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
         raise Error(f"Unknown head {str(head)[:40]!r}; choose mean, max or 0 … {amap.heads - 1}.")
     if isinstance(h, int) and not 0 <= h < amap.heads:
         raise Error(f"This model has heads 0 … {amap.heads - 1}; got {h}.")
-    return va.attention_zoom(amap.weights, amap.queries, amap.keys, rows=(first_q, last_q + 1),
-                             cols=(first_k, last_k + 1), layer=layer, head=h, kind="Decoder self-attention",
-                             pool=pooling)
+    rows, cols = (first_q, last_q + 1), (first_k, last_k + 1)
+    kept, block = getattr(amap, "attention", None), None
+    if kept is not None:  # read on the device: the block, or over POOL_ABOVE a side its tiles
+        big = max(rows[1] - rows[0], cols[1] - cols[0]) > va.POOL_ABOVE
+        block = Pooled(*kept.tiles(layer, h, va.TILE_CELLS, pooling, rows, cols)) if big else \
+            kept.fused(layer, h, rows, cols)
+    return va.attention_zoom(amap.weights if kept is None else None, amap.queries, amap.keys, rows=rows, cols=cols,
+                             layer=layer, head=h, kind="Decoder self-attention", pool=pooling, block=block)
 
 
 def zoom_defaults(state: dict | None):
@@ -515,7 +555,7 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
         cand = vg.step_candidates([s.candidates for s in result.steps], np.array([s.probs for s in result.steps]),
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
-    shown = AttentionMap(amap.weights[:, :, :t, :t], amap.queries[:t], amap.keys[:t])
+    shown = amap.upto(t)
     title = ("Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
              "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
     local = state.get("local") or {}

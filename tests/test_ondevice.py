@@ -49,8 +49,8 @@ def test_equals_gpt_generate(family: str, chunk: int, steps: str, monkeypatch: p
             want, edges, _ = pool_blocks(full, cells, how)
             np.testing.assert_allclose(att.pooled[how], want, atol=1e-6)
             np.testing.assert_array_equal(att.edges, edges)
-    # what stays on the device: queries and log-sum-exps, far less than the (L, H, T, T) weights
-    assert att.nbytes() < full.nbytes / 4
+    # what stays on the device: queries, keys and log-sum-exps, (H + H_kv)·d + H numbers a row against H·T weights
+    assert att.nbytes() < full.nbytes / 2
 
 
 @pytest.mark.parametrize("steps", ["pass", "graph"])  # "graph" on the CPU: the fixed-shape step, not captured
@@ -132,3 +132,71 @@ def test_tiles_after_an_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     want, edges, _ = pool_blocks(ref.attention["decoder"].weights, 8, "max")
     np.testing.assert_allclose(got.attention.pooled["max"], want, atol=1e-6)
     np.testing.assert_array_equal(got.attention.edges, edges)
+
+
+HEADS = [0, 4, "mean", "max", None]  # one head, a fusion over the heads, or every head
+
+
+@pytest.mark.parametrize("chunk", [od.ATTENTION_CHUNK_BYTES, 6 * 4 * 47 * 3])  # one chunk; three rows a chunk
+def test_figure_parts_computed_on_the_device_equal_the_full_arrays(chunk: int, monkeypatch) -> None:
+    """What the Generate tab reads of a map kept on the device (``DeviceAttention.fused``, ``tiles``, ``lines``, and
+    ``upto`` for a replayed step) equals viz's own select_head, pool_blocks and strongest_lines of GPT.generate's
+    full array: every head and fusion, square and rectangular blocks, blocks that split the chunks."""
+    from viz.attention import select_head, strongest_lines
+
+    monkeypatch.setattr(od, "ATTENTION_CHUNK_BYTES", chunk)
+    model = _model(recipe="llama", n_kv_heads=2)
+    ids = list(range(3, 40))
+    full = model.generate(ids, max_new_tokens=10).attention["decoder"].weights  # (3, 6, 47, 47)
+    att = od.generate(model, ids, max_new_tokens=10, pool=False).attention
+
+    def dense(layer: int, head, rows=slice(None), cols=slice(None)) -> np.ndarray:
+        w = full[layer][:, rows, cols]
+        return w if head is None else select_head(w, None, head)
+
+    for head in HEADS:
+        np.testing.assert_allclose(att.fused(2, head), dense(2, head), atol=1e-6)
+        np.testing.assert_allclose(att.fused(1, head, (10, 33), (4, 21)), dense(1, head, slice(10, 33), slice(4, 21)),
+                                   atol=1e-6)
+        for cells, rows, cols in ((8, None, None), (5, (3, 46), (0, 17)), (64, (1, 9), (2, 30))):
+            r, c = slice(*(rows or (0, 47))), slice(*(cols or (0, 47)))
+            for how in ("max", "mean"):
+                got, re, ce = att.tiles(0, head, cells, how, rows, cols)
+                want, we, wc = pool_blocks(dense(0, head, r, c), cells, how)
+                np.testing.assert_allclose(got, want, atol=1e-6)
+                np.testing.assert_array_equal(re, we)
+                np.testing.assert_array_equal(ce, wc)
+    for heads, threshold, cap in (([0, 3, 5], 0.05, 20000), ([1], 0.0, 40), (list(range(6)), 0.02, 300)):
+        got = att.lines(1, heads, threshold, cap)
+        want = strongest_lines(full[1][heads], threshold, cap)
+        for a, b in zip(got[:3], want[:3]):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(got[3], want.vals, atol=1e-6)
+        assert got[4] == pytest.approx(want.threshold, abs=1e-6) and got[5] == want.raised
+        assert len(got[0]) == min(cap, int((full[1][heads] >= threshold).sum()))
+    # a replayed step: the first 41 tokens' map, the same tensors read up to there
+    early = att.upto(41)
+    np.testing.assert_allclose(early.fused(0, "max"), select_head(full[0, :, :41, :41], None, "max"), atol=1e-6)
+    np.testing.assert_allclose(early.tiles(2, 3, 8, "mean")[0], pool_blocks(full[2, 3, :41, :41], 8, "mean")[0],
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="not inside the map"):
+        att.fused(0, 0, (40, 48))
+    with pytest.raises(ValueError, match="head 6 is not one of"):
+        att.tiles(0, 6, 8)
+
+
+def test_a_device_map_materialises_its_arrays_only_under_the_cap(monkeypatch) -> None:
+    """``DeviceMap.weights`` is every weight (the .npz), refused in words over ATLAS_ARRAYS_MAX_MB; ``to`` moves the
+    kept tensors (a ZeroGPU Space's results come back on the CPU) and keeps every answer."""
+    model = _model(recipe="llama", n_kv_heads=3)
+    ids = list(range(3, 30))
+    ref = model.generate(ids, max_new_tokens=4).attention["decoder"]
+    dmap = od.generate(model, ids, max_new_tokens=4).kept().attention["decoder"]
+    assert (dmap.layers, dmap.heads, dmap.queries) == (ref.layers, ref.heads, ref.queries)
+    np.testing.assert_allclose(dmap.weights, ref.weights, atol=1e-6)
+    moved = dmap.to("cpu")
+    np.testing.assert_allclose(moved.upto(20).attention.fused(1, 2), ref.weights[1, 2, :20, :20], atol=1e-6)
+    assert moved.nbytes == dmap.nbytes < ref.weights.nbytes
+    monkeypatch.setattr(od, "ARRAYS_MAX_MB", 0)
+    with pytest.raises(od.ArraysTooLarge, match="ATLAS_ARRAYS_MAX_MB"):
+        dmap.weights  # noqa: B018

@@ -4,6 +4,7 @@ view), and the bertviz-style head view (two token columns joined by lines)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -13,6 +14,7 @@ from viz.common import (
     HEAD_COLORS,
     WEIGHT_LABEL,
     Fig,
+    Pooled,
     axis_font_size,
     base_layout,
     category_ticks,
@@ -100,12 +102,16 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
                 autoscale: bool = False, max_label: int = 12, pool: str = "max", start: tuple[int, int] = (0, 0),
                 ) -> Fig:
     """``attention_heatmap`` before it is built, for figures that draw on top of it. ``start``: the positions of
-    the first query and key (a zoomed block keeps the whole input's positions in its labels)."""
+    the first query and key (a zoomed block keeps the whole input's positions in its labels). ``weights`` may be
+    ``Pooled`` tiles of the (Q, K) map (made where the weights are kept): drawn as the map pooled here."""
     keys = queries if keys is None else keys
+    if isinstance(weights, Pooled):  # tiles pooled where the weights are (a map kept on a GPU)
+        return _pooled_heatmap(weights, queries, keys, title or describe(kind, layer, head), autoscale, pool, start)
     w = select_head(weights, layer, head)
     _check_labels(w, queries, keys)
     if max(len(queries), len(keys)) > POOL_ABOVE:
-        return _pooled_heatmap(w, queries, keys, title or describe(kind, layer, head), autoscale, pool, start)
+        pooled = Pooled(*pool_blocks(w, TILE_CELLS, pool))
+        return _pooled_heatmap(pooled, queries, keys, title or describe(kind, layer, head), autoscale, pool, start)
     zmin, zmax = weight_range(w, autoscale)
     qcat, kcat = unique_labels(queries, start[0]), unique_labels(keys, start[1])
     fig = Fig(dict(
@@ -169,14 +175,16 @@ def _block_labels(tokens: Sequence[str], edges: np.ndarray, prefix: str, offset:
     return out
 
 
-def _pooled_heatmap(w: np.ndarray, queries: Sequence[str], keys: Sequence[str], head_title: str, autoscale: bool,
+def _pooled_heatmap(tiles: Pooled, queries: Sequence[str], keys: Sequence[str], head_title: str, autoscale: bool,
                     pool: str, start: tuple[int, int]) -> Fig:
     """A long input's (Q, K) map as at most TILE_CELLS × TILE_CELLS pooled cells: the browser never holds the
     whole map (2,048 tokens: 16.8 MB of float32; the tiles: ≤ 1.1 MB), the title says how it was pooled and
     where the full resolution is (zoom)."""
-    Q, K = w.shape
-    pooled, qe, ke = pool_blocks(w, TILE_CELLS, pool)  # (q, k) float32
+    Q, K = len(queries), len(keys)
+    pooled, qe, ke = tiles  # (q, k) float32
     q, k = pooled.shape
+    if (qe[-1], ke[-1]) != (Q, K):
+        raise ValueError(f"tiles of a {qe[-1]}×{ke[-1]} map do not match {Q} query and {K} key labels")
     zmin, zmax = weight_range(pooled, autoscale)
     qcat, kcat = _block_labels(queries, qe, "", start[0]), _block_labels(keys, ke, "", start[1])
     fig = Fig(dict(
@@ -226,12 +234,16 @@ def attention_block(weights: np.ndarray, rows: tuple[int, int], cols: tuple[int,
 
 def attention_zoom(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
                    rows: tuple[int, int], cols: tuple[int, int], layer: int | None = None, head: Head = 0,
-                   kind: str = "Self-attention", pool: str = "max", autoscale: bool = False) -> go.Figure:
+                   kind: str = "Self-attention", pool: str = "max", autoscale: bool = False,
+                   block: np.ndarray | Pooled | None = None) -> go.Figure:
     """One block of a (long) attention map at full resolution: queries ``rows[0] … rows[1] − 1`` against keys
     ``cols[0] … cols[1] − 1`` (half-open, as Python slices), labelled with their positions in the whole input. A
-    block larger than POOL_ABOVE a side is itself pooled (the title says so); zoom further for single tokens."""
+    block larger than POOL_ABOVE a side is itself pooled (the title says so); zoom further for single tokens.
+    ``block``: that block read already (a map kept on a GPU: its (r, c) weights, or ``Pooled`` tiles of it),
+    ``weights`` then unused."""
     keys = queries if keys is None else keys
-    block = attention_block(weights, rows, cols, layer=layer, head=head)
+    if block is None:
+        block = attention_block(weights, rows, cols, layer=layer, head=head)
     r0, r1, c0, c1 = int(rows[0]), int(rows[1]), int(cols[0]), int(cols[1])
     title = describe(kind, layer, head) + f" · zoom: queries {r0}–{r1 - 1} × keys {c0}–{c1 - 1}"
     if max(r1 - r0, c1 - c0) <= POOL_ABOVE:
@@ -250,6 +262,7 @@ def model_view(
     autoscale: bool = False,
     title: str | None = None,
     max_total_cells: int = 1_000_000,
+    tiles: Pooled | None = None,
 ) -> go.Figure:
     """Every layer × head of one attention kind in one figure (rows = layers, columns = heads).
 
@@ -259,17 +272,21 @@ def model_view(
     GPT-2 medium's 24 × 16 heads). All thumbnails are tiled into ONE heatmap with blank gaps between them:
     one trace and one pair of axes instead of L·H subplots, so the JSON is small and the browser draws it
     quickly. Weights travel as whole percent in a uint8 typed array (1 byte per cell; the colour needs no
-    more precision, and the single-head heatmap shows exact values).
+    more precision, and the single-head heatmap shows exact values). ``tiles``: the (L, H, q, k) max-pooled
+    thumbnails made already, at ``model_view_cells`` cells a side (a map kept on a GPU), ``weights`` then unused.
     """
     keys = queries if keys is None else keys
-    w = np.asarray(weights)  # float16 for long inputs: pooled slice by slice, never copied whole
-    if w.ndim != 4:
-        raise ValueError(f"model view needs (layers, heads, queries, keys), got {w.shape}")
-    _check_labels(w, queries, keys)
-    L, H, Q, K = w.shape
-    max_cells = min(max_cells, max(8, int((max_total_cells / (L * H)) ** 0.5)))
-    pooled, qe, ke = pool_blocks(w, max_cells, "max")
-    q, k = pooled.shape[-2:]
+    if tiles is None:
+        w = np.asarray(weights)  # float16 for long inputs: pooled slice by slice, never copied whole
+        if w.ndim != 4:
+            raise ValueError(f"model view needs (layers, heads, queries, keys), got {w.shape}")
+        _check_labels(w, queries, keys)
+        tiles = Pooled(*pool_blocks(w, model_view_cells(*w.shape[:2], max_cells, max_total_cells), "max"))
+    pooled, qe, ke = tiles
+    L, H, q, k = pooled.shape
+    Q, K = len(queries), len(keys)
+    if (qe[-1], ke[-1]) != (Q, K):
+        raise ValueError(f"thumbnails of a {qe[-1]}×{ke[-1]} map do not match {Q} query and {K} key labels")
     is_pooled = (q, k) != (Q, K)
     pct = np.clip(np.rint(pooled * 100.0), 0, 100).astype(np.uint8)  # (L, H, q, k)
     gap = max(1, max(q, k) // 8)
@@ -322,6 +339,12 @@ def model_view(
     return fig.build()
 
 
+def model_view_cells(layers: int, heads: int, max_cells: int = 64, max_total_cells: int = 1_000_000) -> int:
+    """Cells a side of each model-view thumbnail: ``max_cells``, fewer when layers × heads thumbnails of that size
+    would pass ``max_total_cells``."""
+    return min(max_cells, max(8, int((max_total_cells / (layers * heads)) ** 0.5)))
+
+
 def _thumb_scale() -> list:
     # Thumbnails start at a faint blue-grey so each square stands out from the white gaps.
     return [[0.0, "#eef2f7"]] + ATTENTION_SCALE[1:]
@@ -332,6 +355,39 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r}, {g}, {b}, {alpha:.2f})"
 
 
+HEAD_VIEW_SEGMENTS = 20000  # the most lines a head view draws (the strongest)
+
+
+class HeadLines(NamedTuple):
+    """The head view's lines: for each, the index into the drawn heads (j), query, key and weight; sorted by
+    (j, query, key). ``threshold``: the least weight drawn; ``raised``: how many lines passed the asked threshold
+    when there were more than could be drawn (else 0)."""
+
+    j: np.ndarray
+    qi: np.ndarray
+    ki: np.ndarray
+    vals: np.ndarray
+    threshold: float
+    raised: int
+
+
+def strongest_lines(sel: np.ndarray, threshold: float, max_segments: int) -> HeadLines:
+    """Every (head, query, key) of ``sel`` (h, Q, K) whose weight ≥ ``threshold``; when more than ``max_segments``
+    pass, exactly the strongest ``max_segments`` and the least weight among them."""
+    keep = sel >= threshold
+    thr, raised = float(threshold), 0
+    if int(keep.sum()) > max_segments:
+        cand = np.flatnonzero(keep)  # partition only the lines that passed (a whole long map is slow to sort)
+        top = cand[np.argpartition(sel.ravel()[cand], -max_segments)[-max_segments:]]
+        raised = int(keep.sum())
+        keep = np.zeros(sel.size, bool)
+        keep[top] = True
+        keep = keep.reshape(sel.shape)
+        thr = float(sel[keep].min())
+    j, qi, ki = np.nonzero(keep)
+    return HeadLines(j, qi, ki, sel[j, qi, ki], thr, raised)
+
+
 def head_view(
     weights: np.ndarray,
     queries: Sequence[str],
@@ -340,10 +396,11 @@ def head_view(
     layer: int | None = None,
     heads: Sequence[int] | None = None,
     threshold: float = 0.05,
-    max_segments: int = 20000,
+    max_segments: int = HEAD_VIEW_SEGMENTS,
     kind: str = "Self-attention",
     buckets: int = 8,
     title: str | None = None,
+    lines: HeadLines | None = None,
 ) -> go.Figure:
     """bertviz-style head view for one layer: queries on the left, keys on the right, one line per
     (query, key) pair whose weight ≥ ``threshold``; line opacity = weight, one colour per head.
@@ -351,39 +408,32 @@ def head_view(
     weights: (H, Q, K), or (L, H, Q, K) with ``layer``. Lines are grouped per head and per opacity
     bucket into a few traces with NaN breaks (not one trace per line). If more than ``max_segments``
     lines pass the threshold, the threshold is raised to keep the strongest ones (the title says so).
-    Click a head in the legend to hide or show it.
+    Click a head in the legend to hide or show it. ``lines``: the lines of ``heads`` selected already
+    (``strongest_lines``, or the same on a GPU where the weights are kept), ``weights`` then unused.
     """
     keys = queries if keys is None else keys
-    w = np.asarray(weights)
-    if w.ndim == 4:
-        if layer is None:
-            raise ValueError("weights are (layers, heads, queries, keys): pass layer=")
-        w = w[layer]
-    w = w.astype(np.float32, copy=False)  # one layer only: a long input's float16 tensor is never copied whole
-    if w.ndim != 3:
-        raise ValueError(f"head view needs (heads, queries, keys), got {w.shape}")
-    _check_labels(w, queries, keys)
-    H, Q, K = w.shape
-    heads = list(range(H)) if heads is None else [int(h) for h in heads]
-    sel = w[heads]  # (h, Q, K)
-    thr = float(threshold)
-    keep = sel >= thr
-    raised = 0  # how many lines passed the threshold when there were too many to draw
-    if int(keep.sum()) > max_segments:
-        # Keep exactly the strongest max_segments lines (ties broken by position) and say so.
-        cand = np.flatnonzero(keep)  # partition only the lines that passed (a whole long map is slow to sort)
-        top = cand[np.argpartition(sel.ravel()[cand], -max_segments)[-max_segments:]]
-        keep = np.zeros(sel.size, bool)
-        keep[top] = True
-        keep = keep.reshape(sel.shape)
-        thr = float(sel[keep].min())
-        raised = int((sel >= threshold).sum())
+    if lines is None:
+        w = np.asarray(weights)
+        if w.ndim == 4:
+            if layer is None:
+                raise ValueError("weights are (layers, heads, queries, keys): pass layer=")
+            w = w[layer]
+        if w.ndim != 3:
+            raise ValueError(f"head view needs (heads, queries, keys), got {w.shape}")
+        _check_labels(w, queries, keys)
+        heads = list(range(w.shape[0])) if heads is None else [int(h) for h in heads]
+        # one layer's heads only, in float32: a long input's float16 tensor is never copied whole
+        lines = strongest_lines(w[heads].astype(np.float32, copy=False), threshold, max_segments)
+    elif heads is None:
+        raise ValueError("lines selected already need the heads they were selected from (heads=)")
+    Q, K = len(queries), len(keys)
+    thr, raised = lines.threshold, lines.raised
     edges = np.linspace(thr, 1.0, buckets + 1)
     traces = []
     for j, h in enumerate(heads):
         color = HEAD_COLORS[h % len(HEAD_COLORS)]
-        qi, ki = np.nonzero(keep[j])
-        vals = w[h][qi, ki]
+        mine = lines.j == j
+        qi, ki, vals = lines.qi[mine], lines.ki[mine], lines.vals[mine]
         bucket = np.clip(np.searchsorted(edges, vals, side="right") - 1, 0, buckets - 1)
         # A legend-only entry in the full head colour (the line traces themselves are faint).
         traces.append(dict(type="scatter", x=[None], y=[None], mode="lines", line=dict(color=color, width=3),

@@ -13,6 +13,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -329,6 +330,15 @@ def max_pool(a: np.ndarray, max_cells: int = 64) -> tuple[np.ndarray, np.ndarray
 
 
 POOLS = ("max", "mean")  # how a pooled attention cell summarises its block
+
+
+class Pooled(NamedTuple):
+    """A map pooled already (``pool_blocks``'s answer, or tiles computed where the weights are, on a GPU): the
+    figures draw it as they draw a map they pooled themselves."""
+
+    z: np.ndarray  # (..., R, C) float32
+    row_edges: np.ndarray
+    col_edges: np.ndarray
 
 
 def pool_blocks(a: np.ndarray, max_cells: int, how: str = "max") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,17 @@ def on_gpu(model) -> bool:
     H200 with an 8 B model that path generated 30 tokens after 512 in 0.46 s, transformers in 0.84 s
     (bench/device.py, README); this module's loop, made for the CPU, was slower than transformers there (issue 52)."""
     return model.embed.weight.device.type == "cuda"
+
+
+def keeps_on_device(model) -> bool:
+    """Whether the Generate tab keeps ``model``'s attention on its device (``ondevice.DeviceMap``: each figure
+    computes its part there, only that part moves) rather than as the whole array in CPU memory. ATLAS_ONDEVICE:
+    "auto" (default: models on a CUDA device), "1" (every model this module supports, e.g. to try it on the CPU)
+    or "0" (never)."""
+    mode = os.environ.get("ATLAS_ONDEVICE", "auto").strip().lower()
+    if mode not in ("auto", "1", "0"):
+        raise ValueError(f"ATLAS_ONDEVICE must be auto, 1 or 0, got {mode[:20]!r}")
+    return mode != "0" and supports(model) and (mode == "1" or on_gpu(model))
 
 
 # --------------------------------------------------------------------------------------------------- the plan

@@ -34,6 +34,7 @@ layer's device, and each layer's q, k and lse stay where that layer runs.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -184,7 +185,192 @@ class DeviceAttention:
             tiles.add(layer, r0, *_column_tiles(w, tiles.f))
 
     def nbytes(self) -> int:
-        return sum(x.numel() * x.element_size() for x in (*self.q, *self.lse))  # k is the cache's own
+        """Bytes kept: every layer's q, k and lse (k is the cache's own, kept with the result)."""
+        return sum(x.numel() * x.element_size() for x in (*self.q, *self.k, *self.lse))
+
+    def upto(self, t: int) -> DeviceAttention:
+        """The attention of the first ``t`` tokens (a replayed step): causal, so their rows and keys are the first
+        ``t`` of these, views of the same tensors (the pooled tiles only where ``t`` is the whole length)."""
+        if t >= self.length:
+            return self
+        return DeviceAttention(self.q, self.k, self.lse, t)
+
+    def to(self, device: str | torch.device) -> DeviceAttention:
+        """The same attention with q, k and lse on ``device`` (a ZeroGPU Space hands its results back on the CPU)."""
+        t = self.length
+        return DeviceAttention([q[:, :t].to(device) for q in self.q], [k[:, :t].to(device) for k in self.k],
+                               [x[:, :t].to(device) for x in self.lse], t, self.pooled, self.edges)
+
+    def _heads(self, layer: int, head: Head) -> tuple[slice, bool]:
+        """The heads ``_weights`` computes for ``head`` (an index: that one alone) and whether they are fused."""
+        if head is None or head in ("mean", "max"):
+            return slice(None), head is not None
+        h = int(head)
+        if not 0 <= h < self.q[layer].size(0):
+            raise ValueError(f"head {h} is not one of the layer's {self.q[layer].size(0)} heads")
+        return slice(h, h + 1), False
+
+    def _rows_per(self, layer: int, width: int, multiple: int = 1) -> int:
+        """Query rows a chunk (a multiple of ``multiple``): their float32 weights of every head over ``width``
+        keys within ``ATTENTION_CHUNK_BYTES``."""
+        per = ATTENTION_CHUNK_BYTES // max(1, 4 * self.q[layer].size(0) * width)
+        return max(multiple, per // multiple * multiple)
+
+    def _span(self, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> tuple[int, int, int, int]:
+        (r0, r1), (c0, c1) = rows or (0, self.length), cols or (0, self.length)
+        if not (0 <= r0 < r1 <= self.length and 0 <= c0 < c1 <= self.length):
+            raise ValueError(f"the block queries {r0}…{r1 - 1} × keys {c0}…{c1 - 1} is not inside the map's "
+                             f"{self.length} tokens (or is empty)")
+        return r0, r1, c0, c1
+
+    def fused(self, layer: int, head: Head, rows: tuple[int, int] | None = None,
+              cols: tuple[int, int] | None = None) -> np.ndarray:
+        """The weights of queries rows[0] … rows[1] − 1 and keys cols[0] … cols[1] − 1 (default: all) of one head
+        (r, c), their mean or max over the heads ("mean", "max": fused on the device, only (r, c) leaves it), or
+        every head (None: (H, r, c)); float32 numpy, exact (``viz.attention.select_head`` of the full array)."""
+        r0, r1, c0, c1 = self._span(rows, cols)
+        heads, fuse = self._heads(layer, head)
+        dev = self.q[layer].device
+        parts, step = [], self._rows_per(layer, c1 - c0)
+        for a in range(r0, r1, step):
+            w = self._weights(layer, torch.arange(a, min(r1, a + step), device=dev), slice(c0, c1), heads)
+            parts.append(_fuse(w, head) if fuse else w)
+        out = torch.cat(parts, 1).cpu().numpy()
+        return out if head is None else out[0]
+
+    def tiles(self, layer: int, head: Head, cells: int, how: str = "max", rows: tuple[int, int] | None = None,
+              cols: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``viz.common.pool_blocks`` of ``fused(layer, head, rows, cols)`` computed on the device a chunk of rows
+        at a time: (pooled float32 numpy, row edges, column edges), the edges relative to the block's start; a
+        fused head's (r, c) tiles, every head's (H, r, c) for ``head`` None. Only the tiles leave the device."""
+        if how not in ("max", "mean"):
+            raise ValueError(f"pooling must be max or mean, got {how!r}")
+        r0, r1, c0, c1 = self._span(rows, cols)
+        re, ce = block_edges(r1 - r0, cells), block_edges(c1 - c0, cells)
+        fr, fc = int(re[1] - re[0]), int(ce[1] - ce[0])
+        if fr == fc == 1:  # nothing to pool: the weights themselves
+            return self.fused(layer, head, (r0, r1), (c0, c1)), re, ce
+        heads, fuse = self._heads(layer, head)
+        dev = self.q[layer].device
+        n_heads = 1 if fuse else self.q[layer][heads].size(0)
+        maxes = torch.zeros(n_heads, len(re) - 1, len(ce) - 1, device=dev)
+        sums = torch.zeros_like(maxes)
+        step = self._rows_per(layer, c1 - c0, fr)
+        for a in range(r0, r1, step):  # whole row blocks a chunk: each block's rows in one chunk
+            b = min(r1, a + step)
+            w = self._weights(layer, torch.arange(a, b, device=dev), slice(c0, c1), heads)
+            col_max, col_sum = _column_tiles(_fuse(w, head) if fuse else w, fc)  # (h, r, blocks)
+            back = -(b - a) % fr  # the last block's missing rows: zeros
+            i = (a - r0) // fr
+            m = torch.nn.functional.pad(col_max, (0, 0, 0, back)).unflatten(1, (-1, fr)).amax(2)
+            maxes[:, i : i + m.size(1)] = m
+            sums[:, i : i + m.size(1)] = torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, fr)).sum(2)
+        if how == "max":
+            out = maxes
+        else:
+            area = torch.from_numpy(np.outer(np.diff(re), np.diff(ce)).astype(np.float32)).to(dev)
+            out = sums / area
+        out = out.cpu().numpy()
+        return (out if head is None else out[0]), re, ce
+
+    def lines(self, layer: int, heads: Sequence[int], threshold: float, max_segments: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int]:
+        """The head view's lines of ``layer``: every (head, query, key) of ``heads`` whose weight ≥ ``threshold``,
+        or, when more than ``max_segments`` pass, the strongest ``max_segments`` of them (``viz.attention.
+        strongest_lines`` of the full array), selected on the device a chunk of rows at a time. Returns (j, qi,
+        ki, weights, threshold drawn, how many passed when there were too many, else 0), j indexing ``heads``,
+        sorted by (j, qi, ki)."""
+        t, dev = self.length, self.q[layer].device
+        pick = torch.tensor([int(h) for h in heads], device=dev)
+        flat: list[Tensor] = []
+        vals: list[Tensor] = []
+        passed = 0
+
+        def strongest(keep: int) -> None:
+            f, v = torch.cat(flat), torch.cat(vals)
+            top = torch.topk(v, keep).indices
+            flat[:], vals[:] = [f[top]], [v[top]]
+
+        step = self._rows_per(layer, t)
+        for a in range(0, t, step):
+            b = min(t, a + step)
+            w = self._weights(layer, torch.arange(a, b, device=dev), slice(0, t))[pick]  # (h, r, T)
+            hit = w >= threshold
+            j, r, k = hit.nonzero(as_tuple=True)
+            passed += int(j.numel())
+            flat.append((j * t + r + a) * t + k)
+            vals.append(w[j, r, k])
+            if sum(x.numel() for x in flat) > 4 * max_segments:
+                strongest(max_segments)
+        thr, raised = float(threshold), 0
+        if passed > max_segments:
+            strongest(max_segments)
+            raised = passed
+        f, v = torch.cat(flat), torch.cat(vals)
+        order = torch.argsort(f)
+        f, v = f[order].cpu().numpy(), v[order].cpu().numpy()
+        if raised:
+            thr = float(v.min())
+        return f // (t * t), f // t % t, f % t, v, thr, raised
+
+
+Head = int | str | None  # one head, "mean" or "max" of the heads, or (None) every head
+
+
+def _fuse(w: Tensor, head: Head) -> Tensor:
+    """(H, r, c) weights -> (1, r, c): their mean or max over the heads."""
+    return w.mean(0, keepdim=True) if head == "mean" else w.amax(0, keepdim=True)
+
+
+# The most bytes ``DeviceMap.weights`` materialises on the CPU (every weight, for the .npz and the comparison's
+# arrays): ATLAS_ARRAYS_MAX_MB, default 4,096 (a 12 × 12-head model over 2,048 tokens in float16 takes 1.2 GB; an
+# 8 B model's 32 × 32 heads over 4,126 tokens would take 35 GB).
+ARRAYS_MAX_MB = max(1, int(os.environ.get("ATLAS_ARRAYS_MAX_MB", "4096")))
+
+
+class ArraysTooLarge(ValueError):
+    """Every weight of a device-side map would not fit under ``ARRAYS_MAX_MB`` on the CPU."""
+
+
+@dataclass
+class DeviceMap:
+    """An ``AttentionMap`` (layers, heads, queries, keys) whose weights stay on the model's device as q, k and lse
+    (``DeviceAttention``): the Generate tab draws from it, each figure moving only what it shows (tabs/common.py
+    ``attention_figure``). ``weights`` materialises every weight on the CPU, for the .npz and the comparison."""
+
+    attention: DeviceAttention
+    queries: list[str]
+    keys: list[str]
+
+    @property
+    def layers(self) -> int:
+        return len(self.attention.q)
+
+    @property
+    def heads(self) -> int:
+        return int(self.attention.q[0].size(0))
+
+    @property
+    def nbytes(self) -> int:
+        return self.attention.nbytes()
+
+    @property
+    def weights(self) -> np.ndarray:
+        layers, heads, t, _ = self.attention.shape
+        size = layers * heads * t * t * (2 if t > limits.LONG_TOKENS else 4)
+        if size > ARRAYS_MAX_MB << 20:
+            raise ArraysTooLarge(
+                f"Every attention weight ({layers} layers × {heads} heads × {t:,}² tokens) would take "
+                f"{size / 2**30:.1f} GB on the server, over its limit of {ARRAYS_MAX_MB:,} MB (ATLAS_ARRAYS_MAX_MB): "
+                "use a shorter prompt, or the zoom, which reads any block at full resolution.")
+        return self.attention.full()
+
+    def upto(self, t: int) -> DeviceMap:
+        """The map of the first ``t`` tokens (a replayed step)."""
+        return DeviceMap(self.attention.upto(t), self.queries[:t], self.keys[:t])
+
+    def to(self, device: str | torch.device) -> DeviceMap:
+        return DeviceMap(self.attention.to(device), self.queries, self.keys)
 
 
 @dataclass
@@ -207,6 +393,12 @@ class LongGeneration:
         weights = self.attention.full()
         return GenerationResult(text=self.text, tokens=self.tokens, ids=self.ids, prompt_len=self.prompt_len,
                                 attention={"decoder": AttentionMap(weights, self.tokens, list(self.tokens))},
+                                steps=self.steps, surprisal=self.surprisal, notice=self.notice)
+
+    def kept(self) -> GenerationResult:
+        """The app's ``GenerationResult`` with the attention left on the device (``DeviceMap``)."""
+        return GenerationResult(text=self.text, tokens=self.tokens, ids=self.ids, prompt_len=self.prompt_len,
+                                attention={"decoder": DeviceMap(self.attention, self.tokens, list(self.tokens))},  # type: ignore[dict-item]
                                 steps=self.steps, surprisal=self.surprisal, notice=self.notice)
 
 
@@ -491,21 +683,23 @@ class _Clock:
 @torch.inference_mode()
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             pool: bool = True, steps: str = "auto") -> LongGeneration:
+             pool: bool = True, steps: str = "auto", pool_cells: int | None = None) -> LongGeneration:
     """``model.generate(text, ...)`` (models/gpt.py: the same ids, candidates and surprisal; the attention within
-    float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles.
+    float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles (at
+    most ``pool_cells`` a side, default ``POOL_CELLS``).
     ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
     (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph
     where the model sits whole on one CUDA device without accelerate hooks, else pass)."""
     dec = Decoding.start(model, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
     ids, prompt_len, new = dec.ids, dec.prompt_len, dec.new
+    pool_cells = pool_cells or POOL_CELLS
     was_training = model.training
     model.eval()
     run = _Run(model, prompt_len + new)
     dev = _device(model.embed)
     clock = _Clock(dev)
     if pool:  # the tiles for prompt_len + new rows, filled as the rows are made (redone should it stop early)
-        run.tiles = _Tiles(prompt_len + new, POOL_CELLS, model.config.n_heads, run.devices)
+        run.tiles = _Tiles(prompt_len + new, pool_cells, model.config.n_heads, run.devices)
     x = run.layers(torch.tensor(ids, device=dev), 0)  # (P, D)
     clock.mark("prompt_pass")
     target = torch.tensor(ids[1:] + [0], device=x.device)
@@ -546,7 +740,7 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
         attention.add_rows(run.tiles, prompt_len)
         attention.pooled, attention.edges = run.tiles.result(), run.tiles.edges
     elif pool:  # stopped early (end of sequence): the blocks differ, all the tiles again
-        attention.pool(POOL_CELLS)
+        attention.pool(pool_cells)
     clock.mark("tiles")
     decoding = "pass" if stepper is None else "graph" if stepper.graphed else "fixed"
     return LongGeneration(text=dec.text(), tokens=dec.tokens(), ids=ids, prompt_len=prompt_len, steps=dec.steps,

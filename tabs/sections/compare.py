@@ -13,7 +13,6 @@ import numpy as np
 from models import limits
 from tabs.common import FAST, Error, read_text
 from tabs.sections.text import MAX_PATCH_CHARS
-from viz import attention as va
 from viz import why as vw
 from viz.common import esc
 
@@ -46,7 +45,9 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
 
     def go(a, text, lay, hd, vw_, *values):
         b = run_b(read_text(text), *values)
-        return (*compared(view_of, a, b, lay, hd, vw_), both_arrays(tab, view_of, a, b), b)
+        # maps kept on a GPU (a DeviceMap) are compared there, without writing their every weight to a file
+        device_side = any(hasattr(view_of(s)["amap"], "attention") for s in (a, b) if s)
+        return (*compared(view_of, a, b, lay, hd, vw_), None if device_side else both_arrays(tab, view_of, a, b), b)
 
     run.click(go, [state, text_b, layer, head, view, *inputs], [note, plot_b, plot_d, change, download, state_b],
               api_name=False)
@@ -59,7 +60,7 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
 def compared(view_of, state_a, state_b, layer, head, view):
     """(note, B's figure, B − A, the change per token or class) from two kept states: no model runs."""
     from models.inspect.analysis import align_tokens
-    from tabs.common import attention_figure, index, parse_head
+    from tabs.common import attention_figure, head_map, index, parse_head
 
     if not state_a:
         raise Error("Run the first input (A) first: B is compared with it.")
@@ -69,7 +70,7 @@ def compared(view_of, state_a, state_b, layer, head, view):
     hd = parse_head(head)
     fig_b = attention_figure(amap_b, f"B · {a['kind']}", layer, hd, view)
     pairs = align_tokens(amap_a.queries, amap_b.queries)
-    wa, wb = va.select_head(amap_a.weights, layer, hd), va.select_head(amap_b.weights, layer, hd)
+    wa, wb = head_map(amap_a, layer, hd), head_map(amap_b, layer, hd)
     shown = f"layer {layer} · " + (f"head {hd}" if isinstance(hd, int) else f"{hd} of heads")
     diff = vw.attention_difference(wa, wb, amap_a.queries, amap_b.queries, pairs, title=esc(f"B − A · {shown}"))
     if a.get("classes"):
