@@ -165,6 +165,21 @@ def warm_stack() -> list[str]:
     return failed
 
 
+def preload_for_zero_gpu() -> None:
+    """On a ZeroGPU Space, load the shipped models and the configured folders now, in the main process, where
+    ZeroGPU expects them moved to the GPU (tabs/zerogpu.py); elsewhere nothing (models load on first use)."""
+    from serving import catalogue, store
+    from tabs import zerogpu
+
+    if not zerogpu.ZERO_GPU:
+        return
+    names = [n for shipped in catalogue.SHIPPED.values() for n in shipped]
+    names += [n for n, entry in catalogue.CONFIGURED.items() if entry.folder is not None]
+    failed = zerogpu.preload(names, store.get_model)
+    print(f"[attention-atlas] ZeroGPU: {len(names) - len(failed)} models loaded at start-up"
+          + "".join(f"; {n} not: {why[:200]}" for n, why in failed.items()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Attention Atlas: see what attention does inside Transformers.")
     ap.add_argument("--model", action="append", default=[], metavar="DIR",
@@ -172,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                          "project checkpoint); repeat for more. ATLAS_MODELS (comma-separated) does the same.")
     args = ap.parse_args(argv)
     configure([*args.model, *os.environ.get("ATLAS_MODELS", "").split(",")])
+    preload_for_zero_gpu()
     demo = build_demo()
     # Host and port come from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; Gradio's default host is 127.0.0.1.
     # A bounded queue: requests beyond max_size get a "busy, try again" answer instead of piling up.

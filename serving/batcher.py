@@ -15,7 +15,8 @@ from typing import Any
 # Requests that arrive together for one model and action run as one batch (docs/ARCHITECTURE.md §9). ATLAS_BATCH=0
 # serves each request alone, as before (the benchmarks' baseline).
 # ATLAS_BATCH=gradio: Translate through Gradio's own batch=True instead (measured, not the default; §9).
-BATCH_MODE = os.environ.get("ATLAS_BATCH", "1").strip().lower()
+# A ZeroGPU Space (SPACES_ZERO_GPU) serves each request alone by default: each one books its own GPU (tabs/zerogpu.py).
+BATCH_MODE = os.environ.get("ATLAS_BATCH", "0" if os.environ.get("SPACES_ZERO_GPU") else "1").strip().lower()
 BATCHING = BATCH_MODE not in ("0", "gradio")
 GRADIO_BATCH = BATCH_MODE == "gradio"
 # Requests a batch takes at most; each batch function splits further by size (models' length runs).

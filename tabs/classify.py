@@ -44,6 +44,7 @@ from tabs.sections import compare as compare_section
 from tabs.sections import patching as patch_section
 from tabs.sections import qk, why
 from tabs.sections import text as text_section
+from tabs.zerogpu import on_gpu
 from viz import attribution as vattr
 from viz import images as vi
 
@@ -187,6 +188,7 @@ def checkpoint_name(task: str, model: str) -> str:
     return TEXT_MODELS[model] + TASKS[task]
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def classify(text: str, task: str = "SST-2 sentiment", model: str = "trained from scratch", layer: int = -1,
              head: str = "mean", view: str = "heatmap", explanation: str = "rollout", target: str = "",
              progress=gr.Progress()):
@@ -275,6 +277,7 @@ def colouring(attribution) -> str:
 CLASS_FREE = ("attention", "rollout")  # read from the attention alone: the same map whatever class is asked about
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def recolour(state, explanation: str, progress=gr.Progress()):
     """Another explanation: colour the text by it (each is computed once per input) and mark it on the curve."""
     if not state:

@@ -35,7 +35,7 @@ from tabs.permalink import Permalink, chain
 from tabs.sections import compare as compare_section
 from tabs.sections import patching as patch_section
 from tabs.sections import qk, why
-from tabs.zerogpu import on_gpu
+from tabs.zerogpu import host, on_gpu
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
@@ -234,6 +234,7 @@ def _model(name: str | None, progress=None):
     return get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
              head: str = "mean", view: str = "heatmap", pooling: str = "max", previous: dict | None = None,
@@ -272,9 +273,11 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
 
         cells = va.model_view_cells(net.config.n_layers, net.config.n_heads)  # the model view's tiles, made meanwhile
         with batcher.heavy():
-            return finish(ondevice.generate(net, prompt, max_new_tokens=new, strategy=strategy,
-                                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                            pool_cells=cells).kept())
+            out = finish(ondevice.generate(net, prompt, max_new_tokens=new, strategy=strategy,
+                                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                           pool_cells=cells).kept())
+        host(out[6])  # a ZeroGPU Space: the kept attention comes back on the CPU
+        return out
     if not long_input and not registry.is_family(net, "mamba"):  # drawn in the batch's thread (serving.store.batched)
         return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
     with batcher.heavy():
@@ -428,6 +431,7 @@ def logit_lens(state: dict | None):
     return lens_figure(state)
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def experts_view(state: dict | None):
     """The experts button: for each token of the last generation and each layer, the experts the router chose and
     their weights (models.families.moe.expert_routes); the last LENS_LAST positions of a long input."""

@@ -35,6 +35,7 @@ from tabs.permalink import Permalink, chain
 from tabs.sections import compare as compare_section
 from tabs.sections import qk, why
 from tabs.sections import text as text_section
+from tabs.zerogpu import on_gpu
 from viz import text as vt
 from viz.common import esc
 
@@ -134,6 +135,7 @@ def _model(name: str | None, progress=None):
     return name, get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def translate(text: str, beam_size: int = 5, kind: str = "cross", layer: int = -1, head: str = "mean",
               view: str = "heatmap", model_name: str = MODEL, progress=gr.Progress()):
     """Translate English to German; return the translation and every attention figure."""
@@ -175,6 +177,7 @@ def sentence_picker(text: str):
             f"sentence 1 of {len(choices)}" if many else "")
 
 
+@on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross", head: str = "mean",
                   view: str = "heatmap", model_name: str = MODEL):
     """The figures of the picked sentence (the translation itself stays): that sentence translated alone, as the

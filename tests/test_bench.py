@@ -171,6 +171,19 @@ def test_generate_bench_compares_with_transformers(capsys) -> None:
     assert report["speedup"] == pytest.approx(report["reference_s"] / report["ours_s"], rel=0.05)
 
 
+def test_kept_bench_compares_both_generate_paths() -> None:
+    """bench/kept.py --quick: the Generate tab's whole-array and device-side paths on one 2,048-token generation
+    draw the same figures, and the device side keeps less (sizes, not times, are asserted)."""
+    done = subprocess.run([sys.executable, "bench/kept.py", "--quick", "--repeats", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "ATLAS_MAX_TOKENS": "2048"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["same"] is True and report["tokens"] == 2048
+    assert report["kept_ratio"] > 10 and report["device"]["kept_mb"] < report["array"]["kept_mb"]
+    assert set(report["device"]["redraw_ms"]) == set(report["array"]["redraw_ms"]) == {
+        "heatmap_mean", "model_view", "head_view", "replay_step_2", "zoom_64", "zoom_1024"}
+
+
 def test_class_bench_runs_a_small_class_end_to_end() -> None:
     """bench/class.py with 5 students: nothing fails, nothing is lost, not even across the server's kill (figures
     are never asserted: the JSON's keys and counts are)."""
