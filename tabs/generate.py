@@ -331,9 +331,10 @@ def on_device(kept: dict) -> bool:
 
 def device_notice(amap) -> str:
     """What keeping the attention on the device changes, said under the continuation."""
-    where = amap.attention.q[0].device
-    return (f"· The attention stays on `{where}` as each layer's queries, keys and row normalisers "
-            f"({amap.nbytes / 2**20:,.0f} MB): every figure, zoom and head view computes only what it draws there; "
+    where, n = amap.attention.q[0].device, amap.nbytes
+    size = f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} KB"
+    return (f"· The attention stays on `{where}` as each layer's queries, keys and row normalisers ({size}): "
+            "every figure, zoom and head view computes only what it draws there; "
             "the attention arrays (.npz) are made on request, with their button.")
 
 

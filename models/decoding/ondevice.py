@@ -281,7 +281,11 @@ class DeviceAttention:
         ki, weights, threshold drawn, how many passed when there were too many, else 0), j indexing ``heads``,
         sorted by (j, qi, ki)."""
         t, dev = self.length, self.q[layer].device
-        pick = torch.tensor([int(h) for h in heads], device=dev)
+        heads = [int(h) for h in heads]
+        # consecutive heads (one, or all) are computed alone; any other choice from all of the layer's
+        run = heads == list(range(heads[0], heads[0] + len(heads))) if heads else False
+        span = slice(heads[0], heads[0] + len(heads)) if run else slice(None)
+        pick = None if run else torch.tensor(heads, device=dev)
         flat: list[Tensor] = []
         vals: list[Tensor] = []
         passed = 0
@@ -294,7 +298,8 @@ class DeviceAttention:
         step = self._rows_per(layer, t)
         for a in range(0, t, step):
             b = min(t, a + step)
-            w = self._weights(layer, torch.arange(a, b, device=dev), slice(0, t))[pick]  # (h, r, T)
+            w = self._weights(layer, torch.arange(a, b, device=dev), slice(0, t), span)  # (h, r, T)
+            w = w if pick is None else w[pick]
             hit = w >= threshold
             j, r, k = hit.nonzero(as_tuple=True)
             passed += int(j.numel())
