@@ -188,6 +188,24 @@ def _teacher_forced(ours, seq: list[int], prompt: int) -> list[int]:
         return run.logits(x[prompt - 1 : len(seq) - 1]).float().argmax(-1).tolist()
 
 
+def figure_parts(dev: torch.device, att) -> dict[str, float]:
+    """Milliseconds for what the Generate tab asks of a map kept on the device (tabs.common.attention_figure), each
+    part moved to the CPU: the last layer's mean-of-heads heatmap (≤ 512 × 512 max-pooled tiles above 512 tokens),
+    the head view of its head 0 (lines ≥ max(0.05, 2/T), the strongest 20,000), a 64 × 64 zoom, and a replayed
+    step's model-view tiles (every layer and head over T − 1 tokens, at viz.attention.model_view_cells)."""
+    layers, heads, t, _ = att.shape
+    last = layers - 1
+    cells = min(64, max(8, int((1_000_000 / (layers * heads)) ** 0.5)))
+    parts = {
+        "heatmap_mean": lambda: att.tiles(last, "mean", 512, "max") if t > 512 else att.fused(last, "mean"),
+        "head_view": lambda: att.lines(last, [0], max(0.05, 2.0 / t), 20000),
+        "zoom_64": lambda: att.fused(last, 0, (max(0, t - 64), t), (max(0, t - 64), t)),
+        "replay_model_view": lambda: [att.upto(t - 1).tiles(i, None, cells, "max") for i in range(layers)],
+    }
+    parts["heatmap_mean"]()  # warm-up
+    return {name: round(timed(dev, fn)[1] * 1e3, 1) for name, fn in parts.items()}
+
+
 def big(dev: torch.device, quick: bool, fp32_layers: int, gen_only: bool = False) -> dict[str, Any]:
     from models.decoding import ondevice
     from models.inspect.decompose import decompose_score
@@ -233,6 +251,8 @@ def big(dev: torch.device, quick: bool, fp32_layers: int, gen_only: bool = False
         r["same_next_token"] = round(float(np.mean([a == b for a, b in zip(forced, hf_seqs[p][p:])])), 3)
         r["kept_on_device_mb"] = round(res.attention.nbytes() / 1e6, 1)
         r["pooled_mb"] = round(sum(a.nbytes for a in res.attention.pooled.values()) / 1e6, 2)
+        if hasattr(res.attention, "tiles"):  # (an older module, for "before", has none)
+            r["figures_ms"] = figure_parts(dev, res.attention)
         del res
         if getattr(ondevice, "FUSED_OUTPUT", None) == "off":  # beside it: the prompt's output by torch's SDPA
             ondevice.FUSED_OUTPUT = "on"

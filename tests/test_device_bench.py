@@ -32,4 +32,5 @@ def test_device_bench_quick(tiny_checkpoints: Path) -> None:
     assert big["fp32"]["identical"] and big["fp32"]["plain_identical"] and big["fp32"]["max_attention_diff"] < 1e-5
     for run in big["generate"].values():
         assert 0 <= run["same_next_token"] <= 1 and run["pooled_mb"] > 0
+        assert set(run["figures_ms"]) == {"heatmap_mean", "head_view", "zoom_64", "replay_model_view"}
     assert big["patching"]["tokens"] == 40 and big["split"]["agree"]
