@@ -211,7 +211,7 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
         if kept is None:
             return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
         cells = va.model_view_cells(amap.layers, amap.heads)
-        if kept.pooled and kept.edges is not None and len(kept.edges) == len(block_edges(kept.length, cells)):
+        if kept.pooled and kept.edges is not None and np.array_equal(kept.edges, block_edges(kept.length, cells)):
             tiles = (kept.pooled["max"], kept.edges, kept.edges)  # made while generating
         else:
             parts = [kept.tiles(i, None, cells, "max") for i in range(amap.layers)]
