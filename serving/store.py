@@ -52,12 +52,14 @@ class ModelStore:
     def _load(name: str, progress: Any = None) -> Any:
         import torch
 
-        import models
         from models.decoding.packed import pack_linears
+        from models.io.bigmodel import dispatched
         from models.io.placement import place, run_dtype
 
         if os.environ.get("ATLAS_TORCH_THREADS"):  # intra-op threads per request (default: torch's choice)
             torch.set_num_threads(max(1, int(os.environ["ATLAS_TORCH_THREADS"])))
+        device = run_device()
+        dtype = run_dtype(device)  # ATLAS_DTYPE: float32 on the CPU, bfloat16 on a GPU unless it says otherwise
         if name in catalogue.IMAGENET_NAMES:
             from models.io.hub import offline
             from models.io.pretrained import load_imagenet
@@ -77,22 +79,26 @@ class ModelStore:
             try:
                 if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
                     check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading
-                model = models.load(entry.folder or fetch(entry.repo, entry.revision, progress))
+                model = _load_folder(name, entry.folder or fetch(entry.repo, entry.revision, progress), device, dtype)
             except (HubUnavailable, TooLarge) as err:
                 raise ModelUnavailable(f"{err} The other models keep working.") from None
+            except ModelUnavailable:
+                raise
             except Exception as err:  # a folder the configuration named: unsupported, broken or gone
                 raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {err}. The "
                                        "other models keep working.") from None
         else:
             try:
-                model = models.load(catalogue.CHECKPOINTS / name)
+                model = _load_folder(name, catalogue.CHECKPOINTS / name, device, dtype)
+            except ModelUnavailable:
+                raise
             except Exception as err:  # missing folder, bad hash, truncated file, bad config
                 raise ModelUnavailable(
                     f"The model `{name}` cannot be loaded: {err}. Restore it with `git checkout -- checkpoints/{name}`"
                     f" or rebuild it with {catalogue.rebuild_hint(name)}. The other tabs keep working."
                 ) from None
-        device = run_device()
-        dtype = run_dtype(device)  # ATLAS_DTYPE: float32 on the CPU, bfloat16 on a GPU unless it says otherwise
+        if dispatched(model):  # split by accelerate (_load_folder): placed, cast and hooked already; nothing to pack
+            return model
         if device == "cpu" and dtype == torch.float32:
             pack_linears(model)  # packs only layers whose weights fp16 holds exactly (the shipped checkpoints')
             from models.decoding import fastgen
@@ -103,6 +109,85 @@ class ModelStore:
 
 
 MODELS = ModelStore()
+
+# --------------------------------------------------------------------------------- models larger than one device
+ACTIVATION_MARGIN = 0.2  # of a GPU's free memory kept for activations, the KV cache and kept attention
+OFFLOAD = catalogue.ROOT / "runs" / "offload"  # git-ignored, the server's own: where offloaded blocks are written
+
+
+def _load_folder(name: str, folder: Any, device: str, dtype: Any) -> Any:
+    """The model of a checkpoint folder: ``models.load``, or, for a decoder ``models.io.bigmodel.load_gpt`` reads
+    that is to be split (``split_memory``), ``load_gpt`` across the GPUs, the CPU and disk."""
+    import models
+    from models.io.bigmodel import readable
+
+    if not readable(folder):  # classifiers, translators, vision models, Mamba, other decoders: the usual way
+        return models.load(folder)
+    memory = split_memory(folder, device, dtype)
+    if memory is None:
+        return models.load(folder)
+    return _dispatch(name, folder, dtype, memory)
+
+
+def split_memory(folder: Any, device: str, dtype: Any) -> dict[int | str, int | str] | None:
+    """How much each device may hold of a decoder to be split by accelerate, or None to load it whole:
+    ``ATLAS_MAX_MEMORY`` where it is set (``models.io.bigmodel.max_memory``; a bad value, or a GPU this machine
+    lacks, is ``ModelUnavailable`` naming the variable); else, on a CUDA ``device``, each GPU's free memory less
+    ``ACTIVATION_MARGIN`` and the CPU's available memory, when the weights in ``dtype`` (counted from the
+    safetensors headers, nothing loaded) are more than ``device`` holds less that margin."""
+    import torch
+
+    from models.io.bigmodel import max_memory
+
+    raw = os.environ.get("ATLAS_MAX_MEMORY", "")
+    try:
+        memory = max_memory()
+    except ValueError as err:
+        raise ModelUnavailable(f"The server's ATLAS_MAX_MEMORY cannot be used: {err}. Fix or unset it "
+                               "(e.g. 0=70GiB,cpu=100GiB); the models that fit one device keep working.") from None
+    if memory is not None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        missing = sorted(k for k in memory if isinstance(k, int) and k >= gpus)
+        if missing:
+            raise ModelUnavailable(f"The server's ATLAS_MAX_MEMORY={raw[:80]!r} names GPU {missing[0]}, but this "
+                                   f"machine has {gpus} GPU(s). Fix or unset ATLAS_MAX_MEMORY.")
+        return dict(memory)
+    if not device.startswith("cuda"):
+        return None
+    from accelerate.utils import get_max_memory
+
+    from models.io.hub import folder_params
+
+    need = folder_params(folder) * torch.empty((), dtype=dtype).element_size()
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    if need <= free * (1 - ACTIVATION_MARGIN):
+        return None
+    return {k: int(v * (1 - ACTIVATION_MARGIN)) if isinstance(k, int) else v for k, v in get_max_memory().items()}
+
+
+def _dispatch(name: str, folder: Any, dtype: Any, memory: dict[int | str, int | str]) -> Any:
+    """``load_gpt`` within ``memory``, blocks past it offloaded to a folder of the server's own under ``OFFLOAD``
+    (removed when the process ends); the split said in one log line and as ``model.device_summary``."""
+    import atexit
+    import re
+    import shutil
+    import tempfile
+
+    from models.io.bigmodel import describe, load_gpt
+
+    prefix = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] + "-"
+    try:
+        OFFLOAD.mkdir(parents=True, exist_ok=True)
+        offload = tempfile.mkdtemp(prefix=prefix, dir=OFFLOAD)
+    except OSError:  # a read-only checkout (a Space): the system's temporary folder
+        offload = tempfile.mkdtemp(prefix=f"atlas-offload-{prefix}")
+    atexit.register(shutil.rmtree, offload, True)
+    model = load_gpt(folder, "auto", offload, dtype, memory)
+    if "disk" not in model.hf_device_map.values():
+        shutil.rmtree(offload, ignore_errors=True)
+    model.device_summary = describe(model)
+    print(f"[attention-atlas] {name}: split by accelerate, {model.device_summary}", flush=True)
+    return model
 
 
 def run_device() -> str:

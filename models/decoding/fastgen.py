@@ -46,6 +46,7 @@ from models import limits
 from models.blocks.positional import apply_rope
 from models.decoding.loop import Decoding
 from models.decoding.packed import joined
+from models.io.bigmodel import dispatched
 from models.outputs import GenerationResult
 
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (vocabulary-wide logits each)
@@ -84,7 +85,9 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     if not supports(model):
         return model.generate(text, max_new_tokens=max_new_tokens, strategy=strategy, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed)
-    if on_gpu(model):  # this module's loop is built for the CPU; on a GPU the on-device path, its steps a CUDA graph
+    if on_gpu(model) or dispatched(model):  # this module's loop is built for the CPU; on a GPU the on-device path, its
+        # steps a CUDA graph; a model accelerate split (models/io/bigmodel.py) too: its modules' hooks place each
+        # block's weights, which the plan here would read directly (offloaded ones are on the meta device)
         from models.decoding import ondevice
 
         return ondevice.generate(model, text, max_new_tokens=max_new_tokens, strategy=strategy,

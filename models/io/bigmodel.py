@@ -14,6 +14,9 @@ The forward pass, generation (``GPT.generate``, ``models/decoding/ondevice.py``)
 through the modules' own ``forward``, so the hooks serve them unchanged. The score split (``models/inspect/``)
 reads weights directly; it reads an offloaded one through ``weight(module, name)``, which asks the module's hook for it.
 
+The app's model store (``serving.store``) loads a decoder through ``load_gpt`` when ``ATLAS_MAX_MEMORY`` is set, or
+when its weights are more than the CUDA device in ``ATLAS_DEVICE`` holds; ``describe`` says how it was split.
+
 ``ATLAS_MAX_MEMORY``: per device the most it may hold, as accelerate writes it, e.g. ``0=70GiB,1=70GiB,cpu=200GiB``
 (keys: GPU indices, ``cpu``; values: ``GiB``/``MB``/... strings); unset: accelerate's own estimate of what is free.
 """
@@ -43,8 +46,21 @@ def max_memory(spec: str | None = None) -> dict[int | str, str] | None:
         key, value = key.strip(), value.strip()
         if not sep or not value or not (key.isdigit() or key in ("cpu", "disk")):
             raise ValueError(f"ATLAS_MAX_MEMORY entries are DEVICE=SIZE (0=70GiB,cpu=100GiB), got {entry!r}")
+        if not _size_ok(value):
+            raise ValueError(f"ATLAS_MAX_MEMORY sizes are a number and a unit (70GiB, 500MB), got {entry!r}")
         out[int(key) if key.isdigit() else key] = value
     return out
+
+
+def _size_ok(value: str) -> bool:
+    """Whether accelerate reads ``value`` as a size (checked here, so a bad one is said when the variable is read)."""
+    from accelerate.utils import convert_file_size_to_int
+
+    try:
+        convert_file_size_to_int(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _where(device_map: Mapping[str, Any], name: str) -> Any:
@@ -79,6 +95,7 @@ def dispatch_gpt(config: Any, tensor: Callable[[str], Tensor], device_map: Mappi
             raise ValueError(f"device_map must be 'auto' or a dict, got {device_map!r}")
         device_map = infer_auto_device_map(model, max_memory=memory if memory is not None else max_memory(),
                                            no_split_module_classes=NO_SPLIT, dtype=dtype)
+        device_map = _embedding_off_disk(dict(device_map), model, config.tie_embeddings)
     device_map = dict(device_map)
     offloaded: dict[str, Tensor] = {}
     for name, _ in model.named_parameters():  # a tied weight once (named_parameters skips the duplicate)
@@ -99,11 +116,31 @@ def dispatch_gpt(config: Any, tensor: Callable[[str], Tensor], device_map: Mappi
                           offload_dir=str(offload_folder) if offloaded else None)
 
 
+def _embedding_off_disk(device_map: dict[str, Any], model: nn.Module, tied: bool) -> dict[str, Any]:
+    """An automatic map whose embedding is not on disk: ``GPT`` makes its input ids on the embedding's device, which
+    must be a real one. Where accelerate sent it to disk (a memory allowance smaller than the embedding and the
+    largest block), the map is spelled out per block and the embedding (and the output projection tied to it) goes
+    to the first device the map uses, or the CPU: past the allowance by that much."""
+    if _where(device_map, "embed.weight") != "disk":
+        return device_map
+    names = [n for n, _ in model.named_children() if n != "blocks"]
+    names += [f"blocks.{i}" for i in range(len(model.blocks))]
+    names += [n for n, _ in model.named_parameters(recurse=False)] + [n for n, _ in model.named_buffers(recurse=False)]
+    spelled = {n: _where(device_map, n) for n in names}
+    home = next((d for d in device_map.values() if d != "disk"), "cpu")
+    spelled["embed"] = home
+    if tied:
+        spelled["lm_head"] = home
+    return spelled
+
+
 def load_gpt(folder: str | Path, device_map: Mapping[str, Any] | str = "auto", offload_folder: str | Path | None = None,
-             dtype: torch.dtype = torch.float32, memory: dict[int | str, str] | None = None) -> nn.Module:
-    """A decoder checkpoint folder (the project's own GPT format, or a Hugging Face LLaMA / GPT-2 folder with
-    safetensors weights), loaded without ever holding the whole model in one place: each tensor is read from its
-    file by name when it is placed (``safetensors.safe_open``)."""
+             dtype: torch.dtype = torch.float32, memory: dict[int | str, str] | None = None,
+             verify: bool = True) -> nn.Module:
+    """A decoder checkpoint folder (the project's own GPT format, or a Hugging Face LLaMA folder with safetensors
+    weights: ``readable(folder)``), loaded without ever holding the whole model in one place: each tensor is read
+    from its file by name when it is placed (``safetensors.safe_open``). With the attributes ``models.load`` gives
+    (``tokenizer``, ``labels``, ``text``); a project checkpoint's manifest is checked first, as there (``verify``)."""
     import json
 
     from safetensors import safe_open
@@ -114,6 +151,10 @@ def load_gpt(folder: str | Path, device_map: Mapping[str, Any] | str = "auto", o
     from models.io.hf import is_hf_folder
 
     folder = resolve(folder)
+    if verify and not is_hf_folder(folder):
+        from models.io.checkpoint import verify as verify_manifest
+
+        verify_manifest(folder)  # every listed file present, full size, its sha256 equal (CheckpointError names it)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has no safetensors weights")
@@ -136,11 +177,59 @@ def load_gpt(folder: str | Path, device_map: Mapping[str, Any] | str = "auto", o
         return t.t().contiguous() if _conv1d(cfg, source) else t
 
     model = dispatch_gpt(config, tensor, device_map, offload_folder, dtype, memory)
-    if (folder / "tokenizer.model").is_file() or (folder / "tokenizer.json").is_file():
+    if is_hf_folder(folder):  # the tokenizer, token ids, labels and text settings models.load gives
+        from models.io.hf import attach_decoder_tokenizer
+
+        attach_decoder_tokenizer(model, folder, cfg)
+    else:
         from models.io.tokenizer import load_tokenizer
 
-        model.tokenizer = load_tokenizer(folder, cfg.get("text", {}))
+        model.labels, model.text = list(cfg.get("labels", [])), dict(cfg.get("text", {}))
+        if (folder / "tokenizer.model").is_file() or (folder / "tokenizer.json").is_file():
+            model.tokenizer = load_tokenizer(folder, model.text)
     return model
+
+
+def readable(folder: str | Path) -> bool:
+    """Whether ``load_gpt`` reads ``folder`` (judged from its config.json, nothing loaded): a project checkpoint of
+    a ``GPT``, or a Hugging Face LLaMA folder, with safetensors weights. Anything else (classifiers, translators,
+    vision models, Mamba, the other Hugging Face decoders) is for ``models.load``."""
+    import json
+
+    folder = Path(folder)
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict) or not any(folder.glob("model*.safetensors")):
+        return False
+    if "format" in cfg:
+        from models.io.checkpoint import FORMAT
+
+        return cfg.get("model") == "GPT" and cfg.get("format") == FORMAT and isinstance(cfg.get("config"), dict)
+    return cfg.get("model_type") == "llama"
+
+
+def dispatched(model: nn.Module) -> bool:
+    """Whether accelerate dispatched ``model`` (``dispatch_model`` leaves its device map on it)."""
+    return isinstance(getattr(model, "hf_device_map", None), dict)
+
+
+def describe(model: nn.Module) -> str:
+    """How a dispatched GPT is split, in one line: its blocks per device, then where the embedding and the output
+    projection are, e.g. ``24 blocks: 20 on cuda:0, 3 on cpu, 1 on disk; embedding on cuda:0, output on cpu``."""
+    device_map = model.hf_device_map
+
+    def name(dev: Any) -> str:
+        return f"cuda:{dev}" if isinstance(dev, int) else str(dev)
+
+    counts: dict[str, int] = {}
+    for i in range(len(model.blocks)):
+        where = name(_where(device_map, f"blocks.{i}"))
+        counts[where] = counts.get(where, 0) + 1
+    per = ", ".join(f"{n} on {d}" for d, n in counts.items())
+    return (f"{len(model.blocks)} blocks: {per}; embedding on {name(_where(device_map, 'embed.weight'))}, "
+            f"output on {name(_where(device_map, 'lm_head.weight'))}")
 
 
 def _conv1d(cfg: dict, source: str) -> bool:

@@ -69,13 +69,27 @@ def load_hf(folder: str | Path) -> Any:
         model.tokenizer = JsonTokenizer(folder / "tokenizer.json", {}, model.config.max_len, tokenizer=pipeline)
         model.text = {}
         return model.float().eval()
+    attach_decoder_tokenizer(model, folder, hf, pipeline)
+    return model.float().eval()
+
+
+def attach_decoder_tokenizer(model: Any, folder: Path, hf: dict[str, Any], pipeline: Any = None) -> None:
+    """A language model's tokenizer as ``load_hf`` gives it (also to one ``models.io.bigmodel`` dispatched): the
+    folder's pipeline cut at the model's context, the config's BOS and EOS ids, the prompt encoded as transformers
+    encodes it; with ``labels`` and ``text`` empty."""
+    from models.io.tokenizer import JsonTokenizer, folder_tokenizer
+
+    if pipeline is None:
+        try:
+            pipeline = folder_tokenizer(folder, hf.get("model_type", ""))
+        except (FileNotFoundError, ValueError, OSError) as err:
+            raise CheckpointError(folder / "tokenizer.json", f"no usable tokenizer: {err}") from None
     tok = JsonTokenizer(folder / "tokenizer.json", {}, model.context_limit(), tokenizer=pipeline)
     tok.bos_id = _token_id(hf, "bos_token_id", tok.bos_id)
     tok.eos_id = _token_id(hf, "eos_token_id", tok.eos_id)
     tok.adds_bos = False  # the prompt is encoded as transformers encodes it
     model.tokenizer = tok
     model.labels, model.text = [], {}
-    return model.float().eval()
 
 
 def _token_id(hf: dict[str, Any], key: str, default: int) -> int:
