@@ -358,6 +358,8 @@ def family_notice(net) -> str:
                 "over the channels and each row divided by its sum (Ali, Zimerman & Wolf 2024). " + NOT_APPLICABLE)
     local = map_kind(net)["local"]
     parts = []
+    if getattr(net, "device_summary", None):  # split by accelerate (serving/store.py, models/io/bigmodel.py)
+        parts.append(f"· The model is split across devices by accelerate: {net.device_summary}.")
     if local:
         which = "every layer" if len(local) == c.n_layers else "layers " + ", ".join(map(str, local))
         parts.append(f"· Local attention on {which}: a sliding window of {next(iter(local.values()))} tokens (a query "

@@ -70,6 +70,25 @@ def typed(value):
     return value
 
 
+def head_lines(fig) -> set[tuple[str, float, float]]:
+    """A head view's lines as (head, query, key)."""
+    out = set()
+    for trace in fig.data:
+        y = np.asarray(trace.y if trace.y is not None else [], dtype=np.float64)
+        if trace.mode == "lines" and y.size > 1:
+            out |= {(trace.legendgroup, float(q), float(k)) for q, k in zip(y[0::3], y[1::3])}
+    return out
+
+
+def same_head_view(a, b, share: float) -> None:
+    """Two head views with the same lines, but for at most ``share`` of them: a weight at the threshold passes on
+    one side only when one side's weights are the whole array's float16 (a long input)."""
+    la, lb = head_lines(a), head_lines(b)
+    assert la and len(la ^ lb) <= share * len(la), (len(la), len(lb), len(la ^ lb))
+    if not share:
+        same_figure(a, b)
+
+
 def same_figure(a, b, atol: float = 1e-5) -> None:
     """Two figures alike: the same layout and traces, their numbers within ``atol`` (the model view's whole
     percents within one, on at most a few cells: a weight at a half percent may round either way)."""
@@ -101,26 +120,30 @@ def test_every_view_equals_the_whole_arrays(tab, pair) -> None:
     amap = device["result"].attention["decoder"]
     assert hasattr(amap, "attention") and not hasattr(dense["result"].attention["decoder"], "attention")
     assert device["result"].ids == dense["result"].ids
+    np.testing.assert_allclose(device["result"].surprisal, dense["result"].surprisal, atol=1e-4)
     t = len(dense["result"].tokens)
+    long = t > limits.LONG_TOKENS  # the whole array is float16 there: weights within 1e-3
     n = len(dense["result"].steps)
     for step in (0, n - 1):
         for view in ("heatmap", "head view", "model view"):
             for head in (["mean", "max", "2"] if view == "heatmap" else ["mean", "1"] if view == "head view" else
                          ["mean"]):
-                for pooling in (("max", "mean") if view == "heatmap" and t > limits.LONG_TOKENS else ("max",)):
-                    a = tab.draw_generation(dense, step, 1, head, view, pooling)
-                    b = tab.draw_generation(device, step, 1, head, view, pooling)
-                    assert a[0] == b[0]  # the text
-                    same_figure(a[2], b[2], atol=1e-3 if t > limits.LONG_TOKENS else 1e-5)  # float16 arrays when long
+                for pooling in (("max", "mean") if view == "heatmap" and long else ("max",)):
+                    a = tab.draw_generation(dense, step, 1, head, view, pooling)[2]
+                    b = tab.draw_generation(device, step, 1, head, view, pooling)[2]
+                    if view == "head view":
+                        same_head_view(a, b, share=0.02 if long else 0)
+                    else:
+                        same_figure(a, b, atol=1e-3 if long else 1e-5)
     # zoom: a block at full resolution, and one over POOL_ABOVE a side (pooled on the device)
     blocks = [(3, min(40, t - 1), 0, min(30, t - 1))]
-    if t > limits.LONG_TOKENS:
+    if long:
         blocks.append((100, t - 1, 50, t - 1))
     for q0, q1, k0, k1 in blocks:
         for head in ("max", "3"):
             same_figure(tab.zoom(dense, 0, head, q0, q1, k0, k1, "mean"), tab.zoom(device, 0, head, q0, q1, k0, k1,
                                                                                      "mean"),
-                        atol=1e-3 if t > limits.LONG_TOKENS else 1e-5)
+                        atol=1e-3 if long else 1e-5)
 
 
 def test_the_device_path_keeps_a_fraction_and_makes_arrays_on_request(tab, pair) -> None:
