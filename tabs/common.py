@@ -227,11 +227,20 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
     if kept is None:
         return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title,
                                     pool=pool)
-    # over POOL_ABOVE tokens the tiles are pooled on the device: only they leave it
-    w = Pooled(*kept.tiles(layer, head, va.TILE_CELLS, pool)) if kept.length > va.POOL_ABOVE else \
-        kept.fused(layer, head)
-    return va.attention_heatmap(w, amap.queries, amap.keys, kind=kind_title, title=va.describe(kind_title, layer, head),
-                                pool=pool)
+    return va.attention_heatmap(device_block(kept, layer, head, pool), amap.queries, amap.keys, kind=kind_title,
+                                title=va.describe(kind_title, layer, head), pool=pool)
+
+
+def device_block(kept, layer: int, head: str | int, pool: str, rows: tuple[int, int] | None = None,
+                 cols: tuple[int, int] | None = None):
+    """A block (default: all) of one head's or a fusion's map kept on the device (``ondevice.DeviceAttention``),
+    as a figure draws it: the (r, c) weights, or over viz.attention.POOL_ABOVE a side its ``Pooled`` tiles, made
+    there (only they leave the device)."""
+    r0, r1 = rows or (0, kept.length)
+    c0, c1 = cols or (0, kept.length)
+    if max(r1 - r0, c1 - c0) > va.POOL_ABOVE:
+        return Pooled(*kept.tiles(layer, head, va.TILE_CELLS, pool, (r0, r1), (c0, c1)))
+    return kept.fused(layer, head, (r0, r1), (c0, c1))
 
 
 def head_map(amap, layer: int, head: str | int) -> np.ndarray:

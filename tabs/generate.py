@@ -18,6 +18,7 @@ from tabs.common import (
     Error,
     attention_figure,
     controls_for,
+    device_block,
     get_model,
     head_choices,
     head_index,
@@ -39,7 +40,7 @@ from tabs.zerogpu import host, on_gpu
 from viz import attention as va
 from viz import generate as vg
 from viz import stats as vs
-from viz.common import POOLS, Pooled
+from viz.common import POOLS
 
 TITLE = "Generate"
 DEFAULT = GPT_TINY
@@ -490,11 +491,8 @@ def zoom(state: dict | None, layer: int, head: str, q_first: float | None, q_las
     if isinstance(h, int) and not 0 <= h < amap.heads:
         raise Error(f"This model has heads 0 … {amap.heads - 1}; got {h}.")
     rows, cols = (first_q, last_q + 1), (first_k, last_k + 1)
-    kept, block = getattr(amap, "attention", None), None
-    if kept is not None:  # read on the device: the block, or over POOL_ABOVE a side its tiles
-        big = max(rows[1] - rows[0], cols[1] - cols[0]) > va.POOL_ABOVE
-        block = Pooled(*kept.tiles(layer, h, va.TILE_CELLS, pooling, rows, cols)) if big else \
-            kept.fused(layer, h, rows, cols)
+    kept = getattr(amap, "attention", None)  # a map kept on the device: the block read there
+    block = None if kept is None else device_block(kept, layer, h, pooling, rows, cols)
     return va.attention_zoom(amap.weights if kept is None else None, amap.queries, amap.keys, rows=rows, cols=cols,
                              layer=layer, head=h, kind="Decoder self-attention", pool=pooling, block=block)
 
