@@ -70,20 +70,12 @@ def typed(value):
     return value
 
 
-def head_lines(fig) -> set[tuple[str, float, float]]:
-    """A head view's lines as (head, query, key)."""
-    out = set()
-    for trace in fig.data:
-        y = np.asarray(trace.y if trace.y is not None else [], dtype=np.float64)
-        if trace.mode == "lines" and y.size > 1:
-            out |= {(trace.legendgroup, float(q), float(k)) for q, k in zip(y[0::3], y[1::3])}
-    return out
-
-
 def same_head_view(a, b, share: float) -> None:
     """Two head views with the same lines, but for at most ``share`` of them: a weight at the threshold passes on
     one side only when one side's weights are the whole array's float16 (a long input)."""
-    la, lb = head_lines(a), head_lines(b)
+    from bench.kept import lines
+
+    la, lb = lines(a), lines(b)
     assert la and len(la ^ lb) <= share * len(la), (len(la), len(lb), len(la ^ lb))
     if not share:
         same_figure(a, b)
