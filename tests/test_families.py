@@ -9,6 +9,7 @@ mixture of experts' chosen experts and weights are the top-k of transformers' ro
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import models
+from models.blocks.decoder import BlockSpec
 from tests.tiny_families import FAMILIES, decoder_folder
 
 IDS = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12]  # longer than every sliding window of tests/tiny_families.py
@@ -66,7 +68,14 @@ def test_family_switches_are_read(folders) -> None:
     assert g.rope_base == 50_000.0 and g.attn_scale == pytest.approx(24 ** -0.5) and g.final_softcap == 30.0
     assert [c["gemma3_text-softcap"].is_local(i) for i in range(3)] == [True, False, True]  # sliding_window_pattern 2
     assert c["mixtral"].n_experts == 5 and c["mixtral"].experts_per_token == 2
-    assert c["qwen2"].plain and not any(c[n].plain for n in ("qwen3", "mistral", "phi3", "gemma3_text", "mixtral"))
+
+    def switched(config) -> set[str]:  # the block fields where a config differs from the bare LLaMA recipe
+        bare = BlockSpec(rotary_dim=config.d_head, rope_layout="half")
+        return {f.name for f in fields(BlockSpec) if getattr(config.block_spec(0), f.name) != getattr(bare, f.name)}
+
+    assert switched(c["qwen2"]) == {"qkv_bias"}
+    assert switched(c["qwen3"]) == {"qk_norm"} and "window" in switched(c["mistral"]) | switched(c["phi3"])
+    assert {"sandwich", "qk_norm", "ff_act"} <= switched(c["gemma3_text"]) and "ff" in switched(c["mixtral"])
 
 
 @pytest.mark.parametrize("name", ["mistral", "gemma3_text"])

@@ -5,21 +5,48 @@ family imports the other."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks.attention import LayerEdit, MultiHeadAttention
 
-# The feed-forward activation by name: ReLU (eq. 2), SiLU = swish (Marian's opus-mt), exact GELU.
-ACTIVATIONS = {"relu": nn.ReLU, "swish": nn.SiLU, "silu": nn.SiLU, "gelu": nn.GELU}
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# The one table of activations, by the names configs use (transformers' ACT2FN names included): ReLU (Vaswani et al.
+# 2017, eq. 2), SiLU = swish (SwiGLU, Marian's opus-mt), exact GELU (BERT, ViT, GPT-NeoX), GELU's tanh approximation
+# (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh; "gelu_tanh" in the project's configs), tanh (BERT's pooler).
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu, "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh, "tanh": torch.tanh}
+
+
+class Activation(nn.Module):
+    """An ``ACTIVATIONS`` entry as a module (no parameters: state dicts keep their names)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        if name not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {name!r}")
+        self.name, self.fn = name, ACTIVATIONS[name]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+    def extra_repr(self) -> str:
+        return self.name
 
 
 class FeedForward(nn.Sequential):
     """FFN(x) = max(0, xW1 + b1)W2 + b2 (eq. 2); ``activation`` swaps the ReLU (the parameter names stay)."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
-        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), nn.Dropout(dropout),
+        super().__init__(nn.Linear(d_model, d_ff), Activation(activation), nn.Dropout(dropout),
                          nn.Linear(d_ff, d_model))
 
 

@@ -82,12 +82,16 @@ ROPE_LAYOUTS = ("interleaved", "half")
 
 
 def apply_rope(x: Tensor, angles: Tensor | None, layout: str = "interleaved",
-               cos_sin: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """Rotate pairs of the last axis of x (..., T, d) by ``angles`` (T, d/2), the one RoPE of the project.
+               cos_sin: tuple[Tensor, Tensor] | None = None, rotary_dim: int = 0) -> Tensor:
+    """Rotate pairs of the last axis of x (..., T, d) by ``angles`` (T, r/2), the one RoPE of the project.
 
-    ``layout`` pairs (x_{2i}, x_{2i+1}) ("interleaved", RoFormer eq. 34, this project's models) or (x_i, x_{i+d/2})
-    ("half", the rotate-half layout of Hugging Face's LLaMA weights). Returns the rotated x, same shape and dtype.
+    ``layout`` pairs (x_{2i}, x_{2i+1}) ("interleaved", RoFormer eq. 34, this project's models) or (x_i, x_{i+r/2})
+    ("half", the rotate-half layout of Hugging Face's LLaMA weights). ``rotary_dim`` r: only the first r dimensions
+    rotate and the rest pass as they are (partial rotary: GPT-NeoX, Phi-3's partial_rotary_factor); 0 or d: all of
+    them. Returns the rotated x, same shape and dtype.
     """
+    if 0 < rotary_dim < x.size(-1):
+        return torch.cat((apply_rope(x[..., :rotary_dim], angles, layout, cos_sin), x[..., rotary_dim:]), dim=-1)
     # cos_sin: (cos, sin) of ``angles`` already in x's dtype, made once for many calls (models/decoding/ondevice.py)
     if cos_sin is None:
         assert angles is not None

@@ -23,8 +23,9 @@ equal up to summation order) in about 30 % less time on a GPT-2-small-shaped mod
 A decoding step then reads each weight once, nearly at the machine's memory bandwidth: what is left above the
 floor is the prompt pass, the last token's pass and a few hundred small operations per step.
 
-``generate(model, text, ...)`` takes ``GPT.generate``'s arguments. A model with a part this module does not know
-(an attention or feed-forward module with more than its projections) goes to ``model.generate`` unchanged.
+``generate(model, text, ...)`` takes ``GPT.generate``'s arguments. It reads the model's block description
+(models/blocks/decoder.py) and computes only what ``KNOWS`` lists; a model with anything else (a field value it was not
+taught, or an attention or feed-forward module with more than its projections) goes to ``model.generate`` unchanged.
 ``tests/test_fastgen.py`` compares the two field by field.
 """
 
@@ -43,7 +44,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import limits
-from models.blocks.positional import apply_rope
+from models.blocks.decoder import Knows, count, flag, off, one_of, spec_of, zero
+from models.blocks.decoder import refusal as spec_refusal
+from models.blocks.layers import ACTIVATIONS
+from models.blocks.positional import ROPE_LAYOUTS, apply_rope
 from models.decoding.loop import Decoding
 from models.decoding.packed import joined
 from models.io.bigmodel import dispatched
@@ -54,29 +58,42 @@ ATTENTION_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "
 FF_PARTS = frozenset({"up", "gate", "down"})
 
 
-def supports(model) -> bool:
-    """Whether this module computes what ``model.generate`` computes: a ``models.families.gpt.GPT`` whose attention is
-    its four projections (and Qwen3's per-head q/k norms) and whose feed-forward layer its two or three, nothing else
-    (no learned parts of their own, no extra modules)."""
-    from models.families.gpt import GPT
+# What this module's loop computes, field by field of the block description (models/blocks/decoder.py); anything
+# else is refused and decoded by model.generate.
+KNOWS: Knows = {
+    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero,
+    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
+    "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
+    "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": zero,
+    "experts_per_token": zero}
 
-    if not isinstance(model, GPT) or not _known(model.config):
-        return False  # a later family's switch (sliding window, soft-capping, experts ...): model.generate decodes
+
+def refusal(model) -> str | None:
+    """None when this module computes what ``model.generate`` computes; else why not, in words: not a
+    ``models.families.gpt.GPT``, a description field it does not know (``KNOWS``), or a module with parts beyond its
+    projections (and the per-head q/k norms)."""
+    spec = spec_of(model)
+    if spec is None:
+        return f"{type(model).__name__} has no decoder block description"
+    why = refusal_of(spec)
+    if why:
+        return why
     for block in model.blocks:
         for module, parts in ((block.attn, ATTENTION_PARTS), (block.ff, FF_PARTS)):
             extra = {name for name, m in module.named_children() if m is not None} - parts
             if extra or any(p is not None for p in module._parameters.values()):
-                return False
-    return True
+                return f"fastgen does not know the parts {sorted(extra) or 'of its own'} of {type(module).__name__}"
+    return None
 
 
-def _known(c) -> bool:
-    """The gpt2 / llama recipes, with Qwen3's two switches at most: a head width of its own (``head_dim``) and a
-    per-head RMSNorm on queries and keys before RoPE (``qk_norm``)."""
-    if getattr(c, "plain", True):
-        return True
-    return not (c.sliding_window or c.embed_scale or c.sandwich_norm or c.attn_scale or c.final_softcap
-                or c.ff_act != "silu" or c.n_experts)
+def refusal_of(spec) -> str | None:
+    return spec_refusal(spec, KNOWS, "fastgen")
+
+
+def supports(model) -> bool:
+    """Whether this module computes what ``model.generate`` computes (``refusal`` is None)."""
+    return refusal(model) is None
 
 
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
@@ -90,6 +107,9 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
         # block's weights, which the plan here would read directly (offloaded ones are on the meta device)
         from models.decoding import ondevice
 
+        if not ondevice.supports(model):
+            return model.generate(text, max_new_tokens=max_new_tokens, strategy=strategy, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, seed=seed)
         return ondevice.generate(model, text, max_new_tokens=max_new_tokens, strategy=strategy,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, pool=False).result()
     with torch.inference_mode():
@@ -111,7 +131,11 @@ def keeps_on_device(model) -> bool:
     mode = os.environ.get("ATLAS_ONDEVICE", "auto").strip().lower()
     if mode not in ("auto", "1", "0"):
         raise ValueError(f"ATLAS_ONDEVICE must be auto, 1 or 0, got {mode[:20]!r}")
-    return mode != "0" and supports(model) and (mode == "1" or on_gpu(model))
+    if mode == "0":
+        return False
+    from models.decoding import ondevice
+
+    return ondevice.supports(model) and (mode == "1" or on_gpu(model))
 
 
 # --------------------------------------------------------------------------------------------------- the plan
@@ -129,6 +153,9 @@ class _Layer:
     up: Fn  # GPT-2: the up projection; LLaMA: gate and up together -> (T, 2·F)
     down: Fn
     gated: bool
+    act: Fn  # the feed-forward's activation
+    parallel: bool  # the feed-forward reads the block's input, beside the attention (GPT-NeoX)
+    rotary_dim: int  # RoPE over each head's first rotary_dim dimensions
     q_norm: Fn | None = None  # Qwen3: each head's query RMS-normalised over d_head, before RoPE
     k_norm: Fn | None = None  # and each key, before RoPE and before it is cached
 
@@ -165,14 +192,15 @@ def plan(model) -> Plan:
         return made
     layers = []
     with torch.inference_mode():
-        for block in model.blocks:
+        for block, spec in zip(model.blocks, model.spec.blocks):
             attn, ff = block.attn, block.ff
-            gated = ff.gate is not None
+            gated = spec.ff == "gated"
             layers.append(_Layer(norm1=_norm(block.norm1), qkv=joined(attn.q_proj, attn.k_proj, attn.v_proj),
                                  o=joined(attn.o_proj), norm2=_norm(block.norm2),
                                  up=joined(ff.gate, ff.up) if gated else joined(ff.up), down=joined(ff.down),
-                                 gated=gated, q_norm=getattr(attn, "q_norm", None),
-                                 k_norm=getattr(attn, "k_norm", None)))
+                                 gated=gated, act=ACTIVATIONS[spec.ff_act], parallel=spec.residual == "parallel",
+                                 rotary_dim=spec.rotary_dim, q_norm=attn.q_norm if spec.qk_norm else None,
+                                 k_norm=attn.k_norm if spec.qk_norm else None))
         made = Plan(key, layers, _norm(model.norm), joined(model.lm_head))
     _PLANS[model] = made
     return made
@@ -276,9 +304,9 @@ class _Decoder:
                 cache[start:, 0] = layer.k_norm(cache[start:, 0])
             q = q.transpose(0, 1)  # (H, T, d)
             if angles is not None:  # RoPE: queries and keys turned by their positions, the keys before caching
-                q = apply_rope(q, angles, c.rope_layout)
+                q = apply_rope(q, angles, c.rope_layout, rotary_dim=layer.rotary_dim)
                 k = cache[start:, 0].transpose(0, 1)  # (Hkv, T, d)
-                cache[start:, 0] = apply_rope(k, angles, c.rope_layout).transpose(0, 1)
+                cache[start:, 0] = apply_rope(k, angles, c.rope_layout, rotary_dim=layer.rotary_dim).transpose(0, 1)
             keys, values = cache[:, 0].permute(1, 2, 0), cache[:, 1].transpose(0, 1)  # (Hkv, d, S), (Hkv, S, d)
             # the query heads h·group .. h·group + group − 1 share key/value head h: (Hkv, group·T, d)
             scores = torch.baddbmm(qkv.new_empty(()), q.reshape(h_kv, group * t, d), keys, beta=0.0, alpha=scale)
@@ -287,14 +315,15 @@ class _Decoder:
             w = torch.softmax(scores, -1)
             self.att[i, :, start:end, :end] = w.view(h_q, t, end)
             out = torch.bmm(w, values).view(h_q, t, d).transpose(0, 1).reshape(t, h_q * d)  # (T, H·d)
-            x = x + layer.o(out)
+            a = layer.o(out)
             if skip_last_ff and i == last:
-                break
-            h = layer.up(layer.norm2(x))
+                return x + a
+            h = layer.up(layer.norm2(x if layer.parallel else x + a))  # parallel: beside the attention
+            x = x + a
             if layer.gated:
                 gate, up = h.chunk(2, -1)
-                h = F.silu(gate) * up
+                h = layer.act(gate) * up
             else:
-                h = F.gelu(h, approximate="tanh")
+                h = layer.act(h)
             x = x + layer.down(h)
         return x

@@ -15,6 +15,9 @@ feeds each row the token at the same absolute position, so no row ever needs a p
 
 Prompts of very different lengths are decoded in separate groups (a short prompt does not wait for a long one's
 prompt tokens), and inputs over ``limits.LONG_TOKENS`` tokens are served alone (their float16 attention is large).
+
+Batching is exact for what ``KNOWS`` lists of the block description (models/blocks/decoder.py): a model with anything
+else (say, attention that looks ahead, which would read the padding) is served one request at a time.
 """
 
 from __future__ import annotations
@@ -26,12 +29,34 @@ import numpy as np
 import torch
 
 from models import limits
+from models.blocks.decoder import Knows, count, flag, one_of, scale, spec_of
+from models.blocks.decoder import refusal as spec_refusal
+from models.blocks.layers import ACTIVATIONS
+from models.blocks.positional import ROPE_LAYOUTS
 from models.decoding.loop import Decoding, full_surprisal
 from models.outputs import GenerationResult
 
 PROMPT_SPAN = 32  # prompts in one group differ by at most this many tokens (each extra one is a one-token pass)
 ATTENTION_CELLS = 64 << 20  # float32 attention cells of a group's final pass, rows × layers × heads × T² (256 MB)
 MAX_ROWS = 32  # rows decoded together
+
+# What decoding rows together keeps exact: every block GPT.forward runs whose attention is causal (the padding after a
+# row's end is never read) and whose every part treats each token by itself (norms, feed-forwards, routers).
+KNOWS: Knows = {
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
+    "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
+    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
+    "experts_per_token": count}
+
+
+def refusal(model) -> str | None:
+    """None when decoding ``model``'s requests together gives each one's lone answer; else why not."""
+    spec = spec_of(model)
+    if spec is None:
+        return f"{type(model).__name__} has no decoder block description"
+    return spec_refusal(spec, KNOWS, "batched decoding")
 
 
 @dataclass(frozen=True)
@@ -56,13 +81,12 @@ class _Row:
 def generate_many(model, requests: Sequence[GenerateRequest]) -> list[GenerationResult | Exception]:
     """``model.generate(**request)`` of each request, decoded together where they fit (see the module docstring);
     a request the model refuses (empty prompt, bad settings) comes back as its exception, in its place."""
-    from models.families.gpt import GPT
-
     results: list[GenerationResult | Exception] = [ValueError("not run")] * len(requests)
     rows: list[_Row] = []
+    batched = refusal(model) is None
     for i, req in enumerate(requests):
         try:
-            row = _prepare(model, i, req) if isinstance(model, GPT) else None
+            row = _prepare(model, i, req) if batched else None
         except Exception as err:  # bad input: this request's answer, not the batch's
             results[i] = err
             continue

@@ -26,7 +26,9 @@ stop early); only they, the step candidates and the surprisal leave the device. 
 move one zoomed block or row; ``full()`` materialises everything (tests, short inputs), which is what
 ``LongGeneration.result()`` uses to give the app's ``GenerationResult``.
 
-Every module is called through its own ``forward`` (norms, projections, feed-forward block), so a model dispatched
+What it computes is what ``KNOWS`` lists of the block description (models/blocks/decoder.py): ``supports`` refuses any
+other model, whose request then takes ``GPT.generate``. Every module is called through its own ``forward`` (norms,
+projections, feed-forward block), so a model dispatched
 across devices by accelerate (``models/io/bigmodel.py``) runs here unchanged: each hook moves the stream to its
 layer's device, and each layer's q, k and lse stay where that layer runs.
 """
@@ -44,7 +46,10 @@ import torch
 from torch import Tensor
 
 from models import limits
-from models.blocks.positional import apply_rope
+from models.blocks.decoder import Knows, count, flag, off, one_of, spec_of, zero
+from models.blocks.decoder import refusal as spec_refusal
+from models.blocks.layers import ACTIVATIONS
+from models.blocks.positional import ROPE_LAYOUTS, apply_rope
 from models.decoding.loop import Decoding
 from models.io.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
@@ -52,6 +57,48 @@ from models.outputs import AttentionMap, GenerationResult, GenerationStep
 ATTENTION_CHUNK_BYTES = 256 << 20  # float32 scores of one chunk of query rows (all heads × all keys)
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (surprisal)
 POOL_CELLS = 64  # pooled tiles: at most this many cells a side, as the app's model view
+
+# What ``_Run`` computes, field by field of the block description (models/blocks/decoder.py): the norms and the
+# feed-forward (any kind, experts too) through their own modules; anything else is refused (``supports``).
+KNOWS: Knows = {
+    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero,
+    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
+    "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
+    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
+    "experts_per_token": count}
+
+
+def refusal(model) -> str | None:
+    """None when this module computes what ``model.generate`` computes; else why not, in words."""
+    spec = spec_of(model)
+    if spec is None:
+        return f"{type(model).__name__} has no decoder block description"
+    return spec_refusal(spec, KNOWS, "the on-device path")
+
+
+def supports(model) -> bool:
+    return refusal(model) is None
+
+
+def _project(block, spec, h: Tensor, t: int, cos_sin: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """A block's queries (H, T, d), keys and values (H_kv, T, d) of the normed stream h (T, D): the projections, the
+    per-head q/k norms (before RoPE), RoPE over the first rotary_dim dimensions."""
+    attn, c = block.attn, block.attn.c
+    q = attn.q_proj(h).view(t, c.n_heads, c.d_head).transpose(0, 1)
+    k = attn.k_proj(h).view(t, c.kv_heads, c.d_head).transpose(0, 1)
+    v = attn.v_proj(h).view(t, c.kv_heads, c.d_head).transpose(0, 1)
+    if spec.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if cos_sin is not None:
+        q = apply_rope(q, None, spec.rope_layout, cos_sin, rotary_dim=spec.rotary_dim)
+        k = apply_rope(k, None, spec.rope_layout, cos_sin, rotary_dim=spec.rotary_dim)
+    return q, k, v
+
+
+def _after_attention(block, spec, x: Tensor, a: Tensor) -> Tensor:
+    """The block's output from its input x and its attention's output a (after o_proj): the residual as described."""
+    return x + a + block.ff(block.norm2(x if spec.residual == "parallel" else x + a))
 
 
 def block_edges(n: int, max_cells: int) -> np.ndarray:
@@ -467,23 +514,16 @@ class _Run:
         x = model.embed(ids)
         if model.positions is not None:
             x = x + model.positions(torch.arange(start, end, device=ids.device))
-        h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
+        h_q, d = c.n_heads, c.d_head
         rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * end))
         rope: dict[torch.device, tuple[Tensor, Tensor]] = {}  # per device: cos and sin of this pass's angles
-        for i, block in enumerate(model.blocks):
+        for i, (block, spec) in enumerate(zip(model.blocks, model.spec.blocks)):
             dev = self.devices[i]
             x = x.to(dev)
-            attn = block.attn
-            h = block.norm1(x)
-            q = attn.q_proj(h).view(t, h_q, d).transpose(0, 1)  # (H, T, d)
-            k = attn.k_proj(h).view(t, h_kv, d).transpose(0, 1)  # (H_kv, T, d)
-            v = attn.v_proj(h).view(t, h_kv, d).transpose(0, 1)
-            if self.angles is not None:  # RoPE at the absolute positions start..end-1
-                if dev not in rope:
-                    angles = self.angles[start:end].to(dev)
-                    rope[dev] = (angles.cos().to(q.dtype), angles.sin().to(q.dtype))
-                q = apply_rope(q, None, c.rope_layout, rope[dev])
-                k = apply_rope(k, None, c.rope_layout, rope[dev])
+            if self.angles is not None and dev not in rope:  # RoPE at the absolute positions start..end-1
+                angles = self.angles[start:end].to(dev)
+                rope[dev] = (angles.cos().to(self.dtype), angles.sin().to(self.dtype))
+            q, k, v = _project(block, spec, block.norm1(x), t, rope.get(dev))  # (H, T, d), (H_kv, T, d) twice
             self.q[i][:, start:end] = q
             self.k[i][:, start:end] = k
             self.v[i][:, start:end] = v
@@ -491,8 +531,7 @@ class _Run:
                 out = self._prompt_attention(i, q, k, v)
             else:
                 out = self._attend(i, q, start, end, rows_per)
-            x = x + attn.o_proj(out.transpose(0, 1).reshape(t, h_q * d))
-            x = x + block.ff(block.norm2(x))
+            x = _after_attention(block, spec, x, block.attn.o_proj(out.transpose(0, 1).reshape(t, h_q * d)))
         return x
 
     def _attend(self, i: int, q: Tensor, start: int, end: int, rows_per: int) -> Tensor:
@@ -592,14 +631,8 @@ class _Run:
             x = x + model.positions(pos)
         later = self.key_pos > pos  # (n,): keys after this position
         cos_sin = (self.cos.index_select(0, pos), self.sin.index_select(0, pos)) if self.angles is not None else None
-        for i, block in enumerate(model.blocks):
-            attn = block.attn
-            h = block.norm1(x)
-            q = attn.q_proj(h).view(1, h_q, d).transpose(0, 1)  # (H, 1, d)
-            k = attn.k_proj(h).view(1, h_kv, d).transpose(0, 1)
-            v = attn.v_proj(h).view(1, h_kv, d).transpose(0, 1)
-            if cos_sin is not None:
-                q, k = apply_rope(q, None, c.rope_layout, cos_sin), apply_rope(k, None, c.rope_layout, cos_sin)
+        for i, (block, spec) in enumerate(zip(model.blocks, model.spec.blocks)):
+            q, k, v = _project(block, spec, block.norm1(x), 1, cos_sin)  # (H, 1, d), (H_kv, 1, d) twice
             self.q[i].index_copy_(1, pos, q)
             self.k[i].index_copy_(1, pos, k.float())
             self.v[i].index_copy_(1, pos, v)
@@ -609,8 +642,7 @@ class _Run:
             self.lse[i].index_copy_(1, pos, lse)
             w = torch.exp(s.sub_(lse[..., None]))
             out = torch.matmul(w.to(self.v[i].dtype).view(h_kv, group, n), self.v[i]).view(h_q, 1, d)
-            x = x + attn.o_proj(out.transpose(0, 1).reshape(1, h_q * d))
-            x = x + block.ff(block.norm2(x))
+            x = _after_attention(block, spec, x, block.attn.o_proj(out.transpose(0, 1).reshape(1, h_q * d)))
         return self.logits(x)
 
     def logits(self, x: Tensor) -> Tensor:

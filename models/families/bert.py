@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks.attention import LayerEdit, MultiHeadAttention, enter_layer, padding_mask
+from models.blocks.layers import ACTIVATIONS
 from models.families.classifier import EncoderClassifier, pool
 from models.limits import MAX_TOKENS_MINILM
 
@@ -104,8 +104,6 @@ class BertEmbeddings(nn.Module):
         return self.drop(self.norm(x if types is None else x + types))
 
 
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
-               "tanh": torch.tanh}
 
 
 class BertLayer(nn.Module):

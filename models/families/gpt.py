@@ -47,19 +47,21 @@ from models.blocks.attention import (
     enter_layer,
     restrict_keys,
 )
+from models.blocks.decoder import BlockSpec, DecoderSpec, Knows, count, flag, one_of, refusal, scale
+from models.blocks.layers import ACTIVATIONS
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope, rope_angles
 from models.decoding.loop import Decoding, full_surprisal
 from models.inspect.analysis import HEAD_ROLES, head_roles
 from models.outputs import GenerationResult, LogitLens
 
-RECIPES = ("llama", "gpt2")
-FF_ACTS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+RECIPES = ("llama", "gpt2", "neox")
 STRATEGIES = ("greedy", "sample")
 
 
 @dataclass
 class GPTConfig:
-    recipe: str = "llama"  # "llama" (RMSNorm, RoPE, SwiGLU, no biases) or "gpt2" (LayerNorm, learned positions, GELU)
+    recipe: str = "llama"  # "llama" (RMSNorm, RoPE, SwiGLU, no biases), "gpt2" (LayerNorm, learned positions, GELU)
+    # or "neox" (GPT-NeoX / Pythia: LayerNorm, RoPE, a GELU feed-forward (ff_act), biases everywhere)
     vocab_size: int = 8000  # tokenizer pieces
     max_len: int = 256  # positions: the longest context the model was trained for
     d_model: int = 256  # residual stream width
@@ -87,13 +89,16 @@ class GPTConfig:
     sandwich_norm: bool = False  # one more norm on the attention's and the feed-forward's output (Gemma 2/3)
     attn_scale: float = 0.0  # score scale; 0 = 1/√d_head (Gemma 3: query_pre_attn_scalar^−½)
     final_softcap: float = 0.0  # output logits z -> cap·tanh(z/cap) (Gemma 2, Gemma 3 where set); 0 = none
-    ff_act: str = "silu"  # the gated feed-forward's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    ff_act: str = "silu"  # the feed-forward's activation (models.blocks.layers.ACTIVATIONS): "silu" (SwiGLU),
+    # "gelu_tanh" (GeGLU, Gemma), "gelu" (NeoX's plain feed-forward); GPT-2's is always gelu_tanh
     n_experts: int = 0  # mixture of experts (Mixtral, models/families/moe.py): experts per layer; 0 = dense
     experts_per_token: int = 2  # top-k experts the router picks per token
+    parallel_residual: bool = False  # x + attn(n1 x) + ff(n2 x), both from the same x (GPT-J, GPT-NeoX)
+    rotary_dim: int = 0  # RoPE on the first rotary_dim dimensions of each head only (NeoX, Phi-3 partial); 0 = all
     # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
-        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token")
+        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token", "parallel_residual", "rotary_dim")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -108,10 +113,12 @@ class GPTConfig:
         if self.layer_types and (len(self.layer_types) != self.n_layers
                                  or set(self.layer_types) - {"sliding", "full"}):
             raise ValueError(f"layer_types must name 'sliding' or 'full' for each of the {self.n_layers} layers")
-        if self.ff_act not in FF_ACTS:
-            raise ValueError(f"ff_act must be one of {tuple(FF_ACTS)}, got {self.ff_act!r}")
+        if self.ff_act not in ACTIVATIONS:
+            raise ValueError(f"ff_act must be one of {tuple(ACTIVATIONS)}, got {self.ff_act!r}")
         if self.n_experts and not 0 < self.experts_per_token <= self.n_experts:
             raise ValueError(f"experts_per_token must be in 1..{self.n_experts}, got {self.experts_per_token}")
+        if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head):
+            raise ValueError(f"rotary_dim must be even and at most d_head={self.d_head}, got {self.rotary_dim}")
 
     def is_local(self, layer: int) -> bool:
         """Whether ``layer`` attends through the sliding window (a local layer)."""
@@ -119,12 +126,31 @@ class GPTConfig:
             return False
         return not self.layer_types or self.layer_types[layer] == "sliding"
 
+    def block_spec(self, layer: int) -> BlockSpec:
+        """What block ``layer`` computes (models/blocks/decoder.py): the recipe with this config's switches."""
+        layernorm = self.recipe in ("gpt2", "neox")
+        rope = "none" if self.recipe == "gpt2" else "partial" if self.rotary_width < self.d_head else "full"
+        return BlockSpec(
+            residual="parallel" if self.parallel_residual else "sequential",
+            norm="layernorm" if layernorm else "rmsnorm", sandwich=self.sandwich_norm,
+            qkv_bias=layernorm or self.qkv_bias, o_bias=layernorm,
+            rope=rope, rotary_dim=0 if rope == "none" else self.rotary_width, rope_layout=self.rope_layout,
+            local_rope=self.is_local(layer) and bool(self.local_rope_base), qk_norm=self.qk_norm,
+            window=self.sliding_window if self.is_local(layer) else 0, attn_scale=float(self.attn_scale),
+            ff="experts" if self.n_experts else "mlp" if layernorm else "gated",
+            ff_act="gelu_tanh" if self.recipe == "gpt2" else self.ff_act, ff_bias=layernorm,
+            experts=self.n_experts, experts_per_token=self.experts_per_token if self.n_experts else 0)
+
+    def spec(self) -> DecoderSpec:
+        """The whole decoder's description, which every runner reads (models/blocks/decoder.py)."""
+        return DecoderSpec(positions="learned" if self.recipe == "gpt2" else "rope",
+                           embed_scale=float(self.embed_scale), final_softcap=float(self.final_softcap),
+                           blocks=tuple(self.block_spec(i) for i in range(self.n_layers)))
+
     @property
-    def plain(self) -> bool:
-        """No switch of the later families is set: the gpt2 / llama recipes as models/decoding/fastgen.py knows them."""
-        return not (self.head_dim or self.qk_norm or self.sliding_window or self.embed_scale or self.sandwich_norm
-                    or self.attn_scale or self.final_softcap or self.ff_act != "silu"
-                    or self.n_experts)
+    def rotary_width(self) -> int:
+        """The dimensions of each head RoPE turns."""
+        return self.rotary_dim or self.d_head
 
     @property
     def score_scale(self) -> float:
@@ -159,20 +185,30 @@ class RMSNorm(nn.Module):
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
+# What the plain path computes: every value of every field of models/blocks/decoder.py's description that the modules
+# below implement. GPT refuses a description with anything else (fails closed, as every runner).
+PLAIN: Knows = {
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
+    "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
+    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
+    "experts_per_token": count}
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
+    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
         super().__init__()
-        self.c = c
-        self.window = c.sliding_window if c.is_local(layer) else 0  # 0: every earlier key (a global layer)
-        bias = c.recipe == "gpt2"
+        self.c, self.spec = c, spec
+        self.window = spec.window  # 0: every earlier key (a global layer)
         # a query/key bias is a content-free direction that RoPE turns into a purely positional score, e.g. one
         # token back (a previous-token head); without one the residual stream has to learn such a direction
-        qkv = bias or c.qkv_bias
+        qkv = spec.qkv_bias
         self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=qkv)
         self.k_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
         self.v_proj = nn.Linear(c.d_model, c.kv_heads * c.d_head, bias=qkv)
-        self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=bias)
-        if c.qk_norm:  # Qwen3 / Gemma 3: each head's query and key RMS-normalised over its d_head (before RoPE)
+        self.o_proj = nn.Linear(c.n_heads * c.d_head, c.d_model, bias=spec.o_bias)
+        if spec.qk_norm:  # Qwen3 / Gemma 3: each head's query and key RMS-normalised over its d_head (before RoPE)
             self.q_norm, self.k_norm = RMSNorm(c.d_head, c.norm_eps), RMSNorm(c.d_head, c.norm_eps)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
@@ -182,10 +218,13 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
         v = self.v_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)
-        if c.qk_norm:
+        spec = self.spec
+        if spec.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if angles is not None:  # angles of the T new positions, after any cached ones
-            q, k = apply_rope(q, angles, c.rope_layout), apply_rope(k, angles, c.rope_layout)
+            r = spec.rotary_dim
+            q, k = apply_rope(q, angles, spec.rope_layout, rotary_dim=r), apply_rope(k, angles, spec.rope_layout,
+                                                                                     rotary_dim=r)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, Hkv, S, d), S = cached + T
         s = k.size(2)
@@ -193,8 +232,8 @@ class CausalSelfAttention(nn.Module):
         if self.window and s > self.window:  # a local layer: the band i − w < j ≤ i (Beltagy et al. 2020)
             mask = window_mask(t, s, self.window, x.device)
         mask = restrict_keys(mask, edit, t, s, x.device)  # keys a head may not attend to (sink ablation)
-        if c.attn_scale:  # attend divides by √d_head: a query rescaled first gives the family's own scale
-            q = q * (c.attn_scale * math.sqrt(c.d_head))
+        if spec.attn_scale:  # attend divides by √d_head: a query rescaled first gives the family's own scale
+            q = q * (spec.attn_scale * math.sqrt(c.d_head))
         # grouped-query attention inside: query head h reads key/value head h // (n_heads / kv_heads)
         out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
@@ -204,48 +243,57 @@ class CausalSelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """GPT-2: W2 · GELU(W1 x + b1) + b2. LLaMA: W_down (SiLU(W_gate x) ⊙ W_up x) (SwiGLU, Shazeer 2020)."""
+    """"mlp" (GPT-2, NeoX): W2 · act(W1 x + b1) + b2. "gated" (LLaMA): W_down (act(W_gate x) ⊙ W_up x) (SwiGLU with
+    SiLU, GeGLU with GELU; Shazeer 2020)."""
 
-    def __init__(self, c: GPTConfig) -> None:
+    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
         super().__init__()
-        self.gated = c.recipe == "llama"
-        self.act = FF_ACTS[c.ff_act]
-        bias = not self.gated
-        self.up = nn.Linear(c.d_model, c.ff_width, bias=bias)
-        self.gate = nn.Linear(c.d_model, c.ff_width, bias=False) if self.gated else None
-        self.down = nn.Linear(c.ff_width, c.d_model, bias=bias)
+        self.act = ACTIVATIONS[spec.ff_act]
+        self.up = nn.Linear(c.d_model, c.ff_width, bias=spec.ff_bias)
+        self.gate = nn.Linear(c.d_model, c.ff_width, bias=spec.ff_bias) if spec.ff == "gated" else None
+        self.down = nn.Linear(c.ff_width, c.d_model, bias=spec.ff_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
             return self.down(self.act(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
+        return self.down(self.act(self.up(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, c: GPTConfig, layer: int = 0) -> None:
+    """One decoder block as its description (``BlockSpec``) says: the readable reference of every runner."""
+
+    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
         super().__init__()
-        norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if c.recipe == "gpt2" else \
+        self.spec = spec
+        norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if spec.norm == "layernorm" else \
             (lambda: RMSNorm(c.d_model, c.norm_eps))
-        self.norm1, self.attn, self.norm2 = norm(), CausalSelfAttention(c, layer), norm()
-        if c.n_experts:  # a router and its experts in place of the one feed-forward block
+        self.norm1, self.attn, self.norm2 = norm(), CausalSelfAttention(c, spec), norm()
+        if spec.ff == "experts":  # a router and its experts in place of the one feed-forward block
             from models.families.moe import MixtureOfExperts
 
-            self.ff: nn.Module = MixtureOfExperts(c, FF_ACTS[c.ff_act])
+            self.ff: nn.Module = MixtureOfExperts(c, ACTIVATIONS[spec.ff_act])
         else:
-            self.ff = FeedForward(c)
-        self.local = c.is_local(layer)  # a sliding-window layer (its own RoPE base where the family has one)
-        if c.sandwich_norm:  # Gemma 2/3: x + norm(attn(norm(x))), then x + norm(ff(norm(x)))
+            self.ff = FeedForward(c, spec)
+        self.local = spec.local_rope  # rotates with the model's local RoPE table (Gemma 3's sliding layers)
+        if spec.sandwich:  # Gemma 2/3: x + norm(attn(norm(x))), then x + norm(ff(norm(x)))
             self.post_attn_norm, self.post_ff_norm = norm(), norm()
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
                 head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
         a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask, edit)
-        if self.attn.c.sandwich_norm:
-            x = x + self.drop(self.post_attn_norm(a))
-            return x + self.drop(self.post_ff_norm(self.ff(self.norm2(x)))), weights
-        x = x + self.drop(a)
-        return x + self.drop(self.ff(self.norm2(x))), weights
+        a = self.attn_output(a)
+        f = self.ff(self.ff_input(x, a))
+        return x + a + self.drop(self.post_ff_norm(f) if self.spec.sandwich else f), weights
+
+    def attn_output(self, a: Tensor) -> Tensor:
+        """What the attention adds to the residual stream, from its output a (Gemma: normed once more)."""
+        return self.drop(self.post_attn_norm(a) if self.spec.sandwich else a)
+
+    def ff_input(self, x: Tensor, a: Tensor) -> Tensor:
+        """What the feed-forward (or the router) reads, from the block's input x and ``attn_output``'s a: norm2 of x
+        (parallel residual: both read the same stream) or of x + a (sequential)."""
+        return self.norm2(x if self.spec.residual == "parallel" else x + a)
 
 
 @dataclass
@@ -266,17 +314,22 @@ class GPT(nn.Module):
         self.config = c = config
         self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load / models.io.hf
         self.labels: list[str] = []
+        self.spec = spec = c.spec()  # what every block computes, which every runner reads (models/blocks/decoder.py)
+        why = refusal(spec, PLAIN, "GPT")
+        if why:
+            raise ValueError(why)
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        self.positions = nn.Embedding(c.max_len, c.d_model) if c.recipe == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
-        self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.recipe == "gpt2" else RMSNorm(c.d_model, c.norm_eps)
+        self.positions = nn.Embedding(c.max_len, c.d_model) if spec.positions == "learned" else None
+        self.blocks = nn.ModuleList(Block(c, b) for b in spec.blocks)
+        self.norm = nn.LayerNorm(c.d_model, eps=c.norm_eps) if spec.blocks[0].norm == "layernorm" else \
+            RMSNorm(c.d_model, c.norm_eps)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        if c.recipe == "llama":  # derived from the config, so not saved with the weights
-            self.register_buffer("angles", rope_angles(c.max_len, c.d_head, c.rope_base), persistent=False)
+        if spec.positions == "rope":  # derived from the config, so not saved with the weights
+            self.register_buffer("angles", rope_angles(c.max_len, c.rotary_width, c.rope_base), persistent=False)
             if c.local_rope_base:  # Gemma 3: the local layers rotate with their own base
-                self.register_buffer("angles_local", rope_angles(c.max_len, c.d_head, c.local_rope_base),
+                self.register_buffer("angles_local", rope_angles(c.max_len, c.rotary_width, c.local_rope_base),
                                      persistent=False)
         self.drop = nn.Dropout(c.dropout)
         self.apply(self._init)
@@ -301,8 +354,8 @@ class GPT(nn.Module):
         if start + t > c.max_len:
             raise ValueError(f"{start + t} tokens exceed the model's {c.max_len} positions")
         x = self.embed(ids)
-        if c.embed_scale:  # Gemma: embeddings × √d_model (the tied output projection reads them unscaled)
-            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        if self.spec.embed_scale:  # Gemma: embeddings × √d_model (the tied output projection reads them unscaled)
+            x = x * torch.tensor(self.spec.embed_scale, dtype=x.dtype)
         angles = local = None
         if self.positions is not None:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device))
@@ -317,7 +370,7 @@ class GPT(nn.Module):
             x = enter_layer(x, edits[i])  # patched residual positions
             if keep_hidden:
                 hidden.append(x)
-            x, w = block(x, local if block.local and local is not None else angles,
+            x, w = block(x, local if block.local else angles,
                          caches[i] if caches else None, need_weights,
                          None if head_mask is None else head_mask[i], edits[i])
             if w is not None:  # a long input's weights are kept in half precision (limits.LONG_TOKENS)
@@ -331,7 +384,7 @@ class GPT(nn.Module):
     def logits_of(self, x: Tensor) -> Tensor:
         """The output logits of residual-stream rows (…, D): final norm, output projection (Gemma 2: soft-capped)."""
         logits = self.lm_head(self.norm(x))
-        cap = self.config.final_softcap
+        cap = self.spec.final_softcap
         return logits if not cap else torch.tanh(logits / cap) * cap
 
     # ----------------------------------------------------------------------------------------- entry points

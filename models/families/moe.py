@@ -87,21 +87,19 @@ def expert_routes(model: Any, ids: Sequence[int]) -> ExpertRoutes:
     much each weighed: the router of layer l reads the stream after layer l's attention, normed (``Block``'s own
     order), exactly what its forward pass routes."""
     c = model.config
-    if not getattr(c, "n_experts", 0):
+    if not any(b.ff == "experts" for b in model.spec.blocks):
         raise ValueError("this model has no mixture-of-experts layers (one feed-forward block per layer)")
     device = model.embed.weight.device
     x_ids = torch.tensor([list(ids)], device=device)
     hidden = model(x_ids, keep_hidden=True).hidden  # the stream entering each block
     t = x_ids.size(1)
     captured = []
-    for i, block in enumerate(model.blocks):  # Block.forward's own order, up to the router (no hooks, no state)
+    for i, block in enumerate(model.blocks):  # Block.forward's own steps, up to the router (no hooks, no state)
         angles = None
-        if c.recipe == "llama":
-            table = model.angles_local if block.local and c.local_rope_base else model.angles
-            angles = table[:t]
+        if model.positions is None:
+            angles = (model.angles_local if block.local else model.angles)[:t]
         a, _ = block.attn(block.norm1(hidden[i]), angles, None, False, None)
-        mid = hidden[i] + (block.post_attn_norm(a) if c.sandwich_norm else a)
-        captured.append(block.ff.route(block.norm2(mid)[0]))
+        captured.append(block.ff.route(block.ff_input(hidden[i], block.attn_output(a))[0]))
     logits, chosen, weights = (torch.stack([r[i] for r in captured]) for i in range(3))
     return ExpertRoutes([model.piece(i) for i in ids], chosen.cpu().numpy(), weights.float().cpu().numpy(),
                         logits.float().cpu().numpy(), c.n_experts)

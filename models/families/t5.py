@@ -32,12 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from models.blocks.attention import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from models.blocks.layers import Activation
 from models.families.translator import DecoderState, Translator, TranslatorConfig
-
-# T5's feed-forward activations by their transformers names (ACT2FN): gelu_new is GELU's tanh approximation
-ACTIVATIONS = {"relu": lambda: nn.ReLU(), "gelu_new": lambda: nn.GELU(approximate="tanh"),
-               "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"), "gelu": lambda: nn.GELU(),
-               "silu": lambda: nn.SiLU(), "swish": lambda: nn.SiLU()}
 
 
 @dataclass
@@ -106,7 +102,7 @@ class T5FeedForward(nn.Module):
         self.wi = nn.Linear(d_model, d_ff, bias=False)  # W_0 when gated
         self.wi_1 = nn.Linear(d_model, d_ff, bias=False) if gated else None
         self.wo = nn.Linear(d_ff, d_model, bias=False)
-        self.act = ACTIVATIONS[activation]()
+        self.act = Activation(activation)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

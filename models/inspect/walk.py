@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import registry
-from models.blocks.positional import apply_rope
+from models.blocks.decoder import Knows, count, flag, one_of, refusal, scale
+from models.blocks.layers import ACTIVATIONS
+from models.blocks.positional import ROPE_LAYOUTS, apply_rope
 from models.io.bigmodel import execution_device, weight
 
 BIAS = "bias"
@@ -130,32 +132,44 @@ class Plan:
     layers: list[tuple[Attn, tuple]]
 
 
+# What the decoders' walk reads, field by field of the block description (models/blocks/decoder.py). A parallel
+# residual (the feed-forward reading the block's input, not the stream after the attention) and partial rotary (the
+# score split's "rotation removed" parts assume every dimension turns) are not walked yet: the split says so.
+GPT_KNOWS: Knows = {
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "residual": one_of("sequential"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
+    "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full"), "rotary_dim": count,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
+    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
+    "experts_per_token": count}
+
+
 def gpt(model: nn.Module, x: Tensor) -> Plan:
-    c, t = model.config, x.size(1)
+    c, t, spec = model.config, x.size(1), model.spec
+    why = refusal(spec, GPT_KNOWS, "the score split")
+    if why:
+        raise ValueError(f"{why}: this model's scores cannot be split yet (its attention and patching still work)")
     token = model.embed(x)[0].double()
-    if getattr(c, "embed_scale", 0.0):  # Gemma: × √d_model, in the model's dtype as its forward does
-        token = token * float(torch.tensor(c.embed_scale, dtype=model.embed.weight.dtype))
+    if spec.embed_scale:  # Gemma: × √d_model, in the model's dtype as its forward does
+        token = token * float(torch.tensor(spec.embed_scale, dtype=model.embed.weight.dtype))
     embed = [("token", token)]
     if model.positions is not None:
         embed.append(("position", model.positions(torch.arange(t, device=x.device)).double()))
     layers = []
-    for block in model.blocks:
+    for block, b in zip(model.blocks, spec.blocks):
         a = block.attn
-        angles = None if c.recipe != "llama" else model.angles
-        if angles is not None and getattr(block, "local", False) and getattr(c, "local_rope_base", 0.0):
-            angles = model.angles_local
+        angles = None if model.positions is not None else model.angles_local if b.local_rope else model.angles
         attn = Attn(a.q_proj, a.k_proj, a.v_proj, a.o_proj, c.n_heads, c.kv_heads, block.norm1, causal=True,
-                    angles=angles, layout=c.rope_layout, q_norm=getattr(a, "q_norm", None),
-                    k_norm=getattr(a, "k_norm", None), scale=getattr(c, "attn_scale", 0.0) or None,
-                    window=getattr(a, "window", 0))
-        if getattr(c, "sandwich_norm", False):  # Gemma: norms after the attention and the feed-forward too
+                    angles=angles, layout=b.rope_layout, q_norm=a.q_norm if b.qk_norm else None,
+                    k_norm=a.k_norm if b.qk_norm else None, scale=b.attn_scale or None, window=b.window)
+        if b.sandwich:  # Gemma: norms after the attention and the feed-forward too
             ff = _module_fn(block.ff)
 
             def after_ff(h: Tensor, ff=ff, post=block.post_ff_norm) -> Tensor:
                 return _call(post, ff(h))
 
             layers.append((attn, ("sandwich", block.post_attn_norm, block.norm2, after_ff)))
-        elif hasattr(block.ff, "route"):  # a mixture of experts: each expert's output a part of its own
+        elif b.ff == "experts":  # a mixture of experts: each expert's output a part of its own
             layers.append((attn, ("pre", block.norm2, _experts_fn(block.ff))))
         else:
             layers.append((attn, ("pre", block.norm2, _module_fn(block.ff))))

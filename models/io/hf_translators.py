@@ -122,7 +122,8 @@ def t5_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | st
     ``task_specific_params`` attached. ``feed_forward_proj`` "relu" (T5) or "gated-gelu" (v1.1, Flan); the output
     projection is ``lm_head.weight`` when the folder has one (untied), else the shared table; the d_model^-0.5
     rescale as the config says (``scale_decoder_outputs``, else ``tie_word_embeddings`` not false)."""
-    from models.families.t5 import ACTIVATIONS, T5, T5Config
+    from models.blocks.layers import ACTIVATIONS
+    from models.families.t5 import T5, T5Config
     from models.io.tokenizer import T5Tokenizer
 
     where = Path(where)
