@@ -727,6 +727,9 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
     (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph
     where the model sits whole on one CUDA device without accelerate hooks, else pass)."""
+    why = refusal(model)
+    if why:  # fails closed: the caller serves the request through model.generate
+        raise ValueError(why)
     dec = Decoding.start(model, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
     ids, prompt_len, new = dec.ids, dec.prompt_len, dec.new
     pool_cells = pool_cells or POOL_CELLS

@@ -354,8 +354,8 @@ class GPT(nn.Module):
         if start + t > c.max_len:
             raise ValueError(f"{start + t} tokens exceed the model's {c.max_len} positions")
         x = self.embed(ids)
-        if self.spec.embed_scale:  # Gemma: embeddings × √d_model (the tied output projection reads them unscaled)
-            x = x * torch.tensor(self.spec.embed_scale, dtype=x.dtype)
+        if c.embed_scale:  # Gemma: embeddings × √d_model (the tied output projection reads them unscaled)
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         angles = local = None
         if self.positions is not None:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device))
@@ -384,7 +384,7 @@ class GPT(nn.Module):
     def logits_of(self, x: Tensor) -> Tensor:
         """The output logits of residual-stream rows (…, D): final norm, output projection (Gemma 2: soft-capped)."""
         logits = self.lm_head(self.norm(x))
-        cap = self.spec.final_softcap
+        cap = self.config.final_softcap
         return logits if not cap else torch.tanh(logits / cap) * cap
 
     # ----------------------------------------------------------------------------------------- entry points
