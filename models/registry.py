@@ -97,7 +97,8 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                  ("mistral", "models.io.hf_decoders:mistral_from_state"),
                  ("phi3", "models.io.hf_decoders:phi3_from_state"),
                  ("gemma3_text", "models.io.hf_decoders:gemma3_from_state"),
-                 ("mixtral", "models.io.hf_decoders:mixtral_from_state")),
+                 ("mixtral", "models.io.hf_decoders:mixtral_from_state"),
+                 ("gpt_neox", "models.io.hf_decoders:gpt_neox_from_state")),
                 tabs=("generate",), walk="gpt", text=True))
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True))

@@ -175,13 +175,13 @@ def test_mixtral_routes_equal_transformers_router(folders) -> None:
 
 def test_fastgen_serves_every_family(folders) -> None:
     """The serving path (models.decoding.fastgen) gives transformers' greedy ids for each family: Qwen2 (the plain
-    LLaMA block with biases) and Qwen3 (its q/k norms and head width) through its own loop, the others through
-    model.generate (a switch it does not know)."""
+    LLaMA block with biases), Qwen3 (its q/k norms and head width), Phi-3 with partial rotary and GPT-NeoX (parallel
+    residual, partial rotary) through its own loop, the others through model.generate (a switch it does not know)."""
     from models.decoding import fastgen
 
-    for name in ("qwen2", "qwen3", "gemma3_text", "mixtral"):
+    for name in ("qwen2", "qwen3", "phi3-partial", "gpt_neox", "gemma3_text", "mixtral"):
         hf, ours = folders[name]
-        assert fastgen.supports(ours) == (name in ("qwen2", "qwen3"))
+        assert fastgen.supports(ours) == (name in ("qwen2", "qwen3", "phi3-partial", "gpt_neox"))
         with torch.no_grad():
             want = hf.generate(torch.tensor([IDS]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
                                pad_token_id=0)[0].tolist()

@@ -35,6 +35,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3_text-softcap": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         head_dim=16, sliding_window=3, query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
         final_logit_softcapping=None, sliding_window_pattern=2, tie_word_embeddings=False)),
+    # Phi-4-mini's partial rotary (0.75 of each 8-wide head: 6 dimensions turn)
+    "phi3-partial": ("Phi3Config", "Phi3ForCausalLM", dict(rope_theta=2000.0, tie_word_embeddings=False,
+                                                           partial_rotary_factor=0.75)),
+    # Pythia's layout: parallel residual, a quarter of each head rotating, biases everywhere, fused per-head qkv
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.25, use_parallel_residual=True,
+                                                             rope_theta=600.0, tie_word_embeddings=False)),
+    "gpt_neox-sequential": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.5, use_parallel_residual=False,
+                                                                        tie_word_embeddings=False)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=5, num_experts_per_tok=2,
                                                             rope_theta=1500.0, tie_word_embeddings=False)),
 }

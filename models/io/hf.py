@@ -100,6 +100,35 @@ def _token_id(hf: dict[str, Any], key: str, default: int) -> int:
     return default if value is None else int(value)
 
 
+def rope_params(hf: dict[str, Any], where: Path, key: str | None = None, default: float = 10000.0
+                ) -> tuple[float, float]:
+    """The one reader of a config's RoPE: (θ, the fraction of each head that rotates). transformers 4's rope_theta /
+    rope_scaling / partial_rotary_factor, 5's rope_parameters (per layer type with ``key``), GPT-NeoX's rotary_pct and
+    rotary_emb_base; any rotation but the default one (linear, dynamic, YaRN, LongRoPE scaling) is refused."""
+    params = hf.get("rope_parameters") or {}
+    if key is not None and isinstance(params.get(key), dict):
+        params = params[key]
+    elif key is not None:
+        params = {}
+    rope = {**(hf.get("rope_scaling") or {}), **params}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(where, f"RoPE scaling {rope!r} is not supported (only the default RoPE)")
+    fraction = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    theta = rope.get("rope_theta") or hf.get("rope_theta") or hf.get("rotary_emb_base") or default
+    return float(theta), float(fraction or 1.0)
+
+
+def rotary_dim(fraction: float, d_head: int, where: Path) -> int:
+    """The dimensions of each head RoPE turns, as transformers computes them (int(d_head · fraction)); 0 = all."""
+    r = int(d_head * fraction)
+    if r == d_head:
+        return 0
+    if r < 2 or r % 2:
+        raise CheckpointError(where, f"a partial rotary factor of {fraction} turns {r} of {d_head} dimensions "
+                                     "(an even number from 2 up is needed)")
+    return r
+
+
 def _weights(folder: Path) -> dict[str, Tensor]:
     from safetensors.torch import load_file
 
@@ -168,10 +197,9 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
 
     where = Path(where)
     d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}  # transformers 4 / 5 names
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise CheckpointError(where, f"RoPE scaling {rope!r} is not supported (only the default RoPE)")
-    theta = float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    theta, fraction = rope_params(hf, where)
+    if fraction != 1.0:
+        raise CheckpointError(where, "a partial rotary factor is not supported for LLaMA (RoPE over the whole head)")
     if int(hf.get("head_dim") or d // heads) != d // heads:
         raise CheckpointError(where, "a head_dim other than hidden_size / num_attention_heads is not supported")
     if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("hidden_act", "silu") != "silu":

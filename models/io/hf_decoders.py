@@ -19,7 +19,15 @@ few switches of ``GPTConfig`` turned on, and a weight map; none needs a class of
   replaced Gemma 2's attention soft-capping by the q/k norms (Gemma Team 2025, §2), and transformers' Gemma 3 keeps
   the field without using it, so applying it would differ from the model as trained.
 
-RoPE scaling variants (linear, dynamic, YaRN, LongRoPE) and partial rotary factors are refused with the reason.
+- ``phi3`` with a ``partial_rotary_factor`` (Phi-4-mini: 0.75): RoPE over the first dimensions of each head only
+  (``rotary_dim``);
+- ``gpt_neox`` (GPT-NeoX, Pythia): LayerNorm with biases, biases on every projection, q, k and v fused per head
+  (``query_key_value`` rows [q_h | k_h | v_h] for each head h), partial rotary (``rotary_pct``), an exact-GELU
+  feed-forward, and a parallel residual where ``use_parallel_residual`` says so (``parallel_residual``: the
+  feed-forward reads the block's input beside the attention); an untied output projection (``embed_out``).
+
+RoPE scaling variants (linear, dynamic, YaRN, LongRoPE) are refused with the reason; partial rotary factors where
+a family above does not read them.
 """
 
 from __future__ import annotations
@@ -30,23 +38,16 @@ from typing import Any
 from torch import Tensor
 
 from models.io.checkpoint import CheckpointError
-from models.io.hf import _token_id
+from models.io.hf import _token_id, rope_params, rotary_dim
 
 
 def _rope(hf: dict[str, Any], where: Path, key: str | None = None, default: float = 10000.0) -> float:
-    """RoPE θ of a config (transformers 4's rope_theta / rope_scaling or 5's rope_parameters; per layer type with
-    ``key``); anything but the default rotation is refused."""
-    params = hf.get("rope_parameters") or {}
-    if key is not None and isinstance(params.get(key), dict):
-        params = params[key]
-    elif key is not None:
-        params = {}
-    rope = {**(hf.get("rope_scaling") or {}), **params}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise CheckpointError(where, f"RoPE scaling {rope!r} is not supported (only the default RoPE)")
-    if float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        raise CheckpointError(where, "a partial rotary factor is not supported (RoPE over the whole head only)")
-    return float(rope.get("rope_theta") or hf.get("rope_theta") or default)
+    """RoPE θ (``models.io.hf.rope_params``), for a family that rotates every dimension of a head."""
+    theta, fraction = rope_params(hf, where, key, default)
+    if fraction != 1.0:
+        raise CheckpointError(where, "a partial rotary factor is not supported for this family (RoPE over the whole "
+                                     "head only)")
+    return theta
 
 
 def _layer_types(hf: dict[str, Any], n: int, kind: str) -> tuple[int, tuple[str, ...]]:
@@ -166,9 +167,13 @@ def mistral_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path
 
 
 def phi3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """Phi-3 causal LM: fused qkv_proj rows [q (H·d) | k (Hkv·d) | v (Hkv·d)] and gate_up_proj rows [gate | up]."""
+    """Phi-3 causal LM: fused qkv_proj rows [q (H·d) | k (Hkv·d) | v (Hkv·d)] and gate_up_proj rows [gate | up];
+    RoPE over the first partial_rotary_factor · d_head dimensions of each head."""
     where = Path(where)
-    config = _config(hf, where, "phi3", rope_base=_rope(hf, where), ff_act=_act(hf, where, {"silu": "silu"}))
+    theta, fraction = rope_params(hf, where)
+    d_head = int(hf.get("head_dim") or int(hf["hidden_size"]) // int(hf["num_attention_heads"]))
+    config = _config(hf, where, "phi3", rope_base=theta, rotary_dim=rotary_dim(fraction, d_head, where),
+                     ff_act=_act(hf, where, {"silu": "silu"}))
     s = {k.removeprefix("model."): v for k, v in state.items()}
     ours = _common(s, config, state)
     nq, nkv = config.n_heads * config.d_head, config.kv_heads * config.d_head
@@ -258,3 +263,44 @@ def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
         _mlp(s, h, o, ours)
     return _build(config, ours, where, "Gemma 3")
 
+
+
+def gpt_neox_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """GPT-NeoX causal LM (Pythia): the "neox" recipe of ``models.families.gpt`` with partial rotary and a parallel
+    residual where the config says; ``query_key_value`` rows split per head into q, k and v."""
+    from models.families.gpt import GPTConfig
+
+    where = Path(where)
+    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    d_head = d // heads
+    theta, fraction = rope_params(hf, where)
+    if hf.get("attention_bias", True) is False:
+        raise CheckpointError(where, "GPT-NeoX without attention biases is not supported")
+    try:
+        config = GPTConfig(recipe="neox", vocab_size=int(hf["vocab_size"]),
+                           max_len=int(hf.get("max_position_embeddings") or 2048), d_model=d,
+                           n_layers=int(hf["num_hidden_layers"]), n_heads=heads, d_ff=int(hf["intermediate_size"]),
+                           norm_eps=float(hf.get("layer_norm_eps", 1e-5)), rope_base=theta, rope_layout="half",
+                           rotary_dim=rotary_dim(fraction, d_head, where),
+                           parallel_residual=bool(hf.get("use_parallel_residual", True)),
+                           ff_act=_act(hf, where, {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu"}),
+                           tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                           bos_id=_token_id(hf, "bos_token_id", 0), eos_id=_token_id(hf, "eos_token_id", 0), pad_id=-1)
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+    s = {k.removeprefix("gpt_neox."): v for k, v in state.items()}
+    ours = {"embed.weight": s["embed_in.weight"], "norm.weight": s["final_layer_norm.weight"],
+            "norm.bias": s["final_layer_norm.bias"]}
+    ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["embed_out.weight"]
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        for theirs, mine in (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2"),
+                             ("attention.dense", "attn.o_proj"), ("mlp.dense_h_to_4h", "ff.up"),
+                             ("mlp.dense_4h_to_h", "ff.down")):
+            ours[o + mine + ".weight"], ours[o + mine + ".bias"] = s[h + theirs + ".weight"], s[h + theirs + ".bias"]
+        w = s[h + "attention.query_key_value.weight"].view(heads, 3, d_head, d)  # per head: q, k, v rows
+        b = s[h + "attention.query_key_value.bias"].view(heads, 3, d_head)
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            ours[o + f"attn.{name}.weight"] = w[:, j].reshape(d, d)
+            ours[o + f"attn.{name}.bias"] = b[:, j].reshape(d)
+    return _build(config, ours, where, "GPT-NeoX")
