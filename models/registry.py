@@ -2,9 +2,12 @@
 
 A ``Family`` names its module, model class and config class; the ``config.json`` "model" names (the project's
 checkpoints) and Hugging Face ``model_type``s it reads; the tabs it appears in; the explanation methods it
-supports; and its *walk* (a function of ``models.inspect.walk``: how its residual stream is built, which the
-score split reads). ``models.load``, ``models.io.hf``, the serving catalogue, the tabs and train/ look families
-up here (by config name, model_type, tab or model) instead of keeping tables of their own or checking class names.
+supports; its *walk* (a function of ``models.inspect.walk``: how its residual stream is built, which the
+score split reads); and what it can do, which decides what the tabs offer: whether it has heads, its score split,
+whether its maps are implicit attention, how its requests batch, its notice, its view in the Positional tab.
+``models.load``, ``models.io.hf``, the serving catalogue, the tabs and train/ look families up here (by config name,
+model_type, tab or model) instead of keeping tables of their own or checking family names: no module outside this
+one tests a family by its name (tests/test_structure.py).
 
 Importing this module costs little (numpy, no torch): the app reads it at start-up to sort configured folders into tabs.
 The classes are imported on first use (``Family.classes``), so a broken vision file never stops the text models.
@@ -20,6 +23,8 @@ from models.outputs import GRADIENT_METHODS, METHODS
 
 ALL_METHODS = tuple(METHODS)  # every explanation method (models/inspect/attribution.py), in the UI's order
 TABS = ("translate", "classify", "generate", "vision")
+SPLITS = ("walk", "disentangled", "relative_bias")  # how "why a head attends" splits a score (Family.split)
+BATCHES = ("alone", "lockstep")  # how a family's generation requests are served together (serving/runs.py)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,18 @@ class Family:
     methods: tuple[str, ...] = ()  # explanation methods (models.inspect.attribution): () where none
     walk: str | None = None  # function of models.inspect.walk: the score split and its tests; None: no walk
     text: bool = False  # a tokenizer is attached on load (models.io.tokenizer)
+    # what it can do (the tabs show what applies, from these; never from the family's name)
+    heads: bool = True  # attention heads to pick, switch off, patch, split (False: Mamba's implicit attention)
+    implicit: bool = False  # its maps are implicit attention read from a state-space scan (Mamba)
+    split: str | None = None  # the score split of "why a head attends" (SPLITS): "walk" (parts of the residual
+    # stream, through ``walk``), "disentangled" (DeBERTa's content and position terms), "relative_bias" (T5's content
+    # plus the bias of the offset's bucket); None: none
+    causal_lm: bool = False  # reads a prompt and predicts the next token (Generate's decoders): patching targets
+    # are tokens, not classes
+    ablation: bool = False  # sink ablation and activation patching apply (a decoder's or a classifier's output)
+    batch: str = "alone"  # how its generation requests are served together (BATCHES)
+    notice: str | None = None  # "module:function(model) -> str": what the family changes in the views, in words
+    positional: str | None = None  # its own view in the Positional tab ("relative_bias": T5's learned buckets)
 
     @property
     def hf_types(self) -> tuple[str, ...]:
@@ -48,6 +65,13 @@ class Family:
         """The function that reads a Hugging Face folder of ``model_type`` into this family's class."""
         module, _, name = dict(self.hf)[model_type].partition(":")
         return getattr(importlib.import_module(module), name)
+
+    def notice_of(self, model: Any) -> str:
+        """The family's notice for ``model`` (its ``notice`` function), or ""."""
+        if not self.notice:
+            return ""
+        module, _, name = self.notice.partition(":")
+        return getattr(importlib.import_module(module), name)(model)
 
     def classes(self) -> tuple[type, type]:
         """(model class, config class), imported now."""
@@ -65,6 +89,9 @@ def register(family: Family) -> Family:
         if other.name == family.name or taken:
             raise ValueError(f"family {family.name!r} clashes with {other.name!r}: {sorted(taken) or family.name}")
     unknown = set(family.methods) - set(ALL_METHODS) | set(family.tabs) - set(TABS)
+    unknown |= ({family.split} - {None, *SPLITS}) | ({family.batch} - set(BATCHES))
+    if family.split == "walk" and family.walk is None:
+        unknown.add("split 'walk' without a walk")
     if unknown:
         raise ValueError(f"family {family.name!r}: unknown methods or tabs {sorted(unknown)}")
     FAMILIES[family.name] = family
@@ -72,23 +99,25 @@ def register(family: Family) -> Family:
 
 
 register(Family("translator", "models.families.translator", "Translator", "TranslatorConfig", ("Translator",),
-                (("marian", "models.io.hf_translators:marian_from_state"),
-                 # T5: a Translator subclass with its own attention (models/families/t5.py); its "why" split and
-                 # scores are its own (content + relative position bias), not the walk's
-                 ("t5", "models.io.hf_translators:t5_from_state")),
-                tabs=("translate",), walk="translator", text=True))
+                (("marian", "models.io.hf_translators:marian_from_state"),),
+                tabs=("translate",), walk="translator", text=True, split="walk"))
+# T5: a Translator subclass with its own attention (models/families/t5.py); its "why" split and scores are its own
+# (content + relative position bias), not the walk's
+register(Family("t5", "models.families.t5", "T5", "T5Config", (), (("t5", "models.io.hf_translators:t5_from_state"),),
+                tabs=("translate",), text=True, split="relative_bias", positional="relative_bias"))
 register(Family("classifier", "models.families.classifier", "TextClassifier", "ClassifierConfig",
-                ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True))
+                ("TextClassifier",), tabs=("classify",), methods=ALL_METHODS, walk="text_classifier", text=True,
+                split="walk", ablation=True))
 register(Family("bert", "models.families.bert", "BertClassifier", "BertConfig", ("BertClassifier",),
                 (("bert", "models.io.hf:bert_classifier_from_state"),
                  ("roberta", "models.io.hf_encoders:roberta_classifier_from_state"),
                  ("distilbert", "models.io.hf_encoders:distilbert_classifier_from_state"),
                  ("electra", "models.io.hf_encoders:electra_classifier_from_state"),
                  ("albert", "models.io.hf_encoders:albert_classifier_from_state")),
-                tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True))
+                tabs=("classify",), methods=ALL_METHODS, walk="bert", text=True, split="walk", ablation=True))
 register(Family("deberta", "models.families.deberta", "DebertaClassifier", "DebertaConfig", ("DebertaClassifier",),
                 (("deberta-v2", "models.io.hf_encoders:deberta_v2_classifier_from_state"),),
-                tabs=("classify",), methods=ALL_METHODS, text=True))  # its own "why": the three-term split
+                tabs=("classify",), methods=ALL_METHODS, text=True, split="disentangled", ablation=True))
 register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 (("gpt2", "models.io.hf:gpt2_from_state"), ("llama", "models.io.hf:llama_from_state"),
                  # the later decoders: LLaMA's block with GPTConfig's switches (models/io/hf_decoders.py)
@@ -99,9 +128,11 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                  ("gemma3_text", "models.io.hf_decoders:gemma3_from_state"),
                  ("mixtral", "models.io.hf_decoders:mixtral_from_state"),
                  ("gpt_neox", "models.io.hf_decoders:gpt_neox_from_state")),
-                tabs=("generate",), walk="gpt", text=True))
+                tabs=("generate",), walk="gpt", text=True, split="walk", causal_lm=True, ablation=True,
+                batch="lockstep", notice="models.families.gpt:notice"))
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
-                (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True))
+                (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True,
+                heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),

@@ -67,7 +67,7 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "facebook/deit-tiny-distilled-patch16-224": "deit",
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
-                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "translator"}
+                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
@@ -224,8 +224,8 @@ T5_DOWNLOADABLE = ("google-t5/t5-small",)  # the Hub translators that are T5 (kn
 
 
 def t5_models() -> list[str]:
-    """The translators that are T5, for the Positional tab's bucket section (no torch): the configured folders whose
-    config.json says model_type "t5", then the Hub's."""
+    """The translators with relative position buckets (T5), for the Positional tab's bucket section (no torch): the
+    configured folders whose family's positional view says so (models.registry), then the Hub's."""
     found = []
     for name, c in CONFIGURED.items():
         if c.kind != "translate" or c.folder is None:
@@ -234,7 +234,9 @@ def t5_models() -> list[str]:
             meta = json.loads((c.folder / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(meta, dict) and meta.get("model_type") == "t5":
+        kind = meta.get("model_type") if isinstance(meta, dict) else None
+        fam = registry.by_model_type(kind) if isinstance(kind, str) else None
+        if fam is not None and fam.positional == "relative_bias":  # T5's learned buckets
             found.append(name)
     return [*found, *(r for r in T5_DOWNLOADABLE if r in DOWNLOADABLE)]
 

@@ -9,7 +9,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits, registry
-from serving import batcher, catalogue, results, store
+from serving import batcher, catalogue, results, runs
 from serving.catalogue import GPT_TINY, decoder_models
 from tabs.common import (
     FAST,
@@ -256,42 +256,21 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     pooling = read_pooling(pooling)
     if previous and (len(previous["result"].tokens) > limits.LONG_TOKENS or on_device(previous)):
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
-    from models.decoding import fastgen
     from models.decoding.lockstep import GenerateRequest
 
     request = GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
-    # a long input is served alone, ATLAS_CONCURRENCY at once (its attention is large); the others in a batch with the
-    # requests for this model arriving meanwhile (models/decoding/lockstep.py)
-    long_input = len(net.encode_prompt(prompt)[0]) + new > limits.LONG_TOKENS
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, layer=layer, head=head, view=view, pooling=pooling)
+    # serving chooses the path (serving/runs.py): the attention kept on the model's device, a batch with the requests
+    # for this model arriving meanwhile, or alone
+    cells = va.model_view_cells(net.config.n_layers, net.config.n_heads)  # an on-device run's tiles, made meanwhile
     try:
-        device_side = fastgen.keeps_on_device(net)
-    except ValueError as err:
+        out, path = runs.generate(model or DEFAULT, net, request, finish, pool_cells=cells)
+    except ValueError as err:  # a bad ATLAS_ONDEVICE
         raise Error(str(err)) from None
-    if device_side:  # the attention stays on the model's device; each figure computes its part there
-        from models.decoding import ondevice
-
-        cells = va.model_view_cells(net.config.n_layers, net.config.n_heads)  # the model view's tiles, made meanwhile
-        with batcher.heavy():
-            out = finish(ondevice.generate(net, prompt, max_new_tokens=new, strategy=strategy,
-                                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                           pool_cells=cells).kept())
+    if path == "ondevice":
         host(out[6])  # a ZeroGPU Space: the kept attention comes back on the CPU
-        return out
-    if not long_input and not registry.is_family(net, "mamba"):  # drawn in the batch's thread (serving.store.batched)
-        return store.batched(model or DEFAULT, "generate", generate_batch, net, request, finish=finish)
-    with batcher.heavy():
-        return finish(fastgen.generate(net, prompt, max_new_tokens=new, strategy=strategy, temperature=temperature,
-                                       top_k=top_k, top_p=top_p, seed=seed))
-
-
-def generate_batch(net, requests: list) -> list:
-    """Several Generate requests for one model decoded together (``models.decoding.lockstep.generate_many``); each
-    answer equals that request's own ``generate``, a refused request's answer is its exception."""
-    from models.decoding.lockstep import generate_many
-
-    return generate_many(net, requests)
+    return out
 
 
 def _answer(net, model: str | None, result, *, strategy: str, temperature: float, top_k: int, top_p: float,
@@ -342,33 +321,19 @@ def device_notice(amap) -> str:
 def map_kind(net) -> dict:
     """What the kept result's map is (attention, or Mamba's implicit attention) and which layers are local (a
     sliding window: {layer: window}), for the titles drawn without the model."""
-    c = net.config
-    local = {i: int(c.sliding_window) for i in range(c.n_layers)
-             if hasattr(c, "is_local") and c.is_local(i)}
-    return {"implicit": registry.is_family(net, "mamba"), "local": local}
+    spec = getattr(net, "spec", None)
+    local = {i: b.window for i, b in enumerate(spec.blocks) if b.window} if spec is not None else {}
+    return {"implicit": registry.family_of(net).implicit, "local": local}
 
 
 def family_notice(net) -> str:
-    """What the model's family changes in the views, in words: Mamba's implicit attention and the views that do not
-    apply; which layers attend through a sliding window; a mixture of experts' view."""
-    c = net.config
-    if registry.is_family(net, "mamba"):
-        from models.families.mamba import NOT_APPLICABLE
-
-        return ("· The heatmaps show Mamba's *implicit attention*: per layer α[t, j] = C_t · (Π Ā) · B̄_j, |α| averaged "
-                "over the channels and each row divided by its sum (Ali, Zimerman & Wolf 2024). " + NOT_APPLICABLE)
-    local = map_kind(net)["local"]
+    """What the model changes in the views, in words: how accelerate split it, and its family's notice
+    (models.registry: Mamba's implicit attention and the views that do not apply, sliding windows, experts)."""
     parts = []
     if getattr(net, "device_summary", None):  # split by accelerate (serving/store.py, models/io/bigmodel.py)
         parts.append(f"· The model is split across devices by accelerate: {net.device_summary}.")
-    if local:
-        which = "every layer" if len(local) == c.n_layers else "layers " + ", ".join(map(str, local))
-        parts.append(f"· Local attention on {which}: a sliding window of {next(iter(local.values()))} tokens (a query "
-                     "sees only that many keys back, its own included; the heatmap's band), the other layers global.")
-    if getattr(c, "n_experts", 0):
-        parts.append(f"· A mixture of experts: {c.n_experts} experts per layer, {c.experts_per_token} chosen per "
-                     "token (\"Experts chosen per token\" below).")
-    return " ".join(parts)
+    notice = registry.family_of(net).notice_of(net)
+    return " ".join(parts + ([notice] if notice else []))
 
 
 NO_RESULT = ("Generate a continuation first. (A long input's result is let go when newer long results need the "

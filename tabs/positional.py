@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
+from models import registry
 from serving import catalogue
 from tabs.common import FAST, Error, fit, get_model, intro
 from tabs.permalink import Permalink
@@ -112,7 +113,7 @@ def t5_bias(model: str = ""):
     if model not in choices:
         raise Error(f"{str(model)[:80]!r} is not a T5 model here; choose one of: {', '.join(choices) or 'none'}.")
     net = get_model(model)
-    if getattr(net.config, "family", "") != "t5":
+    if registry.family_of(net).positional != "relative_bias":
         raise Error(f"{model} is not a T5 model.")
     c = net.config
     reach = int(c.max_distance * 1.25) + 2

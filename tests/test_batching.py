@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import models
-from models.decoding.lockstep import GenerateRequest
+from models.decoding.lockstep import GenerateRequest, generate_many
 from serving import batcher as batching
 from serving import catalogue, store
 from tabs.classify import classify_batch
-from tabs.generate import generate_batch
 from tabs.translate import translate_batch
 
 ATOL = 1e-5
@@ -138,7 +137,7 @@ def test_eight_generations_at_once_equal_each_alone(tiny) -> None:
     net = tiny["gpt-tiny"]
     requests = [GenerateRequest(text, 3 + 2 * i, "sample" if i % 2 else "greedy", 0.9, 20 * (i % 3), 0.95, seed=i)
                 for i, text in enumerate(TEXTS)]
-    futures, seen = at_once(lambda batch: generate_batch(net, batch), requests)
+    futures, seen = at_once(lambda batch: generate_many(net, batch), requests)
     assert [len(b) for b in seen] == [8]
     for r, future in zip(requests, futures):
         same_generation(future.result(), generate_solo(net, r))
@@ -176,7 +175,7 @@ def test_handlers_at_once_answer_as_alone(tiny_checkpoints: Path, monkeypatch) -
 def test_zero_size_batches(tiny) -> None:
     assert translate_batch(tiny["translator-en-de"], []) == []
     assert classify_batch(tiny["sst2"], []) == []
-    assert generate_batch(tiny["gpt-tiny"], []) == []
+    assert generate_many(tiny["gpt-tiny"], []) == []
     assert tiny["translator-en-de"].translate_many([]) == [] and tiny["sst2"].classify_many([]) == []
     # every request of a batch cancelled before it ran: the batch function is never called with nothing
     futures, seen = at_once(lambda batch: [x * 2 for x in batch], [1, 2, 3], cancel=(0, 1, 2))
@@ -201,7 +200,7 @@ def test_a_bad_request_fails_alone(tiny) -> None:
 
     requests = [GenerateRequest(TEXTS[4], 5), GenerateRequest(TEXTS[4], 5, strategy="bogus"), GenerateRequest([], 5),
                 GenerateRequest(TEXTS[0], 4)]
-    futures, _ = at_once(lambda batch: generate_batch(lm, batch), requests)
+    futures, _ = at_once(lambda batch: generate_many(lm, batch), requests)
     for i in (1, 2):
         with pytest.raises(ValueError):
             futures[i].result()

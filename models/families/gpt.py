@@ -523,6 +523,24 @@ class GPT(nn.Module):
         return loss.cpu().numpy(), attention_array(out.attention)
 
 
+def notice(model: GPT) -> str:
+    """What this decoder's switches change in the views, in words (the Generate tab's notice): which layers attend
+    through a sliding window, and a mixture of experts' view."""
+    c, parts = model.config, []
+    local = [i for i, b in enumerate(model.spec.blocks) if b.window]
+    if local:
+        window = model.spec.blocks[local[0]].window
+        which = ("Local attention on every layer" if len(local) == c.n_layers else
+                 f"Local attention on layers {', '.join(map(str, local))} (the other layers global)")
+        parts.append(f"· {which}: a sliding window of {window} tokens (a query sees only that many keys back, its "
+                     "own included; the heatmap's band).")
+    experts = next((b for b in model.spec.blocks if b.ff == "experts"), None)
+    if experts is not None:
+        parts.append(f"· A mixture of experts: {experts.experts} experts per layer, {experts.experts_per_token} "
+                     "chosen per token (\"Experts chosen per token\" below).")
+    return " ".join(parts)
+
+
 def window_mask(t: int, s: int, window: int, device: torch.device | str | None = None) -> Tensor:
     """Sliding-window causal mask (T, S), True where i − window < j ≤ i; the T queries are the last T of S positions."""
     i = torch.arange(t, device=device)[:, None] + (s - t)

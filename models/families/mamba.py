@@ -61,6 +61,12 @@ NOT_APPLICABLE = ("Mamba has no attention heads, so the views built on heads do 
                   "Shown instead: its implicit attention α (Ali, Zimerman & Wolf 2024), the logit lens and compare.")
 
 
+def notice(model: object) -> str:
+    """What Mamba changes in the views, in words (the Generate tab's notice; models.registry names it)."""
+    return ("· The heatmaps show Mamba's *implicit attention*: per layer α[t, j] = C_t · (Π Ā) · B̄_j, |α| averaged "
+            "over the channels and each row divided by its sum (Ali, Zimerman & Wolf 2024). " + NOT_APPLICABLE)
+
+
 @dataclass
 class MambaConfig:
     vocab_size: int = 50280

@@ -300,7 +300,7 @@ def attention_scores(model: nn.Module, ids: Sequence[int]) -> np.ndarray:
     """Every layer's pre-softmax scores (layers, heads, T, T), float32, masked cells −inf."""
     from models import registry
 
-    if registry.is_family(model, "deberta"):  # disentangled attention: its own three-term scores (no walk)
+    if registry.family_of(model).split == "disentangled":  # DeBERTa: its own three-term scores (no walk)
         from models.families.deberta import pre_softmax_scores
 
         return pre_softmax_scores(model, ids).float().cpu().numpy()

@@ -111,7 +111,7 @@ def _target(net, target: str) -> int | None:
     target = (target or "").strip()
     if not target:
         return None
-    if not registry.is_family(net, "gpt"):
+    if not registry.family_of(net).causal_lm:
         from tabs.common import target_index
 
         return target_index(target, list(net.labels))
@@ -131,7 +131,7 @@ def contrast(net, clean_ids: list[int], corrupted_ids: list[int], target: int | 
     largest such a pair gives. (None, None, "") for a classifier, whose few classes `patch_sweep` picks from."""
     import torch
 
-    if not registry.is_family(net, "gpt"):
+    if not registry.family_of(net).causal_lm:
         return target, None, ""
     with torch.inference_mode():
         logits = net(torch.tensor([clean_ids, corrupted_ids]), last_only=True).logits[:, -1].float()
@@ -165,7 +165,7 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
     from models.inspect.patching import patch_sweep
 
     net = get_model(name)
-    if registry.is_family(net, "translator"):
+    if not registry.family_of(net).ablation:
         raise Error("Patching is offered for the decoders of Generate and the classifiers.")
     require_heads(net, "Activation patching")
     sweep = SWEEPS.get(sweep, sweep)
@@ -249,7 +249,7 @@ def filler(net) -> int | None:
     piece that says least. None when the vocabulary has none (a WordPiece model)."""
     key = id(net.tokenizer)
     if key not in _FILLERS:
-        piece = net.piece if registry.is_family(net, "gpt") else net.tokenizer.id_to_piece
+        piece = net.piece if registry.family_of(net).causal_lm else net.tokenizer.id_to_piece
         size = int(net.tokenizer.vocab_size)
         _FILLERS[key] = next((i for i in range(size) if piece(i) in ("▁", "Ġ")), None)
     return _FILLERS[key]

@@ -21,6 +21,7 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
+from models import registry
 from tabs.common import Error, get_model, index, read_text
 from viz import qk as vq
 from viz.common import esc
@@ -156,7 +157,7 @@ def qk_view(name: str, ids: list[int], tokens: list[str], layer: Any, head: Any,
     query = index(query, len(ids), "query position")
     q, k, causal = layer_vectors(name, net, list(ids), layer)
     terms = {}
-    if getattr(net.config, "family", "") == "t5":  # unscaled q·k plus the relative position bias of each offset
+    if registry.family_of(net).split == "relative_bias":  # T5: unscaled q·k plus each offset's bucket bias
         from models.families.t5 import encoder_qk
 
         terms = {"score_scale": 1.0, "bias": encoder_qk(net, list(ids), 0)[2][head]}

@@ -22,7 +22,7 @@ def text_model(name: str):
 def require_heads(net, view: str) -> None:
     """A view built on attention heads refuses, in words, a model that has none (Mamba: its implicit attention is
     read from a state-space scan, with no query, key or head to split, switch off or patch)."""
-    if registry.is_family(net, "mamba"):
+    if not registry.family_of(net).heads:
         from models.families.mamba import NOT_APPLICABLE
 
         raise Error(f"{view} does not apply to this model. {NOT_APPLICABLE}")
@@ -30,7 +30,7 @@ def require_heads(net, view: str) -> None:
 
 def encode(net, text: str) -> tuple[list[int], list[str], str]:
     """Ids and tokens of a text exactly as the model reads it (specials included), capped at its limit."""
-    if registry.is_family(net, "gpt", "mamba"):  # a decoder reads its prompt as Generate encodes it
+    if registry.family_of(net).causal_lm:  # a decoder reads its prompt as Generate encodes it
         ids, tokens = net.encode_prompt(text)
         limit = net.context_limit()
         if not ids:

@@ -117,10 +117,13 @@ def why(net, ids: list[int], tokens: list[str], layer, head, query, key, name: s
     c = net.config
     layer, head = index(layer, n_layers(net), "layer"), index(head, c.n_heads, "head")
     query, key = index(query, len(ids), "query position"), index(key, len(ids), "key position")
-    if registry.is_family(net, "deberta"):  # disentangled attention: content and position terms, not residual parts
+    split = registry.family_of(net).split
+    if split == "disentangled":  # DeBERTa: content and position terms, not residual parts
         return why_disentangled(net, ids, tokens, layer, head, query, key, name)
-    if getattr(c, "family", "") == "t5":  # T5: content plus the learned bias of the offset's bucket
+    if split == "relative_bias":  # T5: content plus the learned bias of the offset's bucket
         return why_relative_bias(net, ids, tokens, layer, head, query, key, name)
+    if split is None:
+        raise Error("\"Why a head attends\" has no score split for this model's family.")
     try:
         d = decompose_score(net, ids, layer, head, query, key)
     except ValueError as err:
@@ -247,7 +250,7 @@ def ablate_sink(sequence, state, layer, head) -> str:
         raise Error("Run the model first.")
     name, ids, tokens = sequence(state)
     net = get_model(name)
-    if registry.is_family(net, "translator"):
+    if not registry.family_of(net).ablation:
         raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
     require_heads(net, "Sink ablation")
     layer, head = index(layer, n_layers(net), "layer"), index(head, net.config.n_heads, "head")
