@@ -127,11 +127,11 @@ def build_demo() -> gr.Blocks:
 
 # What a first Translate, Classify, Generate or Vision request imports (measured: 5–9 s of torch and the families on
 # a busy 2-core machine), imported by warm_stack in the background once the page is served.
-WARM_MODULES = ("torch", "safetensors.torch", "models.io.checkpoint", "models.io.images", "models.io.placement",
+WARM_MODULES = ("torch", "safetensors.torch", "models.io.checkpoint", "models.inputs.images", "models.io.placement",
                 "models.io.hf", "models.families.translator", "models.families.classifier", "models.families.gpt",
-                "models.families.vit", "models.families.swin", "models.decoding.loop", "models.decoding.fastgen",
-                "models.decoding.packed", "models.inspect.analysis", "models.inspect.attribution",
-                "models.inspect.calibration", "serving.store")
+                "models.families.vit", "models.families.swin", "models.blocks.loop", "models.decoding.fastgen",
+                "models.decoding.packed", "models.analysis", "models.inspect.attribution",
+                "models.calibration", "serving.store")
 
 
 def warm_plotly() -> None:

@@ -320,8 +320,8 @@ def curves(
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import models
     from models.decoding.packed import pack_linears
+    from models.inputs.images import fashion_tensor
     from models.inspect import attribution as A
-    from models.io.images import fashion_tensor
 
     t0 = time.perf_counter()
     model = models.load(Path(args.checkpoints) / name)

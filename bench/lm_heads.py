@@ -8,7 +8,7 @@ Sources (each gives ``--spans`` spans x of ``--n`` pieces, in a fixed order):
 - ``sst2``: SST-2 ``dev.tsv`` sentences, the same way;
 - ``random``: ordinary pieces drawn uniformly without replacement (seed = the span's index).
 
-Per source, averaged over its spans, with the app's own scores (``models.inspect.analysis``):
+Per source, averaged over its spans, with the app's own scores (``models.analysis``):
 - previous token: attention from each token i ≥ 1 to i − 1 on ``<s> x`` as it is (text as text; for ``random``
   on ``<s> x x``, the repeated-token test);
 - induction: on ``<s> x x``, attention from each token of the second copy to the token after its first
@@ -70,7 +70,7 @@ def source_spans(model, source: str, data_dir: Path, n: int, count: int) -> list
 
 def score_source(model, spans: list[list[int]], plain_previous: bool) -> dict:
     """The three scores of one source's spans (see the module docstring)."""
-    from models.inspect.analysis import induction_score, previous_token_score
+    from models.analysis import induction_score, previous_token_score
 
     bos, n = model.config.bos_id, len(spans[0])
     previous, induction, copied = [], [], 0

@@ -8,42 +8,14 @@ whoever serves the model (the app's model store, the serving benchmarks), never 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models import registry
+from models.paths import CHECKPOINTS, resolve
 
 if TYPE_CHECKING:  # torch is imported on first use, so `models.limits` stays cheap for the UI
     from torch import nn
-
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def resolve(name_or_path: str | Path) -> Path:
-    """Where a checkpoint lives.
-
-    A string is a bare name, meaning ``checkpoints/<name>`` (letters, digits, '.', '_', '-'), or a path
-    with separators; a string with a '..' component is refused, so text that reaches here from a user
-    can never climb out of a folder. A ``Path`` (from code or a CLI) is taken as given, except a
-    single-component one that does not exist here, which is read as a name (``--checkpoint sst2``).
-    """
-    if isinstance(name_or_path, Path):
-        p = name_or_path
-        if len(p.parts) == 1 and not p.exists() and _NAME.match(p.name) and ".." not in p.name:
-            return CHECKPOINTS / p.name
-        return p
-    s = str(name_or_path)
-    if "/" in s or "\\" in s:
-        if ".." in Path(s.replace("\\", "/")).parts:
-            raise ValueError(f"checkpoint path {s!r} may not contain '..'")
-        return Path(s)
-    if not _NAME.match(s) or ".." in s:
-        raise ValueError(f"invalid checkpoint name {s!r}: use letters, digits, '.', '_' or '-'")
-    return CHECKPOINTS / s
-
 
 def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
     """Load the model of a checkpoint folder name (under checkpoints/) or path; a Hugging Face folder
@@ -70,11 +42,11 @@ def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> 
     model.labels = list(meta["labels"])
     model.text = dict(meta["text"])
     if family.text:
-        from models.io.tokenizer import load_tokenizer
+        from models.inputs.tokenizer import load_tokenizer
 
         model.tokenizer = load_tokenizer(folder, meta["text"])
     if (folder / "calibration.safetensors").is_file():  # image models: temperature and the unusual-input check
-        from models.inspect.calibration import load_calibration
+        from models.calibration import load_calibration
 
         model.calibration = load_calibration(folder / "calibration.safetensors")
     return model.float().eval().to(device)

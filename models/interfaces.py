@@ -35,7 +35,7 @@ class Decoder(Protocol):
     """A decoder-only language model as the Generate tab uses it; every array is numpy on the CPU."""
 
     config: DecoderConfig
-    tokenizer: Any  # models.io.tokenizer: id_to_piece, decode, encode_prompt, bos_id / eos_id
+    tokenizer: Any  # models.inputs.tokenizer: id_to_piece, decode, encode_prompt, bos_id / eos_id
 
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
         """Prompt ids and their token labels, exactly as the model sees them (BOS first for our own models)."""
@@ -77,7 +77,7 @@ class Decoder(Protocol):
 
     def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
                          pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """``models.inspect.analysis.head_roles`` on ``repeated_tokens``, averaged over the seeds: (L, H) per role."""
+        """``models.analysis.head_roles`` on ``repeated_tokens``, averaged over the seeds: (L, H) per role."""
         ...
 
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,

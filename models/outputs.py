@@ -103,7 +103,7 @@ class ImageResult:
     windows: list[WindowAttention] = field(default_factory=list)  # Swin: one entry per block
     notice: str = ""
     temperature: float = 1.0  # probs = softmax(logits / temperature); 1 for a model without calibration
-    unusual: str = ""  # the out-of-distribution notice (models/inspect/calibration.py), empty if the input looks usual
+    unusual: str = ""  # the out-of-distribution notice (models/calibration.py), empty if the input looks usual
     prefix_tokens: int = 0  # ViT: tokens before the patches in "encoder" ([CLS] first; timm's num_prefix_tokens)
     # the model's input exactly as it ran, a normalised float32 tensor (1, C, H, W) on the CPU: explanations and
     # deletion curves start from it (the upload is not decoded and converted again)

@@ -42,7 +42,7 @@ class Family:
     tabs: tuple[str, ...] = ()  # the tabs that show it (a configured folder of this family goes to tabs[0])
     methods: tuple[str, ...] = ()  # explanation methods (models.inspect.attribution): () where none
     walk: str | None = None  # function of models.inspect.walk: the score split and its tests; None: no walk
-    text: bool = False  # a tokenizer is attached on load (models.io.tokenizer)
+    text: bool = False  # a tokenizer is attached on load (models.inputs.tokenizer)
     # what it can do (the tabs show what applies, from these; never from the family's name)
     heads: bool = True  # attention heads to pick, switch off, patch, split (False: Mamba's implicit attention)
     implicit: bool = False  # its maps are implicit attention read from a state-space scan (Mamba)
@@ -131,12 +131,12 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 tabs=("generate",), walk="gpt", text=True, split="walk", causal_lm=True, ablation=True,
                 batch="lockstep", notice="models.families.gpt:notice"))
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
-                (("mamba", "models.families.mamba:mamba_from_state"),), tabs=("generate",), text=True,
+                (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),
-                (("deit", "models.families.deit:from_hf"),), tabs=("vision",), methods=ALL_METHODS))
+                (("deit", "models.io.hf_vision:deit_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",),
                 (("swin", "models.io.hf_vision:swin_from_state"),), tabs=("vision",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back

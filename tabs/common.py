@@ -252,7 +252,7 @@ def head_map(amap, layer: int, head: str | int) -> np.ndarray:
 
 def stats_figure(amap, kind_title: str):
     """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
-    from models.inspect.analysis import head_entropy
+    from models.analysis import head_entropy
 
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)

@@ -576,7 +576,7 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
 def head_roles(model: str = DEFAULT, n: int = 50, seed: int = 0, progress=gr.Progress()):
     """Each head's previous-token, induction, duplicate-token and first-token scores on BOS + N random tokens
     repeated twice; the strongest induction head's attention and the loss on each copy."""
-    from models.inspect.analysis import head_roles as role_scores
+    from models.analysis import head_roles as role_scores
 
     net = _model(model, progress)
     why.require_heads(net, "Head roles")

@@ -170,7 +170,7 @@ def preview(image: str | None, model: str):
     that cannot be read (classifying it says why)."""
     if not image:
         return None, None
-    from models.io.images import FASHION_DECODE, fashion_array, open_image, to_rgb
+    from models.inputs.images import FASHION_DECODE, fashion_array, open_image, to_rgb
 
     try:
         # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
@@ -299,7 +299,7 @@ def draw_image(result, layer: int, head: str, view: str):
         return None, None
     head = parse_head(head)
     if result.attention:  # ViT: CLS → patch attention
-        from models.inspect.analysis import rollout
+        from models.analysis import rollout
 
         amap = result.attention["encoder"]
         layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
@@ -348,7 +348,7 @@ def draw_query(result, layer: int, head: str, query: tuple[int, int]):
 
 def distance_figure(result):
     """Mean attention distance per head: over the whole image (ViT), inside the windows (Swin)."""
-    from models.inspect.analysis import mean_attention_distance, window_attention_distance
+    from models.analysis import mean_attention_distance, window_attention_distance
 
     if result.attention:
         amap = result.attention["encoder"]

@@ -1,11 +1,11 @@
-"""models.inspect.analysis against hand-computed tiny cases."""
+"""models.analysis against hand-computed tiny cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from models.inspect.analysis import (
+from models.analysis import (
     duplicate_token_score,
     first_token_share,
     head_entropy,

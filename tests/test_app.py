@@ -110,7 +110,7 @@ def test_the_colouring_follows_how_the_model_pools(tiny_checkpoints: Path, monke
     import html
     import re
 
-    from models.inspect.analysis import pooled_rollout
+    from models.analysis import pooled_rollout
 
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     monkeypatch.setattr(store, "MODELS", store.ModelStore())
@@ -431,7 +431,7 @@ def test_attribute_doubles_the_steps_once_when_the_gap_is_large(monkeypatch) -> 
 def test_the_upload_preview_shows_the_picture_and_what_the_model_will_see(tmp_path: Path) -> None:
     from PIL import Image
 
-    from models.io.images import fashion_array
+    from models.inputs.images import fashion_array
     from tabs.vision import PREVIEW_SIDE, enlarge, preview
 
     shown, seen = preview(common.EXAMPLE_IMAGES[0], "vit-fashion")
@@ -611,8 +611,8 @@ def test_vision_explains_the_input_it_classified(tiny_checkpoints: Path, monkeyp
     file has changed since (here overwritten with another picture)."""
     from PIL import Image
 
+    from models.inputs.images import fashion_tensor
     from models.inspect.attribution import explain
-    from models.io.images import fashion_tensor
     from tabs import vision
 
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)

@@ -19,12 +19,12 @@ import torch
 import models
 from examples.sentences import SENTIMENT, TOPIC
 from models import registry
+from models.analysis import pooled_rollout
 from models.families.bert import BertClassifier, BertConfig
 from models.families.classifier import ClassifierConfig, TextClassifier
 from models.families.swin import Swin, SwinConfig
 from models.families.vit import ViT, ViTConfig
 from models.inspect import attribution as A
-from models.inspect.analysis import pooled_rollout
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

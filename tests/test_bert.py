@@ -112,7 +112,7 @@ def test_key_mapping_names() -> None:
 
 def test_classifier_classify_and_checkpoint(tmp_path: Path) -> None:
     import models
-    from models.io.tokenizer import JsonTokenizer
+    from models.inputs.tokenizer import JsonTokenizer
 
     folder = tiny_bert_checkpoint(tmp_path / "minilm-tiny")
     model = models.load(folder)
@@ -162,7 +162,7 @@ def test_real_minilm_weights_load() -> None:
     enc = BertEncoder(cfg).eval()
     ignored = load_hf_weights(enc, folder / "model.safetensors")
     assert sorted(ignored) == ["embeddings.position_ids", "pooler.dense.bias", "pooler.dense.weight"]
-    from models.io.tokenizer import JsonTokenizer
+    from models.inputs.tokenizer import JsonTokenizer
 
     tok = JsonTokenizer(folder / "tokenizer.json")
     enc_ids = tok.encode("Attention is all you need.")

@@ -1,4 +1,4 @@
-"""Calibrated probabilities and the unusual-input check of the Fashion-MNIST models (models/inspect/calibration.py):
+"""Calibrated probabilities and the unusual-input check of the Fashion-MNIST models (models/calibration.py):
 the pieces against direct computations, and the shipped models on real photographs that a package ships."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import models
-from models.inspect.calibration import (
+from models.calibration import (
     FILE,
     UNCHECKED,
     Calibration,
@@ -87,7 +87,7 @@ def test_shipped_models_carry_a_verified_calibration(name, tmp_path) -> None:
     # classify() reports softmax(logits / T) with the argmax of the plain softmax
     example = sorted((ROOT / "examples" / "fashion").glob("*.png"))[0]
     result = net.classify(example)
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
 
     x = fashion_tensor(result.image[None])
     with torch.no_grad():
@@ -121,7 +121,7 @@ def test_photos_are_flagged_and_fashion_mnist_examples_are_not(name) -> None:
     flagged = [p.name for p in examples if net.classify(p).unusual]
     assert flagged == []
     # the vectorised rule (train.calibrate's figures) agrees with the notice, image by image
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
 
     images = [net.classify(p).image for p in [*(_package_photo(n) for n in ("astronaut.png", "coffee.png")), *examples]]
     x = fashion_tensor(np.stack(images))
@@ -138,7 +138,7 @@ def test_a_model_without_calibration_reports_the_plain_softmax() -> None:
     torch.manual_seed(0)
     net = ViT(ViTConfig(dim=16, depth=1, heads=2, mlp_dim=32)).eval()
     result = net.classify(np.full((28, 28), 90, np.uint8))
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
 
     logits = net(fashion_tensor(result.image[None]))[0]
     assert np.allclose(result.probs, torch.softmax(logits, -1).detach().numpy(), atol=1e-6)
@@ -178,7 +178,7 @@ def _outline(kind: str, pen: int, seed: int) -> np.ndarray:
     """A hand-drawn-like outline (black pen on white, 512 px), converted as the app converts uploads."""
     from PIL import Image, ImageDraw
 
-    from models.io.images import fashion_array
+    from models.inputs.images import fashion_array
 
     shapes = {"shoe": [(60, 300), (200, 290), (300, 200), (380, 210), (460, 330), (460, 380), (60, 380)],
               "shirt": [(180, 60), (330, 60), (460, 160), (410, 220), (360, 180), (360, 460), (150, 460),
@@ -196,7 +196,7 @@ def test_drawn_outlines_are_flagged_and_fashion_mnist_test_images_mostly_not(nam
     """Issue 48 item 8: a hand-drawn shoe outline got "Sandal 98.1 %" and no notice. Outlines drawn here (a shoe, a
     shirt, trousers; pens of 2–10 px) are flagged, named as line drawings; of Fashion-MNIST's real test images, read
     from ../shared/data, at most 3 % are (the check is fitted to flag about 2 %)."""
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
     from train.data import load_fashion
 
     net = models.load(name)

@@ -11,8 +11,8 @@ import torch
 import models
 from models.families.classifier import ClassifierConfig, TextClassifier
 from models.families.translator import Translator, TranslatorConfig
+from models.inputs.tokenizer import MAX_TOKENS_SCRATCH, SentencePieceTokenizer, normalize_text
 from models.io.checkpoint import CheckpointError, config_from_dict, load_checkpoint, save_checkpoint
-from models.io.tokenizer import MAX_TOKENS_SCRATCH, SentencePieceTokenizer, normalize_text
 
 torch.set_num_threads(1)
 LINES = ["a man is running in the park .", "ein mann läuft im park .", "two dogs play with a ball",
@@ -161,7 +161,7 @@ def test_json_tokenizer_wordpiece(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
 
-    from models.io.tokenizer import MAX_TOKENS_MINILM, load_tokenizer
+    from models.inputs.tokenizer import MAX_TOKENS_MINILM, load_tokenizer
 
     vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "a": 4, "man": 5, "is": 6, "run": 7,
              "##ning": 8, ".": 9}

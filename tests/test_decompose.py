@@ -171,7 +171,7 @@ def test_shipped_checkpoints(name: str) -> None:
     """The shipped models, fp16-packed as the app serves them: the split holds on a real sentence."""
     import models
     from models.decoding.packed import pack_linears
-    from models.io.tokenizer import encode_input
+    from models.inputs.tokenizer import encode_input
 
     model = models.load(name)
     pack_linears(model)

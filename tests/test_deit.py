@@ -57,7 +57,7 @@ def test_deit_folder_matches_transformers(tmp_path: Path, distilled: bool) -> No
     import models
     from models import registry
     from models.families.deit import DeiT
-    from models.io.images import prepare
+    from models.inputs.images import prepare
 
     hf = deit_folder(tmp_path / "deit", distilled)
     ours = models.load(str(tmp_path / "deit"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.decoding.loop import sample
+from models.blocks.loop import sample
 from models.families.gpt import GPT, GPTConfig
 
 torch.set_num_threads(2)
@@ -195,7 +195,7 @@ def test_ablation_and_logit_lens() -> None:
 
 
 def test_head_role_scores_average_the_seeds_sequences_drawn_from_the_pieces() -> None:
-    from models.inspect.analysis import head_roles
+    from models.analysis import head_roles
 
     torch.manual_seed(0)
     model = GPT(LLAMA).train()

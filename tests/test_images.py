@@ -1,4 +1,4 @@
-"""models/io/images.py: every kind of image a person may upload becomes exactly what the model expects."""
+"""models/inputs/images.py: every kind of image a person may upload becomes exactly what the model expects."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from models.io import images
-from models.io.images import (
+from models.inputs import images
+from models.inputs.images import (
     FASHION_MEAN,
     FASHION_STD,
     fashion_array,
@@ -249,7 +249,7 @@ def test_a_large_jpeg_is_decoded_at_reduced_scale_for_a_small_input(tmp_path) ->
     needed side); the 28×28 image barely changes, and other formats and small JPEGs are decoded in full."""
     from PIL import Image, ImageDraw
 
-    from models.io.images import FASHION_DECODE, fashion_array, open_image
+    from models.inputs.images import FASHION_DECODE, fashion_array, open_image
 
     big = Image.new("RGB", (4000, 3000), (250, 250, 250))
     ImageDraw.Draw(big).ellipse((800, 600, 3200, 2400), fill=(40, 40, 120))
@@ -268,7 +268,7 @@ def test_a_large_jpeg_is_decoded_at_reduced_scale_for_a_small_input(tmp_path) ->
 
 def test_the_upload_preview_does_not_import_torch() -> None:
     """Issue 48, item 11: the upload preview waited for torch's import (seconds on a fresh server) though it only
-    needs PIL and numpy; models.io.images imports torch where it makes a tensor."""
+    needs PIL and numpy; models.inputs.images imports torch where it makes a tensor."""
     import subprocess
     import sys
 

@@ -66,7 +66,7 @@ def test_the_answer_follows_the_input(tiny) -> None:
 
 def test_answers_against_independent_numbers(tiny) -> None:
     import models.blocks.positional as mp
-    from models.inspect.analysis import induction_score, previous_token_score
+    from models.analysis import induction_score, previous_token_score
 
     # lesson 3, step 2: RoPE scores depend on the offset only; the pair with the offset of (2, 5) scores the same
     assert lessons.question(3, 2, "5").answer == "(10, 13)"

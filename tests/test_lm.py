@@ -227,7 +227,7 @@ def test_lm_heads_bench_scores_three_sources(tiny_checkpoints: Path, tmp_path: P
     import json
 
     import models
-    from models.inspect.analysis import induction_score, previous_token_score
+    from models.analysis import induction_score, previous_token_score
 
     spec = importlib.util.spec_from_file_location("lm_heads", ROOT / "bench" / "lm_heads.py")
     heads = importlib.util.module_from_spec(spec)

@@ -314,7 +314,7 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     """The compare toggle on two 2,048-token inputs: B's figure and B − A are tiles (≤ 3 MB each), B − A is the
     mean of the aligned difference over each block, and the .npz of both is float16 and deflated."""
     from bench._long_model import long_prompt
-    from models.inspect.analysis import align_tokens
+    from models.analysis import align_tokens
     from tabs.sections import compare as compare_section
 
     a = long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]

@@ -409,7 +409,7 @@ def test_gpt_tiny_induction_head_restores_the_copy() -> None:
     The strongest induction head as /head_roles reports it (its defaults: N = 50, seed 0) is the sweep's top head
     or restores at least half."""
     import models
-    from models.inspect.analysis import induction_score
+    from models.analysis import induction_score
 
     model = models.load("gpt-tiny")
     clean, corrupted = repeated_pair(model, 20, seed=0)

@@ -203,7 +203,7 @@ def test_hugging_face_folders_against_transformers(tmp_path) -> None:
     classes: the view's queries and keys are transformers' own projections (after its RoPE), and their softmax is
     transformers' attention."""
     import models
-    from models.io.tokenizer import encode_input
+    from models.inputs.tokenizer import encode_input
     from tests.tiny import tiny_bert_classifier_folder, tiny_gpt2_folder, tiny_llama_folder
 
     ids = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12]
@@ -230,7 +230,7 @@ def test_shipped_checkpoints(name: str) -> None:
     import models
     from models.decoding.packed import pack_linears
     from models.families.gpt import GPT
-    from models.io.tokenizer import encode_input
+    from models.inputs.tokenizer import encode_input
 
     model = models.load(name)
     pack_linears(model)

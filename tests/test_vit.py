@@ -108,7 +108,7 @@ def test_bad_config() -> None:
 def test_two_prefix_tokens_reach_attribution_rollout_and_distance(models: dict[str, ViT]) -> None:
     """Nothing assumes exactly one [CLS]: with a second prefix token every patch map skips both, read from the
     model (``num_prefix_tokens``) and the result (``prefix_tokens``)."""
-    from models.inspect.analysis import mean_attention_distance, patch_distances, pooled_rollout
+    from models.analysis import mean_attention_distance, patch_distances, pooled_rollout
     from models.inspect.attribution import explain
 
     model = models["two_prefix"]

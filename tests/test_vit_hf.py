@@ -35,7 +35,7 @@ def test_vit_folder_matches_transformers(vit_folder) -> None:
     from transformers import ViTImageProcessor
 
     import models
-    from models.io.images import prepare
+    from models.inputs.images import prepare
 
     folder, hf = vit_folder
     ours = models.load(str(folder))

@@ -149,7 +149,7 @@ def test_compare_two_inputs(tiny) -> None:
     a, b = classify("a fine film .")[5], classify("a bad film .")[5]
     note, fig_b, diff, change = compare_section.compared(tab_classify.compare_view, a, b, 1, "2", "heatmap")
     wa, wb = a["result"].attention["encoder"].weights[1, 2], b["result"].attention["encoder"].weights[1, 2]
-    from models.inspect.analysis import align_tokens
+    from models.analysis import align_tokens
 
     pairs = align_tokens(a["result"].tokens, b["result"].tokens)
     assert 0 < len(pairs) < len(b["result"].tokens)  # "fine" and "bad" are not shared

@@ -1,4 +1,4 @@
-"""Fit and measure a Fashion-MNIST image model's calibration and unusual-input check (models/inspect/calibration.py).
+"""Fit and measure a Fashion-MNIST image model's calibration and unusual-input check (models/calibration.py).
 
     python -m train.calibrate --checkpoint checkpoints/vit-fashion --data-dir ../shared/data
     python -m train.calibrate --checkpoint checkpoints/swin-fashion --data-dir ../shared/data
@@ -42,7 +42,7 @@ def non_fashion_images(seed: int = 0) -> tuple[np.ndarray, int]:
     import skimage
     from PIL import Image
 
-    from models.io.images import fashion_array
+    from models.inputs.images import fashion_array
 
     rng = np.random.default_rng(seed)
     folder = Path(skimage.__file__).parent / "data"
@@ -82,7 +82,7 @@ def drawings(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     program's) on a 512 px white canvas; scribbles: open polylines of 3–8 random points."""
     from PIL import Image, ImageDraw
 
-    from models.io.images import fashion_array
+    from models.inputs.images import fashion_array
 
     rng = np.random.default_rng(seed)
     shapes = [[(60, 300), (200, 290), (300, 200), (380, 210), (460, 330), (460, 380), (60, 380)],  # shoe
@@ -108,7 +108,7 @@ def drawings(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int = 500
                         ) -> tuple[torch.Tensor, np.ndarray]:
     """(logits (N, C), final features (N, D) float64) of uint8 (N, 28, 28) images."""
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
 
     logits, features = [], []
     for i in range(0, len(images), batch):
@@ -121,7 +121,7 @@ def logits_and_features(model: torch.nn.Module, images: np.ndarray, batch: int =
 
 def main(argv: list[str] | None = None) -> int:
     import models
-    from models.inspect.calibration import (
+    from models.calibration import (
         FILE,
         Calibration,
         background_share,

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
 
     from models.families.classifier import ClassifierConfig, TextClassifier
-    from models.io.tokenizer import SentencePieceTokenizer
+    from models.inputs.tokenizer import SentencePieceTokenizer
 
     tok_path = args.tokenizer or DEFAULT_OUT / f"{args.task}.model"
     text = TEXT_SETTINGS[args.task]

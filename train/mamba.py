@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
 
     from models.families.mamba import Mamba, MambaConfig
+    from models.inputs.tokenizer import SentencePieceTokenizer
     from models.io.checkpoint import save_checkpoint
-    from models.io.tokenizer import SentencePieceTokenizer
 
     corpus = load_corpus(args.data_dir)
     if args.train_limit:

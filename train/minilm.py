@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(config_from_args(args), betas=DEFAULTS.betas)
     run_dir = args.run_dir or REPO_ROOT / "runs" / f"minilm-{args.task}"
 
-    from models.io.tokenizer import JsonTokenizer
+    from models.inputs.tokenizer import JsonTokenizer
 
     text = TEXT_SETTINGS[args.task]
     tok = JsonTokenizer(folder / "tokenizer.json", text)

@@ -5,7 +5,7 @@
         --epochs 10 [--d-model 256 --layers 3 --heads 4 --d-ff 1024]
 
 The source is ``<s> en </s>``, the decoder input ``<s> de`` and the target ``de </s>``, all encoded with
-the joint SentencePiece model through ``models.io.tokenizer`` (as the app encodes). Model selection: cased
+the joint SentencePiece model through ``models.inputs.tokenizer`` (as the app encodes). Model selection: cased
 sacreBLEU of greedy output on Multi30k ``val`` after every epoch; the reported figure comes from
 ``python -m train.evaluate translation`` (beam 5) on ``test_2016_flickr``.
 """
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
 
     from models.families.translator import Translator, TranslatorConfig
-    from models.io.tokenizer import SentencePieceTokenizer
+    from models.inputs.tokenizer import SentencePieceTokenizer
 
     tok = SentencePieceTokenizer(args.tokenizer, {})
     if (tok.pad_id, tok.bos_id, tok.eos_id) != (PAD_ID, BOS_ID, EOS_ID):

@@ -86,7 +86,7 @@ def parse_overrides(items: list[str], kind: str) -> dict[str, Any]:
 
 def to_input(images: np.ndarray | Tensor) -> Tensor:
     """uint8 (B, 28, 28) -> normalised float (B, 1, 28, 28), exactly as the models' classify() prepares it."""
-    from models.io.images import fashion_tensor
+    from models.inputs.images import fashion_tensor
 
     return fashion_tensor(images)
 

@@ -47,8 +47,8 @@ from models import limits
 from models.blocks.decoder import Knows, count, flag, off, one_of, spec_of, zero
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
+from models.blocks.loop import Decoding
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope
-from models.decoding.loop import Decoding
 from models.decoding.packed import joined
 from models.io.bigmodel import dispatched
 from models.outputs import GenerationResult

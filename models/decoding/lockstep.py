@@ -32,8 +32,8 @@ from models import limits
 from models.blocks.decoder import Knows, count, flag, one_of, scale, spec_of
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
+from models.blocks.loop import Decoding, full_surprisal
 from models.blocks.positional import ROPE_LAYOUTS
-from models.decoding.loop import Decoding, full_surprisal
 from models.outputs import GenerationResult
 
 PROMPT_SPAN = 32  # prompts in one group differ by at most this many tokens (each extra one is a one-token pass)
@@ -160,7 +160,7 @@ def _decode(model, group: list[_Row]) -> list[GenerationResult]:
             if pos < r.prompt_len:  # still reading its prompt: the prediction is not used
                 feed.append(r.ids[pos])
                 continue
-            if not r.finished:  # one generation step, as a lone request takes it (models.decoding.loop)
+            if not r.finished:  # one generation step, as a lone request takes it (models.blocks.loop)
                 r.choose(logits[b])
             feed.append(filler if r.finished else r.ids[-1])
         if all(r.finished for r in runs):

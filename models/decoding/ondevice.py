@@ -49,8 +49,8 @@ from models import limits
 from models.blocks.decoder import Knows, count, flag, off, one_of, spec_of, zero
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
+from models.blocks.loop import Decoding
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope
-from models.decoding.loop import Decoding
 from models.io.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
 

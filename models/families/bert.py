@@ -192,7 +192,7 @@ class BertClassifier(EncoderClassifier):
             raise ValueError(f"unknown activation {c.act!r} / {c.pooler_act!r}; known: {sorted(ACTIVATIONS)}")
         if c.max_len + c.position_offset > c.max_positions:
             raise ValueError(f"max_len={c.max_len} exceeds the {c.max_positions - c.position_offset} positions")
-        self.tokenizer = tokenizer  # models.io.tokenizer.JsonTokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.inputs.tokenizer.JsonTokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.text: dict[str, Any] = {}
         self.bert = BertEncoder(c)

@@ -1,6 +1,6 @@
 """Transformer-encoder text classifier trained from scratch (SST-2 sentiment, AG News topic).
 
-Input is ``<s> pieces </s>`` from models.io.tokenizer; with CLS pooling the hidden state at position 0
+Input is ``<s> pieces </s>`` from models.inputs.tokenizer; with CLS pooling the hidden state at position 0
 (``<s>``, playing BERT's [CLS]) feeds the classifier head, with mean pooling the average over real tokens.
 """
 
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from models.blocks.attention import Intervention, LayerEdit, bind, enter_layer, padding_mask
 from models.blocks.layers import EncoderLayer, length_runs
 from models.blocks.positional import LearnedPositions, SinusoidalPositions
-from models.io.tokenizer import encode_input
+from models.inputs.tokenizer import encode_input
 from models.outputs import AttentionMap, ClassificationResult
 
 
@@ -126,7 +126,7 @@ class TextClassifier(EncoderClassifier):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {c.pooling!r}")
         if c.positions not in ("learned", "sinusoidal"):
             raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {c.positions!r}")
-        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.inputs.tokenizer.Tokenizer; set by models.load
         self.labels: list[str] = [str(i) for i in range(c.n_classes)]
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         nn.init.normal_(self.embed.weight, std=0.02)

@@ -15,10 +15,8 @@ on [CLS] and ``distillation_classifier`` on the distillation token) and ``DeiTFo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from models.families.vit import ViT, ViTConfig
@@ -53,28 +51,3 @@ class DeiT(ViT):
         if self.head_dist is None:
             return logits
         return (logits + self.head_dist(tokens[:, 1])) / 2
-
-
-def from_hf(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> DeiT:
-    """A Hugging Face ``deit`` folder's weights in ``DeiT`` (without its preprocessing: ``models.io.hf`` adds it)."""
-    from models.io.checkpoint import CheckpointError
-    from models.io.hf import hf_labels, load_vit_like, vit_config, vit_encoder_state
-
-    where = Path(where)
-    architectures = hf.get("architectures") or []
-    distilled = "DeiTForImageClassificationWithTeacher" in architectures
-    if not distilled and "DeiTForImageClassification" not in architectures:
-        raise CheckpointError(where, "a deit folder needs DeiTForImageClassification(WithTeacher) (a classification "
-                                     "head)")
-    config = vit_config(DeiTConfig, hf, where, prefix_tokens=2, distilled=distilled)
-    s = {k.removeprefix("deit."): v for k, v in state.items()}
-    ours = vit_encoder_state(s, config.depth)
-    ours["extra_tokens"] = s["embeddings.distillation_token"]
-    if distilled:
-        ours.update({"head.weight": s["cls_classifier.weight"], "head.bias": s["cls_classifier.bias"],
-                     "head_dist.weight": s["distillation_classifier.weight"],
-                     "head_dist.bias": s["distillation_classifier.bias"]})
-    else:
-        ours.update({"head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]})
-    with torch.no_grad():
-        return load_vit_like(DeiT(config, labels=hf_labels(hf)), ours, where)

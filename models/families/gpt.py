@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import limits
+from models.analysis import HEAD_ROLES, head_roles
 from models.blocks.attention import (
     Intervention,
     KVCache,
@@ -49,9 +50,8 @@ from models.blocks.attention import (
 )
 from models.blocks.decoder import BlockSpec, DecoderSpec, Knows, count, flag, one_of, refusal, scale
 from models.blocks.layers import ACTIVATIONS
+from models.blocks.loop import Decoding, full_surprisal
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope, rope_angles
-from models.decoding.loop import Decoding, full_surprisal
-from models.inspect.analysis import HEAD_ROLES, head_roles
 from models.outputs import GenerationResult, LogitLens
 
 RECIPES = ("llama", "gpt2", "neox")
@@ -312,7 +312,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
-        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load / models.io.hf
+        self.tokenizer = tokenizer  # models.inputs.tokenizer.Tokenizer; set by models.load / models.io.hf
         self.labels: list[str] = []
         self.spec = spec = c.spec()  # what every block computes, which every runner reads (models/blocks/decoder.py)
         why = refusal(spec, PLAIN, "GPT")
@@ -505,7 +505,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
                          pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Each head's role scores (``models.inspect.analysis.head_roles``: previous token, induction, duplicate token,
+        """Each head's role scores (``models.analysis.head_roles``: previous token, induction, duplicate token,
         sink; (L, H) each) on ``repeated_tokens(n, seed, pieces)``, averaged over the seeds, in eval mode."""
         was = self.training
         self.eval()

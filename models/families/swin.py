@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks.attention import attend
-from models.inspect.calibration import calibrated
-from models.io.images import ImageInput, prepare
+from models.calibration import calibrated
+from models.inputs.images import ImageInput, prepare
 from models.outputs import ImageResult, WindowAttention
 
 MASK_VALUE = -100.0  # the paper's (and reference code's) additive mask for tokens of different regions

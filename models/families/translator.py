@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from models.blocks.attention import KVCache, MultiHeadAttention, causal_mask, padding_mask
 from models.blocks.layers import EncoderLayer, FeedForward, length_runs
 from models.blocks.positional import SinusoidalPositions
-from models.io.tokenizer import encode_input
+from models.inputs.tokenizer import encode_input
 from models.outputs import AttentionMap, BeamStep, TranslationResult
 
 
@@ -130,7 +130,7 @@ class Translator(nn.Module):
     def __init__(self, config: TranslatorConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config
-        self.tokenizer = tokenizer  # models.io.tokenizer.Tokenizer; set by models.load
+        self.tokenizer = tokenizer  # models.inputs.tokenizer.Tokenizer; set by models.load
         self.labels: list[str] = []
         self.src_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_embed = self.src_embed if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model,

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from models.blocks.attention import MultiHeadAttention
-from models.inspect.calibration import calibrated
-from models.io.images import ImageInput, prepare
+from models.calibration import calibrated
+from models.inputs.images import ImageInput, prepare
 from models.outputs import AttentionMap, ImageResult
 
 

@@ -7,7 +7,7 @@ predicted class unless one is given. Values are signed: positive supports the ta
 
 - ``attention``: the last layer's attention, mean over heads, read from the position the head reads
   (row 0, [CLS]) or, for mean-pooled models, the mean over the rows of every token.
-- ``rollout``: attention rollout (Abnar & Zuidema 2020), ``models.inspect.analysis.pooled_rollout``.
+- ``rollout``: attention rollout (Abnar & Zuidema 2020), ``models.analysis.pooled_rollout``.
 - ``relevance``: gradient-weighted attention relevance (Chefer et al. 2021, "Generic Attention-model
   Explainability", eq. 5-6 for self-attention): R = I, then for each layer in order
   R <- R + E_h[(∇A ⊙ A)⁺] · R, with ∇A = ∂f/∂A; R − I (what the layers add) read like ``attention``.
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from models import registry
-from models.inspect.analysis import pooled_rollout
+from models.analysis import pooled_rollout
 from models.outputs import GRADIENT_METHODS, METHODS, Attribution, DeletionCurve
 
 __all__ = [
@@ -157,7 +157,7 @@ def _special_ids(model: nn.Module) -> set[int]:
 
 
 def _prepare_text(model: nn.Module, text: str | Sequence[int]) -> _Text:
-    from models.io.tokenizer import encode_input
+    from models.inputs.tokenizer import encode_input
 
     ids, tokens, notice = encode_input(
         model.tokenizer if hasattr(model, "tokenizer") else None, text, model.config.max_len, type(model).__name__
@@ -175,12 +175,12 @@ def _prepare_text(model: nn.Module, text: str | Sequence[int]) -> _Text:
 
 def _normalisation(model: nn.Module) -> tuple[Tensor, Tensor]:
     """(offset, scale), each (C, 1, 1) float64, with model input = (pixel in [0, 1] − offset) / scale."""
-    from models.io.images import FASHION_MEAN, FASHION_STD, IMAGENET_MEAN, IMAGENET_STD
+    from models.inputs.images import FASHION_MEAN, FASHION_STD, IMAGENET_MEAN, IMAGENET_STD
 
     c = model.config
     channels = int(c.in_channels)
     spec = getattr(c, "processor", None) if c.input == "processor" else None
-    if spec is not None:  # a Hugging Face folder's preprocessing (models.io.images.processor_spec)
+    if spec is not None:  # a Hugging Face folder's preprocessing (models.inputs.images.processor_spec)
         unit = 255.0 * spec["rescale"] if spec.get("rescale") is not None else 255.0  # [0, 1] -> rescaled
         mean = [m / unit for m in spec["mean"]] if spec.get("mean") is not None else [0.0] * channels
         std = [s / unit for s in spec["std"]] if spec.get("std") is not None else [1.0 / unit] * channels
@@ -207,7 +207,7 @@ def _prepare_image(model: nn.Module, image: Any) -> tuple[Tensor, str]:
         if tuple(x.shape) != shape:
             raise ValueError(f"expected a normalised image tensor {shape}, got {tuple(image.shape)}")
         return x.to(p.device, p.dtype).clone(), ""  # a copy: never an inference-mode tensor of the caller
-    from models.io.images import prepare
+    from models.inputs.images import prepare
 
     extra = {"processor": c.processor} if getattr(c, "processor", None) is not None else {}
     prepared = prepare(image, c.input, resize=c.resize, crop=c.image_size, interpolation=c.interpolation, **extra)
@@ -478,7 +478,7 @@ def _targets(logits: Tensor, targets: Sequence[int | None]) -> list[int]:
 
 
 def _temperature(model: nn.Module) -> float:
-    """The softmax temperature the model reports its probabilities at (models/inspect/calibration.py; 1 without one), so
+    """The softmax temperature the model reports its probabilities at (models/calibration.py; 1 without one), so
     that an explanation's probability and its deletion curve match the class probabilities the app shows."""
     calibration = getattr(model, "calibration", None)
     return calibration.temperature if calibration is not None else 1.0

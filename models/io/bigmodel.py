@@ -145,10 +145,10 @@ def load_gpt(folder: str | Path, device_map: Mapping[str, Any] | str = "auto", o
 
     from safetensors import safe_open
 
-    from models import resolve
     from models.families.gpt import GPTConfig
     from models.io.checkpoint import config_from_dict
     from models.io.hf import is_hf_folder
+    from models.paths import resolve
 
     folder = resolve(folder)
     if verify and not is_hf_folder(folder):
@@ -182,7 +182,7 @@ def load_gpt(folder: str | Path, device_map: Mapping[str, Any] | str = "auto", o
 
         attach_decoder_tokenizer(model, folder, cfg)
     else:
-        from models.io.tokenizer import load_tokenizer
+        from models.inputs.tokenizer import load_tokenizer
 
         model.labels, model.text = list(cfg.get("labels", [])), dict(cfg.get("text", {}))
         if (folder / "tokenizer.model").is_file() or (folder / "tokenizer.json").is_file():

@@ -26,17 +26,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from models.paths import CheckpointError  # noqa: F401 (its home is below every sub-package; raised here)
+
 FORMAT = 1
 MAX_SHARD_BYTES = 24 * 1024 * 1024  # stays under the 25 MB per-file budget (docs/ARCHITECTURE.md §6)
 CONFIG, MANIFEST, WEIGHTS = "config.json", "manifest.json", "model.safetensors"
-
-
-class CheckpointError(Exception):
-    """A checkpoint folder that cannot be loaded; the message names the offending file."""
-
-    def __init__(self, file: str | Path, message: str) -> None:
-        self.file = str(file)
-        super().__init__(f"{Path(file).name}: {message}")
 
 
 def sha256(path: Path) -> str:

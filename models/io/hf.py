@@ -13,7 +13,7 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
   ``num_key_value_heads``; RoPE scaling variants are refused.
 - ``vit`` image classifiers (``ViTForImageClassification``, labels from ``id2label``) -> ``models.families.vit.ViT``
   with
-  the folder's ``preprocessor_config.json`` as its input preparation (``models.io.images.processor_spec``).
+  the folder's ``preprocessor_config.json`` as its input preparation (``models.inputs.images.processor_spec``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def load_hf(folder: str | Path) -> Any:
         return _with_processor(model, folder).float().eval()
     if getattr(model, "tokenizer", None) is not None:  # the reader attached its own (Marian's SentencePiece pair)
         return model.float().eval()
-    from models.io.tokenizer import JsonTokenizer, folder_tokenizer
+    from models.inputs.tokenizer import JsonTokenizer, folder_tokenizer
 
     try:  # tokenizer.json, or BERT's vocab.txt / GPT-2's vocab.json + merges.txt
         pipeline = folder_tokenizer(folder, kind)
@@ -77,7 +77,7 @@ def attach_decoder_tokenizer(model: Any, folder: Path, hf: dict[str, Any], pipel
     """A language model's tokenizer as ``load_hf`` gives it (also to one ``models.io.bigmodel`` dispatched): the
     folder's pipeline cut at the model's context, the config's BOS and EOS ids, the prompt encoded as transformers
     encodes it; with ``labels`` and ``text`` empty."""
-    from models.io.tokenizer import JsonTokenizer, folder_tokenizer
+    from models.inputs.tokenizer import JsonTokenizer, folder_tokenizer
 
     if pipeline is None:
         try:
@@ -271,7 +271,7 @@ def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
 
 def _with_processor(model: Any, folder: Path) -> Any:
     """Give an image classifier the preprocessing of the folder's ``preprocessor_config.json``."""
-    from models.io.images import processor_spec
+    from models.inputs.images import processor_spec
 
     path = folder / "preprocessor_config.json"
     try:

@@ -304,3 +304,40 @@ def gpt_neox_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pat
             ours[o + f"attn.{name}.weight"] = w[:, j].reshape(d, d)
             ours[o + f"attn.{name}.bias"] = b[:, j].reshape(d)
     return _build(config, ours, where, "GPT-NeoX")
+
+
+def mamba_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``Mamba`` from a Hugging Face ``mamba`` config dict and ``MambaForCausalLM`` state dict (``backbone.`` names)."""
+    from models.families.mamba import Mamba, MambaConfig
+
+    where = Path(where)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(where, f"activation {hf['hidden_act']!r} is not supported (silu)")
+    d = int(hf["hidden_size"])
+    rank = hf.get("time_step_rank", "auto")
+    config = MambaConfig(vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]),
+                         d_state=int(hf.get("state_size", 16)), d_conv=int(hf.get("conv_kernel", 4)),
+                         expand=int(hf.get("expand", 2)), dt_rank=0 if rank == "auto" else int(rank),
+                         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                         conv_bias=bool(hf.get("use_conv_bias", True)), bias=bool(hf.get("use_bias", False)),
+                         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                         bos_id=_token_id(hf, "bos_token_id", 0), eos_id=_token_id(hf, "eos_token_id", 0))
+    s = {k.removeprefix("backbone."): v for k, v in state.items()}
+    ours: dict[str, Tensor] = {"embed.weight": s.get("embeddings.weight", s.get("embedding.weight")),
+                               "norm.weight": s["norm_f.weight"]}
+    if ours["embed.weight"] is None:
+        raise KeyError("backbone.embeddings.weight")
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm.weight"] = s[h + "norm.weight"]
+        for name in ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"):
+            for kind in ("weight", "bias"):
+                if h + f"mixer.{name}.{kind}" in s:
+                    ours[o + f"mixer.{name}.{kind}"] = s[h + f"mixer.{name}.{kind}"]
+        ours[o + "mixer.A_log"], ours[o + "mixer.D"] = s[h + "mixer.A_log"], s[h + "mixer.D"]
+    ours["lm_head.weight"] = ours["embed.weight"] if config.tie_embeddings else state["lm_head.weight"]
+    model = Mamba(config)
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit Mamba: missing {missing}, unexpected {unexpected}")
+    return model

@@ -8,7 +8,7 @@ feed-forward activation of the config (swish for opus-mt), embeddings × √d on
 output logits (``final_logits_bias``), decoding started from ``<pad>`` (``decoder_start_token_id``), ``<pad>``
 never produced (generation_config.json ``bad_words_ids``) and eos forced at the last allowed step
 (``forced_eos_token_id``), as transformers' ``generate`` does. The tokenizer is the folder's SentencePiece pair
-(``models.io.tokenizer.MarianTokenizer``).
+(``models.inputs.tokenizer.MarianTokenizer``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _generation(folder: Path) -> dict[str, Any]:
 def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
     """``MarianMTModel`` config and weights -> Translator, with the folder's MarianTokenizer attached."""
     from models.families.translator import Translator, TranslatorConfig
-    from models.io.tokenizer import MarianTokenizer
+    from models.inputs.tokenizer import MarianTokenizer
 
     where = Path(where)
     folder = where.parent
@@ -118,13 +118,13 @@ def _tied(name: str, config: Any) -> bool:
 
 def t5_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
     """``T5ForConditionalGeneration`` config and weights -> ``models.families.t5.T5``, with the folder's
-    tokenizer.json (``models.io.tokenizer.T5Tokenizer``) and the English → German task prefix of the config's
+    tokenizer.json (``models.inputs.tokenizer.T5Tokenizer``) and the English → German task prefix of the config's
     ``task_specific_params`` attached. ``feed_forward_proj`` "relu" (T5) or "gated-gelu" (v1.1, Flan); the output
     projection is ``lm_head.weight`` when the folder has one (untied), else the shared table; the d_model^-0.5
     rescale as the config says (``scale_decoder_outputs``, else ``tie_word_embeddings`` not false)."""
     from models.blocks.layers import ACTIVATIONS
     from models.families.t5 import T5, T5Config
-    from models.io.tokenizer import T5Tokenizer
+    from models.inputs.tokenizer import T5Tokenizer
 
     where = Path(where)
     folder = where.parent

@@ -78,3 +78,28 @@ def swin_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit Swin: missing {missing}, unexpected {unexpected}")
     return model
+
+
+def deit_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """A Hugging Face ``deit`` folder's weights in ``DeiT`` (without its preprocessing: ``models.io.hf`` adds it)."""
+    from models.families.deit import DeiT, DeiTConfig
+    from models.io.hf import hf_labels, load_vit_like, vit_config, vit_encoder_state
+
+    where = Path(where)
+    architectures = hf.get("architectures") or []
+    distilled = "DeiTForImageClassificationWithTeacher" in architectures
+    if not distilled and "DeiTForImageClassification" not in architectures:
+        raise CheckpointError(where, "a deit folder needs DeiTForImageClassification(WithTeacher) (a classification "
+                                     "head)")
+    config = vit_config(DeiTConfig, hf, where, prefix_tokens=2, distilled=distilled)
+    s = {k.removeprefix("deit."): v for k, v in state.items()}
+    ours = vit_encoder_state(s, config.depth)
+    ours["extra_tokens"] = s["embeddings.distillation_token"]
+    if distilled:
+        ours.update({"head.weight": s["cls_classifier.weight"], "head.bias": s["cls_classifier.bias"],
+                     "head_dist.weight": s["distillation_classifier.weight"],
+                     "head_dist.bias": s["distillation_classifier.bias"]})
+    else:
+        ours.update({"head.weight": s["classifier.weight"], "head.bias": s["classifier.bias"]})
+    with torch.no_grad():
+        return load_vit_like(DeiT(config, labels=hf_labels(hf)), ours, where)

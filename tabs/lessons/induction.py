@@ -17,7 +17,7 @@ from viz import attention as va
 
 
 def _repeated(inp: str):
-    from models.inspect.analysis import head_roles
+    from models.analysis import head_roles
 
     net = get_model("gpt-tiny")
     n = min(30, (net.context_limit() - 1) // 2)

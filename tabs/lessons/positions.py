@@ -52,7 +52,7 @@ def l3_rope(inp: str) -> Question:
 
 
 def l3_model(inp: str) -> Question:
-    from models.inspect.analysis import previous_token_score
+    from models.analysis import previous_token_score
     from models.inspect.decompose import decompose_score
     from viz import why as vw
 

@@ -15,7 +15,7 @@ from tabs.lessons.engine import (
 
 
 def _vit(inp: str):
-    from models.inspect.analysis import rollout
+    from models.analysis import rollout
 
     index = int(np.clip(seed_of(inp), 0, len(EXAMPLE_IMAGES) - 1)) if (inp or "").strip() else 7
     r = get_model("vit-fashion").classify(str(EXAMPLE_IMAGES[index]))

@@ -59,7 +59,7 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
 
 def compared(view_of, state_a, state_b, layer, head, view):
     """(note, B's figure, B − A, the change per token or class) from two kept states: no model runs."""
-    from models.inspect.analysis import align_tokens
+    from models.analysis import align_tokens
     from tabs.common import attention_figure, head_map, index, parse_head
 
     if not state_a:
@@ -95,7 +95,7 @@ def compared(view_of, state_a, state_b, layer, head, view):
 
 def both_arrays(tab: str, view_of, state_a, state_b) -> str:
     """The .npz of both inputs: attention, tokens, the per-token or per-class values, the shared-token pairs."""
-    from models.inspect.analysis import align_tokens
+    from models.analysis import align_tokens
     from tabs.common import save_npz
 
     a, b = view_of(state_a), view_of(state_b)

@@ -38,7 +38,7 @@ def encode(net, text: str) -> tuple[list[int], list[str], str]:
         if len(ids) > limit:  # keep the start: BOS and the first tokens, as a reader would
             return ids[:limit], tokens[:limit], f"Input shortened to its first {limit} tokens (it had {len(ids)})."
         return ids, tokens, ""
-    from models.io.tokenizer import encode_input
+    from models.inputs.tokenizer import encode_input
 
     ids, tokens, notice = encode_input(net.tokenizer, text, net.config.max_len, type(net).__name__)
     return list(ids), list(tokens), notice

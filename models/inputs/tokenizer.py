@@ -222,7 +222,7 @@ def load_tokenizer(folder: str | Path, text: dict[str, Any] | None = None) -> To
         return SentencePieceTokenizer(folder / "tokenizer.model", text, MAX_TOKENS_SCRATCH)
     if (folder / "tokenizer.json").is_file():
         return JsonTokenizer(folder / "tokenizer.json", text, MAX_TOKENS_MINILM)
-    from models.io.checkpoint import CheckpointError
+    from models.paths import CheckpointError
 
     raise CheckpointError(folder / "tokenizer.model", f"no tokenizer.model or tokenizer.json in {folder}")
 
