@@ -57,7 +57,7 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("translate", "google-t5/t5-small", None),
     ("classify", "distilbert/distilbert-base-uncased-finetuned-sst-2-english", None),  # SST-2 sentiment
     # RoBERTa sentiment (negative / neutral / positive, tweets): safetensors on the conversion branch refs/pr/8,
-    # its tokenizer as vocab.json + merges.txt (no tokenizer.json: models/io/tokenizer.folder_tokenizer reads them)
+    # its tokenizer as vocab.json + merges.txt (no tokenizer.json: models.inputs.tokenizer.folder_tokenizer reads them)
     ("classify", "cardiffnlp/twitter-roberta-base-sentiment-latest", "refs/pr/8"),
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
     # DeiT-Ti distilled (5.9 M, ImageNet-1k, with its distillation token): safetensors on refs/pr/3

@@ -81,7 +81,7 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | str | None 
 
 # ----------------------------------------------------------------------------------------------------
 # Interventions: what one forward pass changes, given as an argument (never hooks or switched flags on the
-# shared model, docs/ARCHITECTURE.md §2). models/patching.py builds them for activation patching and sink
+# shared model, docs/ARCHITECTURE.md §2). models/inspect/patching.py builds them for activation patching and sink
 # ablation; the attention modules and the layer loops of GPT, TextClassifier and BertClassifier apply them.
 
 

@@ -1,6 +1,6 @@
 """``GPT.generate``'s result, computed the way a server computes it (docs/ARCHITECTURE.md §2, the serving layer).
 
-``models/gpt.py`` is the readable version: a KV-cache loop that uses the fused attention kernel, then one more
+``models/families/gpt.py`` is the readable version: a KV-cache loop that uses the fused attention kernel, then one more
 explicit pass over every token for the attention rows and the surprisal. This module returns the same
 ``GenerationResult`` (the same token ids, texts and candidates; every attention weight, probability and surprisal
 equal up to summation order) in about 30 % less time on a GPT-2-small-shaped model (``bench/generate.py``):
@@ -98,7 +98,7 @@ def supports(model) -> bool:
 
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
-    """``model.generate(text, ...)``'s result (models/gpt.py), computed as the module docstring says."""
+    """``model.generate(text, ...)``'s result (models/families/gpt.py), computed as the module docstring says."""
     if not supports(model):
         return model.generate(text, max_new_tokens=max_new_tokens, strategy=strategy, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed)

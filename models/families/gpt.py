@@ -2,25 +2,25 @@
 
 - ``recipe="gpt2"`` (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners"): pre-norm
   LayerNorm blocks, learned absolute positions, GELU (tanh approximation) feed-forward, biases, tied
-  input and output embeddings. GPT-2 weights from a Hugging Face folder load through ``models/hf.py``.
+  input and output embeddings. GPT-2 weights from a Hugging Face folder load through ``models/io/hf.py``.
 - ``recipe="llama"`` (Touvron et al. 2023, "LLaMA"): pre-norm RMSNorm (Zhang & Sennrich 2019), rotary
-  position embeddings on queries and keys (Su et al. 2021; ``models/positional.py``), SwiGLU feed-forward
+  position embeddings on queries and keys (Su et al. 2021; ``models/blocks/positional.py``), SwiGLU feed-forward
   (Shazeer 2020), no biases, and optional grouped-query attention (Ainslie et al. 2023): ``n_kv_heads``
   key/value heads, each shared by ``n_heads / n_kv_heads`` query heads.
 
 Attention is causal: token i sees tokens 0..i (Vaswani et al. 2017, §3.2.3). It goes through
 ``models.blocks.attention.attend``, the switch every model shares: with ``need_weights`` the explicit
 ``scaled_dot_product``, returning its weights; otherwise the fused kernel. A ``KVCache`` per layer (the one of
-``models/attention.py``) makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
+``models/blocks/attention.py``) makes generation incremental. ``head_mask`` (layers, heads) multiplies each head's
 output before the output projection, so a head is switched off per call, never by changing the shared model.
 ``edit`` (``models.blocks.attention.Intervention``) goes the same way: per layer it replaces chosen heads' outputs or
 the residual stream at chosen positions, forbids heads chosen keys, and records what activation patching needs
-(``models/patching.py``).
+(``models/inspect/patching.py``).
 
 ``qkv_bias`` (the LLaMA recipe has no biases; Qwen2 adds them to queries, keys and values): a query/key bias is a
 content-free direction, which RoPE turns into a score by offset alone, so a head can look one token back from the
 first training step. gpt-tiny, the decoder the project ships, uses it (train/lm.py); the other options serve
-GPT-2 and LLaMA-family folders and Hub ids (models/hf.py).
+GPT-2 and LLaMA-family folders and Hub ids (models/io/hf.py).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class GPTConfig:
     d_ff: int = 0  # feed-forward width; 0 = the recipe's: 4·d (GPT-2), 8/3·d rounded up to 64 (LLaMA)
     norm_eps: float = 1e-5  # LayerNorm / RMSNorm epsilon
     rope_base: float = 10000.0  # RoPE θ base (LLaMA recipe)
-    rope_layout: str = "interleaved"  # pairs (2i, 2i+1) as models/positional.py, or "half" (rotate-half layout)
+    rope_layout: str = "interleaved"  # pairs (2i, 2i+1) as models/blocks/positional.py, or "half" (rotate-half layout)
     tie_embeddings: bool = True  # output projection = input embedding (Press & Wolf 2017)
     dropout: float = 0.0  # residual and attention dropout while training
     bos_id: int = 1  # put first in every prompt of the project's own models

@@ -1,4 +1,4 @@
-"""Activation patching and attention-sink ablation for the decoder LM (models/gpt.py) and the text classifiers.
+"""Activation patching and attention-sink ablation for the decoder LM (models/families/gpt.py) and the text classifiers.
 
 Activation patching (causal tracing, Meng et al. 2022, "Locating and Editing Factual Associations in GPT"; head
 patching as in Wang et al. 2022, "Interpretability in the Wild: a Circuit for Indirect Object Identification in

@@ -190,7 +190,7 @@ def gpt2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
 def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
                      config_only: bool = False, keep: bool = False) -> Any:
     """``models.families.gpt.GPT`` (recipe "llama", rotate-half RoPE) from a LLaMA config dict and state dict.
-    ``config_only``: just its ``GPTConfig`` (``models/bigmodel.py`` reads the weights itself). ``keep``: the
+    ``config_only``: just its ``GPTConfig`` (``models/io/bigmodel.py`` reads the weights itself). ``keep``: the
     weights as given, same dtype, device and storage (an 8 B model in bfloat16 on a GPU is not copied, nor
     initialised at random first); otherwise float32 copies, as the app loads them."""
     from models.families.gpt import GPT, GPTConfig

@@ -5,9 +5,9 @@ bandwidth, float32's range) or ``float16``. Only the weights take it. What the a
 or wider whatever the weights' dtype (docs/ARCHITECTURE.md §4):
 
 - attention scores, softmax and weights: ``models.blocks.attention.scaled_dot_product`` upcasts q and k to float32 and
-  returns float32 weights (A·V in the values' dtype, as transformers' eager attention); ``models/ondevice.py``
+  returns float32 weights (A·V in the values' dtype, as transformers' eager attention); ``models/decoding/ondevice.py``
   likewise; the fused kernel (no weights asked) accumulates in float32 itself;
-- the score split (``models/decompose.py``) walks the stream in float64 from the weights as stored;
+- the score split (``models/inspect/decompose.py``) walks the stream in float64 from the weights as stored;
 - RMSNorm normalises in float32 (``models.families.gpt.RMSNorm``); logits are read as float32 for probabilities, the
   surprisal, patching's logit differences and attribution's gradients' targets;
 - buffers derived from the config (RoPE angles, masks, calibration) stay float32: ``place`` casts parameters only.

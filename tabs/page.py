@@ -1,0 +1,84 @@
+"""The page around the tabs: its style sheet and its one script (clicks on figures, export buttons, toasts), which
+app.py hands to Gradio's launch."""
+
+from __future__ import annotations
+
+CSS = """
+.intro {font-size: 1.02rem; line-height: 1.5;}
+.notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}
+.highlight {font-size: 1.15rem; line-height: 2.0;}
+footer {display: none !important;}
+.atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */
+.block:has(> .js-plotly-plot) {overflow-x: auto !important;}  /* a figure wider than its column scrolls, not clipped */
+/* and shows that it does: a styled scrollbar is drawn always (an overlay one hid the colour bar and later panels) */
+.block:has(> .js-plotly-plot)::-webkit-scrollbar {height: 12px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-thumb {background: #b8b8c8; border-radius: 6px;}
+.block:has(> .js-plotly-plot)::-webkit-scrollbar-track {background: #eeeef4;}
+/* A failed request says so once, in its toast: no "Error" badge over each of its outputs (Gradio's status tracker). */
+[data-testid="status-tracker"]:has(> .error) {display: none !important;}
+.atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */
+.atlas-export button {font-size: 0.75rem; padding: 0 0.5rem; border: 1px solid var(--border-color-primary);
+  border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
+"""
+# A click on a heatmap cell of an attention figure (elem_id "<tab>-attention") or a patching sweep ("<tab>-patch")
+# writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell" (a point of a Q/K scatter,
+# "<tab>-qk": "position,click number" into "<tab>-qk-cell"), whose change event runs the
+# handler (a script's input event is not a user's, so Gradio's .input does not fire; the click number makes a second
+# click on the same cell a change too).
+JS = """() => {
+  const bind = () => {
+    document.querySelectorAll('[id$="-attention"], [id$="-patch"], [id$="-qk"]').forEach((box) => {
+      const plot = box.querySelector('.js-plotly-plot');
+      if (!plot || plot._atlasBound || !plot.on) return;
+      plot._atlasBound = true;
+      plot.on('plotly_click', (ev) => {
+        const p = ev.points && ev.points[0];
+        const qk = box.id.endsWith('-qk');  // a Q/K scatter (tabs/sections/qk.py): customdata is the token position
+        if (!p || (qk ? typeof p.customdata !== 'number'
+                   : p.data.type !== 'heatmap' || !Array.isArray(p.pointNumber))) return;
+        const target = qk ? box.id + '-cell'
+                          : box.id.replace(/-attention$/, '-why-cell').replace(/-patch$/, '-patch-cell');
+        const input = document.querySelector('#' + target + ' textarea, #' + target + ' input');
+        if (!input) return;
+        window._atlasClicks = (window._atlasClicks || 0) + 1;
+        const m = p.data.meta || {};  // a pooled heatmap's cells name their blocks' first tokens (viz.attention)
+        const row = m.rows ? m.rows[p.pointNumber[0]] : p.pointNumber[0];
+        const col = m.cols ? m.cols[p.pointNumber[1]] : p.pointNumber[1];
+        input.value = (qk ? p.customdata : row + ',' + col) + ',' + window._atlasClicks;
+        input.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
+  };
+  // Every drawn figure gets "SVG" and "PNG" buttons under it: Plotly's own export of that figure (window.Plotly is
+  // the library Gradio's plot draws with), named after the figure's title.
+  const exportBar = (plot) => {
+    const box = plot.parentElement;
+    if (!box || !plot._fullLayout || box.querySelector(':scope > .atlas-export')) return;
+    const bar = document.createElement('div');
+    bar.className = 'atlas-export';
+    for (const format of ['svg', 'png']) {
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.textContent = format.toUpperCase();
+      button.title = 'Download this figure as ' + format.toUpperCase();
+      button.addEventListener('click', () => {
+        const el = box.querySelector('.js-plotly-plot');
+        const title = ((el._fullLayout.title || {}).text || '').replace(/<[^>]*>/g, ' ');
+        const name = title.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-+|-+$/g, '').slice(0, 60);
+        window.Plotly.downloadImage(el, {format, filename: name || 'figure', scale: format === 'png' ? 2 : 1});
+      });
+      bar.append(button);
+    }
+    box.append(bar);
+  };
+  // A new attempt (any button pressed outside a toast) closes the toasts of earlier ones, so errors neither stack
+  // ("Error (2)") nor stay after the request that follows them has worked.
+  document.addEventListener('click', (ev) => {
+    if (!ev.target.closest('button') || ev.target.closest('.toast-body')) return;
+    document.querySelectorAll('.toast-close').forEach((close) => close.click());
+  }, true);
+  new MutationObserver(() => {
+    bind();
+    document.querySelectorAll('.js-plotly-plot').forEach(exportBar);
+  }).observe(document.body, {childList: true, subtree: true});
+}"""
