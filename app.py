@@ -2,10 +2,11 @@
 
 `python app.py` serves the app on 127.0.0.1:7860 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT change that).
 Each tab is one module of `tabs/` (its intro, a `build()` that lays it out, then its handlers); this file
-puts them in order (the page's style and script are tabs/page.py, the start-up work tabs/startup.py). A tab is added
-by writing its module and listing it in TABS (docs/ARCHITECTURE.md §8). torch is imported on first use, so the page is served
-before the model stack has loaded; `main` imports that stack in a background thread once the server is up (ATLAS_WARM=0
-turns it off) and pays the first Plotly figure's cost before serving, so neither falls on a user's first request.
+puts them in order (the page's style and script are tabs/page.py, the start-up work tabs/startup.py). A tab is
+added by writing its module and listing it in TABS (docs/ARCHITECTURE.md §8). torch is imported on first use, so
+the page is served before the model stack has loaded; `main` imports that stack in a background thread once the
+server is up (ATLAS_WARM=0 turns it off) and pays the first Plotly figure's cost before serving, so neither falls
+on a user's first request.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ what keeps a previous-token head sharp on any text, not only on the words the ro
 query/key biases give each head a content-free direction, so a head can score by offset alone through RoPE from
 the first step.
 docs/experiments.md (gpt-tiny) has the 27 attempts behind this; the options they used (smeared keys, logit
-scales, copy warm-ups, frozen and open heads, ...) were last in train/lm.py and models/families/gpt.py at commit 4da411c.
+scales, copy warm-ups, frozen and open heads, ...) were last in train/lm.py and the decoder's file at commit
+4da411c.
 
 Validation also reports ``val_copy_gain``: nats per piece saved on the second copy of 64 repeated random pieces
 against the first (near 0 before induction heads form, several nats after). The share of synthetic tokens the

@@ -721,8 +721,8 @@ class _Clock:
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              pool: bool = True, steps: str = "auto", pool_cells: int | None = None) -> LongGeneration:
-    """``model.generate(text, ...)`` (models/families/gpt.py: the same ids, candidates and surprisal; the attention within
-    float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles (at
+    """``model.generate(text, ...)`` (models/families/gpt.py: the same ids, candidates and surprisal; the attention
+    within float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles (at
     most ``pool_cells`` a side, default ``POOL_CELLS``).
     ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
     (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph

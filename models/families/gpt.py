@@ -197,8 +197,9 @@ PLAIN: Knows = {
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
+    def __init__(self, c: GPTConfig, spec: BlockSpec | None = None) -> None:
         super().__init__()
+        spec = spec or c.block_spec(0)
         self.c, self.spec = c, spec
         self.window = spec.window  # 0: every earlier key (a global layer)
         # a query/key bias is a content-free direction that RoPE turns into a purely positional score, e.g. one
@@ -246,8 +247,9 @@ class FeedForward(nn.Module):
     """"mlp" (GPT-2, NeoX): W2 · act(W1 x + b1) + b2. "gated" (LLaMA): W_down (act(W_gate x) ⊙ W_up x) (SwiGLU with
     SiLU, GeGLU with GELU; Shazeer 2020)."""
 
-    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
+    def __init__(self, c: GPTConfig, spec: BlockSpec | None = None) -> None:
         super().__init__()
+        spec = spec or c.block_spec(0)
         self.act = ACTIVATIONS[spec.ff_act]
         self.up = nn.Linear(c.d_model, c.ff_width, bias=spec.ff_bias)
         self.gate = nn.Linear(c.d_model, c.ff_width, bias=spec.ff_bias) if spec.ff == "gated" else None
@@ -262,9 +264,9 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One decoder block as its description (``BlockSpec``) says: the readable reference of every runner."""
 
-    def __init__(self, c: GPTConfig, spec: BlockSpec) -> None:
+    def __init__(self, c: GPTConfig, spec: BlockSpec | None = None) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec = spec = spec or c.block_spec(0)
         norm = (lambda: nn.LayerNorm(c.d_model, eps=c.norm_eps)) if spec.norm == "layernorm" else \
             (lambda: RMSNorm(c.d_model, c.norm_eps))
         self.norm1, self.attn, self.norm2 = norm(), CausalSelfAttention(c, spec), norm()
