@@ -1,1 +1,2 @@
-"""What the model families are built from: attention, positions, the shared layers (docs/ARCHITECTURE.md §1)."""
+"""What the model families are built from: attention, positions, the shared layers, the decoder block description and
+the decoding loop (docs/ARCHITECTURE.md §1)."""

@@ -1,2 +1,2 @@
-"""The analyses over the families: their walks, the score split, patching, attribution, arrays, and the views over
-the walk such as qk.py (§1, §2, §10)."""
+"""The analyses over the families: their walks, the score split, patching, attribution, and the views over the walk
+such as qk.py (docs/ARCHITECTURE.md §1, §2, §10)."""
