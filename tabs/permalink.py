@@ -61,6 +61,8 @@ class Permalink:
     after: dict[str, Any] = field(default_factory=dict)  # key -> control, set after the run within limits(state)
     state: Any = None  # the tab's gr.State that limits() reads
     limits: Callable[[Any], dict[str, Container]] | None = None  # kept state -> the values each after-key may take
+    leave_out: Callable[[dict[str, str]], Iterable[str]] | None = None  # a link's keys -> those the address bar must
+    # not show (the Lessons tab's teacher token in the presenter view: the projected page's address is public)
 
 
 def one_of(control: Any, choices: Callable[[], Iterable[str]]) -> Field:
@@ -249,6 +251,8 @@ def write_query(tab: str, link: Permalink | None, values: list[Any], first: str 
         text = write_value(control, value)
         if text is not None and text != default_text(control):
             parts[key] = text
+    for key in (link.leave_out(dict(parts)) if link and link.leave_out else ()):
+        parts.pop(key, None)
     return urlencode(parts, quote_via=quote)
 
 
