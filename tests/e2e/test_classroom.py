@@ -150,8 +150,8 @@ def test_a_phone_joins_with_mistakes_said_on_the_page(browser, app_url: str) -> 
         code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
         teacher.wait_for_function("() => location.search.includes('teacher=')", timeout=30_000)
         teacher.get_by_label("presenter view (large type for a projector)").check()
-        teacher.wait_for_function("() => location.search.includes('present=1') && !location.search.includes('teacher=')",
-                                  timeout=30_000)
+        teacher.wait_for_function(
+            "() => location.search.includes('present=1') && !location.search.includes('teacher=')", timeout=30_000)
         assert f"class={code}" in teacher.url
 
         ctx, page = _new_page(browser, f"{app_url}?tab=lessons&class={code}", width=390)
