@@ -223,6 +223,7 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
     the page then follows the teacher."""
     s = section
     send = s.send
+    navigation = [*navigation, s.present]  # the presenter view is the teacher's too
     # the presenter view shows one figure per step: the one before predicting, then only the revealed one (CSS above)
     before.elem_id, shown.elem_id = before.elem_id or "lessons-before", shown.elem_id or "lessons-revealed"
     teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
