@@ -99,6 +99,34 @@ def lesson_shots(page, panel, tab, shot) -> None:
         shot(name, height)
 
 
+def class_shots(browser, url: str, width: int, shot) -> None:
+    """A class at once as a student sees it (issue 61, item 3): a teacher's page opens a class; the student's page
+    opens the class link (the join box first, no teacher controls), joins, and sends a prediction."""
+    import re
+
+    teacher = browser.new_page(viewport={"width": 1400, "height": 1000})
+    teacher.goto(url + "?tab=lessons")
+    teacher.get_by_text("A class at once: teach a class").click()
+    teacher.get_by_role("button", name="Open a class on the step shown below").click()
+    info = teacher.locator("#class-teacher-info")
+    info.get_by_text("Join code").wait_for(timeout=60_000)
+    code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    page.goto(url + f"?tab=lessons&class={code}")
+    nickname = page.get_by_label("your nickname (only the teacher sees it)")
+    nickname.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
+    shot("class-student-join", 1000, page=page)
+    nickname.fill("Ada")
+    page.get_by_role("button", name="Join the class").click()
+    page.locator("#class-student-info").get_by_text("as Ada").wait_for(timeout=60_000)
+    q = lessons.question(1, 1)
+    page.get_by_label(q.choices[0], exact=True).check()
+    page.get_by_role("button", name="Send my prediction to the class").click()
+    page.locator("#class-student-info").get_by_text("is in").wait_for(timeout=60_000)
+    shot("class-student", 1800, page=page)
+
+
 def deberta_shot(page, panel, tab, shot) -> None:
     """DeBERTa's "why" split (content→content, content→position, position→content) on the configured
     DeBERTa-v3-base-shaped folder (random weights of the real shape: bench/_family_models.py)."""
@@ -121,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    ap.add_argument("--only", choices=["lessons"], default=None, help="retake only these screenshots")
+    ap.add_argument("--only", choices=["lessons", "class"], default=None, help="retake only these screenshots")
     ap.add_argument("--families", action="store_true",
                     help="only the families' screenshots, over random folders of real shapes in runs/families")
     args = ap.parse_args(argv)
@@ -151,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                 page.get_by_role("tab", name=name, exact=True).click()
                 page.wait_for_timeout(500)
 
-            def shot(name: str, height: int = 2200, y: float = 0) -> None:
+            def shot(name: str, height: int = 2200, y: float = 0, page=page) -> None:
                 page.wait_for_timeout(1500)
                 # Chromium decodes a heatmap's image (a data URL) below the fold only during a first full-page
                 # capture, which then shows the axes without cells: the second capture is the one kept
@@ -162,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
 
             if args.only == "lessons":
                 lesson_shots(page, panel, tab, shot)
+                return browser.close()
+            if args.only == "class":
+                class_shots(browser, url, width, shot)
                 return browser.close()
             if args.families:
                 deberta_shot(page, panel, tab, shot)

@@ -17,9 +17,11 @@ Who may do what (every rule raises `ClassError` with a sentence for the user, an
 - only the teacher token reveals, advances, exports or closes; it is compared in constant time
   (``hmac.compare_digest``) with the SHA-256 kept in the store, never stored in clear;
 - a join code is 6 characters from a 31-letter alphabet without look-alikes: 31⁶ ≈ 8.9 × 10⁸ codes. With 100
-  classes open at once, one guess hits one of them with odds 100 / 8.9e8 ≈ 1.1e-7; failed joins are limited to
-  `JOIN_FAILS_PER_MINUTE` (10) a minute per client address, so one address gets about 14,400 guesses a day:
-  odds ≈ 1.6e-3 a day of landing in *some* class of those 100, as a student only (a code gives no teacher rights);
+  classes open at once, one guess hits one of them with odds 100 / 8.9e8 ≈ 1.1e-7; failed joins (well-formed codes
+  that no class has) are limited per client address to a burst of `JOIN_FAILS_BURST` (120: a room of 100 behind
+  one NAT may each mistype once) and then `JOIN_FAILS_PER_MINUTE` (10) a minute, so one address gets about 14,500
+  guesses a day: odds ≈ 1.6e-3 a day of landing in *some* class of those 100, as a student only (a code gives no
+  teacher rights);
 - a nickname is plain text, control and format characters removed, at most 32 characters (longer is refused, not
   cut); the tabs escape it wherever it is shown; students never see each other's nicknames (only counts);
 - a class holds at most `MAX_STUDENTS` (500) students; nothing else about a student is stored (no address, no
@@ -37,7 +39,6 @@ import secrets
 import threading
 import time
 import unicodedata
-from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,8 @@ MAX_NICKNAME = 32
 LIFETIME_S = 24 * 3600  # a class ends by itself a day after it was opened
 CODE_ALPHABET = "23456789ABCDEFGHJKMNPQRSTUVWXYZ"  # 31 letters: no 0/O, 1/I/L look-alikes
 CODE_LENGTH = 6
-JOIN_FAILS_PER_MINUTE = int(os.environ.get("ATLAS_CLASS_JOIN_FAILS", "10"))
+JOIN_FAILS_PER_MINUTE = int(os.environ.get("ATLAS_CLASS_JOIN_FAILS", "10"))  # wrong codes earned back a minute
+JOIN_FAILS_BURST = int(os.environ.get("ATLAS_CLASS_JOIN_BURST", "120"))  # wrong codes at once from one address
 MAX_CHOICES = 8
 MAX_CHOICE_CHARS = 200
 MAX_INPUT_CHARS = 2000
@@ -191,35 +193,38 @@ def _csv_cell(text: str) -> str:
 
 
 class JoinLimiter:
-    """Failed joins (a wrong code) per client address in a sliding minute; over the limit every join from that
-    address is refused until the minute has passed, so guessing codes stays slow. Per process: replicas behind a
-    load balancer each keep their own (the odds in the module docstring then scale with their number)."""
+    """Failed joins (a well-formed code that no class has) per client address, as a token bucket: an address may
+    fail `JOIN_FAILS_BURST` times at once (a room of 100 behind one NAT, each student mistyping once), and earns
+    back `JOIN_FAILS_PER_MINUTE` tries a minute; with none left every join from that address is refused until one
+    is earned back, so guessing codes stays slow (at most burst + 1,440 × rate a day). Per process: replicas behind
+    a load balancer each keep their own (the odds in the module docstring then scale with their number)."""
 
-    def __init__(self, per_minute: int = JOIN_FAILS_PER_MINUTE, window_s: float = 60.0, clock=time.time) -> None:
-        self.per_minute, self.window_s, self.clock = per_minute, window_s, clock
-        self.fails: dict[str, deque[float]] = defaultdict(deque)
+    def __init__(self, per_minute: int = JOIN_FAILS_PER_MINUTE, burst: int = JOIN_FAILS_BURST,
+                 clock=time.time) -> None:
+        self.per_minute, self.burst, self.clock = max(1, per_minute), max(1, burst), clock
+        self.buckets: dict[str, tuple[float, float]] = {}  # address -> (tries left, when counted)
         self.lock = threading.Lock()
 
-    def _recent(self, who: str, now: float) -> deque[float]:
-        q = self.fails[who]
-        while q and q[0] <= now - self.window_s:
-            q.popleft()
-        return q
+    def _left(self, who: str, now: float) -> float:
+        left, then = self.buckets.get(who, (float(self.burst), now))
+        return min(float(self.burst), left + (now - then) * self.per_minute / 60.0)
 
     def check(self, who: str) -> None:
         now = self.clock()
         with self.lock:
-            q = self._recent(who, now)
-            if len(q) >= self.per_minute:
-                wait = int(q[0] + self.window_s - now) + 1
+            left = self._left(who, now)
+            if left < 1:
+                wait = int((1 - left) * 60.0 / self.per_minute) + 1
                 raise ClassError(f"Too many wrong join codes from your network: try again in {wait} s.")
-            if not q:
-                self.fails.pop(who, None)
+            if left >= self.burst:
+                self.buckets.pop(who, None)  # a full bucket is not kept
 
     def failed(self, who: str) -> None:
         now = self.clock()
         with self.lock:
-            self._recent(who, now).append(now)
+            self.buckets[who] = (self._left(who, now) - 1, now)
+            if len(self.buckets) > 100_000:  # forget full buckets when many addresses have failed
+                self.buckets = {k: v for k, v in self.buckets.items() if self._left(k, now) < self.burst}
 
 
 # ----------------------------------------------------------------------------------------------- the store
@@ -329,6 +334,15 @@ class ClassStore:
             state = self._state(conn, row)
             return ClassState(**{**state.__dict__, "answer": row.answer})
 
+    def open_choices(self, lesson: int, step: int) -> list[frozenset[str]]:
+        """The choices of every class answering this lesson step now (open and not revealed): while one is, the
+        public lesson endpoints must not give that step's answer (tabs/lessons/course.py, `guarded`)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(classes.c.choices).where(
+                classes.c.lesson == int(lesson), classes.c.step == int(step), sa.not_(classes.c.closed),
+                sa.not_(classes.c.revealed), classes.c.expires_at > self.clock())).all()
+        return [frozenset(str(c) for c in row.choices) for row in rows]
+
     # ---------------------------------------------------------------------------------------- writing
     @staticmethod
     def _step_values(lesson: int, step: int, choices: list[str], answer: str, text: str) -> dict:
@@ -382,7 +396,7 @@ class ClassStore:
                 if n > MAX_STUDENTS:
                     raise ClassError(f"This class is full ({MAX_STUDENTS} students).")
         except ClassError as err:
-            if str(err).startswith(("No class", "A join code")):
+            if str(err).startswith("No class"):  # a code that is not well formed cannot hit a class: not a guess
                 self.limiter.failed(who)
             raise
         return Joined(row.code, token, name)

@@ -11,6 +11,7 @@ the teacher's CSV; nobody's page shows another student's nickname."""
 
 from __future__ import annotations
 
+import html
 import os
 import threading
 import uuid
@@ -135,12 +136,14 @@ def _teacher_text(state: ClassState) -> str:
 # -------------------------------------------------------------------------------------------------- layout
 @dataclass
 class Section:
-    """The class section's controls (made by `layout`, wired by `wire`)."""
+    """The class section's controls (made by `join_layout` and `layout`, wired by `wire`)."""
 
+    join_box: gr.Accordion  # the students' part, first on the tab (open when a link gives a class)
     code: gr.Textbox
     nickname: gr.Textbox
     join: gr.Button
     student_info: gr.Markdown
+    teach: gr.Accordion  # the teacher's part, above the lesson (hidden on a student's page)
     open: gr.Button
     token: gr.Textbox
     teacher_info: gr.Markdown
@@ -152,32 +155,43 @@ class Section:
     close: gr.Button
     csv: gr.File
     present: gr.Checkbox
-    accordion: gr.Accordion
     send: gr.Button | None = None  # these two are placed under the lesson's choices (`below_choices`)
     counts: gr.Plot | None = None
 
 
-def layout() -> Section:
-    """The section, placed above the lesson (the lesson's controls come later, so they are wired by `wire`). The
-    store opens and migrates in the background meanwhile."""
+@dataclass
+class JoinBox:
+    accordion: gr.Accordion
+    code: gr.Textbox
+    nickname: gr.Textbox
+    join: gr.Button
+    info: gr.Markdown
+
+
+def join_layout() -> JoinBox:
+    """The students' join box, placed first on the Lessons tab (a phone shows it before anything else); closed
+    unless a link gives a class code."""
+    with gr.Accordion("Join a class (students)", open=False, elem_id="class-join") as accordion:
+        with gr.Row():
+            code = gr.Textbox(label="join code", max_length=12, placeholder="e.g. K7QX3M", scale=1, min_width=120)
+            nickname = gr.Textbox(label="your nickname (only the teacher sees it)", max_length=32, scale=2,
+                                  min_width=160)
+        join = gr.Button("Join the class", variant="primary")
+        info = gr.Markdown(elem_id="class-student-info")
+    return JoinBox(accordion, code, nickname, join, info)
+
+
+def layout(joining: JoinBox) -> Section:
+    """The teacher's section, placed above the lesson (the lesson's controls come later, so they are wired by
+    `wire`). The store opens and migrates in the background meanwhile."""
     open_in_background()
     gr.HTML(PRESENT_CSS)
-    with gr.Accordion("A class at once: the room predicts together", open=False) as accordion:
+    with gr.Accordion("A class at once: teach a class", open=False, elem_id="class-teach") as teach:
         gr.Markdown(INTRO, elem_classes=["intro"])
-        with gr.Row():
-            with gr.Column():
-                gr.Markdown("**Students**")
-                with gr.Row():
-                    code = gr.Textbox(label="join code", max_length=12, placeholder="e.g. K7QX3M", scale=1)
-                    nickname = gr.Textbox(label="your nickname (only the teacher sees it)", max_length=32, scale=2)
-                join = gr.Button("Join the class", variant="primary")
-                student_info = gr.Markdown(elem_id="class-student-info")
-            with gr.Column():
-                gr.Markdown("**Teacher**")
-                open_ = gr.Button("Open a class on the step shown below")
-                token = gr.Textbox(elem_id="class-teacher-token", elem_classes=["atlas-hidden"], max_length=64,
-                                   show_label=False, container=False)
-                teacher_info = gr.Markdown(elem_id="class-teacher-info")
+        open_ = gr.Button("Open a class on the step shown below")
+        token = gr.Textbox(elem_id="class-teacher-token", elem_classes=["atlas-hidden"], max_length=64,
+                           show_label=False, container=False)
+        teacher_info = gr.Markdown(elem_id="class-teacher-info")
         with gr.Column(visible=False) as teacher_box:
             with gr.Row():
                 reveal = gr.Button("Reveal to the class", variant="primary")
@@ -187,8 +201,9 @@ def layout() -> Section:
                 close = gr.Button("Close the class", variant="stop")
             csv_file = gr.File(label="the class's answers", visible=False)
     present = gr.Checkbox(False, label="presenter view (large type for a projector)")
-    return Section(code, nickname, join, student_info, open_, token, teacher_info, teacher_box, reveal, next_, move,
-                   export, close, csv_file, present, accordion)
+    j = joining
+    return Section(j.accordion, j.code, j.nickname, j.join, j.info, teach, open_, token, teacher_info, teacher_box,
+                   reveal, next_, move, export, close, csv_file, present)
 
 
 def below_choices(section: Section) -> None:
@@ -201,34 +216,48 @@ def below_choices(section: Section) -> None:
 
 def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Slider, progress: Any,
          where: gr.Markdown, prompt: gr.Markdown, before: gr.Plot, choices: gr.Radio, check: gr.Button,
-         said: gr.Markdown, shown: gr.Plot, explanation: gr.Markdown) -> dict[str, Any]:
+         said: gr.Markdown, shown: gr.Plot, explanation: gr.Markdown, navigation: list[Any]) -> dict[str, Any]:
     """Wire the section to the lesson's controls; returns the permalink fields it adds to the Lessons tab's link
-    (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view)."""
+    (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view). ``navigation``: the
+    lesson's own choosers and buttons (lesson, input, steps, export), which a student's page hides once it has joined:
+    the page then follows the teacher."""
     s = section
     send = s.send
+    navigation = [*navigation, s.present]  # the presenter view is the teacher's too
     # the presenter view shows one figure per step: the one before predicting, then only the revealed one (CSS above)
     before.elem_id, shown.elem_id = before.elem_id or "lessons-before", shown.elem_id or "lessons-revealed"
     teacher = gr.State()  # {"code", "token", "counts"}: this page is the class's teacher
-    student = gr.State()  # {"token", "lesson", "step", "revealed"}: this page follows a class
+    student = gr.State()  # {"token", "lesson", "step", "revealed", "answer"}: this page follows a class
+    kept = gr.BrowserState({}, storage_key="atlas-class-teacher")  # {"code", "token"}: the teacher link, kept in
+    # this browser, so a presenter view (whose address leaves the token out) takes the class back after a reload
     timer = gr.Timer(TICK_S, active=False)  # the teacher's counts
     follow_timer = gr.Timer(FOLLOW_S, active=False)  # a student's page following the class
     view = [where, prompt, before, choices, said, shown, explanation]
     follow = [chosen, text, step, *view]
     reveal_view = [said, shown, explanation]
+    student_page = [s.teach, check, *navigation]  # what a student's page hides
 
     s.open.click(open_class, [chosen, step, text], [teacher, s.token, s.code, s.teacher_info, s.teacher_box, s.counts,
-                                                    timer], api_name="class_open", **CLASS_EVENTS)
+                                                    timer, kept, s.join_box], api_name="class_open", **CLASS_EVENTS)
     s.token.change(resume_class, [s.code, s.token], [teacher, s.teacher_info, s.teacher_box, s.counts, timer,
-                                                     s.accordion, *follow], api_name="class_resume", **CLASS_EVENTS)
-    s.code.change(lambda c: gr.Accordion(open=True) if c else gr.skip(), [s.code], [s.accordion], api_name=False,
-                  show_progress="hidden")
-    s.join.click(join_class, [s.code, s.nickname, progress],
-                 [student, s.student_info, check, send, follow_timer, *follow], api_name="class_join",
-                 **CLASS_EVENTS)
-    send.click(send_answer, [student, choices], [s.student_info], api_name="class_answer", **CLASS_EVENTS)
+                                                     s.teach, s.student_info, s.join_box, *follow],
+                   api_name="class_resume", **CLASS_EVENTS)
+    s.code.change(code_given, [s.code, s.token, kept], [s.join_box, s.teach, s.token], api_name=False,
+                  show_progress="hidden", **CLASS_EVENTS)
+    def join(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
+        return join_class(code, nickname, progress, request, navigation=len(navigation))
+
+    s.join.click(join, [s.code, s.nickname, progress],
+                 [student, s.student_info, check, send, follow_timer, *follow, *student_page[:1],
+                  *student_page[2:]], api_name="class_join", **CLASS_EVENTS)
+    send.click(send_answer, [student, choices], [s.student_info, student, send, choices], api_name="class_answer",
+               **CLASS_EVENTS)
+    choices.input(choice_changed, [student, choices], [s.student_info, choices], api_name=False,
+                  show_progress="hidden", **CLASS_EVENTS)
     timer.tick(teacher_tick, [teacher, s.present], [teacher, s.counts, s.teacher_info, timer], api_name="class_poll",
                show_progress="hidden", **CLASS_EVENTS)
-    follow_timer.tick(student_tick, [student, progress], [student, s.student_info, check, send, follow_timer, *follow],
+    follow_timer.tick(student_tick, [student, progress],
+                      [student, s.student_info, check, send, follow_timer, *follow, progress],
                       api_name="class_follow", show_progress="hidden", **CLASS_EVENTS)
     s.reveal.click(reveal_class, [teacher, s.present], [teacher, s.counts, s.teacher_info, *reveal_view],
                    api_name="class_reveal", **CLASS_EVENTS)
@@ -236,12 +265,18 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
                  api_name="class_next", **CLASS_EVENTS)
     s.move.click(move_class, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info],
                  api_name="class_move", **CLASS_EVENTS)
-    s.export.click(export_class, [teacher], [s.csv], api_name="class_export", **CLASS_EVENTS)
-    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts],
+    s.export.click(export_class, [teacher], [s.csv, s.teacher_info], api_name="class_export", **CLASS_EVENTS)
+    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts, kept],
                   api_name="class_close", **CLASS_EVENTS)
     s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
     return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
             "present": s.present}
+
+
+def leave_out(parts: dict[str, str]) -> list[str]:
+    """The link keys the address bar must not show: the teacher token while the presenter view is on (the projected
+    page's address is read by the whole room; the teacher's own browser keeps the link, `wire`'s ``kept``)."""
+    return ["teacher"] if parts.get("present") == "1" else []
 
 
 def _code_in_link(text: str) -> str:
@@ -254,48 +289,93 @@ def _code_in_link(text: str) -> str:
         raise ValueError("The link's join code is not one (6 letters and digits); type the teacher's.") from None
 
 
-# ------------------------------------------------------------------------------------------------ teacher
-def open_class(title: str, step: Any, text: str):
-    """Open a class on the step this page shows; this page becomes its teacher."""
-    number, s, q = _step_of(title, step, text)
-    store = _store()
+def code_given(code: str, token: str, kept: dict | None):
+    """A join code arrived (a student's link, or the teacher's own class): without a teacher token the page is a
+    student's: the join box opens and the teacher's section goes. The teacher's own browser, opening the class's link
+    without the token (the presenter view leaves it out of the address), takes the class back with the token it kept.
+    Outputs: join box, teacher section, token."""
     try:
+        code = normalise_code(code) if code and not token else ""
+    except ClassError:  # still being typed
+        code = ""
+    if not code:
+        return gr.skip(), gr.skip(), gr.skip()
+    kept = kept or {}
+    if kept.get("code") == code and kept.get("token"):
+        return gr.skip(), gr.skip(), kept["token"]
+    return gr.Accordion(open=True), gr.Accordion(visible=False), gr.skip()
+
+
+# ------------------------------------------------------------------------------------------------ teacher
+def _skips(n: int, **at: Any) -> tuple:
+    """n outputs left as they are, but for the ones given by index (``at={"i3": value}``)."""
+    out: list[Any] = [gr.skip()] * n
+    for key, value in at.items():
+        out[int(key[1:])] = value
+    return tuple(out)
+
+
+def _message(err: Exception) -> str:
+    """A refusal's words as plain text (an `Error` holds them escaped for Gradio's toast)."""
+    return html.unescape(str(err.message)) if isinstance(err, Error) else str(err)
+
+
+def _said(err: Exception) -> str:
+    """A refusal as the page shows it: class events skip the queue, where a raised error leaves the page blank (the
+    browser gets HTTP 500 and nothing shows), so the message goes into the page itself."""
+    return f"**{esc(_message(err))}**"
+
+
+def open_class(title: str, step: Any, text: str):
+    """Open a class on the step this page shows; this page becomes its teacher. Outputs: teacher, token, code,
+    teacher info, teacher box, counts, timer, the kept link, the join box."""
+    try:
+        number, s, q = _step_of(title, step, text)
+        store = _store()
         opened = store.open(number, s, q.choices, q.answer, text or "")
         state = store.teacher_state(opened.code, opened.token)
-    except ClassError as err:
-        raise _error(err) from None
+    except (ClassError, Error) as err:
+        return _skips(9, i3=_said(err))
     mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts)}
     return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True),
-            gr.Plot(_chart(state), visible=True), gr.Timer(active=True))
+            gr.Plot(_chart(state), visible=True), gr.Timer(active=True), {"code": opened.code, "token": opened.token},
+            gr.Accordion(visible=False))
+
+
+NOT_TEACHER = "This teacher link is not valid"
 
 
 def resume_class(code: str, token: str):
-    """The teacher link opened again: this page becomes the class's teacher and shows the class's step."""
+    """The teacher link opened again: this page becomes the class's teacher and shows the class's step. A link whose
+    token is not the class's says so (in the join box, which a page with a class code opens) and the page stays a
+    student's. Outputs: teacher, teacher info, teacher box, counts, timer, teacher section, student info, join box,
+    then the lesson view (`_show`)."""
     if not token:
-        return (gr.skip(),) * (6 + 10)
+        return _skips(8 + 10)
     try:
         state = _store().teacher_state(code, token)
-    except ClassError as err:
-        raise _error(err) from None
+    except (ClassError, Error) as err:
+        said = f"**{NOT_TEACHER}** ({esc(_message(err))}). To join this class as a student, type a nickname."
+        return _skips(8 + 10, i1=said, i5=gr.Accordion(visible=False), i6=said, i7=gr.Accordion(open=True))
     mine = {"code": state.code, "token": token, "counts": dict(state.counts)}
     return (mine, _teacher_text(state), gr.Column(visible=True), gr.Plot(_chart(state), visible=True),
-            gr.Timer(active=True),
-            gr.Accordion(open=True), *_show(state, None))
+            gr.Timer(active=True), gr.Accordion(open=True, visible=True), gr.skip(), gr.Accordion(visible=False),
+            *_show(state, None))
 
 
 def _teacher(mine: dict | None) -> tuple[str, str]:
     if not mine:
-        raise Error("Open a class first (or open your teacher link).")
+        raise ClassError("Open a class first (or open your teacher link).")
     return mine["code"], mine["token"]
 
 
 def reveal_class(mine: dict | None, large: bool = False):
     """Reveal the step to every student's page (and on this one: the answer, the figure, the explanation)."""
-    code, token = _teacher(mine)
     try:
+        code, token = _teacher(mine)
         state = _store().reveal(code, token)
-    except ClassError as err:
-        raise _error(err) from None
+    except (ClassError, Error) as err:
+        return _skips(6, i2=_said(err))
     q = _question(state.lesson, state.step, state.input)
     return ({**mine, "counts": dict(state.counts)}, _chart(state, large), _teacher_text(state),
             f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation)
@@ -304,48 +384,52 @@ def reveal_class(mine: dict | None, large: bool = False):
 def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
     code, token = _teacher(mine)
     q = _question(number, s, text)
-    try:
-        return _store().advance(code, token, number, s, q.choices, q.answer, text or "")
-    except ClassError as err:
-        raise _error(err) from None
+    return _store().advance(code, token, number, s, q.choices, q.answer, text or "")
 
 
 def next_step(mine: dict | None, title: str, step: Any, text: str):
     """The class and this page move to the lesson's next step (it stays on the last one)."""
     number = _lessons()._number(title)
     s = min(int(step or 1) + 1, len(_lessons().LESSONS[number - 1].steps))
-    state = _advance(mine, number, s, text)
+    try:
+        state = _advance(mine, number, s, text)
+    except (ClassError, Error) as err:
+        return _skips(4, i2=_said(err))
     return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state), s
 
 
 def move_class(mine: dict | None, title: str, step: Any, text: str):
     """The class moves to the lesson and step this page shows."""
-    number, s, _ = _step_of(title, step, text)
-    state = _advance(mine, number, s, text)
+    try:
+        number, s, _ = _step_of(title, step, text)
+        state = _advance(mine, number, s, text)
+    except (ClassError, Error) as err:
+        return _skips(3, i2=_said(err))
     return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state)
 
 
 def export_class(mine: dict | None):
-    code, token = _teacher(mine)
+    """Outputs: the CSV file, teacher info (only on a refusal)."""
     try:
+        code, token = _teacher(mine)
         text = _store().export_csv(code, token)
-    except ClassError as err:
-        raise _error(err) from None
+    except (ClassError, Error) as err:
+        return _skips(2, i1=_said(err))
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     path = DOWNLOADS / f"class-{code}-{uuid.uuid4().hex[:8]}.csv"
     path.write_text(text, encoding="utf-8")
-    return gr.File(value=str(path), visible=True)
+    return gr.File(value=str(path), visible=True), gr.skip()
 
 
 def close_class(mine: dict | None):
-    code, token = _teacher(mine)
     try:
+        code, token = _teacher(mine)
         _store().close(code, token)
-    except ClassError as err:
-        raise _error(err) from None
+    except (ClassError, Error) as err:
+        return _skips(7, i2=_said(err))
     said = (f"The class `{code}` is closed: students can no longer join or answer, and its answers are deleted when "
             "the next class is opened.")
-    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False)
+    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False), {}
 
 
 # ------------------------------------------------------------------------------------------------ students
@@ -361,40 +445,74 @@ def _show(state: ClassState, progress: dict | None) -> tuple:
 
 
 def _student_text(state: ClassState, nickname: str, mine: str | None) -> str:
-    said = (f"your prediction *{esc(mine)}* is in" if mine else "pick your prediction below and send it")
+    said = (f"your prediction *{esc(mine)}* is in (the first one counts)" if mine
+            else "pick your prediction below and send it")
     after = ("revealed: see the answer below" if state.revealed else "the teacher reveals it when the room has "
              "answered")
     return (f"You are in class `{state.code}` as **{esc(nickname)}** · lesson {state.lesson}, step {state.step}: "
             f"{said}; {after}.")
 
 
-def join_class(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
+JOINED_OUTPUTS = 5 + 10 + 1  # student, info, check, send, timer; the lesson view; the teacher section
+
+
+def join_class(code: str, nickname: str, progress: dict | None, request: gr.Request = None, navigation: int = 0):
     """Join with the room's code and a nickname: this page then follows the class (the lesson's own "Check" is
-    replaced by "Send my prediction to the class")."""
-    store = _store()
+    replaced by "Send my prediction to the class", and the lesson's choosers and the teacher's section go). A refusal
+    (a wrong code, an empty nickname, too many wrong codes) is said in the join box. Outputs: student, student info,
+    check, send, the follow timer, the lesson view (`_show`), the teacher section, then the lesson's navigation."""
+    hide = [gr.update(visible=False)] * navigation
     try:
+        store = _store()
         joined = store.join(code, nickname, _client(request))
         state, name, mine = store.student_state(joined.token)
-    except ClassError as err:
-        raise _error(err) from None
-    me = {"token": joined.token, "lesson": state.lesson, "step": state.step, "revealed": False}
-    return (me, _student_text(state, name, mine), gr.Button(visible=False), gr.Button(visible=True),
-            gr.Timer(active=True), *_show(state, progress))
+    except (ClassError, Error) as err:
+        return (*_skips(JOINED_OUTPUTS, i1=_said(err)), *(gr.skip() for _ in hide))
+    me = {"token": joined.token, "lesson": state.lesson, "step": state.step, "revealed": state.revealed,
+          "answer": mine}
+    return (me, _student_text(state, name, mine), gr.Button(visible=False),
+            gr.Button(visible=True, interactive=not (mine or state.revealed)), gr.Timer(active=True),
+            *_show(state, progress), gr.Accordion(visible=False), *hide)
 
 
 def send_answer(me: dict | None, choice: str | None):
-    """The student's prediction for the step their page shows, recorded once."""
+    """The student's prediction for the step their page shows, recorded once; a second one (or one after the reveal)
+    is refused in words and the choice shown goes back to the one recorded. Outputs: student info, student, send,
+    choices."""
     if not me:
-        raise Error("Join a class first: its code and a nickname.")
+        return "**Join a class first: its code and a nickname.**", gr.skip(), gr.skip(), gr.skip()
     if not choice:
-        raise Error("Pick a prediction first.")
-    store = _store()
+        return "**Pick a prediction first, then send it.**", gr.skip(), gr.skip(), gr.skip()
+    store = None
     try:
+        store = _store()
         store.answer(me["token"], me["lesson"], me["step"], choice)
         state, name, mine = store.student_state(me["token"])
-    except ClassError as err:
-        raise _error(err) from None
-    return _student_text(state, name, mine)
+    except (ClassError, Error) as err:
+        first = me.get("answer")
+        if store is not None:
+            try:
+                first = store.student_state(me["token"])[2]
+            except ClassError:
+                pass
+        return (_said(err), {**me, "answer": first} if first else gr.skip(),
+                gr.Button(interactive=False) if first else gr.skip(),
+                gr.update(value=first) if first else gr.skip())
+    return _student_text(state, name, mine), {**me, "answer": mine}, gr.Button(interactive=False), gr.skip()
+
+
+def choice_changed(me: dict | None, choice: str | None):
+    """A student's page: a new pick after their prediction is in, or after the reveal, changes nothing; say so, and
+    show the recorded one again. Outputs: student info, choices."""
+    if not me or not choice:
+        return gr.skip(), gr.skip()
+    first = me.get("answer")
+    if first and choice != first:
+        return (f"**Your first prediction, *{esc(first)}*, is the one recorded for this step; it counts, not a new "
+                "one.**", gr.update(value=first))
+    if me.get("revealed") and not first:
+        return "**The teacher has revealed this step: answers to it are closed.**", gr.update(value=None)
+    return gr.skip(), gr.skip()
 
 
 def teacher_tick(mine: dict | None, large: bool = False):
@@ -404,37 +522,54 @@ def teacher_tick(mine: dict | None, large: bool = False):
         return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
     try:
         state = _store().teacher_state(mine["code"], mine["token"])
-    except ClassError as err:
-        return None, gr.skip(), esc(str(err)), gr.Timer(active=False)
+    except (ClassError, Error) as err:
+        return None, gr.skip(), _said(err), gr.Timer(active=False)
     if state.counts == mine.get("counts") and state.students == mine.get("students"):
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     return ({**mine, "counts": dict(state.counts), "students": state.students}, _chart(state, large),
             _teacher_text(state), gr.skip())
 
 
+def scored(progress: dict | None, lesson: int, step: int, right: bool) -> dict:
+    """The browser's score with a step's first answer added (a class answer counts as the lesson's own would)."""
+    progress = dict(progress or {})
+    got = dict(progress.get(str(lesson), {}))
+    got.setdefault(str(step), bool(right))
+    progress[str(lesson)] = got
+    return progress
+
+
 def student_tick(me: dict | None, progress: dict | None):
     """Every `FOLLOW_S` on a student's page: follow the class to its step; show the reveal once the teacher has
-    revealed (with this student's own answer marked). Outputs: student, student_info, check, send, the timer, then
-    the lesson view (`_show`: lesson, input, step, where, prompt, before, choices, said, shown, explanation)."""
+    revealed (with this student's own answer marked, and scored in the page's score line). Outputs: student,
+    student_info, check, send, the timer, then the lesson view (`_show`: lesson, input, step, where, prompt, before,
+    choices, said, shown, explanation), then the score kept in the browser."""
     skip = gr.skip()
-    out: list[Any] = [skip] * 15
+    out: list[Any] = [skip] * 16
     if not me:
         out[4] = gr.Timer(active=False)
         return tuple(out)
     try:
         state, name, answered = _store().student_state(me["token"])
-    except ClassError as err:
-        out[:5] = None, esc(str(err)), gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
+    except (ClassError, Error) as err:
+        out[:5] = None, _said(err), gr.Button(visible=True), gr.Button(visible=False), gr.Timer(active=False)
         return tuple(out)
     if (state.lesson, state.step) != (me["lesson"], me["step"]):  # the teacher moved on: follow
-        out[0] = {**me, "lesson": state.lesson, "step": state.step, "revealed": False}
+        out[0] = {**me, "lesson": state.lesson, "step": state.step, "revealed": False, "answer": answered}
         out[1] = _student_text(state, name, answered)
-        out[5:] = _show(state, progress)
+        out[3] = gr.Button(interactive=not answered)
+        out[5:15] = _show(state, progress)
     elif state.revealed and not me["revealed"]:  # the teacher revealed: show it with this student's answer
         q = _question(state.lesson, state.step, state.input)
-        out[0] = {**me, "revealed": True}
+        out[0] = {**me, "revealed": True, "answer": answered}
         out[1] = _student_text(state, name, answered)
-        words = _lessons().verdict(q, answered)[1] if answered else \
-            f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
+        out[3] = gr.Button(interactive=False)
+        if answered:
+            right, words = _lessons().verdict(q, answered)
+            progress = scored(progress, state.lesson, state.step, right)
+            out[8] = _lessons()._where(state.lesson, state.step, progress)
+            out[15] = progress
+        else:
+            words = f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
         out[12], out[13], out[14] = words, q.reveal(answered), q.explanation
     return tuple(out)

@@ -61,6 +61,8 @@ class Permalink:
     after: dict[str, Any] = field(default_factory=dict)  # key -> control, set after the run within limits(state)
     state: Any = None  # the tab's gr.State that limits() reads
     limits: Callable[[Any], dict[str, Container]] | None = None  # kept state -> the values each after-key may take
+    leave_out: Callable[[dict[str, str]], Iterable[str]] | None = None  # a link's keys -> those the address bar must
+    # not show (the Lessons tab's teacher token in the presenter view: the projected page's address is public)
 
 
 def one_of(control: Any, choices: Callable[[], Iterable[str]]) -> Field:
@@ -240,15 +242,21 @@ def check_after(link: Permalink, pending: Mapping[str, str], state: Any) -> tupl
     return values, refused
 
 
-def write_query(tab: str, link: Permalink | None, values: list[Any], first: str | None = None) -> str:
+def write_query(tab: str, link: Permalink | None, values: list[Any], first: str | None = None,
+                ran: bool = False) -> str:
     """The query string of a view: the tab (left out when it is ``first``, the tab a bare query means), then each
-    declared control (fields, then after) whose value differs from its default, in the order declared."""
+    declared control (fields, then after) whose value differs from its default, in the order declared. Once the tab
+    has run (``ran``: its state holds a result) the after-keys are written even at their controls' defaults: their
+    default after a run comes from the result (the last layer), so a view of layer 0 must say so."""
     parts = {} if tab == first else {"tab": tab}
     controls = {**link.fields, **link.after} if link else {}
+    after = set(link.after) if link and ran else set()
     for (key, control), value in zip(controls.items(), values, strict=True):
         text = write_value(control, value)
-        if text is not None and text != default_text(control):
+        if text is not None and (key in after or text != default_text(control)):
             parts[key] = text
+    for key in (link.leave_out(dict(parts)) if link and link.leave_out else ()):
+        parts.pop(key, None)
     return urlencode(parts, quote_via=quote)
 
 
@@ -277,8 +285,9 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
     url.change(None, [url], None, js=REPLACE_URL, api_name=False)
     for key, (item, link) in items.items():
         controls = [component_of(c) for c in ({**link.fields, **link.after} if link else {}).values()]
-        gr.on([item.select, *(c.change for c in controls)], _writer(key, link, first), controls, [url],
-              api_name=False, show_progress="hidden", trigger_mode="always_last", **FAST)
+        kept = [link.state] if link and link.after and link.state is not None else []  # whether the tab has run
+        gr.on([item.select, *(c.change for c in controls)], _writer(key, link, first, bool(kept)), controls + kept,
+              [url], api_name=False, show_progress="hidden", trigger_mode="always_last", **FAST)
     # Each tab whose run waits for a link gets a State that the restore sets; its change runs the tab's steps.
     starts = {key: gr.State() for key, link in links.items() if link and link.run and not link.at_load}
     targets = [(key, name, component_of(c)) for key, link in links.items() if link for name, c in link.fields.items()]
@@ -307,8 +316,11 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
                           show_progress="hidden", **FAST)
 
 
-def _writer(key: str, link: Permalink | None, first: str) -> Callable:
+def _writer(key: str, link: Permalink | None, first: str, stateful: bool = False) -> Callable:
     def write(*values: Any) -> str:
+        if stateful:  # the last input is the tab's kept result
+            *values, state = values
+            return write_query(key, link, list(values), first, ran=state is not None)
         return write_query(key, link, list(values), first)
 
     return write

@@ -81,7 +81,9 @@ def test_answers_against_independent_numbers(tiny) -> None:
     _, weights = net.token_losses(net.repeated_tokens(n, seed=3))
     for step, score in ((1, previous_token_score(weights)), (2, induction_score(weights, n))):
         layer, head = np.unravel_index(int(np.argmax(score)), score.shape)
-        assert lessons.question(4, step, "3").answer == f"layer {layer} head {head}"
+        stands_out = (score <= score.max() - 0.10).sum() >= 2  # two heads at least a margin below the best
+        want = f"layer {layer} head {head}" if stands_out else "none stands out"
+        assert lessons.question(4, step, "3").answer.startswith(want)
     # lesson 7, step 3: the bottom-right window of an 8 × 8 grid, window 4, shift 2, built by the paper's slices
     region = np.zeros((8, 8), dtype=int)
     cuts = (slice(0, -4), slice(-4, -2), slice(-2, None))
@@ -210,8 +212,9 @@ def test_beam_verdict_follows_the_red_path(tiny) -> None:
         red = next(t for t in q.reveal(None).data if t.name == "chosen hypothesis")
         ys = [int(v) for v in red.y]
         expected = 0 if not any(ys) else 1 if ys[0] == 0 else 2
-        assert q.answer == ["yes, in the top slot at every step", "it started on top, then fell behind",
-                            "no, it started below the top slot"][expected], (inp, ys, q.answer)
+        assert q.answer == ["yes, in the top slot at every step",
+                            "no: it started on top and was below it at some later step",
+                            "no: it started below the top slot"][expected], (inp, ys, q.answer)
         assert " ".join(map(str, ys)) in q.fact
         seen.add(expected)
 
@@ -309,3 +312,121 @@ def test_no_doubled_stops_in_the_texts(tiny) -> None:
     if net.translate(text).text.endswith("."):
         assert f"*{lessons.esc(net.translate(text).text)}* At step" in q.text
     assert why.sink_text_without_ablation().endswith("without it.")
+
+
+# ------------------------------------------------------------------ issue 61, item 4: fair questions (shipped models)
+def test_the_right_answer_stands_evenly_on_the_default_input() -> None:
+    """With the default inputs one place held the right answer in 14 of 27 questions (place 2 in 8 of the 9 of
+    lessons 1–3). Now each place holds about its share (a question of n choices gives each place 1/n), and within a
+    lesson the steps with the same number of choices never share a place until every place has been used."""
+    from collections import Counter
+
+    got, expected = Counter(), Counter()
+    for number, lesson in enumerate(lessons.LESSONS, 1):
+        for inp in dict.fromkeys(["", *INPUTS[number][:2]]):
+            places: dict[int, list[int]] = {}
+            for step in range(1, len(lesson.steps) + 1):
+                q = lessons.question(number, step, inp)
+                n, at = len(q.choices), q.choices.index(q.answer)
+                places.setdefault(n, []).append(at)
+                if inp == "":
+                    got[at] += 1
+                    for place in range(n):
+                        expected[place] += 1 / n
+            for n, at in places.items():
+                assert len(set(at[:n])) == len(at[:n]), (number, inp, n, at)
+    assert sum(got.values()) == 27
+    for place in expected:
+        assert abs(got[place] - expected[place]) <= 2, (got, expected)
+    assert max(got.values()) / 27 < 0.4
+
+
+@pytest.mark.parametrize("inp", ["", "0", "3"])
+def test_head_questions_are_separated_by_a_margin_shown(inp: str) -> None:
+    """Lesson 4 steps 1–2 marked a right answer wrong on near-ties (layer 2 head 1 at 0.998 beside layer 2 head 2 at
+    0.999; seed 3 the same). Every head offered beside the right one now scores at least MARGIN less, on scores
+    computed here from the model; a near-tie is named in the verdict, and the offered heads' maps are shown before
+    predicting, so the question is read off the figure rather than guessed."""
+    from models.analysis import head_roles
+    from tabs.lessons import induction
+
+    net = store.get_model("gpt-tiny")
+    n = min(30, (net.context_limit() - 1) // 2)
+    _, weights = net.token_losses(net.repeated_tokens(n, seed=lessons.engine.seed_of(inp)))
+    roles = head_roles(weights, n)
+    for step, score in ((1, roles["previous"]), (2, roles["induction"])):
+        q = lessons.question(4, step, inp)
+        heads = {c: tuple(int(v) for v in c.replace("layer ", "").split(" head ")) for c in q.choices}
+        best = heads[q.answer]
+        assert best == np.unravel_index(int(np.argmax(score)), score.shape)
+        for choice, head in heads.items():
+            if choice != q.answer:
+                assert score[best] - score[head] >= induction.MARGIN, (inp, step, choice)
+        ties = [f"layer {a} head {b}" for a, b in zip(*np.nonzero(score > score[best] - induction.MARGIN))
+                if (a, b) != best]
+        for tie in ties:
+            assert tie not in q.choices and tie in q.fact
+        assert q.before is not None and len([t for t in q.before.data if t.type == "heatmap"]) == len(q.choices)
+
+
+def test_the_lottery_steps_ask_what_the_screen_shows() -> None:
+    """7·1 asked for one of four patch coordinates with nothing to reason from; it now asks whether CLS reads the
+    garment or the background per patch, the garment patches shown before predicting, judged here from the image the
+    model saw."""
+    from tabs.common import EXAMPLE_IMAGES
+    from tabs.lessons import vision
+
+    for inp in ("", "0", "3"):
+        q = lessons.question(7, 1, inp)
+        index = int(inp or 7)
+        r = store.get_model("vit-fashion").classify(str(EXAMPLE_IMAGES[index]))
+        last = r.attention["encoder"].weights[-1].mean(0)[0, r.prefix_tokens:]
+        img = r.image.astype(float) / 255
+        rows, cols = r.grid
+        on = np.array([img[i * 4:(i + 1) * 4, j * 4:(j + 1) * 4].mean() > vision.INK
+                       for i in range(rows) for j in range(cols)])
+        g, b = last[on].mean(), last[~on].mean()
+        want = 2 if min(g, b) >= vision.CLOSE * max(g, b) else 0 if g > b else 1
+        assert q.answer == ["a patch on the garment", "a patch of plain background",
+                            "about the same (within 20 %)"][want]
+        assert q.before is not None and f"{g:.4f}" in q.fact
+
+
+def test_the_ambiguous_and_throwaway_steps() -> None:
+    """5·3 rested on +0.061 against 0.05: it now forbids every head the sink, a change far beyond its 0.5 nats;
+    6·3's throwaway "no translation at all" is now "a different one the model scores higher", judged by the two
+    results' scores; 8·1 asks for the top token's share of the evidence, not a word's meaning; 9·3 leaves the first
+    token (step 1's sink) out."""
+    from models.inspect.patching import sink_ablation
+    from tabs.lessons import explanation, mamba, sinks, translation
+
+    q = lessons.question(5, 3, "")
+    net, ids, *_rest, layer, head = sinks._sink_setup("")
+    r = sink_ablation(net, ids, layer, head, everywhere=True)
+    change = r.loss_after - r.loss_before
+    assert abs(abs(change) - sinks.SHIFT) > 0.2  # far from the line on the default sentence
+    assert q.answer.startswith("rises" if change > sinks.SHIFT else "falls" if change < -sinks.SHIFT else "changes")
+
+    q = lessons.question(6, 3, "")
+    assert "no translation at all" not in q.choices
+    default = lessons.LESSONS[5].default
+    beam, greedy = translation._translation(default, 5), translation._translation(default, 1)
+    assert (greedy.text == beam.text) == (q.answer == "the same translation")
+    if greedy.text != beam.text:
+        assert ("higher" in q.answer) == (greedy.score > beam.score)
+
+    q = lessons.question(8, 1, "the plot is thin .")
+    _, ig, *_ = explanation._explained("the plot is thin .")
+    v = np.where(ig.special, 0, ig.values)
+    share = v.max() / v[v > 0].sum()
+    assert q.answer == ("more than half" if share > 0.5 else "between a third and a half" if share >= 1 / 3
+                        else "less than a third")
+    assert not any(label in " ".join(q.choices) for label in ig.tokens if label.strip("▁").isalpha())
+
+    tokens, m, g = mamba._setup("")
+    for rows in (m.mean(0), g.mean(0)):
+        rest = mamba.without_first(rows)
+        np.testing.assert_allclose(rest[1:].sum(-1)[1:], 1.0)
+        assert (rest[:, 0] == 0).all()
+    q = lessons.question(9, 3, "")
+    assert "without the first token" in q.fact

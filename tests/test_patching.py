@@ -373,6 +373,30 @@ def test_sink_ablation(model: nn.Module, layer: int, head: int) -> None:
         assert res.labels == model.labels and res.loss_before is None
 
 
+def test_sink_ablation_everywhere() -> None:
+    """``everywhere``: key 0 forbidden to every head of every layer (lesson 5, step 3). Every layer's attention then
+    puts nothing on key 0 past query 0, and the loss is that of the forward pass with those layers edited, whose
+    logits are recomputed here from the model's own cross-entropy; one head alone changes it less."""
+    import torch.nn.functional as F
+
+    model = _build("llama-gqa")
+    ids = torch.randint(4, VOCAB, (T,), generator=torch.Generator().manual_seed(3)).tolist()
+    res = sink_ablation(model, ids, 1, 0, everywhere=True)
+    one = sink_ablation(model, ids, 1, 0)
+    x = torch.tensor([ids])
+    c = model.config
+    forbid = torch.zeros(c.n_heads, 1, dtype=torch.bool)
+    forbid[:, 0] = True
+    with torch.no_grad():
+        out = model(x, need_weights=True, edit=Intervention({i: LayerEdit(forbid=forbid) for i in range(c.n_layers)}))
+    for layer in out.attention:
+        assert float(layer[0, :, 1:, 0].abs().max()) == 0.0
+    np.testing.assert_allclose(res.attention_after, out.attention[1][0, 0].float().numpy(), atol=1e-9)
+    want = float(F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:]))
+    assert res.loss_after == pytest.approx(want, abs=1e-6) and res.loss_before == one.loss_before
+    assert abs(res.loss_after - res.loss_before) > abs(one.loss_after - one.loss_before)
+
+
 def test_query_with_no_other_key_keeps_its_own() -> None:
     """Key 0 forbidden for every head of a causal model: query 0 has nothing else and keeps key 0 (no NaN)."""
     model = _build("llama-gqa")

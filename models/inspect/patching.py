@@ -240,8 +240,10 @@ def repeated_pair(model: nn.Module, n: int, seed: int = 0) -> tuple[list[int], l
 # Attention-sink ablation
 
 
-def sink_ablation(model: nn.Module, ids: Sequence[int], layer: int, head: int) -> SinkAblation:
-    """Forbid ``head`` of ``layer`` to attend to token 0 during the forward pass and report what changes.
+def sink_ablation(model: nn.Module, ids: Sequence[int], layer: int, head: int, *,
+                  everywhere: bool = False) -> SinkAblation:
+    """Forbid ``head`` of ``layer`` (``everywhere``: every head of every layer) to attend to token 0 during the forward
+    pass and report what changes (the attention reported is ``head`` of ``layer``'s).
 
     Language model: the mean next-token loss over tokens 1..T−1 (nats) and, at the last position, the top next
     token's probability and loss, before and after. Classifier: every class probability before and after, the
@@ -254,8 +256,8 @@ def sink_ablation(model: nn.Module, ids: Sequence[int], layer: int, head: int) -
         raise ValueError(f"layer must be in [0, {n_layers}) and head in [0, {n_heads}), got {layer}, {head}")
     dev = _device(model)
     forbid = torch.zeros(n_heads, 1, dtype=torch.bool, device=dev)
-    forbid[head, 0] = True  # (H, 1): key 0 for this head; the later keys stay allowed
-    edit = Intervention({layer: LayerEdit(forbid=forbid)})
+    forbid[slice(None) if everywhere else head, 0] = True  # (H, 1): key 0 for this head; the later keys stay allowed
+    edit = Intervention({i: LayerEdit(forbid=forbid) for i in (range(n_layers) if everywhere else [layer])})
     row = torch.tensor([x], device=dev)
     with torch.inference_mode(), _Eval(model):
         before = _forward(model, row, None, need_weights=True)

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 
 from tabs import classroom
 from tabs.common import DOWNLOADS, Error
-from tabs.lessons.course import LESSONS, _number, _where, question
+from tabs.lessons.course import LESSONS, _number, _where, guarded, question
 from tabs.lessons.engine import verdict
 from tabs.permalink import Permalink, chain
 from viz.common import esc
@@ -34,20 +34,21 @@ page that works offline, for a handout."""
 
 
 def build() -> Permalink:
+    joining = classroom.join_layout()  # a student's join box first (a phone shows it before anything else)
     gr.Markdown(INTRO, elem_classes=["intro"])
     titles = [lesson.title for lesson in LESSONS]
-    with gr.Row():
+    with gr.Row() as choosing:
         chosen = gr.Dropdown(titles, value=titles[0], label="lesson", scale=2)
         text = gr.Textbox("", label=LESSONS[0].input_label, placeholder=LESSONS[0].default, scale=2,
                           max_length=2000, info="empty: the example shown in grey")
         start = gr.Button("Start the lesson", variant="primary", scale=1)
     about = gr.Markdown(LESSONS[0].intro)
     # --- class mode (tabs/classroom.py, issue 51): its section here, its send button by "Check", wired at the end
-    class_section = classroom.layout()
+    class_section = classroom.layout(joining)
     current = gr.State()  # the lesson number shown, for the link's step
     progress = gr.BrowserState({}, storage_key="atlas-lessons")
     where = gr.Markdown()
-    with gr.Row():
+    with gr.Row() as stepping:
         back = gr.Button("← previous step", scale=1)
         step = gr.Slider(1, max(len(lesson.steps) for lesson in LESSONS), value=1, step=1, label="step", scale=2)
         forward = gr.Button("next step →", scale=1)
@@ -59,7 +60,7 @@ def build() -> Permalink:
     said = gr.Markdown()
     shown = gr.Plot(label="revealed")
     explanation = gr.Markdown()
-    with gr.Row():
+    with gr.Row() as exporting:
         export = gr.Button("Export this lesson as an HTML page")
         handout = gr.File(label="the lesson, one page (works offline)")
 
@@ -84,9 +85,11 @@ def build() -> Permalink:
     gr.api(lesson_answer_api, api_name="lesson_answer")
     class_fields = classroom.wire(  # class mode: the section follows and drives this lesson's controls
         class_section, chosen=chosen, text=text, step=step, progress=progress, where=where, prompt=prompt,
-        before=before, choices=choices, check=check, said=said, shown=shown, explanation=explanation)
+        before=before, choices=choices, check=check, said=said, shown=shown, explanation=explanation,
+        navigation=[choosing, stepping, exporting])
     return Permalink({"lesson": chosen, "input": text, **class_fields}, steps, after={"step": step}, state=current,
-                     limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)})
+                     limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)},
+                     leave_out=classroom.leave_out)
 
 
 def describe(title: str):
@@ -120,7 +123,7 @@ def answer_step(title: str, step: int, text: str, answer: str | None, progress: 
     if not answer:
         raise Error("Pick a prediction first: the figure is revealed after you commit to one.")
     number = _number(title)
-    q = question(number, step, text)
+    q = guarded(number, step, text)
     right, words = verdict(q, answer)
     progress = dict(progress or {})
     got = dict(progress.get(str(number), {}))
@@ -138,7 +141,7 @@ def export_lesson(title: str, text: str, progress: dict | None) -> str:
     lesson = LESSONS[number - 1]
     parts = []
     for i in range(1, len(lesson.steps) + 1):
-        q = question(number, i, text)
+        q = guarded(number, i, text)
         listed = "".join(f"<li>{html.escape(c)}</li>" for c in q.choices)
         figure = q.reveal(None).to_html(include_plotlyjs=False, full_html=False)
         parts.append(f"<section><h2>Step {i}</h2><p>{_md(q.text)}</p><ol type='a'>{listed}</ol>"
@@ -173,7 +176,7 @@ def lesson_api(number: int = 1, step: int = 1, input: str = "") -> tuple[str, st
 def lesson_answer_api(number: int = 1, step: int = 1, answer: str = "", input: str = "") -> tuple[str, str, str]:
     """A prediction judged by the model's numbers: (verdict "correct" | "not quite" and the numbers, the revealed
     figure with the prediction marked as Plotly JSON text, the explanation)."""
-    q = question(number, step, input)
+    q = guarded(number, step, input)
     right, _ = verdict(q, answer)
     return ("correct" if right else "not quite") + " — " + q.fact, figure_text(q.reveal(answer)), q.explanation
 

@@ -38,7 +38,7 @@ def l1_argmax(inp: str) -> Question:
     before = _scores_bars(s.scaled[0], keys)
     order = [keys[j] for j in np.argsort(-s.scaled[0])]
     return Question(
-        "Query t0 has been compared with every key: its scaled scores are drawn above. **After the softmax, which "
+        "Query t0 has been compared with every key: its scaled scores are drawn below. **After the softmax, which "
         "key gets the largest weight?**", offer([order[0], order[-1], order[1], order[2]], keys[best]),
         keys[best], f"key {keys[best]} gets {s.weights[0, best]:.2f} of query t0's weight (score "
         f"{s.scaled[0, best]:.2f})",

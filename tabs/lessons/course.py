@@ -37,6 +37,27 @@ def _lesson(number) -> Lesson:
     return LESSONS[n - 1]
 
 
+HELD = ("A class is answering this step right now, so its answer is not given here until the teacher reveals it. "
+        "Try another step, or come back after the reveal.")
+
+
+def guarded(number, step, text: str = "") -> Question:
+    """`question`, refused while a class answers the same step (its question has the same choices: the same input,
+    or another that asks the same thing, such as a seed written "00" for "0"), so that no student of the class can
+    read the answer off the public lesson endpoints (the page's Check, /lesson_answer, the export) before the
+    teacher reveals it. A store that cannot be opened holds no classes."""
+    from serving.classroom import ClassError, get_store
+
+    q = question(number, step, text)
+    try:
+        held = get_store().open_choices(int(number), int(step))
+    except ClassError:
+        return q
+    if frozenset(q.choices) in held:
+        raise Error(HELD)
+    return q
+
+
 def question(number, step, text: str = "") -> Question:
     """Step ``step`` (1-based) of lesson ``number`` (1-based) on the lesson's input (empty: its default)."""
     lesson = _lesson(number)

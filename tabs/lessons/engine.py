@@ -46,13 +46,28 @@ def offer(candidates: list[str], answer: str, k: int = 4) -> list[str]:
     return [answer, *out]
 
 
+def answer_position(number: int, step: int, inp: str, n: int) -> int:
+    """Where step ``step``'s right answer stands among its ``n`` choices: the lesson's steps with n choices take their
+    places from permutations of 0..n−1 drawn one after another (crc32 of the lesson, n and the input as the seed), so
+    within a lesson every place is used before any is used again, and which place a step gets changes with the input
+    and says nothing. (A shuffle drawn per step left 14 of 27 default questions' answers at the same place.)"""
+    rng = random.Random(zlib.crc32(f"{number}/{n}/{inp}".encode()))
+    places: list[int] = []
+    while len(places) < step:
+        perm = list(range(n))
+        rng.shuffle(perm)
+        places += perm
+    return places[step - 1]
+
+
 def shuffled(q: Question, number: int, step: int, inp: str) -> Question:
-    """The question with its choices in an order drawn from the lesson, step and input (crc32 as the seed, so the
-    same input always lists them the same way, in the page, the API and the export), so that where the right answer
-    stands says nothing: a step's own list puts it first as often as not."""
-    choices = list(q.choices)
-    random.Random(zlib.crc32(f"{number}/{step}/{inp}".encode())).shuffle(choices)
-    return dataclasses.replace(q, choices=choices)
+    """The question with its choices in an order drawn from the lesson, step and input: the right answer at
+    `answer_position`, the others in a seeded order (the same input always lists them the same way, in the page,
+    the API and the export)."""
+    others = [c for c in q.choices if c != q.answer]
+    random.Random(zlib.crc32(f"{number}/{step}/{inp}".encode())).shuffle(others)
+    at = answer_position(number, step, inp, len(others) + 1)
+    return dataclasses.replace(q, choices=[*others[:at], q.answer, *others[at:]])
 
 
 def mark(fig: go.Figure, prediction: str | None, x=None, y=None, *, note: str = "") -> go.Figure:

@@ -14,7 +14,6 @@ from tabs.lessons.engine import (
     Question,
     label,
     mark,
-    offer,
 )
 from viz.common import TEMPLATE, esc
 
@@ -78,22 +77,33 @@ def _top(attr) -> int:
     return int(np.argmax(v))
 
 
-def l8_ig_top(inp: str) -> Question:
+def evidence_share(ig) -> tuple[float, int]:
+    """(the top token's share of the positive evidence, its index): integrated gradients' largest value over the sum
+    of the positive values of the sentence's tokens (special tokens left out); 0 when nothing is positive."""
+    v = np.where(ig.special, 0.0, np.asarray(ig.values, dtype=np.float64))
+    positive = v[v > 0].sum()
+    best = _top(ig)
+    return (float(v[best] / positive) if positive > 0 else 0.0), best
 
+
+def l8_ig_top(inp: str) -> Question:
     text = _l8_text(inp)
     att, ig, *_ = _explained(text)
-    best = _top(ig)
-    ranked = [label(ig.tokens, j) for j in np.argsort(-np.where(ig.special, -np.inf, ig.values))
-              if not ig.special[j]]
-    choices = offer([ranked[0], label(att.tokens, _top(att)), ranked[-1], ranked[len(ranked) // 2]],
-                     label(ig.tokens, best))
-    return Question(f"The sentiment classifier reads *{esc(text)}* and answers **{ig.label}** ({ig.prob:.0%}). "
-                    "**Which token does integrated gradients say the answer rests on most?**", choices,
-                    label(ig.tokens, best), f"integrated gradients ranks {label(ig.tokens, best)} first "
-                    f"({ig.values[best]:+.2f})",
+    share, best = evidence_share(ig)
+    choices = ["more than half", "between a third and a half", "less than a third"]
+    answer = choices[0] if share > 0.5 else choices[1] if share >= 1 / 3 else choices[2]
+    total = float(np.where(ig.special, 0, np.clip(ig.values, 0, None)).sum())
+    n = int((~np.asarray(ig.special)).sum())
+    return Question(f"The sentiment classifier reads *{esc(text)}* ({n} tokens) and answers **{ig.label}** "
+                    f"({ig.prob:.0%}). Integrated gradients splits the evidence for that answer among the tokens (some "
+                    "push for it, some against). **How much of the evidence *for* the answer does the single "
+                    "strongest token carry?**", choices, answer,
+                    f"integrated gradients gives {label(ig.tokens, best)} {share:.0%} of the positive evidence "
+                    f"({ig.values[best]:+.2f} of {total:.2f})",
                     "Integrated gradients adds up how the answer's logit changes along a path from a blank input to "
-                    "this one, token by token. Attention only says where a layer looked (step 3 sets them side by "
-                    "side).", lambda p: mark(_ig_bars(ig), p))
+                    "this one, token by token, so the shares are shares of one total. A short sentence often rests on "
+                    "one word; a longer one spreads its evidence (step 3 sets attention beside it).",
+                    lambda p: mark(_ig_bars(ig), p))
 
 
 def l8_deletion(inp: str) -> Question:

@@ -75,6 +75,15 @@ def thirds(rows: np.ndarray) -> tuple[float, float]:
     return float(np.mean(near)), float(np.mean(far))
 
 
+def without_first(rows: np.ndarray) -> np.ndarray:
+    """(T, T) rows with the first key left out and each row from query 1 on divided by its new sum: how the rest is
+    spread once the first-token sink (step 1's question) is set aside. Row 0, which sees only key 0, becomes 0."""
+    out = np.array(rows, dtype=np.float64)
+    out[:, 0] = 0.0
+    sums = out.sum(-1, keepdims=True)
+    return np.divide(out, sums, out=np.zeros_like(out), where=sums > 0)
+
+
 def _compare(a: float, b: float, choices: list[str]) -> str:
     """choices[0] when a exceeds b by MARGIN or more, choices[1] when b exceeds a so, else choices[2]."""
     return choices[0] if a - b >= MARGIN else choices[1] if b - a >= MARGIN else choices[2]
@@ -132,29 +141,30 @@ def l9_mamba(inp: str) -> Question:
 
 def l9_side_by_side(inp: str) -> Question:
     tokens, mamba, gpt = _setup(inp)
-    m_rows, g_rows = mamba.mean(0), gpt.mean(0)
-    (mn, mf), (gn, gf) = thirds(m_rows), thirds(g_rows)
+    # step 1 measured the first token; here it is left out, so the sink cannot decide which looks farther back
+    m_rows, g_rows = without_first(mamba.mean(0)), without_first(gpt.mean(0))
+    (mn, mf), (gn, gf) = thirds(m_rows[1:, 1:]), thirds(g_rows[1:, 1:])
     choices = ["gpt-tiny looks farther back than mamba-tiny", "mamba-tiny looks farther back than gpt-tiny",
                "they look back about as far"]
     answer = _compare(gf - gn, mf - mn, choices)
 
     def reveal(p):
-        # one colour range up to the largest weight below the first row (whose only key holds all of it, 1.0)
-        top = float(max(m_rows[1:].max(), g_rows[1:].max()))
+        top = float(max(m_rows[2:].max(), g_rows[2:].max()))
         fig = va.heatmaps_side_by_side(
             [m_rows, g_rows], [tokens, tokens],
             [f"mamba-tiny: near {mn:.2f}, far {mf:.2f}", f"gpt-tiny: near {gn:.2f}, far {gf:.2f}"],
-            title="The same sentence: Mamba's implicit attention and a Transformer's attention, layers averaged "
-                  f"(colours up to {top:.2f})", zmax=top)
+            title="The same sentence without the first token (rows rescaled): Mamba's implicit attention and a "
+                  f"Transformer's, layers averaged (colours up to {top:.2f})", zmax=top)
         return mark(fig, p)
 
-    return Question("Beside it, gpt-tiny's attention on the same tokens (heads and layers averaged). Measure how far "
-                    "back each model looks as the farthest third's share minus the nearest third's. **Which looks "
-                    "farther back?**", choices, answer,
-                    f"farthest minus nearest third: gpt-tiny {gf:.2f} − {gn:.2f} = {gf - gn:+.2f}, mamba-tiny "
-                    f"{mf:.2f} − {mn:.2f} = {mf - mn:+.2f}; {HOW}",
-                    "A Transformer can reach any earlier token at the same cost, and its first-token sink sits in the "
-                    "farthest third. Mamba carries the past in a fixed-size state that decays, so its hidden "
+    return Question("Beside it, gpt-tiny's attention on the same tokens (heads and layers averaged). Leave the first "
+                    "token `<s>` out (step 1 measured it) and rescale each row to sum to 1; measure how far back each "
+                    "model looks as the farthest third's share minus the nearest third's. **Which looks farther "
+                    "back?**", choices, answer,
+                    f"without the first token, farthest minus nearest third: gpt-tiny {gf:.2f} − {gn:.2f} = "
+                    f"{gf - gn:+.2f}, mamba-tiny {mf:.2f} − {mn:.2f} = {mf - mn:+.2f}; {HOW}",
+                    "A Transformer can reach any earlier token at the same cost, so its heads can read far back even "
+                    "without the sink. Mamba carries the past in a fixed-size state that decays, so its hidden "
                     "attention fades with distance: the price of linear time.", reveal)
 
 

@@ -56,8 +56,7 @@ def l6_beam(inp: str) -> Question:
 
     r = _translation(sentence(inp, sentences.TRANSLATE[0]), 5)
     slots = beam_slots(r)
-    choices = ["yes, in the top slot at every step", "it started on top, then fell behind",
-               "no, it started below the top slot"]
+    choices = BEAM_CHOICES
     answer = choices[0] if not any(slots) else choices[1] if slots[0] == 0 else choices[2]
     lower = [t for t, slot in enumerate(slots) if slot]
     return Question("Beam search keeps the 5 best partial translations at every step, the most likely one in the top "
@@ -71,6 +70,10 @@ def l6_beam(inp: str) -> Question:
                     lambda p: mark(vt.beam_tree(r.beam, r.chosen, title="Beam search (beam size 5)"), p))
 
 
+BEAM_CHOICES = ["yes, in the top slot at every step", "no: it started on top and was below it at some later step",
+                "no: it started below the top slot"]
+
+
 def beam_slots(r) -> list[int]:
     """The beam slot of the chosen hypothesis at each step: the red path the beam tree draws (slot 0 is the top)."""
     return [int(c) for c in r.chosen[: len(r.beam)]]
@@ -81,13 +84,16 @@ def l6_greedy(inp: str) -> Question:
 
     text = sentence(inp, sentences.TRANSLATE[0])
     beam, greedy = _translation(text, 5), _translation(text, 1)
-    choices = ["the same translation", "a different translation", "no translation at all"]
-    answer = choices[2] if not greedy.text else choices[0] if greedy.text == beam.text else choices[1]
+    choices = ["the same translation", "a different one, which the model scores lower (per token)",
+               "a different one, which the model scores higher (per token)"]
+    answer = choices[0] if greedy.text == beam.text else choices[2] if greedy.score > beam.score else choices[1]
     return Question(f"Beam search (5) gives *{esc(beam.text)}*{stop(beam.text)} **What does greedy search (beam 1) "
-                    "give?**", choices,
-                    answer, f"greedy: “{greedy.text}”",
+                    "give?** (The score is the sentence's log-probability per token, the one beam search ranks by.)",
+                    choices, answer, f"greedy: “{greedy.text}”, {greedy.score:.4f} per token; beam search: "
+                    f"{beam.score:.4f}",
                     "Greedy search takes the most likely word at every step, and on short captions it often agrees "
-                    "with beam search. Where it does not, beam search found a sentence more likely as a whole.",
+                    "with beam search. Beam search is not exhaustive either: it drops all but 5 partial sentences at "
+                    "every step, so a path it dropped, greedy's too, can end up scoring higher.",
                     lambda p: mark(vt.cross_alignment(greedy.attention["cross"].weights, greedy.target_tokens,
                                                        greedy.source_tokens, layer=greedy.attention["cross"].layers - 1,
                                                        title="Greedy translation · cross-attention"), p))

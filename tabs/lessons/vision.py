@@ -9,7 +9,6 @@ from tabs.lessons.engine import (
     Lesson,
     Question,
     mark,
-    offer,
     seed_of,
 )
 
@@ -28,21 +27,45 @@ def _patch(grid: tuple[int, int], i: int) -> str:
     return f"row {i // grid[1]}, column {i % grid[1]}"
 
 
+INK = 0.15  # a patch whose mean pixel (0–1) is above this is on the garment; below, plain background
+CLOSE = 0.8  # per-patch shares within this ratio of each other are "about the same"
+
+
+def garment_patches(image: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """(rows·cols,) bool: the patches of what the model saw (a dark-background Fashion-MNIST image) whose mean
+    brightness is above `INK`, in the model's patch order."""
+    img = np.asarray(image, dtype=np.float64)
+    img = img.mean(-1) if img.ndim == 3 else img
+    rows, cols = grid
+    ph, pw = img.shape[0] // rows, img.shape[1] // cols
+    means = img[: rows * ph, : cols * pw].reshape(rows, ph, cols, pw).mean((1, 3)) / 255.0
+    return (means > INK).reshape(-1)
+
+
 def l7_cls(inp: str) -> Question:
     from viz import images as vi
 
     r, index, last, _ = _vit(inp)
-    best = int(np.argmax(last))
-    order = [_patch(r.grid, j) for j in np.argsort(-last)]
+    on = garment_patches(r.image, r.grid)
+    if on.all() or not on.any():
+        raise ValueError("this image has no plain background to compare with")
+    g, b = float(last[on].mean()), float(last[~on].mean())
+    choices = ["a patch on the garment", "a patch of plain background", "about the same (within 20 %)"]
+    answer = choices[2] if min(g, b) >= CLOSE * max(g, b) else choices[0] if g > b else choices[1]
+    before = vi.image_attention(r.image, on.astype(np.float32), r.grid, label="on the garment", autoscale=False,
+                                opacity=0.35, title="What the ViT sees: garment patches (1) and background (0)")
     return Question(f"The ViT sees example image {index} (it answers **{r.labels[int(np.argmax(r.probs))]}**) as "
-                    f"{r.grid[0]} × {r.grid[1]} patches plus a CLS token, which the classifier reads. **Which patch "
-                    "does CLS attend to most in the last layer (mean of heads)?**",
-                    offer(order[:2] + order[-2:], _patch(r.grid, best)), _patch(r.grid, best),
-                    f"{_patch(r.grid, best)} gets {last[best]:.3f} of CLS's attention",
+                    f"{r.grid[0]} × {r.grid[1]} patches plus a CLS token, which the classifier reads; the figure "
+                    "above marks which patches show the garment. **In the last layer (mean of heads), which does CLS "
+                    "attend to more, per patch: a patch on the garment or a patch of plain background?**", choices,
+                    answer, f"per patch, CLS gives {g:.4f} to the {int(on.sum())} garment patches and {b:.4f} to the "
+                    f"{int((~on).sum())} background patches (the top one: {_patch(r.grid, int(np.argmax(last)))}, "
+                    f"{float(last.max()):.3f})",
                     "CLS gathers the image into one vector by attending to patches; the last layer shows where it "
-                    "reads from just before the answer. It is often the object's outline, sometimes the empty "
-                    "background.",
-                    lambda p: mark(vi.image_attention(r.image, last, r.grid, title="CLS → patches · last layer"), p))
+                    "reads from just before the answer. It is often the garment's outline, sometimes the empty "
+                    "background, which some heads use as a place to park attention.",
+                    lambda p: mark(vi.image_attention(r.image, last, r.grid, title="CLS → patches · last layer"), p),
+                    before)
 
 
 def l7_rollout(inp: str) -> Question:

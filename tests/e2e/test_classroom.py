@@ -17,8 +17,8 @@ from .helpers import open_tab
 pytestmark = pytest.mark.e2e
 
 
-def _new_page(browser, url: str):
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+def _new_page(browser, url: str, width: int = 1300):
+    context = browser.new_context(viewport={"width": width, "height": 1000})
     page = context.new_page()
     page.js_errors = []
     page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
@@ -43,7 +43,7 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
         ctx, teacher = _new_page(browser, app_url)
         contexts.append(ctx)
         open_tab(teacher, "Lessons")
-        teacher.get_by_text("A class at once: the room predicts together").click()
+        teacher.get_by_text("A class at once: teach a class").click()
         teacher.get_by_role("button", name="Open a class on the step shown below").click()
         info = teacher.locator("#class-teacher-info")
         expect(info).to_contain_text("Join code", timeout=30_000)
@@ -56,16 +56,24 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
             ctx, page = _new_page(browser, f"{app_url}?tab=lessons&class={code}")
             contexts.append(ctx)
             nickname = page.get_by_label("your nickname (only the teacher sees it)")
-            expect(nickname).to_be_visible(timeout=30_000)  # the link opened the class section
+            expect(nickname).to_be_visible(timeout=30_000)  # the link opened the join box
             expect(page.get_by_label("join code")).to_have_value(code)
+            expect(page.get_by_role("button", name="Open a class on the step shown below")).to_be_hidden()
             nickname.fill(f"<i>student {i}</i>")
             page.get_by_role("button", name="Join the class").click()
             mine = page.locator("#class-student-info")
             expect(mine).to_contain_text(f"as <i>student {i}</i>", timeout=30_000)  # escaped: shown as typed
             expect(page.get_by_role("button", name="Check my prediction")).to_be_hidden()
+            expect(page.get_by_role("button", name="Start the lesson")).to_be_hidden()  # the class drives the page
             page.get_by_label(pick, exact=True).check()
-            page.get_by_role("button", name="Send my prediction to the class").click()
+            send = page.get_by_role("button", name="Send my prediction to the class")
+            send.click()
             expect(mine).to_contain_text(f"your prediction {pick} is in", timeout=30_000)
+            expect(send).to_be_disabled()
+            other = next(c for c in q.choices if c != pick)
+            page.get_by_label(other, exact=True).click()  # a second pick is said, and the first one shown again
+            expect(mine).to_contain_text("is the one recorded", timeout=30_000)
+            expect(page.get_by_label(pick, exact=True)).to_be_checked()
             students.append(page)
 
         want = {c: picks.count(c) for c in q.choices}
@@ -84,6 +92,7 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
             verdict = "correct" if pick == q.answer else "not quite"
             expect(page.locator("#class-student-info")).to_contain_text("revealed", timeout=30_000)
             expect(page.get_by_text(verdict).first).to_be_visible(timeout=30_000)
+            expect(page.get_by_text(f"your score {int(pick == q.answer)} of 3").first).to_be_visible()
             expect(page.get_by_text(q.fact).first).to_be_visible()
             for other in range(3):  # no other student's nickname anywhere on a student's page
                 if page is not students[other]:
@@ -124,3 +133,53 @@ def test_presenter_view_from_the_link_and_the_toggle(browser, app_url: str) -> N
         assert page.js_errors == []
     finally:
         ctx.close()
+
+
+def test_a_phone_joins_with_mistakes_said_on_the_page(browser, app_url: str) -> None:
+    """At 390 px a class link shows the join box first and no teacher control; a wrong code, an empty nickname and a
+    wrong teacher link are said on the page (class events skip the queue, where a raised error left the page blank);
+    the presenter view's address holds no teacher token (issue 61, items 1 and 3)."""
+    contexts = []
+    try:
+        ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
+        contexts.append(ctx)
+        teacher.get_by_text("A class at once: teach a class").click()
+        teacher.get_by_role("button", name="Open a class on the step shown below").click()
+        info = teacher.locator("#class-teacher-info")
+        expect(info).to_contain_text("Join code", timeout=30_000)
+        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        teacher.wait_for_function("() => location.search.includes('teacher=')", timeout=30_000)
+        teacher.get_by_label("presenter view (large type for a projector)").check()
+        teacher.wait_for_function(
+            "() => location.search.includes('present=1') && !location.search.includes('teacher=')", timeout=30_000)
+        assert f"class={code}" in teacher.url
+
+        ctx, page = _new_page(browser, f"{app_url}?tab=lessons&class={code}", width=390)
+        contexts.append(ctx)
+        box = page.locator("#class-join")
+        nickname = page.get_by_label("your nickname (only the teacher sees it)")
+        expect(nickname).to_be_visible(timeout=30_000)
+        intro = page.locator("div.block.intro").filter(has_text="Predict, then reveal")
+        assert box.bounding_box()["y"] < intro.bounding_box()["y"]  # the join box before anything else of the tab
+        assert box.bounding_box()["y"] < 700  # on the first screen of a phone
+        expect(page.get_by_role("button", name="Open a class on the step shown below")).to_be_hidden()
+        mine = page.locator("#class-student-info")
+        page.get_by_role("button", name="Join the class").click()  # no nickname
+        expect(mine).to_contain_text("Type a nickname", timeout=30_000)
+        page.get_by_label("join code").fill("ZZZZZZ" if code != "ZZZZZZ" else "YYYYYY")
+        nickname.fill("ann")
+        page.get_by_role("button", name="Join the class").click()
+        expect(mine).to_contain_text("No class has this join code", timeout=30_000)
+        page.get_by_label("join code").fill(code)
+        page.get_by_role("button", name="Join the class").click()
+        expect(mine).to_contain_text("as ann", timeout=30_000)
+
+        ctx, forged = _new_page(browser, f"{app_url}?tab=lessons&class={code}&teacher={'x' * 43}")
+        contexts.append(ctx)
+        expect(forged.get_by_text("This teacher link is not valid").first).to_be_visible(timeout=30_000)
+        expect(forged.get_by_role("button", name="Reveal to the class")).to_be_hidden()
+        for p in (teacher, page, forged):
+            assert p.js_errors == []
+    finally:
+        for ctx in contexts:
+            ctx.close()

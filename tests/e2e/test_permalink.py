@@ -105,6 +105,28 @@ def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None
     assert page.js_errors == [] and again.js_errors == []
 
 
+@pytest.mark.parametrize("tab,button", [("Translate", "Translate"), ("Generate", "Generate")])
+def test_a_layer_zero_link_reopens_at_layer_zero(page, opened, tab: str, button: str) -> None:
+    """Issue 61, item 5: layer 0 was never written into the address (0 is the slider's default), so a link to a
+    layer-0 view reopened at the last layer. The link now says layer=0 and draws the same figures."""
+    open_tab(page, tab)
+    panel = _panel(page)
+    panel.get_by_role("button", name=button, exact=True).click()
+    wait_for_plots(page, 2, timeout=120_000)
+    _link(page, "layer=1")  # the run shows the last layer of the tiny model
+    box = panel.get_by_label("number input for layer (0 = first)").first
+    box.fill("0")
+    box.press("Enter")
+    url = _link(page, "layer=0")
+    expected = figures(page)
+    assert any("layer 0" in t for t in titles(page)), titles(page)
+
+    again = opened(url)
+    _expect_tab(again, tab)
+    _same_figures(again, expected)
+    assert page.js_errors == [] and again.js_errors == []
+
+
 def test_vision_link_restores_the_example_and_the_clicked_patch(page, opened) -> None:
     open_tab(page, "Vision")
     panel = _panel(page)
