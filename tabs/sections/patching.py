@@ -165,9 +165,9 @@ def run_patch(name: str, clean_ids: list[int], corrupted_ids: list[int], target:
     from models.inspect.patching import patch_sweep
 
     net = get_model(name)
+    require_heads(net, "Activation patching")
     if not registry.family_of(net).ablation:
         raise Error("Patching is offered for the decoders of Generate and the classifiers.")
-    require_heads(net, "Activation patching")
     sweep = SWEEPS.get(sweep, sweep)
     if sweep not in SWEEPS.values():
         raise Error(f"Unknown sweep {sweep!r}; choose heads or positions.")

@@ -250,9 +250,9 @@ def ablate_sink(sequence, state, layer, head) -> str:
         raise Error("Run the model first.")
     name, ids, tokens = sequence(state)
     net = get_model(name)
+    require_heads(net, "Sink ablation")
     if not registry.family_of(net).ablation:
         raise Error("Sink ablation is offered for the decoders of Generate and the classifiers.")
-    require_heads(net, "Sink ablation")
     layer, head = index(layer, n_layers(net), "layer"), index(head, net.config.n_heads, "head")
     try:
         r = sink_ablation(net, ids, layer, head)
