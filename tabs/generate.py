@@ -77,10 +77,10 @@ def availability() -> str:
         others = decoder_models()[1:]
         return (f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
                         f"missing: restore it with `git checkout -- checkpoints/{DEFAULT}` (the commands that rebuild "
-                        "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, the "
-                        "downloadable "
-                        "GPT-2 small and SmolLM2-135M, or a Hugging Face GPT-2 or LLaMA-family model given with "
-                        "`python app.py --model ENTRY` (README, \"Pretrained and your own models\"): "
+                        "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, "
+                        "SmolLM2-135M-Instruct from its package, the downloadable GPT-2 small and SmolLM2-135M, or a "
+                        "Hugging Face folder, GGUF file or Ollama model given with `python app.py --model ENTRY` "
+                        "(README, \"Pretrained and your own models\"): "
                 + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
     return ""
 
