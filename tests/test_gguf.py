@@ -365,3 +365,36 @@ def test_smollm2_in_generate(smol, monkeypatch) -> None:
     weights = torch.softmax(torch.from_numpy(proj.scores).double(), -1).numpy()
     np.testing.assert_allclose(weights, state["result"].attention["decoder"].weights[16, 0], atol=1e-4)
     assert generate.compare_view(state)["amap"].weights.shape[:2] == (30, 9)
+
+
+def test_smollm2_chat_template_as_transformers_renders_it(smol, monkeypatch) -> None:
+    """"as a chat": the prompt becomes one user turn of the file's tokenizer.chat_template, tokenised to the ids
+    transformers' apply_chat_template gives; the tab generates from it (the answer after <|im_start|>assistant)."""
+    from serving import store
+    from tabs import generate
+
+    path, net = smol
+    tok = reference_tokenizer(path)
+    question = "What is the capital of France?"
+    want = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                   tokenize=True, return_dict=True)["input_ids"]
+    text = generate.chat_text(net, SMOL, question)
+    assert text.endswith("<|im_start|>assistant\n") and net.tokenizer.encode_prompt(text)[0] == list(want)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    store.MODELS._models[SMOL] = net
+    out, _notice, *_rest = generate.generate(question, 8, SMOL, chat=True)
+    tokens = _rest[4]["result"].tokens
+    assert tokens[0] == "<|im_start|>" and "Paris" in out
+
+
+def test_chat_needs_a_template(tiny_checkpoints: Path, monkeypatch) -> None:
+    from serving import catalogue, store
+    from tabs import generate
+    from tabs.common import Error
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    with pytest.raises(Error, match="`gpt-tiny` has no chat template"):
+        generate.generate("the cat", 2, "gpt-tiny", chat=True)
+    with pytest.raises(ValueError, match="chat template cannot be used: no"):
+        g.chat_prompt("{{ raise_exception('no') }}", "x")

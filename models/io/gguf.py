@@ -506,6 +506,25 @@ def attach_tokenizer(model: Any, tk: Any, spec: dict[str, Any], path: Path) -> N
     model.chat_template = spec.get("chat_template") or None
 
 
+def chat_prompt(template: str, text: str, bos: str = "", eos: str = "") -> str:
+    """``text`` as one user turn of a chat template (``tokenizer.chat_template``: Jinja2, rendered in a sandbox with
+    the options transformers' ``apply_chat_template`` uses), ending where the assistant's answer starts. A template
+    that fails to render is a ValueError in words."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=[{"role": "user", "content": text}],
+                                                add_generation_prompt=True, bos_token=bos, eos_token=eos)
+    except jinja2.TemplateError as err:
+        raise ValueError(f"the model's chat template cannot be used: {str(err)[:200]}") from None
+
+
 # ---------------------------------------------------------------------------------------------------------- load
 def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     """The model of a GGUF file or an Ollama entry (``ollama:NAME[:TAG]``) as the project's ``GPT``, in eval mode,
