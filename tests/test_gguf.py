@@ -35,6 +35,16 @@ def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch) -> Path:
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for this module: on the shared 2-core machine a decoding step's many small operations
+    otherwise wait for the second thread (10× slower when other work holds the CPU); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf")
@@ -318,10 +328,16 @@ def smol(tmp_path_factory: pytest.TempPathFactory):
     return path, g.load_gguf(path, cache=False)
 
 
-def test_smollm2_greedy_ids_equal_transformers(smol) -> None:
+@pytest.fixture(scope="module")
+def smol_tokenizer(smol):
+    """transformers' GGUF tokenizer of the same file (read once for the module)."""
+    return reference_tokenizer(smol[0])
+
+
+def test_smollm2_greedy_ids_equal_transformers(smol, smol_tokenizer) -> None:
     """Three prompts: the same greedy continuation as transformers' GGUF reader on the same file."""
     path, ours = smol
-    ref, tok = reference(path), reference_tokenizer(path)
+    ref, tok = reference(path), smol_tokenizer
     for prompt in ("The capital of France is", "Once upon a time, there was a", "def fibonacci(n):"):
         ids = ours.tokenizer.encode_prompt(prompt)[0]
         assert ids == tok(prompt).input_ids
@@ -367,14 +383,13 @@ def test_smollm2_in_generate(smol, monkeypatch) -> None:
     assert generate.compare_view(state)["amap"].weights.shape[:2] == (30, 9)
 
 
-def test_smollm2_chat_template_as_transformers_renders_it(smol, monkeypatch) -> None:
+def test_smollm2_chat_template_as_transformers_renders_it(smol, smol_tokenizer, monkeypatch) -> None:
     """"as a chat": the prompt becomes one user turn of the file's tokenizer.chat_template, tokenised to the ids
     transformers' apply_chat_template gives; the tab generates from it (the answer after <|im_start|>assistant)."""
     from serving import store
     from tabs import generate
 
-    path, net = smol
-    tok = reference_tokenizer(path)
+    net, tok = smol[1], smol_tokenizer
     question = "What is the capital of France?"
     want = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                    tokenize=True, return_dict=True)["input_ids"]
