@@ -50,9 +50,10 @@ def build_demo() -> gr.Blocks:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Attention Atlas: see what attention does inside Transformers.")
-    ap.add_argument("--model", action="append", default=[], metavar="DIR",
-                    help="also offer the model in this folder (a Hugging Face GPT-2 or LLaMA-family folder, or a "
-                         "project checkpoint); repeat for more. ATLAS_MODELS (comma-separated) does the same.")
+    ap.add_argument("--model", action="append", default=[], metavar="ENTRY",
+                    help="also offer this model: a folder (Hugging Face or a project checkpoint), KIND:OWNER/NAME "
+                         "(the Hub), PATH.gguf or ollama:NAME[:TAG] (a GGUF file, Ollama's store); repeat for more. "
+                         "ATLAS_MODELS (comma-separated) does the same.")
     args = ap.parse_args(argv)
     configure([*args.model, *os.environ.get("ATLAS_MODELS", "").split(",")])
     preload_for_zero_gpu()

@@ -19,10 +19,14 @@ if TYPE_CHECKING:  # torch is imported on first use, so `models.limits` stays ch
 
 def load(name_or_path: str | Path, device: str = "cpu", verify: bool = True) -> nn.Module:
     """Load the model of a checkpoint folder name (under checkpoints/) or path; a Hugging Face folder
-    (config.json with a ``model_type`` and no ``format``) is read by ``models.io.hf``, without a manifest."""
+    (config.json with a ``model_type`` and no ``format``) is read by ``models.io.hf``, without a manifest; a GGUF
+    file (``*.gguf``) or an Ollama model (``ollama:NAME[:TAG]``) by ``models.io.gguf``."""
     from models.io.checkpoint import CheckpointError, config_from_dict, load_checkpoint
+    from models.io.gguf import is_gguf_spec, load_gguf
     from models.io.hf import is_hf_folder, load_hf
 
+    if is_gguf_spec(name_or_path):
+        return load_gguf(name_or_path).to(device)
     folder = resolve(name_or_path)
     if is_hf_folder(folder):
         return load_hf(folder).to(device)

