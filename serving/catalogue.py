@@ -72,6 +72,7 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
 # Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
+REAL_LM = "SmolLM2-135M-Instruct (real, 4-bit)"  # the real pretrained LM the lessons offer beside gpt-tiny
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 

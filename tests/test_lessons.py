@@ -430,3 +430,56 @@ def test_the_ambiguous_and_throwaway_steps() -> None:
         assert (rest[:, 0] == 0).all()
     q = lessons.question(9, 3, "")
     assert "without the first token" in q.fact
+
+
+# ---------------------------------------------------------------------------------- lessons 4 and 5 on a real LM
+def test_the_model_choice_travels_in_the_input() -> None:
+    from tabs.lessons import induction, sinks
+    from tabs.lessons.engine import model_key, split_model, with_model
+
+    lesson = induction.LESSON
+    assert split_model(lesson, "smollm2: 3") == (catalogue.REAL_LM, "3")
+    assert split_model(lesson, " SmolLM2 :  ") == (catalogue.REAL_LM, "")
+    assert split_model(lesson, "3") == (catalogue.GPT_TINY, "3")
+    assert split_model(lesson, "other: 3") == (catalogue.GPT_TINY, "other: 3")  # not a model key: all input
+    assert with_model(lesson, "smollm2", "3") == "smollm2: 3" and with_model(lesson, "gpt-tiny", "smollm2: 3") == "3"
+    assert model_key(sinks.LESSON, "smollm2: A dog runs.") == "smollm2" and model_key(lessons.LESSONS[0], "x") is None
+    assert split_model(lessons.LESSONS[0], "smollm2: 3") == (None, "smollm2: 3")  # a lesson without models
+
+
+@pytest.fixture(scope="module")
+def real_lm(tmp_path_factory: pytest.TempPathFactory):
+    """The store with SmolLM2 read from its package (the parsed file cached in a temporary folder)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ATLAS_CACHE", str(tmp_path_factory.mktemp("atlas-cache")))
+    mp.setattr(store, "MODELS", store.ModelStore())
+    yield store.get_model(catalogue.REAL_LM)
+    mp.undo()
+
+
+def test_lesson_four_on_the_real_model_finds_its_heads(real_lm) -> None:
+    """On SmolLM2's repeated random tokens the questions' answers are its textbook heads, from its own scores
+    (previous-token layer 16 head 0, induction layer 18 head 6, the loss falling on the second copy), checked
+    against head_roles computed here; the texts name the model."""
+    from models.analysis import head_roles
+
+    n = min(30, (real_lm.context_limit() - 1) // 2)
+    _, weights = real_lm.token_losses(real_lm.repeated_tokens(n, seed=0))
+    roles = head_roles(weights, n)
+    prev, ind, loss = (lessons.question(4, s, "smollm2: 0") for s in (1, 2, 3))
+    for q, score in ((prev, roles["previous"]), (ind, roles["induction"])):
+        best = tuple(int(v) for v in np.unravel_index(int(np.argmax(score)), score.shape))
+        assert q.answer == f"layer {best[0]} head {best[1]}"
+    assert prev.answer == "layer 16 head 0" and ind.answer == "layer 18 head 6"
+    assert loss.answer == "on the second copy" and "SmolLM2" in loss.text
+    assert lessons.question(4, 1, "0").answer != prev.answer  # gpt-tiny's own head, not SmolLM2's
+
+
+def test_lesson_five_on_the_real_model(real_lm) -> None:
+    """Lesson 5's three steps run on SmolLM2, their verdicts from its numbers: the first token takes a large share."""
+    for step in (1, 2, 3):
+        q = lessons.question(5, step, "smollm2:")
+        assert q.answer in q.choices and "SmolLM2" in q.text + q.fact or step == 2
+    ids, _ = real_lm.encode_prompt(lessons.LESSONS[4].default)
+    _, weights = real_lm.token_losses(ids)
+    assert weights[:, :, 1:, 0].mean() > 0.3  # most heads park much of their attention on the first token

@@ -21,11 +21,12 @@ import plotly.graph_objects as go
 from tabs import classroom
 from tabs.common import DOWNLOADS, Error
 from tabs.lessons.course import LESSONS, _number, _where, guarded, question
-from tabs.lessons.engine import verdict
+from tabs.lessons.engine import model_key, verdict, with_model
 from tabs.permalink import Permalink, chain
 from viz.common import esc
 
 TITLE = "Lessons"
+MODEL_CHOICES = ["gpt-tiny", "smollm2"]  # the keys of the lessons' `models` (tabs/lessons/induction.py: MODELS)
 INTRO = """**Predict, then reveal.** Each lesson walks through one idea in a few steps over the app's real models.
 Every question asks you to commit to a guess first; only then does the figure appear, with your guess marked, a
 verdict computed from the model's actual numbers on this input, and a short explanation. Change the lesson's
@@ -41,6 +42,10 @@ def build() -> Permalink:
         chosen = gr.Dropdown(titles, value=titles[0], label="lesson", scale=2)
         text = gr.Textbox("", label=LESSONS[0].input_label, placeholder=LESSONS[0].default, scale=2,
                           max_length=2000, info="empty: the example shown in grey")
+        # lessons 4 and 5 run on gpt-tiny or a real pretrained LM; the choice is written into the input ("smollm2:
+        # 3"), so a class, a link, the export and the API carry it with the input
+        model = gr.Radio(MODEL_CHOICES, value=MODEL_CHOICES[0], label="model", scale=1,
+                         visible=bool(LESSONS[0].models), info="smollm2: SmolLM2-135M-Instruct, real, 4-bit")
         start = gr.Button("Start the lesson", variant="primary", scale=1)
     about = gr.Markdown(LESSONS[0].intro)
     # --- class mode (tabs/classroom.py, issue 51): its section here, its send button by "Check", wired at the end
@@ -66,7 +71,12 @@ def build() -> Permalink:
 
     view = [where, prompt, before, choices, said, shown, explanation]
     # the label and intro follow any change of lesson (a link's too); only a person's choice clears the input
-    chosen.change(describe, [chosen], [text, about], api_name=False, show_progress="hidden")
+    chosen.change(describe, [chosen], [text, about, model], api_name=False, show_progress="hidden")
+    text.change(lambda c, t: gr.update(value=model_key(LESSONS[_number(c) - 1], t) or MODEL_CHOICES[0]),
+                [chosen, text], [model], api_name=False, show_progress="hidden")
+    model.input(lambda c, m, t: (with_model(LESSONS[_number(c) - 1], m, t),
+                                 *cleared("The model changed: press **Start the lesson** to ask on it."), None),
+                [chosen, model, text], [text, *view, handout], api_name=False, show_progress="hidden")
     # a person's new lesson or input empties every output of the old one: no intro above another lesson's question,
     # no export of the previous lesson, no choices that the new input's question would refuse
     chosen.input(lambda: ("", *cleared(), None), None, [text, *view, handout], api_name=False, show_progress="hidden")
@@ -93,9 +103,10 @@ def build() -> Permalink:
 
 
 def describe(title: str):
-    """The input's label and example and the intro of the chosen lesson."""
+    """The input's label and example, the intro of the chosen lesson, and its model choice where it has one."""
     lesson = LESSONS[_number(title) - 1]
-    return gr.update(label=lesson.input_label, placeholder=lesson.default), lesson.intro
+    return (gr.update(label=lesson.input_label, placeholder=lesson.default), lesson.intro,
+            gr.update(visible=bool(lesson.models)))
 
 
 def cleared(where: str = "") -> tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tabs.common import Error
 from tabs.lessons import attention, explanation, induction, mamba, masks, positions, sinks, translation, vision
-from tabs.lessons.engine import Lesson, Question, shuffled
+from tabs.lessons.engine import Lesson, Question, shuffled, split_model
 from viz.common import esc
 
 LESSONS = [attention.LESSON, masks.LESSON, positions.LESSON, induction.LESSON, sinks.LESSON, translation.LESSON,
@@ -68,7 +68,10 @@ def question(number, step, text: str = "") -> Question:
     if not 1 <= s <= len(lesson.steps):
         raise Error(f"Lesson {number} has {len(lesson.steps)} steps (1–{len(lesson.steps)}); got {s}.")
     inp = lesson.default if text is None or not str(text).strip() else str(text)[:2000]
+    name, rest = split_model(lesson, inp)
     try:
-        return shuffled(lesson.steps[s - 1](inp), int(number), s, inp)
+        if name is None:
+            return shuffled(lesson.steps[s - 1](inp), int(number), s, inp)
+        return shuffled(lesson.steps[s - 1](rest or lesson.default, name=name), int(number), s, inp)
     except ValueError as err:
         raise Error(f"This input does not work for the step: {err}") from None

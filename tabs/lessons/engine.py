@@ -37,7 +37,36 @@ class Lesson:
     intro: str
     input_label: str
     default: str
-    steps: tuple[Callable[[str], Question], ...]
+    steps: tuple[Callable[..., Question], ...]
+    # the models a lesson can run on, (key, the catalogue's name), the first the default; a step then takes
+    # ``name=`` and the input may start with "KEY:" (`split_model`), so a class, a link and the API carry the choice
+    models: tuple[tuple[str, str], ...] = ()
+
+
+def split_model(lesson: Lesson, inp: str) -> tuple[str | None, str]:
+    """(the catalogue name of the model the input asks for, the rest of the input) for a lesson with ``models``:
+    "smollm2: 3" -> (SmolLM2's name, "3"); no known "KEY:" prefix -> (the first model, the input as given). (None,
+    input) for a lesson without models."""
+    if not lesson.models:
+        return None, inp
+    key, sep, rest = (inp or "").partition(":")
+    known = dict(lesson.models)
+    if sep and key.strip().lower() in known:
+        return known[key.strip().lower()], rest.strip()
+    return lesson.models[0][1], (inp or "").strip()
+
+
+def with_model(lesson: Lesson, key: str, inp: str) -> str:
+    """The input with the model ``key`` written in front ("smollm2: 3"; the default model's key is left out)."""
+    _, rest = split_model(lesson, inp)
+    known = [k for k, _ in lesson.models]
+    return rest if key not in known or key == known[0] else f"{key}: {rest}"
+
+
+def model_key(lesson: Lesson, inp: str) -> str | None:
+    """The key of the model an input asks for (None for a lesson without models)."""
+    name, _ = split_model(lesson, inp)
+    return next((k for k, n in lesson.models if n == name), None)
 
 
 def offer(candidates: list[str], answer: str, k: int = 4) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from serving.catalogue import GPT_TINY, REAL_LM
 from tabs.common import get_model
 from tabs.lessons.engine import (
     Lesson,
@@ -15,7 +16,9 @@ from tabs.lessons.engine import (
 from viz import attention as va
 from viz.common import esc
 
-MODEL = "gpt-tiny"  # the lesson's model; every head the questions name comes from this model's own scores
+MODEL = GPT_TINY  # the lesson's default model; every head the questions name comes from the chosen model's own scores
+# gpt-tiny (trained here, 4 layers × 8 heads) or SmolLM2-135M-Instruct (real, 30 × 9, from its package's GGUF file)
+MODELS = (("gpt-tiny", GPT_TINY), ("smollm2", REAL_LM))
 MARGIN = 0.10  # a head offered beside the right one scores at least this much less: the reveal shows the gap
 SHOWN = 24  # tokens of each copy drawn in the heads' maps before predicting (the stripes read at a glance)
 
@@ -139,8 +142,8 @@ def l4_loss(inp: str, name: str = MODEL) -> Question:
     first, second = float(loss[:n].mean()), float(loss[n: 2 * n].mean())
     choices = ["on the first copy", "on the second copy", "about the same (within 0.1 nats)"]
     answer = choices[2] if abs(first - second) < 0.1 else choices[0] if first < second else choices[1]
-    return Question("**Where is gpt-tiny's loss (its surprise at each token) lower: on the first copy of the random "
-                    "tokens or on the second?**", choices, answer,
+    return Question(f"**Where is {esc(name)}'s loss (its surprise at each token) lower: on the first copy of the "
+                    "random tokens or on the second?**", choices, answer,
                     f"mean loss {first:.2f} nats on the first copy, {second:.2f} on the second",
                     "Random tokens cannot be predicted the first time. The second time, induction heads find the "
                     "earlier copy and predict each next token from it, so the loss drops.",
@@ -149,4 +152,4 @@ def l4_loss(inp: str, name: str = MODEL) -> Question:
 
 LESSON = Lesson(
     "4 · Previous-token and induction heads", "Two heads that together copy a sequence seen once.",
-           "seed (the random tokens)", "0", (l4_previous, l4_induction, l4_loss))
+           "seed (the random tokens)", "0", (l4_previous, l4_induction, l4_loss), models=MODELS)

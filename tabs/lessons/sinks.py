@@ -15,42 +15,44 @@ from tabs.lessons.engine import (
     offer,
     sentence,
 )
+from tabs.lessons.induction import MODELS
 from viz import attention as va
+from viz.common import esc
 
 
-def _sink_setup(inp: str):
-    net = get_model("gpt-tiny")
+def _sink_setup(inp: str, name: str):
+    net = get_model(name)
     ids, tokens = net.encode_prompt(sentence(inp, sentences.TRANSLATE[0]))
     ids, tokens = ids[: net.context_limit()], tokens[: net.context_limit()]
-    _, weights = lm_run("gpt-tiny", tuple(ids))
+    _, weights = lm_run(name, tuple(ids))
     share = weights[:, :, 1:, 0].mean(-1)  # (L, H): attention on the first token, queries after it
     layer, head = (int(v) for v in np.unravel_index(int(np.argmax(share)), share.shape))
     return net, ids, tokens, weights, share, layer, head
 
 
-def l5_target(inp: str) -> Question:
-    net, ids, tokens, weights, *_ = _sink_setup(inp)
+def l5_target(inp: str, name: str = MODELS[0][1]) -> Question:
+    net, ids, tokens, weights, *_ = _sink_setup(inp, name)
     last = weights[-1].mean(0)[-1]
     best = int(np.argmax(last))
     order = [label(tokens, j) for j in np.argsort(-last)]
     choices = offer([order[0], order[1], label(tokens, 0), label(tokens, len(tokens) - 2), order[-1]],
                      label(tokens, best))
-    return Question("gpt-tiny reads this sentence. **In its last layer (mean of the heads), which token does the last "
-                    "token attend to most?**", choices, label(tokens, best),
+    return Question(f"{esc(name)} reads this sentence. **In its last layer (mean of the heads), which token does the "
+                    "last token attend to most?**", choices, label(tokens, best),
                     f"{label(tokens, best)} gets {last[best]:.2f}; the first token gets {last[0]:.2f}",
                     "Softmax must spend a row's whole weight somewhere, and many heads spend what they do not need on "
                     "the first token, which every query can see. Such an *attention sink* (Xiao et al. 2023) can "
                     "outweigh every meaningful word.",
                     lambda p: mark(va.attention_heatmap(weights, tokens, tokens, layer=weights.shape[0] - 1,
-                                                         head="mean", kind="gpt-tiny"), p,
+                                                         head="mean", kind=esc(name)), p,
                                     p if p in choices else None, label(tokens, len(tokens) - 1)))
 
 
-def l5_renormalised(inp: str) -> Question:
+def l5_renormalised(inp: str, name: str = MODELS[0][1]) -> Question:
     from models.inspect.decompose import decompose_score
     from viz import why as vw
 
-    net, ids, tokens, weights, share, layer, head = _sink_setup(inp)
+    net, ids, tokens, weights, share, layer, head = _sink_setup(inp, name)
     q = len(ids) - 1
     row = weights[layer, head, q].astype(np.float64)
     rest = row.copy()
@@ -73,10 +75,10 @@ def l5_renormalised(inp: str) -> Question:
 SHIFT = 0.5  # nats: a change of the mean loss this large is far beyond what one head's sink moves (lesson 5·3)
 
 
-def l5_ablate(inp: str) -> Question:
+def l5_ablate(inp: str, name: str = MODELS[0][1]) -> Question:
     from models.inspect.patching import sink_ablation
 
-    net, ids, tokens, weights, share, layer, head = _sink_setup(inp)
+    net, ids, tokens, weights, share, layer, head = _sink_setup(inp, name)
     r = sink_ablation(net, ids, layer, head, everywhere=True)
     alone = sink_ablation(net, ids, layer, head)
     change = r.loss_after - r.loss_before
@@ -84,8 +86,8 @@ def l5_ablate(inp: str) -> Question:
                f"falls by more than {SHIFT} nats"]
     answer = choices[0] if change > SHIFT else choices[2] if change < -SHIFT else choices[1]
     return Question("Now forbid **every head of every layer** its first token *inside* the forward pass, so that each "
-                    "later layer sees the change. **What happens to gpt-tiny's mean next-token loss on this "
-                    "sentence?**", choices, answer,
+                    f"later layer sees the change. **What happens to {esc(name)}'s mean next-token loss on "
+                    "this sentence?**", choices, answer,
                     f"mean loss {r.loss_before:.3f} → {r.loss_after:.3f} nats ({change:+.3f}); layer {layer} head "
                     f"{head} alone: {alone.loss_after - alone.loss_before:+.3f}",
                     "The heads had come to rely on the sink: forbidden it, each spreads the weight it parked there "
@@ -98,4 +100,4 @@ def l5_ablate(inp: str) -> Question:
 
 LESSON = Lesson(
     "5 · Attention sinks", "Why so much attention lands on the first token, and whether it matters.",
-           "sentence", sentences.TRANSLATE[0], (l5_target, l5_renormalised, l5_ablate))
+           "sentence", sentences.TRANSLATE[0], (l5_target, l5_renormalised, l5_ablate), models=MODELS)
