@@ -41,6 +41,8 @@ against Gradio's own upload of the same file (the floor), the first Vision class
 classified) and the 6000×6000 JPEG's
 classify on a fresh page. `--against DIR` runs the same against another checkout (say the commit before a change)
 in the same run: the two arms take turns (ABBA), each figure reported per arm with the ratio after/before.
+Without `--browser`, `--against DIR` does the same for the API actions: both apps served at once, each action called
+by the two in turns (ABBA rounds, one request at a time), `<action>_p50_s` per arm and `<action>_ratio` after/before.
 `--idle LOAD` first waits (up to 5 min) for the 1-minute load average to fall to LOAD, and every turn waits again.
 
 Run: `python bench/latency.py [--checkpoints DIR] [--repeats 20] [--actions translate,classify]`, or
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--browser", action="store_true",
                         help="the browser run instead: text and figure times in headless Chromium (bench/_browser.py)")
     parser.add_argument("--against", type=Path, default=None,
-                        help="--browser: also time this other checkout of the app (the 'before' arm), in turns")
+                        help="also time this other checkout of the app (the 'before' arm), in turns")
     parser.add_argument("--fresh", type=int, default=None,
                         help="--browser: fresh-server samples per arm (default: --repeats; 0 skips them)")
     parser.add_argument("--think", type=float, default=15.0,
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return long_context(args)
     if args.families:
         return families(args)
+    if args.against:
+        return api_against(args)
     actions, missing = available(select_actions(args.actions), args.checkpoints)
 
     report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
@@ -153,6 +157,51 @@ def main(argv: list[str] | None = None) -> int:
     report["targets_s"] = TARGETS_S
     report["meets_targets"] = {k: (report[k] < v if report.get(k) is not None else None)
                                for k, v in TARGETS_S.items() if k in report}
+    print(json.dumps(report))
+    return 1 if errors else 0
+
+
+def api_against(args: argparse.Namespace) -> int:
+    """The API actions on this checkout ("after") and on ``args.against`` ("before"), both served at once and called
+    in turns: ABBA rounds, one request at a time, so that the machine's load falls on both arms alike."""
+    actions, missing = available(select_actions(args.actions), args.checkpoints)
+    arms = {"after": ROOT, "before": args.against.resolve()}
+    report: dict[str, Any] = {"machine": machine_info(), "repeats": args.repeats, "warmup": args.warmup,
+                              "arms": {k: str(v) for k, v in arms.items()}, "left_out_missing_checkpoint": missing}
+    times: dict[str, dict[str, list[float]]] = {arm: {a.name: [] for a in actions} for arm in arms}
+    errors: dict[str, str] = {}
+    with AppServer(args.checkpoints, root=arms["after"]) as after, AppServer(args.checkpoints,
+                                                                            root=arms["before"]) as before:
+        servers = {"after": after, "before": before}
+        report["ready_s"] = {arm: rounded(s.ready_s, 3) for arm, s in servers.items()}
+        clients = {arm: client_for(s.url, timeout=args.timeout) for arm, s in servers.items()}
+        try:
+            for arm in arms:  # warm-ups: each model loaded, the first figures made
+                for action in actions:
+                    for _ in range(args.warmup):
+                        call(clients[arm], action, timeout=args.timeout)
+            for r in range(args.repeats):
+                for arm in (("after", "before") if r % 2 == 0 else ("before", "after")):
+                    for action in actions:
+                        t0 = time.perf_counter()
+                        try:
+                            call(clients[arm], action, timeout=args.timeout)
+                        except Exception as err:  # reported; the others still run
+                            errors[f"{arm}:{action.name}"] = f"{type(err).__name__}: {err}"[:300]
+                            continue
+                        times[arm][action.name].append(time.perf_counter() - t0)
+        finally:
+            for client in clients.values():
+                client.close()
+    for action in actions:
+        p50 = {arm: percentile(times[arm][action.name], 50) for arm in arms}
+        report[f"{action.name}_p50_s"] = {arm: rounded(v) for arm, v in p50.items()}
+        report[f"{action.name}_p95_s"] = {arm: rounded(percentile(times[arm][action.name], 95)) for arm in arms}
+        if p50["after"] and p50["before"]:
+            report[f"{action.name}_ratio"] = round(p50["after"] / p50["before"], 3)
+        print(f"{action.name:30s} after {_fmt(p50['after'])}  before {_fmt(p50['before'])}  "
+              f"ratio {report.get(f'{action.name}_ratio')}", file=sys.stderr)
+    report["errors"] = errors
     print(json.dumps(report))
     return 1 if errors else 0
 
