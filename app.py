@@ -20,9 +20,10 @@ import gradio as gr
 from models import limits
 from serving.catalogue import configure
 from tabs import classify, generate, lessons, permalink, playground, positional, sections, swin, translate, vision
+from tabs import heads as head_atlas
 
 TITLE = "Attention Atlas"
-TABS = [translate, classify, generate, vision, swin, positional, playground, lessons]  # in the order they appear
+TABS = [translate, classify, generate, vision, swin, positional, playground, head_atlas, lessons]  # in order shown
 CSS = """
 .intro {font-size: 1.02rem; line-height: 1.5;}
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}

@@ -90,7 +90,7 @@ def corpus_for(name: str, corpus_text: str | None, kind: str | None = None) -> A
     from models.inspect.atlas import builtin_corpus, user_corpus
 
     kind = kind or corpus_kind(name) or "text"
-    if corpus_text and corpus_text.strip():
+    if corpus_text is not None:
         if kind == "images":
             raise AtlasRefused("Image models are scored on the shipped images; a corpus of your own is text.")
         try:

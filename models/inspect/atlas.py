@@ -34,6 +34,7 @@ MAX_TOKENS = 64  # tokens of one sentence a text model reads (the rest is cut: t
 REPEAT_N, REPEAT_SEEDS = 50, 10  # repeated random tokens: BOS + n + the same n, this many seeds (induction)
 SPLIT_SAMPLE = 12  # sentences whose every query's strongest cell is split into content and position
 TOP_K = 3
+REPEATED = "(repeated random tokens, seed 0)"  # the example a decoder's induction and duplicate-token scores come from
 
 # name -> (label, what it measures, unit)
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -386,7 +387,8 @@ def _writes(model: Any, mean_heads: Any, k: int = 5) -> list[list[list[str]]] | 
 
 def _position_share(model: Any, sample: list[list[int]], acc: hm.HeadAccumulator) -> list[str]:
     """The share of position in each head's strongest score (``METRICS["position_share"]``), from the score split
-    (models/inspect/decompose.py) on a few sentences; a family without a walk is left out with a note."""
+    (models/inspect/decompose.py) on a few sentences; a family without a walk is left out with a note. RoPE models
+    need only the whole stream (q and k with and without the rotation), so the parts are not kept for them."""
     import torch
 
     from models.inspect.decompose import _walk
@@ -396,13 +398,13 @@ def _position_share(model: Any, sample: list[list[int]], acc: hm.HeadAccumulator
         return ["no position share: this family has no score split"]
     try:
         with torch.no_grad():
+            rope = plan(model, sample[0][:2]).layers[0][0].angles is not None
             for ids in sample:
                 if len(ids) < 2:
                     continue
                 t = len(ids)
-                values = []
-                for _, attn, inp, _, weights in _walk(plan(model, ids), list(range(t))):
-                    values.append(_layer_position_share(attn, inp, weights, t))
+                values = [_layer_position_share(attn, inp, weights, t)
+                          for _, attn, inp, _, weights in _walk(plan(model, ids), [] if rope else list(range(t)))]
                 acc.add("position_share", np.stack(values))
     except (ValueError, NotImplementedError, KeyError) as err:
         return [f"no position share: {err}"]
@@ -410,42 +412,41 @@ def _position_share(model: Any, sample: list[list[int]], acc: hm.HeadAccumulator
 
 
 def _layer_position_share(attn: Any, inp: Any, weights: Any, t: int) -> np.ndarray:
-    """(H, T) per query of one layer: the position share of the score to its strongest key."""
+    """(H, T) per query of one layer: the position share of the score to its strongest key. RoPE: |s − c| / (|s − c|
+    + |c|), s the score and c the same q and k unrotated (``decompose`` ``content``); learned or sinusoidal
+    positions: the |terms| of the (part × part) table that involve the ``position`` part over all |terms|."""
     import torch
 
-    parts = inp.parts  # (C, T, D), parts at every position, ``bias`` first
     pos = list(range(t))
     rq = attn.head_rms(inp.total, "q")
     rk = attn.head_rms(inp.total, "k")
-
-    def project(fn, rotate: bool, rms) -> Any:
-        plain = fn(parts, pos, bias=False, rotate=rotate, rms=rms)
-        return torch.cat([fn(parts[:1], pos, bias=True, rotate=rotate, rms=rms), plain[1:]])  # (C, n, T, d)
-
     best = weights.argmax(-1)  # (H, T): each query's strongest key
-    group = attn.group()
-    kv = torch.arange(attn.n_heads, device=best.device) // group
+    kv = torch.arange(attn.n_heads, device=best.device) // attn.group()
     out = np.full((attn.n_heads, t), np.nan, np.float32)
-    if attn.angles is not None:  # RoPE: how much the rotation changes the score of the strongest cell
-        q, k = project(attn.queries, True, rq).sum(0), project(attn.keys, True, rk).sum(0)  # (H, T, d), (Hkv, T, d)
-        q0, k0 = project(attn.queries, False, rq).sum(0), project(attn.keys, False, rk).sum(0)
-        kb = k[kv[:, None], best]  # (H, T, d)
-        k0b = k0[kv[:, None], best]
-        score = (q * kb).sum(-1)
-        content = (q0 * k0b).sum(-1)
+    if attn.angles is not None:  # q and k are linear in the parts, so their sums are the whole stream's
+        q, k = attn.queries(inp.total, pos, bias=True, rms=rq), attn.keys(inp.total, pos, bias=True, rms=rk)
+        q0 = attn.queries(inp.total, pos, bias=True, rotate=False, rms=rq)
+        k0 = attn.keys(inp.total, pos, bias=True, rotate=False, rms=rk)
+        score = (q * k[kv[:, None], best]).sum(-1)  # (H, T)
+        content = (q0 * k0[kv[:, None], best]).sum(-1)
         rot = (score - content).abs()
-        out[:] = (rot / (rot + content.abs()).clamp_min(1e-30)).cpu().numpy()
+        out[:] = (rot / (rot + content.abs()).clamp_min(1e-30)).detach().cpu().numpy()
         return out
     names = list(inp.names)
     if "position" not in names:
         return out
+    parts = inp.parts  # (C, T, D), parts at every position, ``bias`` first
+
+    def project(fn, rms) -> Any:
+        plain = fn(parts, pos, bias=False, rms=rms)
+        return torch.cat([fn(parts[:1], pos, bias=True, rms=rms), plain[1:]])  # (C, n, T, d)
+
     p = names.index("position")
-    q, k = project(attn.queries, True, rq), project(attn.keys, True, rk)  # (C, H, T, d), (C, Hkv, T, d)
-    kb = k[:, kv[:, None], best]  # (C, H, T, d)
-    table = torch.einsum("ahtd,bhtd->htab", q, kb).abs()  # (H, T, C, C)
+    q, k = project(attn.queries, rq), project(attn.keys, rk)  # (C, H, T, d), (C, Hkv, T, d)
+    table = torch.einsum("ahtd,bhtd->htab", q, k[:, kv[:, None], best]).abs()  # (H, T, C, C)
     total = table.sum((-1, -2)).clamp_min(1e-30)
     position = table[..., p, :].sum(-1) + table[..., :, p].sum(-1) - table[..., p, p]
-    out[:] = (position / total).cpu().numpy()
+    out[:] = (position / total).detach().cpu().numpy()
     return out
 
 
@@ -614,7 +615,10 @@ def example_map(model: Any, item: str, layer: int) -> ExampleMap:
         return ExampleMap(np.asarray(amap.weights[layer], np.float32), list(amap.queries), list(amap.keys),
                           "Cross-attention")
     if family in ("gpt", "mamba"):
-        ids = model.encode_prompt(item)[0][: min(MAX_TOKENS, model.context_limit())]
+        if item == REPEATED:  # the induction test sequence the atlas scored first (seed 0)
+            ids = model.repeated_tokens(min(REPEAT_N, (model.context_limit() - 1) // 2), 0)
+        else:
+            ids = model.encode_prompt(item)[0][: min(MAX_TOKENS, model.context_limit())]
         w = model.implicit_attention(ids) if family == "mamba" else model.token_losses(ids)[1]
         _check_layer(layer, w.shape[0])
         tokens = [model.piece(i) for i in ids]
