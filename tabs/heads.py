@@ -28,6 +28,7 @@ chosen metric; the finder ranks every head by it; a head's card shows its number
 and its mean pattern by offset. Scores are cached, so a model's second visit is instant. Try gpt-tiny's
 *previous token* (layer 2) and *induction* (layer 3) heads, or vit-fashion's *mean attention distance* by layer."""
 TOP_RANKED = 20
+MAX_INDEX = 127  # the card's layer and head sliders before a grid sets them (the API checks values against them)
 
 
 def metric_choices(names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -52,8 +53,9 @@ def build() -> Permalink:
     layers_plot = gr.Plot(label="the metric by layer")
     gr.Markdown("### Head card")
     with gr.Row():
-        layer = gr.Slider(0, 1, value=0, step=1, label="layer")
-        head = gr.Slider(0, 1, value=0, step=1, label="head")
+        # wide until a grid is drawn (it then narrows them to the model's): the API's card takes any model's head
+        layer = gr.Slider(0, MAX_INDEX, value=0, step=1, label="layer")
+        head = gr.Slider(0, MAX_INDEX, value=0, step=1, label="head")
         example = gr.Radio(["1", "2", "3"], value="1", label="example (the head's best inputs for the metric)")
     card = gr.Markdown(elem_id="heads-card")
     with gr.Row():

@@ -32,7 +32,9 @@ MAX_LINE_CHARS = 500
 MAX_CORPUS_BYTES = 256 * 1024
 MAX_TOKENS = 64  # tokens of one sentence a text model reads (the rest is cut: the atlas is about short sentences)
 REPEAT_N, REPEAT_SEEDS = 50, 10  # repeated random tokens: BOS + n + the same n, this many seeds (induction)
-SPLIT_SAMPLE = 12  # sentences whose every query's strongest cell is split into content and position
+SPLIT_SAMPLE = 12  # sentences whose every query's strongest cell is split into content and position, at most ...
+SPLIT_BUDGET = 3e9  # ... while parameters × tokens stay within this (the split walks the model in float64: a 135 M
+# decoder gets one or two sentences, gpt-tiny all twelve)
 TOP_K = 3
 REPEATED = "(repeated random tokens, seed 0)"  # the example a decoder's induction and duplicate-token scores come from
 
@@ -328,7 +330,7 @@ def _decoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atla
             n = max(len(seqs[r]) for r in rows)
             # right padding: a causal row i reads keys ≤ i only, so the padding after a sentence changes nothing
             x = torch.tensor([seqs[r] + [seqs[r][-1]] * (n - len(seqs[r])) for r in rows], device=device)
-            out = model(x, need_weights=True, edit=Intervention(record=True))
+            out = model(x, need_weights=True, edit=Intervention(record=True), last_only=True)  # logits unused
             att = torch.stack([a.float() for a in out.attention], 1).cpu().numpy()  # (B, L, H, T, T)
             real = torch.tensor([[t < len(seqs[r]) for t in range(n)] for r in rows], device=device)
             heads = torch.stack([h.double() for h in out.heads], 1)  # (B, L, H, T, d)
@@ -344,7 +346,7 @@ def _decoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atla
         # repeated random tokens: induction, duplicate token (analysis.head_roles), in one batch
         n = min(REPEAT_N, (model.context_limit() - 1) // 2)
         reps = [model.repeated_tokens(n, seed) for seed in range(REPEAT_SEEDS)]
-        out = model(torch.tensor(reps, device=device), need_weights=True)
+        out = model(torch.tensor(reps, device=device), need_weights=True, last_only=True)
         att = torch.stack([a.float() for a in out.attention], 1).cpu().numpy()
         for s in range(len(reps)):
             roles = head_roles(att[s], n)
@@ -353,7 +355,7 @@ def _decoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atla
     progress(0.85, "repeated tokens done; splitting scores")
     notes = [f"{len(seqs)} sentences ({n_tokens} tokens, at most {limit} each); induction and duplicate token on "
              f"{REPEAT_SEEDS} sequences of BOS + {n} random tokens twice"]
-    notes += _position_share(model, [seqs[i] for i in range(min(SPLIT_SAMPLE, len(seqs)))], acc)
+    notes += _position_share(model, _split_sample(model, seqs), acc)
     top = _writes(model, writes / max(n_tokens, 1)) if writes is not None else None
     progress(1.0, "done")
     return _finish(acc, corpus, list(corpus.items), writes=top, notes=notes)
@@ -385,6 +387,18 @@ def _writes(model: Any, mean_heads: Any, k: int = 5) -> list[list[list[str]]] | 
     return result
 
 
+def _split_sample(model: Any, seqs: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The first sentences (at most SPLIT_SAMPLE, at least one) whose tokens × parameters fit SPLIT_BUDGET."""
+    params = sum(p.numel() for p in model.parameters())
+    out, tokens = [], 0
+    for ids in seqs[:SPLIT_SAMPLE]:
+        tokens += len(ids)
+        if out and tokens * params > SPLIT_BUDGET:
+            break
+        out.append(list(ids))
+    return out
+
+
 def _position_share(model: Any, sample: list[list[int]], acc: hm.HeadAccumulator) -> list[str]:
     """The share of position in each head's strongest score (``METRICS["position_share"]``), from the score split
     (models/inspect/decompose.py) on a few sentences; a family without a walk is left out with a note. RoPE models
@@ -408,7 +422,8 @@ def _position_share(model: Any, sample: list[list[int]], acc: hm.HeadAccumulator
                 acc.add("position_share", np.stack(values))
     except (ValueError, NotImplementedError, KeyError) as err:
         return [f"no position share: {err}"]
-    return [f"position share on {len(sample)} sentences (every query's strongest key)"]
+    return [f"position share on {len(sample)} sentence{'s' if len(sample) != 1 else ''} "
+            f"({sum(len(x) for x in sample)} tokens; every query's strongest key)"]
 
 
 def _layer_position_share(attn: Any, inp: Any, weights: Any, t: int) -> np.ndarray:
@@ -424,9 +439,11 @@ def _layer_position_share(attn: Any, inp: Any, weights: Any, t: int) -> np.ndarr
     kv = torch.arange(attn.n_heads, device=best.device) // attn.group()
     out = np.full((attn.n_heads, t), np.nan, np.float32)
     if attn.angles is not None:  # q and k are linear in the parts, so their sums are the whole stream's
+        from models.inspect.walk import _rotate
+
         q, k = attn.queries(inp.total, pos, bias=True, rms=rq), attn.keys(inp.total, pos, bias=True, rms=rk)
-        q0 = attn.queries(inp.total, pos, bias=True, rotate=False, rms=rq)
-        k0 = attn.keys(inp.total, pos, bias=True, rotate=False, rms=rk)
+        back = -attn.angles[:t]  # the rotation undone (RoPE is orthogonal): the unrotated q and k, no projection
+        q0, k0 = _rotate(q, back, attn.layout), _rotate(k, back, attn.layout)
         score = (q * k[kv[:, None], best]).sum(-1)  # (H, T)
         content = (q0 * k0[kv[:, None], best]).sum(-1)
         rot = (score - content).abs()
@@ -492,7 +509,7 @@ def _encoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atla
             sample.append(encode_input(model.tokenizer, text, model.config.max_len, type(model).__name__)[0])
         except ValueError:
             continue
-    notes += _position_share(model, sample, acc)
+    notes += _position_share(model, _split_sample(model, sample), acc)
     return _finish(acc, corpus, items, notes=notes)
 
 
