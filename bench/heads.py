@@ -13,7 +13,8 @@ configuration would (``catalogue.configure``).
 Per metric the best head is printed to stderr; the last stdout line is one JSON object: ``model``, ``layers``,
 ``heads``, ``metrics`` (name -> L × H nested list, null where a head has no value), ``seconds`` (the whole call:
 loading the model when not cached, and the atlas), ``compute_seconds`` (the atlas itself, when computed),
-``cached``, ``best`` (name -> [layer, head, value]) and ``notes``.
+``cpu_seconds`` (the process's CPU time over all threads in that call: the wall time depends on what else the
+machine runs), ``cached``, ``best`` (name -> [layer, head, value]) and ``notes``.
 """
 
 from __future__ import annotations
@@ -88,18 +89,19 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError) as err:
             print(f"cannot read the corpus {args.corpus}: {type(err).__name__}", file=sys.stderr)
             return 2
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         atlas, cached = serving_heads.atlas(name, text)
     except ServingError as err:
         print(str(err), file=sys.stderr)
         return 2
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     from models.inspect.heads import rank_heads
 
     report = atlas.summary()
     report["seconds"] = round(seconds, 3)
     report["compute_seconds"] = None if cached else round(atlas.seconds, 3)
+    report["cpu_seconds"] = round(cpu, 3)  # every thread's CPU time: on a shared machine, beside the wall time
     report["cached"] = cached
     report["best"] = {}
     for metric, grid in atlas.metrics.items():
