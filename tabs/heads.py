@@ -145,12 +145,15 @@ def heads_grid(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any
     """Score every head of ``model`` over the built-in corpus (or an uploaded text file): the grid of ``metric``,
     the heads ranked by it, the metric by layer, a notice, and the controls the result sets."""
     atlas, cached = _atlas(model, corpus, progress)
-    metric = _metric(atlas, metric)
+    asked, metric = metric, _metric(atlas, metric)
     notes = "; ".join(atlas.notes)
     how = "from the cache" if cached else f"computed in {atlas.seconds:.1f} s"
     text = f"**{atlas.model}** ({atlas.family}): {atlas.layers} layers × {atlas.heads} heads over {atlas.corpus}, " \
-           f"{how}. {notes}."
-    return (*_figures(atlas, metric), text, gr.update(choices=metric_choices(list(atlas.metrics)), value=metric),
+           f"{how}. {notes}. Its metrics: {', '.join(_label(k)[0] for k in atlas.metrics)}."
+    if asked != metric:
+        text += f" It has no {_label(asked)[0]}, so {_label(metric)[0]} is shown."
+    # the choices stay every metric's (a later call may name another model's); the value says what is drawn
+    return (*_figures(atlas, metric), text, gr.update(value=metric),
             gr.update(maximum=max(atlas.layers - 1, 1), interactive=atlas.layers > 1),
             gr.update(maximum=max(atlas.heads - 1, 1), interactive=atlas.heads > 1),
             {"layers": atlas.layers, "heads": atlas.heads, "model": atlas.model})
