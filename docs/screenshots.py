@@ -112,7 +112,7 @@ def heads_shots(page, panel, tab, shot) -> None:
     page.get_by_role("option", name="induction", exact=True).click()
     page.wait_for_timeout(2000)
     for label, value in (("layer", 3), ("head", 0)):
-        box = panel().get_by_label(label, exact=True)
+        box = panel().get_by_label(f"number input for {label}", exact=True)
         box.fill(str(value))
         box.press("Enter")
         page.wait_for_timeout(1500)

@@ -33,10 +33,12 @@ def test_heads_tab_grid_metric_card_and_compare(page) -> None:
     panel.get_by_label("metric").click()
     page.get_by_role("option", name="induction", exact=True).click()
     wait_for_change(page, before)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e._fullLayout && "
+                           "(e._fullLayout.title.text || '').startsWith('Induction per head'))", timeout=60_000)
     assert any(t.startswith("Induction per head") for t in titles(page)), titles(page)
     card = page.locator("#heads-card")
-    expect(card).to_contain_text("| **induction** |", timeout=60_000)
-    head = panel.get_by_label("head", exact=True)
+    expect(card.locator("strong").filter(has_text="induction").first).to_be_visible(timeout=60_000)
+    head = panel.get_by_label("number input for head", exact=True)
     head.fill("3")
     head.press("Enter")
     expect(card).to_contain_text("layer 0 · head 3", timeout=60_000)
@@ -53,10 +55,10 @@ def test_heads_permalink_opens_the_head(page, app_url: str) -> None:
     page.goto(url, wait_until="domcontentloaded")
     card = page.locator("#heads-card")
     expect(card).to_contain_text("sst2 · layer 1 · head 2", timeout=120_000)
-    expect(card).to_contain_text("| **to [CLS] / first** |")
+    expect(card.locator("strong").filter(has_text="to [CLS] / first").first).to_be_visible()
     assert "model=sst2" in page.url and "layer=1" in page.url and "head=2" in page.url
     # a head the model does not have falls back with a notice naming the key
     page.goto(app_url + "?" + urlencode({"tab": "heads", "model": "sst2", "layer": 1, "head": 9}),
               wait_until="domcontentloaded")
-    expect(page.locator(".notice").first).to_contain_text("`head`", timeout=120_000)
+    expect(page.locator(".notice").first).to_contain_text("head is not allowed here", timeout=120_000)
     assert page.js_errors == []
