@@ -123,11 +123,11 @@ def heads_shots(page, panel, tab, shot) -> None:
     panel().get_by_label("model", exact=True).click()
     page.get_by_role("option", name="vit-fashion", exact=True).click()
     panel().get_by_label("metric").click()
-    page.get_by_role("option", name="mean attention distance", exact=True).click()
+    page.get_by_role("option", name="mean attention distance in pixels", exact=True).click()
     panel().get_by_role("button", name="Score every head").click()
     panel().get_by_text("vit-fashion (vit)").wait_for(timeout=300_000)
     page.wait_for_timeout(3000)
-    shot("heads-vit-distance", 1250)
+    shot("heads-vit-distance", 1450, y=_top(page, panel().get_by_role("button", name="Score every head")) - 10)
 
 
 def deberta_shot(page, panel, tab, shot) -> None:

@@ -57,10 +57,10 @@ def build() -> Permalink:
         layer = gr.Slider(0, MAX_INDEX, value=0, step=1, label="layer")
         head = gr.Slider(0, MAX_INDEX, value=0, step=1, label="head")
         example = gr.Radio(["1", "2", "3"], value="1", label="example (the head's best inputs for the metric)")
-    card = gr.Markdown(elem_id="heads-card")
     with gr.Row():
-        example_plot = gr.Plot(label="the example, this head", elem_id="heads-example")
+        card = gr.Markdown(elem_id="heads-card")
         offsets = gr.Plot(label="mean attention by offset")
+    example_plot = gr.Plot(label="the example, this head", elem_id="heads-example")
     gr.Markdown("### Compare two models")
     with gr.Row():
         other = gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]), label="other model")
@@ -220,7 +220,7 @@ def head_card(model: str = DEFAULT_MODEL, metric: str = "previous", layer: int =
     if atlas.offsets is not None and atlas.offsets.shape[:2] == grid.shape:
         offsets = vh.offset_profile(atlas.offsets[layer, head], causal=atlas.family in ("gpt", "mamba"),
                                     title=f"Mean attention by offset · layer {layer} · head {head}")
-    return "\n".join(rows), fit(figure), offsets
+    return "\n".join(rows), figure, offsets
 
 
 def heads_compare(model: str = DEFAULT_MODEL, other: str = "sst2", metric: str = "previous"):

@@ -64,7 +64,8 @@ def head_ranking(rows: Sequence[tuple[int, int, float]], label: str, unit: str =
                    hovertemplate="%{y}: %{x:.3f} " + unit + "<extra></extra>"))
     base_layout(fig, title or f"Heads ranked by {label}", height=int(np.clip(22 * len(rows) + 160, 260, 700)))
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(title=dict(text=f"{label} ({unit})"), rangemode="tozero")
+    top_value = max((v for _, _, v in rows), default=1.0)
+    fig.update_xaxes(title=dict(text=f"{label} ({unit})"), range=[0, max(top_value, 1e-6) * 1.18])  # room for labels
     return fig.build()
 
 

@@ -59,8 +59,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "coverage": ("source coverage", "share of source tokens receiving at least half a target token's attention",
                  "share"),
     "cls": ("[CLS] share", "weight from the patches on the class token", "share"),
-    "pixel_distance": ("mean attention distance", "attention-weighted distance between patch centres (ViT fig. 7)",
-                       "pixels"),
+    "pixel_distance": ("mean attention distance in pixels",
+                       "attention-weighted distance between patch centres (ViT fig. 7)", "pixels"),
 }
 
 
