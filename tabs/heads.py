@@ -82,8 +82,7 @@ def build() -> Permalink:
         control.change(head_card, card_in, card_out, api_name=False, show_progress="hidden",
                        trigger_mode="always_last")
     gr.Button("Draw the head card", size="sm").click(head_card, card_in, card_out, api_name="head_card")
-    finder = gr.Dataframe(headers=["rank", "layer", "head", "value"], visible=False)
-    gr.Button("Rank", visible=False).click(head_finder, [model, metric, corpus], [finder], api_name="head_finder")
+    gr.api(head_finder, api_name="head_finder")  # the ranking as data (the page draws it as the finder's bars)
     compare.click(heads_compare, [model, other, metric], [compare_plot, compare_note], api_name="heads_compare")
     return Permalink({"model": model, "metric": metric}, steps, after={"layer": layer, "head": head},
                      state=state, limits=_limits)
@@ -165,13 +164,18 @@ def redraw(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = N
     return _figures(atlas, _metric(atlas, metric))
 
 
-def head_finder(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None) -> list[list]:
-    """Every head of ``model`` ranked by ``metric``, best first: rows of (rank, layer, head, value)."""
-    atlas, _ = _atlas(model, corpus)
+def head_finder(model: str = DEFAULT_MODEL, metric: str = "previous", corpus_text: str | None = None) -> dict:
+    """Every head of ``model`` ranked by ``metric`` over the built-in corpus (or ``corpus_text``, one sentence a
+    line), best first: ``{"model", "metric", "unit", "heads": [[layer, head, value], ...]}``."""
+    try:
+        atlas, _ = atlas_store.atlas(model, corpus_text)
+    except ServingError as err:
+        raise Error(str(err)) from None
     if metric not in atlas.metrics:
         raise Error(f"{atlas.model} has no metric {str(metric)[:40]!r}; it has {', '.join(atlas.metrics)}.")
-    return [[i + 1, layer, head, round(value, 5)] for i, (layer, head, value) in
-            enumerate(rank_heads(atlas.metrics[metric])) if np.isfinite(value)]
+    ranked = [[layer, head, round(value, 5)] for layer, head, value in rank_heads(atlas.metrics[metric])
+              if np.isfinite(value)]
+    return {"model": atlas.model, "metric": metric, "unit": _label(metric)[1], "heads": ranked}
 
 
 def head_card(model: str = DEFAULT_MODEL, metric: str = "previous", layer: int = 0, head: int = 0,

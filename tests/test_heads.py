@@ -170,6 +170,7 @@ def test_decoder_atlas_equals_the_plain_path_sentence_by_sentence(tiny) -> None:
         acc.add("previous", hm.previous_token(w), k)
         acc.add("entropy", hm.entropy(w, skip_first=True), k)
         acc.add("sink", hm.to_keys(w, [0], skip_first=True), k)
+        acc.add("duplicate_text", hm.duplicate_token(w, model.encode_prompt(text)[0]), k)
     for name, ref in acc.result().items():
         np.testing.assert_allclose(atlas.metrics[name], ref, atol=2e-5, err_msg=name)
     np.testing.assert_array_equal(atlas.top["previous"], acc.top_index["previous"])
@@ -218,10 +219,13 @@ def test_position_share_agrees_with_the_score_split(tiny, name: str) -> None:
 
 
 EXPECTED = {
-    "gpt-tiny": {"previous", "induction", "duplicate", "sink", "entropy", "distance", "position_share"},
-    "mamba-tiny": {"previous", "induction", "duplicate", "sink", "entropy", "distance"},
-    "sst2": {"first", "last", "punctuation", "next", "previous", "entropy", "distance", "position_share"},
-    "minilm-sst2": {"first", "last", "punctuation", "next", "previous", "entropy", "distance", "position_share"},
+    "gpt-tiny": {"previous", "induction", "duplicate", "duplicate_text", "sink", "entropy", "distance",
+                 "position_share"},
+    "mamba-tiny": {"previous", "induction", "duplicate", "duplicate_text", "sink", "entropy", "distance"},
+    "sst2": {"first", "last", "punctuation", "next", "previous", "entropy", "distance", "duplicate_text",
+             "position_share"},
+    "minilm-sst2": {"first", "last", "punctuation", "next", "previous", "entropy", "distance", "duplicate_text",
+                    "position_share"},
     "translator-en-de": {"diagonality", "coverage", "entropy", "previous", "next", "last", "punctuation"},
     "vit-fashion": {"pixel_distance", "cls", "entropy"},
     "swin-fashion": {"pixel_distance", "entropy"},

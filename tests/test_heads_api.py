@@ -28,11 +28,11 @@ def test_heads_grid_finder_and_card(client) -> None:
     assert layer["maximum"] == 1 and head["maximum"] == 3  # the card's sliders narrowed to the model
     bars = _figure_data(ranked)[0]
     np.testing.assert_allclose(np.sort(np.asarray(bars["x"], float))[::-1], np.asarray(bars["x"], float))
-    rows = client.predict("gpt-tiny", "previous", None, api_name="/head_finder")
-    data = rows["data"] if isinstance(rows, dict) else rows
-    values = [float(r[3]) for r in data]
-    assert len(data) == 8 and values == sorted(values, reverse=True)
-    best_layer, best_head = int(data[0][1]), int(data[0][2])
+    found = client.predict("gpt-tiny", "previous", api_name="/head_finder")
+    data = found["heads"]
+    values = [float(r[2]) for r in data]
+    assert found["model"] == "gpt-tiny" and len(data) == 8 and values == sorted(values, reverse=True)
+    best_layer, best_head = int(data[0][0]), int(data[0][1])
     assert z[best_layer, best_head] == pytest.approx(values[0], abs=1e-4)  # the grid and the finder agree
     card, example, offsets = client.predict("gpt-tiny", "previous", best_layer, best_head, "1", None,
                                             api_name="/head_card")
@@ -94,5 +94,9 @@ def test_own_corpus_and_refusals(client, tmp_path: Path) -> None:
         client.predict("no-such-model", "previous", None, api_name="/heads")
     with pytest.raises(Exception, match="is not in the list of choices"):  # and the metric
         client.predict("gpt-tiny", "no-such-metric", None, api_name="/heads")
+    with pytest.raises(Exception, match="has no metric 'cls'"):
+        client.predict("gpt-tiny", "cls", api_name="/head_finder")
+    found = client.predict("gpt-tiny", "previous", "one line\nand another", api_name="/head_finder")
+    assert len(found["heads"]) == 8
     with pytest.raises(Exception, match="greater than maximum value 3|outside 0 … 3"):
         client.predict("gpt-tiny", "previous", 0, 9, "1", None, api_name="/head_card")

@@ -26,7 +26,7 @@ from models.inspect.analysis import head_roles, patch_distances
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = ROOT / "examples" / "corpus"
-FORMAT = 1  # bumped when a metric's definition changes: older cached atlases are then computed again
+FORMAT = 2  # bumped when a metric's definition changes: older cached atlases are then computed again
 MAX_LINES = 2000  # a user's corpus: lines read (the rest is refused in words)
 MAX_LINE_CHARS = 500
 MAX_CORPUS_BYTES = 256 * 1024
@@ -44,6 +44,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "induction": ("induction", "on repeated random tokens, weight on the token after the earlier copy", "share"),
     "duplicate": ("duplicate token", "on repeated random tokens, weight on the earlier copy of the same token",
                   "share"),
+    "duplicate_text": ("duplicate token in text", "weight from a token on its earlier occurrences in the same "
+                       "sentence (tokens that occur before)", "share"),
     "sink": ("first-token sink", "weight on the first token (BOS), queries after it", "share"),
     "entropy": ("entropy", "−Σ p log p of each query's row (broad = high)", "nats"),
     "distance": ("mean attention distance", "attention-weighted |i − j|", "tokens"),
@@ -296,9 +298,11 @@ def _finish(acc: hm.HeadAccumulator, corpus: Corpus, examples: list[str], **kw: 
                  acc.offset_profile(), **kw)
 
 
-def _text_metrics(acc: hm.HeadAccumulator, w: np.ndarray, tokens: Sequence[str], k: int, causal: bool) -> None:
-    """The text metrics of one sequence's map (L, H, T, T): decoders' and (``causal`` False) encoders'."""
+def _text_metrics(acc: hm.HeadAccumulator, w: np.ndarray, tokens: Sequence[Any], k: int, causal: bool) -> None:
+    """The text metrics of one sequence's map (L, H, T, T): decoders' and (``causal`` False) encoders'. ``tokens``:
+    the ids (or token labels) of the sequence."""
     acc.add("entropy", hm.entropy(w, skip_first=causal), k)
+    acc.add("duplicate_text", hm.duplicate_token(w, tokens), k)
     acc.add("distance", hm.attention_distance(w, skip_first=causal), k)
     acc.add("previous", hm.previous_token(w), k)
     if causal:
@@ -339,7 +343,7 @@ def _decoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atla
             for b, r in enumerate(rows):
                 t = len(seqs[r])
                 w = att[b, :, :, :t, :t]
-                _text_metrics(acc, w, [], r, causal=True)
+                _text_metrics(acc, w, seqs[r], r, causal=True)
             done += len(rows)
             progress(0.8 * done / len(order), f"{done} of {len(order)} sentences")
         n_tokens = sum(len(s) for s in seqs)
@@ -473,7 +477,7 @@ def _mamba(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atlas:
     items = list(corpus.items)
     for k, text in enumerate(items):
         ids = model.encode_prompt(text)[0][:limit]
-        _text_metrics(acc, model.implicit_attention(ids), [], k, causal=True)
+        _text_metrics(acc, model.implicit_attention(ids), ids, k, causal=True)
         if k % 8 == 0:
             progress(0.8 * (k + 1) / len(items), f"{k + 1} of {len(items)} sentences")
     n = min(REPEAT_N, (model.context_limit() - 1) // 2)

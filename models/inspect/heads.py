@@ -95,7 +95,7 @@ def attention_distance(weights: np.ndarray, distances: np.ndarray | None = None,
     return out.astype(np.float32)
 
 
-def duplicate_token(weights: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+def duplicate_token(weights: np.ndarray, ids: Sequence[int] | Sequence[str]) -> np.ndarray:
     """Weight from query i on the earlier keys j < i holding the same token (a duplicate-token head, Wang et al.
     2023) in ordinary text: (L, H, Q), NaN where token i has not occurred before."""
     w = _w(weights)
