@@ -139,6 +139,19 @@ def test_accumulator_streams_to_the_corpus_mean_and_keeps_the_best_examples() ->
     assert res[0, 0] == 2 and np.isnan(res[0, 1]) and res[1, 1] == 4
 
 
+def test_per_query_scores_average_to_the_analysis_scores() -> None:
+    """The per-query values the accumulator streams average, over one sequence, to analysis.py's head scores."""
+    from models.inspect.analysis import first_token_share, head_entropy, previous_token_score
+
+    rng = np.random.default_rng(2)
+    w = np.tril(rng.random((3, 2, 11, 11))).astype(np.float32)
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(hm.query_mean(hm.previous_token(w))[0], previous_token_score(w), rtol=1e-5)
+    np.testing.assert_allclose(hm.query_mean(hm.to_keys(w, [0], skip_first=True))[0], first_token_share(w), rtol=1e-5)
+    np.testing.assert_allclose(hm.query_mean(hm.entropy(w))[0], head_entropy(w), rtol=1e-5)
+    np.testing.assert_allclose(hm.query_mean(hm.attention_distance(w))[0], mean_attention_distance(w), rtol=1e-5)
+
+
 def test_rank_heads_best_first_nan_last() -> None:
     grid = np.array([[0.1, np.nan], [0.9, 0.5]], np.float32)
     ranked = hm.rank_heads(grid)
