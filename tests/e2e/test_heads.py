@@ -56,7 +56,8 @@ def test_heads_permalink_opens_the_head(page, app_url: str) -> None:
     card = page.locator("#heads-card")
     expect(card).to_contain_text("sst2 · layer 1 · head 2", timeout=120_000)
     expect(card.locator("strong").filter(has_text="to [CLS] / first").first).to_be_visible()
-    assert "model=sst2" in page.url and "layer=1" in page.url and "head=2" in page.url
+    page.wait_for_function("() => ['model=sst2', 'layer=1', 'head=2'].every(p => location.search.includes(p))",
+                           timeout=60_000)  # the address bar is written by an event after the run
     # a head the model does not have falls back with a notice naming the key
     page.goto(app_url + "?" + urlencode({"tab": "heads", "model": "sst2", "layer": 1, "head": 9}),
               wait_until="domcontentloaded")
