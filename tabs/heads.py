@@ -75,7 +75,8 @@ def build() -> Permalink:
     steps = [(heads_grid, main_in, main_out), (head_card, card_in, card_out)]
     event = run.click(heads_grid, main_in, main_out, api_name="heads")
     event.then(head_card, card_in, card_out, api_name=False)
-    metric.input(redraw, main_in, [grid, ranked, layers_plot], api_name=False, show_progress="hidden", **FAST)
+    metric.input(redraw, [*main_in, state], [grid, ranked, layers_plot], api_name=False, show_progress="hidden",
+                 **FAST)
     metric.input(head_card, card_in, card_out, api_name=False, show_progress="hidden")
     # a change (a person's, or a link's after the run) redraws the card
     for control in (layer, head, example):
@@ -158,8 +159,15 @@ def heads_grid(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any
             {"layers": atlas.layers, "heads": atlas.heads, "model": atlas.model})
 
 
-def redraw(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None):
-    """The grid, the ranking and the by-layer figure of another metric (the atlas is cached: nothing runs)."""
+def redraw(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None, state: Any = None):
+    """The grid, the ranking and the by-layer figure of another metric, from the atlas drawn last (kept in memory or
+    on disk: nothing runs); nothing changes while no grid of this model is drawn (its button scores the heads)."""
+    try:
+        drawn = isinstance(state, dict) and state.get("model") == atlas_store.resolve(model)
+    except ServingError:
+        drawn = False
+    if not drawn:
+        return gr.skip(), gr.skip(), gr.skip()
     atlas, _ = _atlas(model, corpus)
     return _figures(atlas, _metric(atlas, metric))
 
