@@ -362,3 +362,16 @@ def test_head_roles_reused_not_duplicated() -> None:
         w[0, 0, i] = 0
         w[0, 0, i, i - n + 1] = 1
     assert head_roles(w, n)["induction"][0, 0] == pytest.approx(1)
+
+
+def test_a_metric_change_computes_nothing_before_a_grid_is_drawn(monkeypatch) -> None:
+    """The metric dropdown redraws from the atlas drawn last, in the figures' pool; with no grid of that model drawn
+    it leaves the figures as they are instead of scoring the model there."""
+    import gradio as gr
+
+    from tabs import heads as tab
+
+    monkeypatch.setattr(tab.atlas_store, "atlas", lambda *a, **k: (_ for _ in ()).throw(AssertionError("computed")))
+    for state in (None, {"model": "sst2", "layers": 2, "heads": 4}):
+        out = tab.redraw("gpt-tiny", "induction", None, state)
+        assert len(out) == 3 and all(x == gr.skip() for x in out)
