@@ -155,6 +155,18 @@ def largest_cases() -> Iterator[tuple[str, str, Callable[[], object]]]:
         [tokens(5, "▁cand") for _ in range(64)], np.sort(rng.dirichlet(np.ones(5), 64))[:, ::-1], tokens(64, "▁cand"))
     yield "generate", "generation highlight 256 (HTML)", lambda: viz.generation_highlight(
         t256, rng.random(256) * 12, 192)
+    from viz import heads as vh
+
+    for layers, heads in ((24, 16), (32, 32)):  # GPT-2 medium; LLaMA-3-8B's 32 layers × 32 heads
+        grid, other = rng.random((layers, heads)), rng.random((layers, heads))
+        ranked = [(int(i // heads), int(i % heads), float(v)) for i, v in enumerate(grid.ravel())]
+        yield "heads", f"grid {layers}x{heads}", lambda g=grid: vh.head_grid(g, "previous token", mark=(1, 2))
+        yield "heads", f"finder {layers}x{heads}", lambda r=ranked: vh.head_ranking(sorted(r, key=lambda x: -x[2]),
+                                                                                   "previous token")
+        yield "heads", f"compare {layers}x{heads}", lambda g=grid, o=other: vh.compare_grids(
+            g, o, ("a", "b"), "previous token")
+        yield "heads", f"by layer {layers}x{heads}", lambda g=grid: vh.by_layer(g * 200, "distance", "pixels")
+    yield "heads", "offsets 33", lambda: vh.offset_profile(rng.random(33), causal=False)
     regions = _swin_regions(56, 56, 7, 3)
     ids = np.arange(56 * 56).reshape(56, 56)
     mw = regions.reshape(8, 7, 8, 7).transpose(0, 2, 1, 3).reshape(64, 49)

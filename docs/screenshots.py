@@ -4,6 +4,7 @@
     python docs/screenshots.py --width 1024   # a laptop's width: docs/screenshots/1024px/*.png (each tab once)
     python docs/screenshots.py --families     # DeBERTa's disentangled split on a DeBERTa-v3-base-shaped folder
     python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
+    python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
 """
 
 from __future__ import annotations
@@ -127,6 +128,36 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     shot("class-student", 1800, page=page)
 
 
+def heads_shots(page, panel, tab, shot) -> None:
+    """The Heads tab: gpt-tiny's previous-token grid with the finder, the induction head's card, and vit-fashion's
+    mean attention distance by layer."""
+    tab("Heads")
+    panel().get_by_role("button", name="Score every head").click()
+    wait_for_plots(page, 5, timeout=300_000)
+    panel().get_by_text("layers × 8 heads").first.wait_for(timeout=300_000)
+    shot("heads-grid", 1250)
+    panel().get_by_label("metric").click()
+    page.get_by_role("option", name="induction", exact=True).click()
+    page.wait_for_timeout(2000)
+    for label, value in (("layer", 3), ("head", 0)):
+        box = panel().get_by_label(f"number input for {label}", exact=True)
+        box.fill(str(value))
+        box.press("Enter")
+        page.wait_for_timeout(1500)
+    page.locator("#heads-card").get_by_text("layer 3 · head 0").wait_for(timeout=120_000)
+    page.wait_for_timeout(2000)
+    card = panel().get_by_text("Head card", exact=True)
+    shot("heads-card", 1500, y=_top(page, card) - 20)
+    panel().get_by_label("model", exact=True).click()
+    page.get_by_role("option", name="vit-fashion", exact=True).click()
+    panel().get_by_label("metric").click()
+    page.get_by_role("option", name="mean attention distance in pixels", exact=True).click()
+    panel().get_by_role("button", name="Score every head").click()
+    panel().get_by_text("vit-fashion (vit)").wait_for(timeout=300_000)
+    page.wait_for_timeout(3000)
+    shot("heads-vit-distance", 1450, y=_top(page, panel().get_by_role("button", name="Score every head")) - 10)
+
+
 def deberta_shot(page, panel, tab, shot) -> None:
     """DeBERTa's "why" split (content→content, content→position, position→content) on the configured
     DeBERTa-v3-base-shaped folder (random weights of the real shape: bench/_family_models.py)."""
@@ -149,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    ap.add_argument("--only", choices=["lessons", "class"], default=None, help="retake only these screenshots")
+    ap.add_argument("--only", choices=["lessons", "class", "heads"], default=None, help="retake only these screenshots")
     ap.add_argument("--families", action="store_true",
                     help="only the families' screenshots, over random folders of real shapes in runs/families")
     args = ap.parse_args(argv)
@@ -193,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
                 return browser.close()
             if args.only == "class":
                 class_shots(browser, url, width, shot)
+                return browser.close()
+            if args.only == "heads":
+                heads_shots(page, panel, tab, shot)
                 return browser.close()
             if args.families:
                 deberta_shot(page, panel, tab, shot)
@@ -254,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
             wait_for_plots(page, 2, timeout=60_000)
             shot("attention-playground", 1500)
             if width == 1400:
+                heads_shots(page, panel, tab, shot)
                 lesson_shots(page, panel, tab, shot)
             browser.close()
     finally:

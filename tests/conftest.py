@@ -25,6 +25,8 @@ os.environ.setdefault("ATLAS_OFFLINE", "1")
 # The class store (serving/classroom.py) of the tests and of the servers they launch lives in a temporary folder,
 # never in the checkout's data/.
 os.environ.setdefault("ATLAS_DATA", tempfile.mkdtemp(prefix="atlas-test-data-"))
+# The head atlases the tests and their servers compute are cached in a temporary folder, never in the checkout's runs/.
+os.environ.setdefault("ATLAS_CACHE", tempfile.mkdtemp(prefix="atlas-test-heads-"))
 
 
 def free_port() -> int:
