@@ -1,8 +1,8 @@
 """Random-weight Hugging Face folders of the families models/io/hf_encoders.py, the translators (hf_translators.py)
 and the vision readers (DeiT, Swin) read, written by transformers itself (test-only), with tokenizers transformers
 builds and saves offline from tiny vocabularies, and unusual but valid configs (three layers, nine-wide heads,
-factorised embeddings narrower than the model). tests/parity_folders.py names the folder of every model_type the
-registry reads."""
+factorised embeddings narrower than the model, encoder and decoder feed-forwards of different widths).
+tests/parity_folders.py names the folder of every model_type the registry reads."""
 
 from __future__ import annotations
 
@@ -106,11 +106,13 @@ def classifier_folder(family: str, folder: Path) -> tuple[Any, Any]:
     return model, tok
 
 
-def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[Any, Any]:
+def marian_folder(folder: Path, shared: bool = True, beams: int = 5, ffn: tuple[int, int] = (52, 52)
+                  ) -> tuple[Any, Any]:
     """A random ``MarianMTModel`` (swish, scaled embeddings, 3 encoder and 2 decoder layers, nine-wide heads) with a
     MarianTokenizer over a tiny joint SentencePiece model (opus-mt's layout: ``</s>`` 0, ``<unk>`` 1, ``<pad>``
-    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix.
-    eos is made likely enough that searches finish before their limit. Returns (model, tokenizer)."""
+    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix;
+    ``ffn``: the encoder's and the decoder's feed-forward widths. eos is made likely enough that searches finish before
+    their limit. Returns (model, tokenizer)."""
     import json
 
     import sentencepiece as spm
@@ -127,8 +129,8 @@ def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[An
     tok.save_pretrained(folder)
     pad = vocab["<pad>"]
     cfg = t.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=36, encoder_layers=3,
-                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=52,
-                         decoder_ffn_dim=52, activation_function="swish", scale_embedding=True,
+                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=ffn[0],
+                         decoder_ffn_dim=ffn[1], activation_function="swish", scale_embedding=True,
                          max_position_embeddings=64, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
                          forced_eos_token_id=0, share_encoder_decoder_embeddings=shared, tie_word_embeddings=shared,
                          dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)

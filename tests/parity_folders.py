@@ -4,8 +4,9 @@ In the manner of transformers' model testers: each ``Case`` names a model_type o
 comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``)
 and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
 tests/tiny_families.py and tests/families.py: small, unusual but valid configs). A model_type may have several cases
-(the same family with other switches: tied and untied tables, partial rotary, a plain and a distilled DeiT). A
-registered model_type without a case fails tests/test_parity.py by name.
+(the same family with other switches: tied and untied tables, partial rotary, a plain and a distilled DeiT, encoder
+and decoder feed-forwards of different widths). A registered model_type without a case fails tests/test_parity.py by
+name.
 
 Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
 it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
@@ -103,6 +104,9 @@ CASES: tuple[Case, ...] = (
          {"config.family": "marian", "config.tie_embeddings": True}),
     Case("marian-untied", "marian", "translator", _marian(shared=False),
          {"config.family": "marian", "config.tie_embeddings": False}, ends_early=False),
+    # encoder and decoder feed-forwards of different widths (valid in MarianConfig, rare in released models)
+    Case("marian-ffn", "marian", "translator", _marian(shared=True, ffn=(60, 44)),
+         {"config.d_ff": 60, "config.decoder_ff": 44}, ends_early=False),
     Case("t5", "t5", "translator", _t5("gated-gelu", False, (3, 2)),
          {"config.family": "t5", "config.gated": True, "config.tie_output": False, "config.scale_output": False,
           "config.n_enc_layers": 3, "config.n_dec_layers": 2, "config.prefix": PROMPT, "config.bos_id": 0,
