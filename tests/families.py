@@ -1,8 +1,8 @@
 """Random-weight Hugging Face folders of the families models/io/hf_encoders.py, the translators (hf_translators.py)
 and the vision readers (DeiT, Swin) read, written by transformers itself (test-only), with tokenizers transformers
 builds and saves offline from tiny vocabularies, and unusual but valid configs (three layers, nine-wide heads,
-factorised embeddings narrower than the model, encoder and decoder feed-forwards of different widths).
-tests/parity_folders.py names the folder of every model_type the registry reads."""
+factorised embeddings narrower than the model, encoder and decoder feed-forwards of different widths, Swin grids that
+are not a multiple of the window). tests/parity_folders.py names the folder of every model_type the registry reads."""
 
 from __future__ import annotations
 
@@ -274,10 +274,12 @@ def deit_folder(folder: Path, distilled: bool) -> Any:
 
 
 def swin_folder(folder: Path, image_size: int = 32, patch: int = 2, window: int = 4,
-                depths: tuple[int, ...] = (3, 1, 1), heads: tuple[int, ...] = (3, 2, 4), labels: int = 3) -> Any:
+                depths: tuple[int, ...] = (3, 1, 1), heads: tuple[int, ...] = (3, 2, 4), labels: int = 3,
+                head_scale: float = 40.0) -> Any:
     """A random ``SwinForImageClassification`` (embed_dim 12) with a ViTImageProcessor resizing to ``image_size``,
     saved into ``folder``: LayerNorms off 1/0 and bias tables that shape attention, the head scaled so probabilities
-    are far from uniform. The default's 16 × 16 grid in 4 × 4 windows gives regular, shifted and whole-grid windows.
+    are far from uniform. The default's 16 × 16 grid in 4 × 4 windows gives regular, shifted and whole-grid windows;
+    a grid that is not a multiple of the window (36 / 2 = 18 in windows of 5, then 9, then 5) is padded by the model.
     Returns the model (eval)."""
     import torch
     from transformers import SwinConfig, SwinForImageClassification, ViTImageProcessor
@@ -293,7 +295,7 @@ def swin_folder(folder: Path, image_size: int = 32, patch: int = 2, window: int 
         for name, p in hf.named_parameters():
             if "norm" in name or "relative_position_bias_table" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.3)  # LayerNorms off 1/0, bias tables that shape attention
-        hf.classifier.weight.mul_(40.0)
+        hf.classifier.weight.mul_(head_scale)
     hf.save_pretrained(folder)
     ViTImageProcessor(size={"height": image_size, "width": image_size}, image_mean=[0.5, 0.4, 0.3],
                       image_std=[0.2, 0.25, 0.3]).save_pretrained(folder)

@@ -4,9 +4,9 @@ In the manner of transformers' model testers: each ``Case`` names a model_type o
 comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``)
 and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
 tests/tiny_families.py and tests/families.py: small, unusual but valid configs). A model_type may have several cases
-(the same family with other switches: tied and untied tables, partial rotary, a plain and a distilled DeiT, encoder
-and decoder feed-forwards of different widths). A registered model_type without a case fails tests/test_parity.py by
-name.
+(the same family with other switches: tied and untied tables, partial rotary, encoder and decoder feed-forwards of
+different widths, a Swin grid that is not a multiple of the window). A registered model_type without a case fails
+tests/test_parity.py by name.
 
 Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
 it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
@@ -124,6 +124,13 @@ CASES: tuple[Case, ...] = (
          {"num_prefix_tokens": 2, "config.distilled": False}),
     Case("swin", "swin", "vision", lambda f: Ref(fam.swin_folder(f), processor="ViTImageProcessor"),
          {"labels": list(fam.VISION_LABELS[:3]), "config.input": "processor"}),
+    # grids that are not a multiple of the window: 18 × 18 tokens in windows of 5 (padded to 20), merged to 9 × 9
+    # (padded to 10, and padded to 10 before merging), then 5 × 5, one window, its shift dropped
+    Case("swin-padded", "swin", "vision", lambda f: Ref(fam.swin_folder(f, image_size=36, patch=2, window=5,
+                                                                        depths=(2, 2, 2), heads=(2, 3, 4),
+                                                                        head_scale=8.0),
+                                                         processor="ViTImageProcessor"),
+         {"config.window": 5, "grid": (18, 18)}),
 )
 
 WRITERS: dict[str, list[Case]] = {}
