@@ -115,14 +115,25 @@ def pooled_rollout(weights: np.ndarray, pooling: str) -> np.ndarray:
     return last[0] if pooling == "cls" else last.mean(0)
 
 
-def window_attention_distance(blocks: Sequence[tuple[np.ndarray, int, float]]) -> np.ndarray:
+def window_attention_distance(blocks: Sequence[tuple]) -> np.ndarray:
     """Mean attention distance inside the windows of each Swin block: (blocks, max heads), NaN-padded.
 
-    blocks: per block ``(weights (windows, heads, N, N), window side in tokens, pixels per token)``.
-    Each window's distances are in pixels of the image the model saw, averaged over the block's windows,
-    so blocks of later stages (fewer, larger tokens) are on the same scale as the first.
+    blocks: per block ``(weights (windows, heads, N, N), window side in tokens, pixels per token)``, optionally with a
+    fourth item, ``(windows, N)`` bool: which cells of each window are tokens of the grid (``WindowAttention.
+    image_cells``); cells that are padding up to whole windows (zeros, not image) are then dropped as queries and keys
+    and each row renormalised over the remaining keys, as ``mean_attention_distance`` drops prefix tokens. Distances
+    are in pixels of the image the model saw, averaged over every (image) query of the block, so blocks of later
+    stages (fewer, larger tokens) are on the same scale as the first.
     """
-    rows = [mean_attention_distance(w, grid=(side, side), patch=patch).mean(0) for w, side, patch in blocks]
+    rows = []
+    for block in blocks:
+        w, side, patch = np.asarray(block[0], dtype=np.float64), int(block[1]), float(block[2])
+        cells = np.ones((w.shape[0], w.shape[-1]), dtype=bool) if len(block) < 4 else np.asarray(block[3], dtype=bool)
+        w = np.where(cells[:, None, None, :], w, 0.0)  # (windows, heads, N, N): padding keys out
+        w = w / np.maximum(w.sum(-1, keepdims=True), 1e-12)
+        per_query = (w * patch_distances((side, side), patch)).sum(-1)  # (windows, heads, N)
+        queries = cells[:, None, :]
+        rows.append(((per_query * queries).sum((0, 2)) / np.maximum(queries.sum((0, 2)), 1)).astype(np.float32))
     out = np.full((len(rows), max((len(r) for r in rows), default=0)), np.nan, dtype=np.float32)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r

@@ -91,6 +91,15 @@ class WindowAttention:
         """The token (row, col) of this stage that covers pixel (y, x) of the image the model saw."""
         return _cell(y, x, self.patch, self.grid)
 
+    def image_cells(self) -> np.ndarray:
+        """(windows, N) bool: which cells of each window (row-major on the rolled grid, as ``weights``) are tokens of
+        this stage's grid; False: padding up to whole windows (zeros the model adds, not image)."""
+        (H, W), w, s = self.grid, self.window, self.shift
+        Hp, Wp = -(-H // w) * w, -(-W // w) * w
+        r, c = np.mgrid[0:Hp, 0:Wp]
+        real = ((r + s) % Hp < H) & ((c + s) % Wp < W)  # the rolled grid's cell (r, c) holds token (r + s, c + s)
+        return real.reshape(Hp // w, w, Wp // w, w).transpose(0, 2, 1, 3).reshape(-1, w * w)
+
 
 @dataclass(frozen=True)
 class ImageResult:

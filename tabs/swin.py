@@ -68,14 +68,16 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
     window = max(1, int(window))
     geo = window_geometry(max(1, int(grid)), window, max(0, min(int(shift), window - 1)))
     idx = max(0, min(int(window_index), geo.windows - 1))
-    note = f"Grid {geo.grid}×{geo.grid} padded to {geo.side}×{geo.side} (a multiple of the window). " \
-        if geo.side != geo.grid else ""
+    note = (f"Grid {geo.grid}×{geo.grid} padded to {geo.side}×{geo.side} (a multiple of the window): the grey "
+            f"“pad” cells are zeros the model adds, not image; the regions and the shift are computed on the padded "
+            f"grid, and padding tokens are attended to like any other. ") if geo.side != geo.grid else ""
     note += (f"{geo.windows} windows of {window}×{window} = {window * window} tokens; shift {geo.shift}. "
              f"Window {idx} blocks {geo.blocked(idx)} of {geo.masks[idx].size} query–key pairs with −100.")
-    return (vw.window_partitions((geo.side, geo.side), window, geo.shift),
-            vw.cyclic_shift(geo.ids, geo.rolled, geo.regions, window),
-            fit(vw.region_map(geo.regions, window)),
-            fit(vw.window_mask(geo.masks[idx], window, idx)),
+    rolled_padding = np.roll(geo.padding, (-geo.shift, -geo.shift), axis=(0, 1))
+    return (vw.window_partitions((geo.grid, geo.grid), window, geo.shift),
+            vw.cyclic_shift(geo.ids, geo.rolled, geo.regions, window, padding=geo.padding),
+            fit(vw.region_map(geo.regions, window, padding=rolled_padding)),
+            fit(vw.window_mask(geo.masks[idx], window, idx, padding=geo.window_padding(idx))),
             vw.all_window_masks(geo.masks, geo.side // window), note)
 
 

@@ -323,7 +323,7 @@ def draw_image(result, layer: int, head: str, view: str):
     maps = [vw.window_attention_map(block.weights, block.grid, block.window, block.shift, query, h)[0]
             for h in range(heads)]  # one query's attention inside its window, over the stage's grid
     grid_fig = vi.image_attention_grid(
-        result.image, np.stack([np.nan_to_num(m).ravel() for m in maps]), block.grid,
+        result.image, np.stack([np.nan_to_num(m).ravel() for m in maps]), block.grid, patch=block.patch,
         titles=[f"head {h}" for h in range(heads)],
         title=f"Centre token's window attention, every head · stage {block.stage} block {block.block}")
     return overlay, grid_fig
@@ -355,7 +355,7 @@ def distance_figure(result):
         dist = mean_attention_distance(amap.weights, grid=result.grid, patch=result.patch, skip=result.prefix_tokens)
         return vs.head_metric_scatter(dist, metric="mean attention distance", unit="pixels",
                                       title="Mean attention distance per head (ViT paper, Fig. 7)")
-    dist = window_attention_distance([(w.weights, w.window, w.patch) for w in result.windows])
+    dist = window_attention_distance([(w.weights, w.window, w.patch, w.image_cells()) for w in result.windows])
     return vs.head_metric_scatter(dist, metric="mean attention distance", unit="pixels",
                                   title="Mean attention distance per head and block (inside windows)")
 

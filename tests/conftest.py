@@ -124,3 +124,12 @@ def configured_app(tmp_path_factory, tiny_checkpoints):
                                                  f"{base / 'my-marian'},{base / 'my-albert'},{base / 'my-t5'}")
     with serving(env, base / "server.log", "--model", str(base / "cli-gpt2")) as url:
         yield url, base, refs
+
+
+@pytest.fixture(scope="session")
+def hf_folders(tmp_path_factory: pytest.TempPathFactory):
+    """The random-weight Hugging Face folder of each case of tests/parity_folders.py, written by transformers on first
+    use and kept for the session: tests/test_parity.py and the families' own tests read the same folders."""
+    from tests.parity_folders import Folders
+
+    return Folders(tmp_path_factory.mktemp("hf-folders"))

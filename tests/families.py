@@ -1,6 +1,8 @@
-"""Random-weight Hugging Face folders of the families models/io/hf_encoders.py (and the translators) read, written by
-transformers itself (test-only), with tokenizers transformers builds and saves offline from tiny vocabularies, and
-unusual but valid configs (three layers, nine-wide heads, factorised embeddings narrower than the model)."""
+"""Random-weight Hugging Face folders of the families models/io/hf_encoders.py, the translators (hf_translators.py)
+and the vision readers (DeiT, Swin) read, written by transformers itself (test-only), with tokenizers transformers
+builds and saves offline from tiny vocabularies, and unusual but valid configs (three layers, nine-wide heads,
+factorised embeddings narrower than the model, encoder and decoder feed-forwards of different widths, Swin grids that
+are not a multiple of the window). tests/parity_folders.py names the folder of every model_type the registry reads."""
 
 from __future__ import annotations
 
@@ -104,11 +106,13 @@ def classifier_folder(family: str, folder: Path) -> tuple[Any, Any]:
     return model, tok
 
 
-def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[Any, Any]:
+def marian_folder(folder: Path, shared: bool = True, beams: int = 5, ffn: tuple[int, int] = (52, 52)
+                  ) -> tuple[Any, Any]:
     """A random ``MarianMTModel`` (swish, scaled embeddings, 3 encoder and 2 decoder layers, nine-wide heads) with a
     MarianTokenizer over a tiny joint SentencePiece model (opus-mt's layout: ``</s>`` 0, ``<unk>`` 1, ``<pad>``
-    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix.
-    eos is made likely enough that searches finish before their limit. Returns (model, tokenizer)."""
+    last), saved into ``folder``; ``shared=False``: separate source and target tables and an untied output matrix;
+    ``ffn``: the encoder's and the decoder's feed-forward widths. eos is made likely enough that searches finish before
+    their limit. Returns (model, tokenizer)."""
     import json
 
     import sentencepiece as spm
@@ -125,8 +129,8 @@ def marian_folder(folder: Path, shared: bool = True, beams: int = 5) -> tuple[An
     tok.save_pretrained(folder)
     pad = vocab["<pad>"]
     cfg = t.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=36, encoder_layers=3,
-                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=52,
-                         decoder_ffn_dim=52, activation_function="swish", scale_embedding=True,
+                         decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=ffn[0],
+                         decoder_ffn_dim=ffn[1], activation_function="swish", scale_embedding=True,
                          max_position_embeddings=64, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
                          forced_eos_token_id=0, share_encoder_decoder_embeddings=shared, tie_word_embeddings=shared,
                          dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
@@ -213,3 +217,86 @@ def t5_folder(folder: Path, feed_forward: str = "gated-gelu", tied: bool = False
         state["lm_head.weight"] = model.lm_head.weight.detach().clone()
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return model, tok
+
+
+# ------------------------------------------------------------------------------------------------------- vision
+VISION_LABELS = ("cat", "dog", "bird", "fish", "frog")
+
+
+def photo(seed: int = 0) -> Any:
+    """A non-square RGB 'photo' with structure (a gradient, a disc and noise), larger than the models' inputs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    h, w = 90, 130
+    y, x = np.mgrid[:h, :w]
+    img = np.stack([x * 255 / w, y * 255 / h, 128 + 100 * (((x - 60) ** 2 + (y - 40) ** 2) < 600)], -1)
+    return Image.fromarray(np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8))
+
+
+def noise(seed: int = 0) -> Any:
+    """A 50 × 70 RGB image of uniform noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (50, 70, 3)).astype(np.uint8))
+
+
+def deit_folder(folder: Path, distilled: bool) -> Any:
+    """A small random DeiT classifier saved by transformers (safetensors) with its preprocessor_config.json (resize to
+    36, crop to 32); its heads, tokens and positions drawn wide so each counts and the probabilities are far from
+    uniform. Returns the model (eval)."""
+    import torch
+    from transformers import (
+        DeiTConfig,
+        DeiTForImageClassification,
+        DeiTForImageClassificationWithTeacher,
+        DeiTImageProcessor,
+    )
+
+    torch.manual_seed(1 if distilled else 2)
+    cfg = DeiTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=3,
+                     num_attention_heads=4, intermediate_size=64, num_labels=len(VISION_LABELS),
+                     id2label=dict(enumerate(VISION_LABELS)), label2id={n: i for i, n in enumerate(VISION_LABELS)})
+    cfg._attn_implementation = "eager"
+    cls = DeiTForImageClassificationWithTeacher if distilled else DeiTForImageClassification
+    hf = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "classifier" in name or "token" in name or "position" in name:
+                p.normal_(0, 0.5)  # transformers initialises these to zeros or small values: make each count
+    hf.save_pretrained(folder, safe_serialization=True)
+    DeiTImageProcessor(size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32},
+                       image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3]).save_pretrained(folder)
+    return hf
+
+
+def swin_folder(folder: Path, image_size: int = 32, patch: int = 2, window: int = 4,
+                depths: tuple[int, ...] = (3, 1, 1), heads: tuple[int, ...] = (3, 2, 4), labels: int = 3,
+                head_scale: float = 40.0) -> Any:
+    """A random ``SwinForImageClassification`` (embed_dim 12) with a ViTImageProcessor resizing to ``image_size``,
+    saved into ``folder``: LayerNorms off 1/0 and bias tables that shape attention, the head scaled so probabilities
+    are far from uniform. The default's 16 × 16 grid in 4 × 4 windows gives regular, shifted and whole-grid windows;
+    a grid that is not a multiple of the window (36 / 2 = 18 in windows of 5, then 9, then 5) is padded by the model.
+    Returns the model (eval)."""
+    import torch
+    from transformers import SwinConfig, SwinForImageClassification, ViTImageProcessor
+
+    names = VISION_LABELS[:labels]
+    cfg = SwinConfig(image_size=image_size, patch_size=patch, num_channels=3, embed_dim=12, depths=list(depths),
+                     num_heads=list(heads), window_size=window, drop_path_rate=0.0, num_labels=labels,
+                     id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = SwinForImageClassification(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or "relative_position_bias_table" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.3)  # LayerNorms off 1/0, bias tables that shape attention
+        hf.classifier.weight.mul_(head_scale)
+    hf.save_pretrained(folder)
+    ViTImageProcessor(size={"height": image_size, "width": image_size}, image_mean=[0.5, 0.4, 0.3],
+                      image_std=[0.2, 0.25, 0.3]).save_pretrained(folder)
+    return hf

@@ -73,8 +73,11 @@ def test_long_text_is_truncated_with_a_notice(tiny_checkpoints: Path, monkeypatc
 
 
 def test_swin_windows_pads_the_grid_to_the_window() -> None:
-    *_figs, note = swin_windows(grid=9, window=4, shift=2)
-    assert "padded to 12×12" in note and "9 windows of 4×4" in note
+    parts, rolled, regions, mask, _, note = swin_windows(grid=9, window=4, shift=2, window_index=8)
+    assert "padded to 12×12" in note and "9 windows of 4×4" in note and "not image" in note
+    for fig in (parts, rolled, regions):  # the padding cells are labelled as such on every grid
+        assert any((np.asarray(t.text) == "pad").any() for t in fig.data if getattr(t, "text", None) is not None)
+    assert any(label.endswith(" pad") for label in mask.data[0].x)
 
 
 def test_imagenet_choice_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

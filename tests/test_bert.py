@@ -12,7 +12,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -265,26 +264,8 @@ def test_missing_package_message(monkeypatch: pytest.MonkeyPatch) -> None:
         minilm.find_minilm(Path("no/such/folder"))
 
 
-def test_bert_classifier_folder_matches_transformers(tmp_path) -> None:
-    """A BertForSequenceClassification folder (pooler, classifier, id2label) loads as a BertClassifier with
-    the same logits, attention and labels as transformers."""
-    import models
-    from tests.tiny import tiny_bert_classifier_folder
-
-    hf = tiny_bert_classifier_folder(tmp_path / "clf")
-    ours = models.load(str(tmp_path / "clf"))
-    assert ours.labels == ["negative", "neutral", "positive"] and ours.config.pooling == "pooler"
-    result = ours.classify("the film is warm and funny .")
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "clf" / "tokenizer.json"))
-    enc = tok("the film is warm and funny .", return_tensors="pt")
-    assert result.tokens == tok.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    with torch.no_grad():
-        ref = hf(**enc, output_attentions=True)
-    probs = torch.softmax(ref.logits[0], -1).numpy()
-    assert probs.max() > 0.6  # the scaled head: far from uniform
-    np.testing.assert_allclose(result.probs, probs, atol=1e-4)
-    np.testing.assert_allclose(result.attention["encoder"].weights,
-                               torch.stack(ref.attentions, 1)[0].numpy(), atol=1e-4)
-    assert result.pooling == "cls"  # the pooler reads [CLS]: the colouring follows position 0
+def test_bert_classifier_folder_pools_from_cls(hf_folders) -> None:
+    """A BertForSequenceClassification folder (pooler, classifier, id2label; its parity with transformers is
+    tests/test_parity.py's) reads [CLS] through the pooler: the colouring follows position 0."""
+    ours = hf_folders.get("bert").model
+    assert ours.config.pooling == "pooler" and ours.classify("the film is warm and funny .").pooling == "cls"

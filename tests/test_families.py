@@ -1,10 +1,10 @@
-"""The later decoder families (models/io/hf_decoders.py) against transformers on random weights.
+"""The later decoder families (models/io/hf_decoders.py) beyond their parity with transformers.
 
-For each family a folder written by transformers (tests/tiny_families.py: unusual valid configs) is read by
-``models.load``; its logits and every layer's attention equal transformers' within 1e-4 and greedy generation
-gives transformers' ids; the score split (models/inspect/decompose.py) sums to the score and its row's softmax is
-the model's attention, through q/k norms (Qwen3, Gemma 3), sliding windows and Gemma's sandwich norms; the
-mixture of experts' chosen experts and weights are the top-k of transformers' router logits.
+Their folders are tests/parity_folders.py's (written by transformers: unusual valid configs), where
+tests/test_parity.py checks the logits, every layer's attention and the greedy ids against transformers. Here: the
+switches each folder turns on; the score split (models/inspect/decompose.py) sums to the score and its row's softmax is
+the model's attention, through q/k norms (Qwen3, Gemma 3), sliding windows and Gemma's sandwich norms; the mixture of
+experts' chosen experts and weights are the top-k of transformers' router logits; fastgen and lockstep serve them.
 """
 
 from __future__ import annotations
@@ -24,33 +24,9 @@ IDS = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12]  # longer than every sliding window o
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, object]]:
-    """name -> (transformers' model, ours), written and read once per module."""
-    root = tmp_path_factory.mktemp("families")
-    out = {}
-    for name in FAMILIES:
-        hf = decoder_folder(root / name, name)
-        out[name] = (hf, models.load(str(root / name)))
-    return out
-
-
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_matches_transformers(folders, name: str) -> None:
-    """Logits and every layer's attention within 1e-4 of transformers', greedy ids identical (12 new tokens)."""
-    hf, ours = folders[name]
-    ids = torch.tensor([IDS])
-    with torch.no_grad():
-        ref = hf(ids, output_attentions=True)
-        mine = ours(ids, need_weights=True)
-    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
-    assert len(mine.attention) == len(ref.attentions) == 3
-    for a, b in zip(ref.attentions, mine.attention, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-    with torch.no_grad():
-        want = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
-    got = ours.generate(IDS, max_new_tokens=12)
-    assert len(got.ids) > len(IDS) and got.ids == want[: len(got.ids)]
-    assert len(set(got.ids[len(IDS):])) > 1  # the random model does not just repeat one token
+def folders(hf_folders) -> dict[str, tuple[object, object]]:
+    """name -> (transformers' model, ours): the session's folders (tests/parity_folders.py)."""
+    return {name: (hf_folders.get(name).ref.model, hf_folders.get(name).model) for name in FAMILIES}
 
 
 def test_family_switches_are_read(folders) -> None:

@@ -1,8 +1,7 @@
 """Classify families read from Hugging Face folders (models/io/hf_encoders.py): RoBERTa, DistilBERT, ELECTRA and ALBERT
-as switches on models/families/bert.py. Each random-weight folder written by transformers loads through
-``models.load`` and equals transformers' ``*ForSequenceClassification``: the tokens its tokenizer gives, the class
-probabilities and every layer's attention within 1e-4; the score split sums to each score and reproduces the
-attention."""
+as switches on models/families/bert.py. Each random-weight folder written by transformers (tests/parity_folders.py;
+its tokens, class probabilities, attention and batches against transformers are tests/test_parity.py's) gives a score
+split that sums to each score and reproduces the attention, one shared layer for ALBERT, and every explanation."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import torch
 
 import models
 from models.inspect.decompose import attention_scores, decompose_score
-from tests.families import LABELS, classifier_folder
+from tests.families import classifier_folder
 
 torch.set_num_threads(2)
 FAMILIES = ["roberta", "distilbert", "electra", "albert"]
@@ -23,39 +22,9 @@ TEXTS = ["A warm, funny and beautifully acted film.", "the plot is thin and the 
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def folder(request, tmp_path_factory) -> tuple[str, Path, object, object]:
-    where = tmp_path_factory.mktemp(request.param)
-    hf, tok = classifier_folder(request.param, where)
-    return request.param, where, hf, tok
-
-
-def test_matches_transformers(folder) -> None:
-    family, where, hf, tok = folder
-    ours = models.load(str(where))
-    assert ours.config.family == family and ours.labels == list(LABELS)
-    for text in TEXTS:
-        result = ours.classify(text)
-        enc = tok(text, return_tensors="pt")
-        # the tokenizer's own specials (<s> </s> for RoBERTa, [CLS] [SEP] for the others), exactly
-        assert result.tokens == tok.convert_ids_to_tokens(enc["input_ids"][0].tolist()), family
-        with torch.no_grad():
-            ref = hf(**enc, output_attentions=True)
-        probs = torch.softmax(ref.logits[0], -1).numpy()
-        assert probs.max() - probs.min() > 0.2  # the scaled head: far from uniform, so a wrong head shows
-        np.testing.assert_allclose(result.probs, probs, atol=1e-4)
-        ref_attn = torch.stack(ref.attentions, 1)[0].numpy()
-        assert ref_attn.shape[0] == 3
-        np.testing.assert_allclose(result.attention["encoder"].weights, ref_attn, atol=1e-4)
-
-
-def test_batched_padding_equals_one_by_one(folder) -> None:
-    """Padding on the right (RoBERTa's positions counted from padding_idx + 1 included) changes no answer."""
-    _, where, _, _ = folder
-    ours = models.load(str(where))
-    alone = [ours.classify(t) for t in TEXTS]
-    together = ours.classify_many(TEXTS)
-    for a, b in zip(alone, together):
-        np.testing.assert_allclose(a.probs, b.probs, atol=1e-5)
+def folder(request, hf_folders) -> tuple[str, Path, object, object]:
+    built = hf_folders.get(request.param)
+    return request.param, built.path, built.ref.model, built.ref.tokenizer
 
 
 def test_score_split_sums_and_reproduces_attention(folder) -> None:

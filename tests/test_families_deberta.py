@@ -1,8 +1,9 @@
 """DeBERTa-v2/v3 (models/families/deberta.py) from a random-weight DebertaV2ForSequenceClassification folder written by
-transformers (relative attention with log buckets, shared keys, no absolute positions, three layers, nine-wide
-heads): tokens, probabilities and every layer's attention equal to transformers within 1e-4; each score splits into
-content→content, content→position and position→content terms that sum to it (and whose rows reproduce the
-attention); patching runs as for BERT."""
+transformers (tests/parity_folders.py: relative attention with log buckets, shared keys, no absolute positions, three
+layers, nine-wide heads; its tokens, probabilities, attention and batches against transformers are
+tests/test_parity.py's): the log buckets are transformers' own; each score splits into content→content,
+content→position and position→content terms that sum to it (and whose rows reproduce the attention); patching runs as
+for BERT."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import torch
 
 import models
 from models.families.deberta import disentangled_split, log_bucket
-from tests.families import LABELS, classifier_folder
 
 torch.set_num_threads(2)
 TEXTS = ["A warm, funny film; the striker scored twice.",
@@ -20,31 +20,9 @@ TEXTS = ["A warm, funny film; the striker scored twice.",
 
 
 @pytest.fixture(scope="module")
-def deberta(tmp_path_factory):
-    where = tmp_path_factory.mktemp("deberta")
-    hf, tok = classifier_folder("deberta-v2", where)
-    return where, hf, tok
-
-
-def test_matches_transformers(deberta) -> None:
-    where, hf, tok = deberta
-    ours = models.load(str(where))
-    assert ours.config.family == "deberta-v2" and ours.labels == list(LABELS)
-    for text in TEXTS:
-        result = ours.classify(text)
-        enc = tok(text, return_tensors="pt")
-        assert result.tokens == tok.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-        assert len(result.tokens) > 2 + 4  # longer than ±k/2: the log buckets are used
-        with torch.no_grad():
-            ref = hf(**enc, output_attentions=True)
-        probs = torch.softmax(ref.logits[0], -1).numpy()
-        assert probs.max() - probs.min() > 0.2
-        np.testing.assert_allclose(result.probs, probs, atol=1e-4)
-        np.testing.assert_allclose(result.attention["encoder"].weights, torch.stack(ref.attentions, 1)[0].numpy(),
-                                   atol=1e-4)
-    together = ours.classify_many(TEXTS)  # padding changes nothing
-    for text, r in zip(TEXTS, together):
-        np.testing.assert_allclose(r.probs, ours.classify(text).probs, atol=1e-5)
+def deberta(hf_folders):
+    built = hf_folders.get("deberta-v2")
+    return built.path, built.ref.model, built.ref.tokenizer
 
 
 def test_log_buckets_are_transformers_own() -> None:

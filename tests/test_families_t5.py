@@ -1,11 +1,10 @@
 """T5 folders read into ``models.families.t5.T5`` (a Translator with T5's switches): random-weight
-T5ForConditionalGeneration folders written by transformers (a gated-GELU v1.1 layout with an untied head, a ReLU
-original layout with the tied, rescaled head; encoder and decoder of different odd depths; 5 heads × 8 over d_model
-36; 8 buckets reaching 20 positions, so long inputs reach the log buckets and the last one), tokenised, searched and
-attended exactly as transformers does it: source ids equal to its T5 tokenizer's (task prefix included), greedy and
-beam-5 output identical to ``generate``, the text decoded as transformers decodes it, every layer's encoder, decoder
-and cross-attention within 1e-4; the bucket function equal to transformers'; the "why" split's content and position
-terms summing to the score, whose softmax is transformers' attention row."""
+T5ForConditionalGeneration folders written by transformers (tests/parity_folders.py: a gated-GELU v1.1 layout with an
+untied head, a ReLU original layout with the tied, rescaled head; encoder and decoder of different odd depths; 5 heads ×
+8 over d_model 36; 8 buckets reaching 20 positions, so long inputs reach the log buckets and the last one), whose
+tokens, searches and attention equal transformers' in tests/test_parity.py. Here: the bucket function equal to
+transformers'; the "why" split's content and position terms summing to the score, whose softmax is transformers'
+attention row; the tabs reading a configured T5; a batch as each sentence alone."""
 
 from __future__ import annotations
 
@@ -18,73 +17,17 @@ import torch
 
 import models
 from models.io.checkpoint import CheckpointError
-from tests.families import t5_folder
 
 torch.set_num_threads(2)
 TEXTS = ["A man in a blue shirt is riding a bicycle down the street.", "Two young girls are playing.",
          "The central bank raised interest rates again on Tuesday."]
-# (feed_forward_proj, tied head, (encoder, decoder) layers); transformers 5 generates only with decoder ≤ encoder depth
-LAYOUTS = {"gated-untied": ("gated-gelu", False, (3, 2)), "relu-tied": ("relu", True, (5, 3))}
+CASES = {"gated-untied": "t5", "relu-tied": "t5-relu-tied"}  # tests/parity_folders.py's T5 folders
 
 
-@pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def t5(request, tmp_path_factory) -> tuple[Path, object, object, str]:
-    where = tmp_path_factory.mktemp("t5")
-    ff, tied, layers = LAYOUTS[request.param]
-    hf, tok = t5_folder(where, ff, tied, layers)
-    return where, hf, tok, request.param
-
-
-def _produced(ours, got) -> list[int]:
-    """The chosen hypothesis as transformers returns it: decoder start, tokens, and </s> when it finished."""
-    ids = [ours.tokenizer.vocab[p] for p in got.target_tokens]
-    finished = got.beam[len(got.chosen) - 1].finished[got.chosen[-1]]  # the step its last token was chosen at
-    return ids + [ours.config.eos_id] if finished else ids
-
-
-@pytest.mark.parametrize("beams", [1, 5])
-def test_search_equals_generate(t5, beams: int) -> None:
-    where, hf, tok, layout = t5
-    ours = models.load(str(where))
-    ff, tied, (n_enc, n_dec) = LAYOUTS[layout]
-    c = ours.config
-    assert type(ours).__name__ == "T5" and c.family == "t5" and c.gated == (ff == "gated-gelu")
-    assert c.tie_output == tied and c.scale_output == tied and (c.n_enc_layers, c.n_dec_layers) == (n_enc, n_dec)
-    assert c.prefix == "translate English to German: " and c.bos_id == 0 and c.eos_id == 1
-    ended, cut = 0, 0
-    for text in TEXTS:
-        enc = tok(c.prefix + text, return_tensors="pt")
-        assert ours.tokenizer.encode(text).ids == enc["input_ids"][0].tolist()
-        # at 4 steps some searches are cut, and one beam search finishes its 5th hypothesis at its very limit (its
-        # live beams must still compete, as transformers ranks them)
-        for limit, penalty in [(4, 1.0), (7, 1.0), (20, 1.0), (16, 0.0)]:
-            ref = hf.generate(**enc, num_beams=beams, max_new_tokens=limit, length_penalty=penalty,
-                              early_stopping=True, do_sample=False)[0].tolist()
-            got = ours.translate(text, beam_size=beams, max_len=limit, length_penalty=penalty)
-            assert _produced(ours, got) == ref, (text, limit, penalty)
-            assert got.text == tok.decode(ref, skip_special_tokens=True)
-            ended += ref[-1] == c.eos_id
-            cut += ref[-1] != c.eos_id
-    assert ended and (cut or beams > 1)  # some searches end by choosing </s>, greedy ones also at their limit
-
-
-def test_attention_equals_transformers(t5) -> None:
-    where, hf, tok, _ = t5
-    ours = models.load(str(where))
-    long = " ".join(TEXTS)  # over 20 tokens: offsets beyond max_distance share the last bucket
-    for text, beams in ((TEXTS[0], 5), (long, 1)):
-        got = ours.translate(text, beam_size=beams, max_len=12)
-        enc = tok(ours.config.prefix + text, return_tensors="pt")
-        assert enc["input_ids"].size(1) > 20 or text != long
-        dec = torch.tensor([[ours.tokenizer.vocab[p] for p in got.target_tokens]])
-        with torch.no_grad():
-            ref = hf(**enc, decoder_input_ids=dec, output_attentions=True)
-        for kind, theirs in (("encoder", ref.encoder_attentions), ("decoder", ref.decoder_attentions),
-                             ("cross", ref.cross_attentions)):
-            want = torch.stack(theirs, 1)[0].numpy()  # (layers, heads, queries, keys)
-            assert got.attention[kind].weights.shape == want.shape
-            np.testing.assert_allclose(got.attention[kind].weights, want, atol=1e-4)
-        assert got.source_tokens == [ours.tokenizer.id_to_piece(i) for i in enc["input_ids"][0].tolist()]
+@pytest.fixture(scope="module", params=sorted(CASES))
+def t5(request, hf_folders) -> tuple[Path, object, object, str]:
+    built = hf_folders.get(CASES[request.param])
+    return built.path, built.ref.model, built.ref.tokenizer, request.param
 
 
 def test_buckets_equal_transformers() -> None:

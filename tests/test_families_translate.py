@@ -1,66 +1,18 @@
-"""Marian (opus-mt) folders read into the Translator (models/io/hf_translators.py): a random-weight MarianMTModel
-written by transformers, tokenised, searched and attended exactly as transformers does it: source ids equal to
-MarianTokenizer's, greedy and beam-5 output identical to ``generate`` (same length limit and length penalty,
-early stopping at K finished hypotheses as the Translator's search), the text decoded as transformers decodes it,
-and the encoder, decoder and cross-attention of the chosen output within 1e-4."""
+"""Marian (opus-mt) folders read into the Translator (models/io/hf_translators.py): their tokens, searches and attention
+against transformers are tests/test_parity.py's (the folders: tests/parity_folders.py, shared and untied tables, encoder
+and decoder feed-forwards of different widths). Here: the Translate tab names an unknown model and the choices; a Marian
+folder with encoder and decoder of different head counts is refused by name."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 import models
-from tests.families import marian_folder
-
-torch.set_num_threads(2)
-TEXTS = ["A man in a blue shirt is riding a bicycle down the street.", "Two young girls are playing.",
-         "The central bank raised interest rates again on Tuesday."]
-
-
-@pytest.fixture(scope="module", params=[True, False], ids=["shared", "untied"])
-def marian(request, tmp_path_factory) -> tuple[Path, object, object, bool]:
-    where = tmp_path_factory.mktemp("marian")
-    hf, tok = marian_folder(where, shared=request.param)
-    return where, hf, tok, request.param
-
-
-@pytest.mark.parametrize("beams", [1, 5])
-def test_search_equals_generate(marian, beams: int) -> None:
-    where, hf, tok, shared = marian
-    ours = models.load(str(where))
-    assert ours.config.family == "marian" and ours.config.tie_embeddings == shared
-    ended_early = 0
-    for text in TEXTS:
-        enc = tok(text, return_tensors="pt")
-        assert ours.tokenizer.encode(text).ids == enc["input_ids"][0].tolist()
-        for limit, penalty in [(7, 1.0), (20, 1.0), (16, 0.0)]:
-            ref = hf.generate(**enc, num_beams=beams, max_new_tokens=limit, length_penalty=penalty,
-                              early_stopping=True, do_sample=False)[0].tolist()
-            got = ours.translate(text, beam_size=beams, max_len=limit, length_penalty=penalty)
-            ids = [ours.tokenizer.vocab[p] for p in got.target_tokens] + [ours.config.eos_id]
-            assert ids == ref, (text, limit, penalty)
-            assert got.text == tok.decode(ref, skip_special_tokens=True)
-            ended_early += len(ref) - 1 < limit
-    if shared:  # its eos bias is set so that some searches end by choosing eos, not only at their limit
-        assert ended_early
-
-
-def test_attention_equals_transformers(marian) -> None:
-    where, hf, tok, _ = marian
-    ours = models.load(str(where))
-    got = ours.translate(TEXTS[0], beam_size=5, max_len=12)
-    enc = tok(TEXTS[0], return_tensors="pt")
-    dec = torch.tensor([[ours.tokenizer.vocab[p] for p in got.target_tokens]])
-    with torch.no_grad():
-        ref = hf(**enc, decoder_input_ids=dec, output_attentions=True)
-    for kind, theirs in (("encoder", ref.encoder_attentions), ("decoder", ref.decoder_attentions),
-                         ("cross", ref.cross_attentions)):
-        want = torch.stack(theirs, 1)[0].numpy()
-        assert got.attention[kind].weights.shape == want.shape
-        np.testing.assert_allclose(got.attention[kind].weights, want, atol=1e-4)
+from models.io.checkpoint import CheckpointError
 
 
 def test_translate_tab_refuses_an_unknown_model_by_name() -> None:
@@ -71,3 +23,13 @@ def test_translate_tab_refuses_an_unknown_model_by_name() -> None:
     assert translate.translator_models()[:2] == ["translator-en-de", "Helsinki-NLP/opus-mt-en-de"]
     with pytest.raises(Error, match="no-such-model.*translator-en-de"):
         translate._model("no-such-model")
+
+
+def test_different_head_counts_are_refused(hf_folders, tmp_path: Path) -> None:
+    """Different feed-forward widths read (tests/test_parity.py's marian-ffn); different head counts are refused."""
+    where = hf_folders.get("marian").path
+    bad = Path(shutil.copytree(where, tmp_path / "bad"))
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "decoder_attention_heads": 2}))
+    with pytest.raises(CheckpointError, match="different head counts"):
+        models.load(str(bad))

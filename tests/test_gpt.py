@@ -1,6 +1,7 @@
-"""models/families/gpt.py and models/io/hf.py: GPT-2 weights from a folder written by transformers give transformers'
-logits, attention and greedy tokens; the LLaMA recipe (grouped-query attention included) gives the same
-outputs through the explicit and the fused path; generation, ablation and the logit lens behave."""
+"""models/families/gpt.py and models/io/hf.py: the GPT-2 folder's tokenizer encodes as transformers' (its logits,
+attention and greedy tokens, and the LLaMA folder's, are tests/test_parity.py's); the LLaMA recipe (grouped-query
+attention included) gives the same outputs through the explicit and the fused path; generation, ablation and the logit
+lens behave."""
 
 from __future__ import annotations
 
@@ -17,32 +18,10 @@ torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    """A small random GPT-2 written by transformers, with a byte-level BPE tokenizer.json."""
-    from tests.tiny import tiny_gpt2_folder
-
-    out = tmp_path_factory.mktemp("gpt2")
-    return out, tiny_gpt2_folder(out)
-
-
-def test_gpt2_folder_matches_transformers(gpt2_folder) -> None:
-    import models
-
-    folder, hf = gpt2_folder
-    ours = models.load(str(folder))
-    assert ours.config.recipe == "gpt2" and ours.config.n_layers == 3
-    ids = torch.tensor([[5, 17, 33, 2, 40, 41, 7, 9]])
-    with torch.no_grad():
-        ref = hf(ids, output_attentions=True)
-        mine = ours(ids, need_weights=True)
-    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
-    assert len(ref.attentions) == len(mine.attention) == 3
-    for a, b in zip(ref.attentions, mine.attention):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-    with torch.no_grad():
-        want = hf.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0)[0].tolist()
-    got = ours.generate(ids[0].tolist(), max_new_tokens=12)
-    assert got.ids[: len(want)] == want[: len(got.ids)] and len(got.ids) >= ids.shape[1] + 1
+def gpt2_folder(hf_folders) -> tuple[Path, object]:
+    """A small random GPT-2 written by transformers, with a byte-level BPE tokenizer.json (tests/parity_folders.py)."""
+    built = hf_folders.get("gpt2")
+    return built.path, built.ref.model
 
 
 def test_gpt2_tokenizer_encodes_as_transformers(gpt2_folder) -> None:
@@ -214,24 +193,3 @@ def test_head_role_scores_average_the_seeds_sequences_drawn_from_the_pieces() ->
     with pytest.raises(ValueError, match="no ordinary token"):
         model.repeated_tokens(6, 0, [LLAMA.bos_id, LLAMA.eos_id])
 
-
-def test_llama_folder_matches_transformers(tmp_path: Path) -> None:
-    """A LLaMA-family folder (grouped-query attention, rotate-half RoPE, untied output) written by
-    transformers gives LlamaForCausalLM's logits and attention, and its greedy tokens."""
-    import models
-    from tests.tiny import tiny_llama_folder
-
-    hf = tiny_llama_folder(tmp_path / "llama")
-    ours = models.load(str(tmp_path / "llama"))
-    assert ours.config.kv_heads == 2 and ours.config.rope_layout == "half" and ours.config.bos_id == 0
-    ids = torch.tensor([[5, 17, 33, 2, 40, 41, 7, 9, 11, 12]])
-    with torch.no_grad():
-        ref = hf(ids, output_attentions=True)
-        mine = ours(ids, need_weights=True)
-    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
-    for a, b in zip(ref.attentions, mine.attention, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-    with torch.no_grad():
-        want = hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)[0].tolist()
-    got = ours.generate(ids[0].tolist(), max_new_tokens=8)
-    assert got.ids == want[: len(got.ids)]

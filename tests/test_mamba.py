@@ -1,5 +1,5 @@
-"""Mamba (models/families/mamba.py) against transformers' MambaForCausalLM on random weights, and its implicit
-attention (Ali, Zimerman & Wolf 2024) against the scan it is read from."""
+"""Mamba (models/families/mamba.py): its implicit attention (Ali, Zimerman & Wolf 2024) against the scan it is read
+from, on the random-weight folder whose parity with transformers' MambaForCausalLM is tests/test_parity.py's."""
 
 from __future__ import annotations
 
@@ -7,39 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-import models
 from models.families.mamba import Mamba, heatmap, implicit_attention
-from tests.tiny_families import mamba_folder
 
 IDS = [5, 17, 33, 2, 40, 41, 7, 9, 11, 12, 13, 14]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("mamba") / "m"
-    hf = mamba_folder(folder)
-    return hf, models.load(str(folder))
-
-
-def test_mamba_matches_transformers(pair) -> None:
-    """Every block's hidden state and the logits within 1e-4; greedy ids identical through the recurrent state
-    (prompt read at once, then one token per step with the cached convolution inputs and scan state)."""
-    hf, ours = pair
-    assert isinstance(ours, Mamba) and not ours.config.tie_embeddings and ours.config.d_inner == 120
-    ids = torch.tensor([IDS])
-    with torch.no_grad():
-        ref = hf(ids, output_hidden_states=True)
-        mine = ours(ids, keep_hidden=True)
-    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
-    assert len(ref.hidden_states) == len(mine.hidden) == 4
-    for a, b in zip(ref.hidden_states[:-1], mine.hidden[1:], strict=True):  # after each block
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
-    torch.testing.assert_close(ours.norm(mine.hidden[-1]), ref.hidden_states[-1], atol=1e-4, rtol=0)
-    with torch.no_grad():
-        want = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
-    got = ours.generate(IDS, max_new_tokens=12)
-    assert got.ids == want[: len(got.ids)] and len(got.ids) == len(IDS) + 12
-    np.testing.assert_allclose(ours.next_token_probs(IDS), torch.softmax(ref.logits[0, -1], -1).numpy(), atol=1e-5)
+def pair(hf_folders):
+    """transformers' MambaForCausalLM and ours, read from tests/parity_folders.py's folder (their logits, hidden
+    states and greedy ids against each other are tests/test_parity.py's)."""
+    built = hf_folders.get("mamba")
+    return built.ref.model, built.model
 
 
 def test_implicit_attention_reproduces_the_scan(pair) -> None:

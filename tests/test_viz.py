@@ -293,6 +293,61 @@ def test_swin_geometry_figures():
     assert np.asarray(viz.region_map(regions, win).data[0].z).shape == (H, W)
 
 
+def test_swin_geometry_figures_mark_padding():
+    """A 9 × 9 grid in windows of 4 is drawn padded to 12 × 12: the window ids are those of the padded grid rolled as
+    the model rolls it (mod 12, not 9), and exactly the 63 padding cells are labelled "pad" and greyed, before and
+    after the roll, on the region map and in the window mask's labels."""
+    from models.families.swin import shifted_window_regions, window_geometry
+
+    H, win, s = 9, 4, 2
+    ids = viz.shifted_window_ids((H, H), win, s)
+    assert ids.shape == (12, 12)
+    r, c = np.mgrid[0:12, 0:12]
+    np.testing.assert_array_equal(ids, ((r - s) % 12 // win) * 3 + (c - s) % 12 // win)
+    fig = viz.window_partitions((H, H), win, s)
+    for trace in fig.data[:2]:
+        text = np.asarray(trace.text)
+        assert text.shape == (12, 12) and (text == "pad").sum() == 144 - 81 and text[8, 8] == str(8 * 9 + 8)
+        assert (text[9:] == "pad").all() and (text[:, 9:] == "pad").all()
+    assert len([sh for sh in fig.layout.shapes if sh.fillcolor]) == 2 and "padded to 12×12" in fig.layout.title.text
+    geo = window_geometry(H, win, s)
+    fig = viz.cyclic_shift(geo.ids, geo.rolled, geo.regions, win, padding=geo.padding)
+    before, after = (np.asarray(t.text) for t in fig.data[:2])
+    assert (before == "pad").sum() == (after == "pad").sum() == 63
+    np.testing.assert_array_equal(after == "pad", np.roll(geo.padding, (-s, -s), (0, 1)))
+    token = after[after != "pad"].astype(int)
+    assert (token // 12 < H).all() and (token % 12 < H).all()  # every labelled cell after the roll is a token
+    rolled = np.roll(geo.padding, (-s, -s), (0, 1))
+    fig = viz.region_map(shifted_window_regions(12, 12, win, s).numpy(), win, padding=rolled)
+    assert (np.asarray(fig.data[0].text) == "pad").sum() == 63 and "padding" in fig.layout.title.text
+    last = geo.windows - 1
+    fig = viz.window_mask(geo.masks[last], win, last, padding=geo.window_padding(last))
+    labels = list(fig.data[0].x)
+    assert sum(lab.endswith(" pad") for lab in labels) == int(geo.window_padding(last).sum()) > 0
+    assert "padding" in fig.layout.title.text
+
+
+def test_image_attention_grid_keeps_the_image_scale_past_its_edge():
+    """A Swin stage whose odd grid was padded before merging reaches past the image (5 tokens of 8 pixels over 36):
+    with ``patch`` the underlay keeps the image's scale and the cells past its edge lie over white."""
+    image = np.full((36, 36), 10, dtype=np.uint8)
+    maps = np.ones((2, 25), dtype=np.float32) / 25
+    plain = viz.image_attention_grid(image, maps, (5, 5), max_side=40)
+    scaled = viz.image_attention_grid(image, maps, (5, 5), max_side=40, patch=8)
+    assert plain.data[0].source != scaled.data[0].source  # the underlay differs: white past pixel 36
+    import base64
+    import io
+
+    from PIL import Image
+
+    def underlay(fig):
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(fig.data[0].source.split(",", 1)[1]))))
+
+    a, b = underlay(plain), underlay(scaled)
+    assert (a[:40, :40] == 10).all()  # stretched: all image
+    assert (b[:36, :36] == 10).all() and (b[36:40, :40] == 255).all() and (b[:40, 36:40] == 255).all()
+
+
 def test_figures_round_trip_to_json():
     fig = viz.model_view(softmax_attention((1, 2, 5, 5)), TOKENS[:5])
     json.loads(fig.to_json())

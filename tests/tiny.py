@@ -122,9 +122,11 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
     return root
 
 
-def tiny_gpt2_folder(folder: Path):
+def tiny_gpt2_folder(folder: Path, std: float | None = None):
     """A small random GPT-2 written by transformers (config.json, model.safetensors) with a byte-level BPE
-    tokenizer.json: a Hugging Face folder as a user would bring one. Returns the transformers model."""
+    tokenizer.json: a Hugging Face folder as a user would bring one. Returns the transformers model. ``std``: the
+    initialiser's spread (transformers' 0.02 by default; 0.1 gives random logits clear winners, so greedy generation
+    does not settle on one token)."""
     import torch
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -137,7 +139,7 @@ def tiny_gpt2_folder(folder: Path):
     eot = tok.token_to_id("<|endoftext|>")
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=3, n_head=4,
-                     bos_token_id=eot, eos_token_id=eot)
+                     bos_token_id=eot, eos_token_id=eot, **({} if std is None else {"initializer_range": std}))
     cfg._attn_implementation = "eager"
     hf = GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(folder)

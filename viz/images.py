@@ -102,9 +102,13 @@ def image_attention_grid(
     title: str = "CLS → patch attention per head",
     autoscale: bool = True,
     max_side: int = 112,
+    patch: float | None = None,
 ) -> go.Figure:
     """Small multiples of per-patch maps over the image (e.g. every head of one layer, every layer ×
     head, or rollout after each layer). maps: (N, rows·cols) or (N, rows, cols); colour scale shared.
+    ``patch``: pixels per patch side; where the grid reaches past the image (a Swin stage whose odd grid was padded
+    before merging) the image keeps its scale and the cells past its edge lie over white. None: the grid spans the
+    image exactly.
 
     Drawn as ONE tiled greyscale underlay (the image shrunk to ≤ ``max_side`` px, repeated) and ONE
     tiled heatmap with blank gaps, not N subplots: 144 panels stay light and build in well under a second.
@@ -121,9 +125,12 @@ def image_attention_grid(
     img = as_uint8_image(image)
     grey = img if img.ndim == 2 else img.mean(axis=2).astype(np.uint8)
     cell = max(1, int(round(max_side / max(rows, cols))))  # underlay pixels per patch
-    ri = (np.arange(rows * cell) * grey.shape[0] / (rows * cell)).astype(int)
-    ci = (np.arange(cols * cell) * grey.shape[1] / (cols * cell)).astype(int)
-    small = grey[ri][:, ci]  # nearest-neighbour resample to exactly rows·cell × cols·cell
+    extent = grey.shape if patch is None else (rows * patch, cols * patch)  # pixels the grid covers
+    ri = (np.arange(rows * cell) * extent[0] / (rows * cell)).astype(int)
+    ci = (np.arange(cols * cell) * extent[1] / (cols * cell)).astype(int)
+    small = np.full((ri.size, ci.size), 255, dtype=np.uint8)  # nearest-neighbour resample to rows·cell × cols·cell
+    inside_r, inside_c = ri < grey.shape[0], ci < grey.shape[1]
+    small[np.ix_(inside_r, inside_c)] = grey[ri[inside_r]][:, ci[inside_c]]
     row_gap = 3  # patch cells between panel rows: room for the panel titles
     under = tile(np.repeat(small[None], n, axis=0), ncols, gap=cell, fill=255, row_gap=row_gap * cell)
     z = tile(amaps, ncols, gap=1, row_gap=row_gap)

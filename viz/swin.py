@@ -1,10 +1,11 @@
 """Swin Transformer geometry (Liu et al. 2021): window partitions, the cyclic shift, region ids, the
 −100 attention mask, and one token's window attention painted back onto the token grid.
 
-Conventions (the same as timm's ``swin_transformer.py`` and models/families/swin.py): the shifted block rolls the
-token grid by −shift on both axes (``torch.roll(x, (-s, -s))``), windows are numbered row-major on the
-rolled grid, tokens row-major inside a window. Arrays come in from the caller; nothing here imports the
-model code.
+Conventions (the same as timm's ``swin_transformer.py`` and models/families/swin.py): a grid that is not a multiple of
+the window is padded at the bottom and right to one (the padding cells hold zeros, not image: the figures grey them
+out and label them "pad"), the shifted block rolls the padded grid by −shift on both axes
+(``torch.roll(x, (-s, -s))``), windows are numbered row-major on the rolled grid, tokens row-major inside a window.
+Arrays come in from the caller; nothing here imports the model code.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from viz.common import (
     tile,
 )
 
+PAD_TEXT = "pad"  # the label of a padding cell (zeros the model adds to fill the last windows; not image)
+PAD_FILL = "rgba(90, 90, 90, 0.55)"
+
 # Pastel qualitative palette for window / region ids.
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
            "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
@@ -41,20 +45,45 @@ def _discrete_scale(n: int) -> list:
     return out
 
 
+def padded(grid: tuple[int, int], window: int) -> tuple[int, int]:
+    """The grid padded at the bottom and right to multiples of the window, as the model pads it."""
+    return -(-grid[0] // window) * window, -(-grid[1] // window) * window
+
+
 def shifted_window_ids(grid: tuple[int, int], window: int, shift: int) -> np.ndarray:
-    """(H, W) id of the window each ORIGINAL token falls into (row-major on the rolled grid)."""
-    H, W = grid
-    r, c = np.mgrid[0:H, 0:W]
-    rr, cc = (r - shift) % H, (c - shift) % W
-    return (rr // window) * (W // window) + cc // window
+    """(Hp, Wp) id of the window each cell of the PADDED grid (``padded``; the token grid itself when it is a multiple
+    of the window) falls into, row-major on the rolled grid; cells at row ≥ H or column ≥ W are padding."""
+    Hp, Wp = padded(grid, window)
+    r, c = np.mgrid[0:Hp, 0:Wp]
+    rr, cc = (r - shift) % Hp, (c - shift) % Wp  # the roll is over the padded grid, as the model rolls it
+    return (rr // window) * (Wp // window) + cc // window
 
 
-def _grid_panel(fig, z, n_ids, text, row, col, hover):
+def _padding(grid: tuple[int, int], window: int) -> np.ndarray:
+    """(Hp, Wp) bool: True where a cell of the padded grid is padding, not a token of the image."""
+    Hp, Wp = padded(grid, window)
+    r, c = np.mgrid[0:Hp, 0:Wp]
+    return (r >= grid[0]) | (c >= grid[1])
+
+
+def _grid_panel(fig, z, n_ids, text, row, col, hover, padding: np.ndarray | None = None):
+    """One grid of ids as coloured cells; ``padding`` (bool, z's shape) cells are labelled "pad" and greyed out."""
+    text = np.asarray(text, dtype=object)
+    if padding is not None and padding.any():
+        text = np.where(padding, PAD_TEXT, text)
     trace = dict(type="heatmap", z=z, zmin=-0.5, zmax=n_ids - 0.5, colorscale=_discrete_scale(n_ids), showscale=False,
                  text=text, textfont=dict(size=11), xgap=1, ygap=1, hovertemplate=hover)
     if z.size <= 400:
         trace["texttemplate"] = "%{text}"
     fig.add_trace(trace, row=row, col=col)
+    if padding is not None and padding.any():
+        cells = "".join(rect_path(c - 0.5, r - 0.5, c + 0.5, r + 0.5) for r, c in zip(*np.nonzero(padding)))
+        fig.add_shape(type="path", path=cells, fillcolor=PAD_FILL, line=dict(width=0), row=row, col=col)
+
+
+def _pad_note(padding: np.ndarray | None) -> str:
+    n = 0 if padding is None else int(padding.sum())
+    return f"; grey “pad” cells ({n}) are padding up to whole windows, zeros, not image" if n else ""
 
 
 def _lines(fig, H, W, window, offset, row, col, color="#222", width=3):
@@ -80,59 +109,75 @@ def window_partitions(grid: tuple[int, int], window: int, shift: int | None = No
                       title: str = "Regular and shifted windows") -> go.Figure:
     """The token grid twice: the regular partition (block 2k) and the shifted one (block 2k+1, shift
     ``window // 2`` by default), cells coloured by the window they belong to. In the shifted partition
-    the windows that wrap around the border (cyclic shift) share a colour across the edges."""
+    the windows that wrap around the border (cyclic shift) share a colour across the edges. A grid that is not a
+    multiple of the window is drawn padded as the model pads it, its padding cells grey and labelled "pad"."""
     H, W = grid
+    Hp, Wp = padded(grid, window)
     shift = window // 2 if shift is None else shift
     reg = shifted_window_ids(grid, window, 0)
     sh = shifted_window_ids(grid, window, shift)
-    n = (H // window) * (W // window)
+    n = (Hp // window) * (Wp // window)
+    pad = _padding(grid, window)
     fig = Fig(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
         f"regular windows ({window}×{window})", f"shifted windows (shift {shift})"])
-    text = (np.mgrid[0:H, 0:W][0] * W + np.mgrid[0:H, 0:W][1]).astype(str)
-    _grid_panel(fig, reg, n, text, 1, 1, "token %{text}<br>window %{z}<extra></extra>")
-    _grid_panel(fig, sh, n, text, 1, 2, "token %{text}<br>window %{z}<extra></extra>")
-    _lines(fig, H, W, window, 0, 1, 1)
-    _lines(fig, H, W, window, shift, 1, 2)
-    _square_axes(fig, H, W, 2)
-    base_layout(fig, f"{title}<br><sup>{H}×{W} tokens; colour = window; numbers = token index</sup>",
+    text = (np.mgrid[0:Hp, 0:Wp][0] * W + np.mgrid[0:Hp, 0:Wp][1]).astype(str)
+    _grid_panel(fig, reg, n, text, 1, 1, "token %{text}<br>window %{z}<extra></extra>", pad)
+    _grid_panel(fig, sh, n, text, 1, 2, "token %{text}<br>window %{z}<extra></extra>", pad)
+    _lines(fig, Hp, Wp, window, 0, 1, 1)
+    _lines(fig, Hp, Wp, window, shift, 1, 2)
+    _square_axes(fig, Hp, Wp, 2)
+    size = f"{H}×{W} tokens" + (f" padded to {Hp}×{Wp}" if (Hp, Wp) != (H, W) else "")
+    base_layout(fig, f"{title}<br><sup>{size}; colour = window; numbers = token index{_pad_note(pad)}</sup>",
                 height=520, width=1000)
     fig.update_layout(margin=dict(t=130))
     return fig.build()
 
 
 def cyclic_shift(ids_before: np.ndarray, ids_after: np.ndarray, regions_after: np.ndarray, window: int, *,
-                 title: str = "Cyclic shift") -> go.Figure:
+                 padding: np.ndarray | None = None, title: str = "Cyclic shift") -> go.Figure:
     """Token ids before and after the cyclic shift, each token coloured by the mask region it lands in
-    after the shift; window boundaries drawn on the shifted grid. All arrays (H, W)."""
+    after the shift; window boundaries drawn on the shifted grid. All arrays (H, W) of the padded grid;
+    ``padding`` (bool, the ``ids_before`` layout): which cells are padding, greyed and labelled "pad" before and after
+    the roll."""
     before, after, reg = (np.asarray(a) for a in (ids_before, ids_after, regions_after))
     H, W = after.shape
     region_of_id = np.empty(before.size, dtype=int)
     region_of_id[after.ravel()] = reg.ravel()  # where each id ended up
     reg_before = region_of_id[before.ravel()].reshape(H, W)
+    pad_after = None
+    if padding is not None:
+        padding = np.asarray(padding, dtype=bool)
+        pad_of_id = np.zeros(before.size, dtype=bool)
+        pad_of_id[before.ravel()] = padding.ravel()
+        pad_after = pad_of_id[after.ravel()].reshape(H, W)
     n = int(reg.max()) + 1
     fig = Fig(rows=1, cols=2, horizontal_spacing=0.08,
               subplot_titles=["before: original token grid", "after: rolled by −shift"])
-    _grid_panel(fig, reg_before, n, before.astype(str), 1, 1, "token %{text}<br>region %{z}<extra></extra>")
-    _grid_panel(fig, reg, n, after.astype(str), 1, 2, "token %{text}<br>region %{z}<extra></extra>")
+    _grid_panel(fig, reg_before, n, before.astype(str), 1, 1, "token %{text}<br>region %{z}<extra></extra>", padding)
+    _grid_panel(fig, reg, n, after.astype(str), 1, 2, "token %{text}<br>region %{z}<extra></extra>", pad_after)
     _lines(fig, H, W, window, 0, 1, 2)
     _square_axes(fig, H, W, 2)
     base_layout(fig, f"{title}<br><sup>colour = region after the shift; tokens of different regions share a window "
-                "but must not attend to each other</sup>", height=520, width=1000)
+                f"but must not attend to each other{_pad_note(padding)}</sup>", height=520, width=1000)
     fig.update_layout(margin=dict(t=130))
     return fig.build()
 
 
-def region_map(regions: np.ndarray, window: int, *, title: str = "Region ids of the shifted grid") -> go.Figure:
+def region_map(regions: np.ndarray, window: int, *, padding: np.ndarray | None = None,
+               title: str = "Region ids of the shifted grid") -> go.Figure:
     """(H, W) region id per token of the rolled grid (the ``img_mask`` slices of the Swin paper's
-    efficient batch computation), with the window boundaries."""
+    efficient batch computation), with the window boundaries; ``padding`` (bool, the rolled grid's layout): cells that
+    are padding, greyed and labelled "pad"."""
     reg = np.asarray(regions)
     H, W = reg.shape
     n = int(reg.max()) + 1
+    pad = None if padding is None else np.asarray(padding, dtype=bool)
     fig = Fig()
-    _grid_panel(fig, reg, n, reg.astype(str), 1, 1, "row %{y} · col %{x}<br>region %{z}<extra></extra>")
+    _grid_panel(fig, reg, n, reg.astype(str), 1, 1, "row %{y} · col %{x}<br>region %{z}<extra></extra>", pad)
     _lines(fig, H, W, window, 0, 1, 1)
     _square_axes(fig, H, W, 1)
-    base_layout(fig, title, height=560, width=600)
+    note = _pad_note(pad)
+    base_layout(fig, f"{title}<br><sup>{note[2:]}</sup>" if note else title, height=560, width=600)
     return fig.build()
 
 
@@ -143,14 +188,18 @@ def _mask_heatmap(z, hover, show_scale=True):
                 showscale=show_scale, hoverongaps=False, hovertemplate=hover)
 
 
-def window_mask(mask: np.ndarray, window: int, window_index: int = 0, *, title: str | None = None) -> go.Figure:
+def window_mask(mask: np.ndarray, window: int, window_index: int = 0, *, padding: np.ndarray | None = None,
+                title: str | None = None) -> go.Figure:
     """The additive mask (N × N, values 0 or −100) of one window; tokens labelled by their (row, col)
-    inside the window."""
+    inside the window, padding tokens (``padding``: (N,) bool) with " pad" after it."""
     m = np.asarray(mask, dtype=np.float32)
     N = m.shape[0]
-    lab = [f"{i // window},{i % window}" for i in range(N)]
+    pad = np.zeros(N, dtype=bool) if padding is None else np.asarray(padding, dtype=bool).ravel()
+    lab = [f"{i // window},{i % window}{' ' + PAD_TEXT if pad[i] else ''}" for i in range(N)]
     fig = Fig(dict(_mask_heatmap(m, "query %{y} → key %{x}: %{z}<extra></extra>"), x=lab, y=lab))
-    base_layout(fig, title or f"Attention mask of window {window_index}", height=600, width=680)
+    note = (f"<br><sup>{int(pad.sum())} of its {N} tokens are padding (zeros, not image): the mask blocks by "
+            "region only, so they are attended to like any token</sup>") if pad.any() else ""
+    base_layout(fig, (title or f"Attention mask of window {window_index}") + note, height=600, width=680)
     step = max(1, N // 16)
     fs = 12 if N <= 25 else 10
     fig.update_xaxes(type="category", tickmode="array", tickvals=lab[::step], ticktext=lab[::step], tickangle=-90,

@@ -159,6 +159,19 @@ class WindowGeometry:
         """How many query–key pairs of window ``index`` the mask blocks."""
         return int((self.masks[index] < 0).sum())
 
+    @property
+    def padding(self) -> np.ndarray:
+        """(side, side) bool in image order: True where a cell is padding (beyond the grid), not image."""
+        r, c = np.divmod(self.ids, self.side)
+        return (r >= self.grid) | (c >= self.grid)
+
+    def window_padding(self, index: int) -> np.ndarray:
+        """(N,) bool: which tokens of window ``index`` (on the rolled grid, row-major) are padding."""
+        rolled = np.roll(self.padding, (-self.shift, -self.shift), axis=(0, 1))
+        w = self.window
+        r, c = divmod(index, self.side // w)
+        return rolled[r * w:(r + 1) * w, c * w:(c + 1) * w].ravel()
+
 
 def window_geometry(grid: int, window: int, shift: int) -> WindowGeometry:
     """Window partition, cyclic shift, region ids and masks of a ``grid`` × ``grid`` token grid, padded up to

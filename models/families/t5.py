@@ -140,7 +140,7 @@ class T5DecoderLayer(nn.Module):
     def __init__(self, c: T5Config) -> None:
         super().__init__()
         self.self_attn, self.cross_attn = _attention(c), _attention(c)
-        self.ff = T5FeedForward(c.d_model, c.d_ff, c.dropout, c.activation, c.gated)
+        self.ff = T5FeedForward(c.d_model, c.decoder_ff, c.dropout, c.activation, c.gated)
         self.norm1, self.norm2, self.norm3 = (nn.RMSNorm(c.d_model, eps=c.eps) for _ in range(3))
         self.drop = nn.Dropout(c.dropout)
 

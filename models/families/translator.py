@@ -32,7 +32,8 @@ class TranslatorConfig:
     n_heads: int = 4  # attention heads, d_head = d_model / n_heads = 64 as in the paper
     n_enc_layers: int = 3  # encoder layers (paper: 6)
     n_dec_layers: int = 3  # decoder layers (paper: 6)
-    d_ff: int = 1024  # feed-forward inner width, 4 × d_model as in the paper
+    d_ff: int = 1024  # feed-forward inner width, 4 × d_model as in the paper (the encoder's, and the decoder's
+    # unless d_ff_dec says otherwise)
     dropout: float = 0.1  # residual, embedding and attention dropout (paper §5.4)
     tie_embeddings: bool = True  # share source, target and output embeddings (Press & Wolf 2017)
     norm_first: bool = True  # pre-norm (True) or the original post-norm (False)
@@ -50,8 +51,16 @@ class TranslatorConfig:
     logits_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
     blocked_ids: tuple[int, ...] = ()  # tokens never produced (Marian's generation_config bad_words_ids: <pad>)
     forced_eos: bool = False  # the last allowed step can only produce eos (forced_eos_token_id)
+    d_ff_dec: int = 0  # the decoder's feed-forward width; 0: d_ff (Marian's decoder_ffn_dim may differ from the
+    # encoder's encoder_ffn_dim)
     OPTIONAL: ClassVar[tuple[str, ...]] = ("family", "positions", "activation", "scale_embedding", "tie_output",
-                                           "logits_bias", "blocked_ids", "forced_eos")  # newer than the checkpoint
+                                           "logits_bias", "blocked_ids", "forced_eos", "d_ff_dec")  # newer than
+    # the checkpoint
+
+    @property
+    def decoder_ff(self) -> int:
+        """The decoder's feed-forward width."""
+        return self.d_ff_dec or self.d_ff
 
     @property
     def n_layers(self) -> int:
@@ -139,8 +148,8 @@ class Translator(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation)
                                      for _ in range(c.n_enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, c.norm_first, c.activation)
-                                     for _ in range(c.n_dec_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(c.d_model, c.n_heads, c.decoder_ff, c.dropout, c.norm_first,
+                                                  c.activation) for _ in range(c.n_dec_layers))
         # pre-norm stacks end with a LayerNorm (the residual stream is never normalised otherwise)
         self.enc_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()

@@ -4,11 +4,12 @@ never imported here; the registry names each reader, ``models.io.hf.load_hf`` ca
 ``marian`` (``MarianMTModel``, the opus-mt models of Tiedemann & Thottingal 2020, trained with Marian NMT) is the
 Transformer of Vaswani et al. (2017) in its original post-norm form, so it is the Translator with switches
 (``TranslatorConfig``): sinusoidal positions with every sine before every cosine (``positions="half"``), the
-feed-forward activation of the config (swish for opus-mt), embeddings × √d only with ``scale_embedding``, a bias on the
-output logits (``final_logits_bias``), decoding started from ``<pad>`` (``decoder_start_token_id``), ``<pad>``
-never produced (generation_config.json ``bad_words_ids``) and eos forced at the last allowed step
-(``forced_eos_token_id``), as transformers' ``generate`` does. The tokenizer is the folder's SentencePiece pair
-(``models.inputs.tokenizer.MarianTokenizer``).
+feed-forward activation of the config (swish for opus-mt), the encoder's and the decoder's own feed-forward widths
+(``encoder_ffn_dim``, ``decoder_ffn_dim``: equal in the released models, not necessarily), embeddings × √d only with
+``scale_embedding``, a bias on the output logits (``final_logits_bias``), decoding started from ``<pad>``
+(``decoder_start_token_id``), ``<pad>`` never produced (generation_config.json ``bad_words_ids``) and eos forced at
+the last allowed step (``forced_eos_token_id``), as transformers' ``generate`` does. The tokenizer is the folder's
+SentencePiece pair (``models.inputs.tokenizer.MarianTokenizer``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
 
     where = Path(where)
     folder = where.parent
-    if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads") or \
-            hf.get("encoder_ffn_dim") != hf.get("decoder_ffn_dim"):
-        raise CheckpointError(where, "encoder and decoder of different head counts or widths are not supported")
+    if hf.get("encoder_attention_heads") != hf.get("decoder_attention_heads"):
+        raise CheckpointError(where, "encoder and decoder of different head counts are not supported")
     if hf.get("normalize_before") or hf.get("add_final_layer_norm") or hf.get("normalize_embedding"):
         raise CheckpointError(where, "only Marian's post-norm layout is supported (no pre-norm, no extra norms)")
     act = str(hf.get("activation_function", "gelu"))
@@ -56,7 +56,8 @@ def marian_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
     config = TranslatorConfig(
         vocab_size=vocab, d_model=d, n_heads=int(hf["encoder_attention_heads"]),
         n_enc_layers=int(hf["encoder_layers"]), n_dec_layers=int(hf["decoder_layers"]),
-        d_ff=int(hf["encoder_ffn_dim"]), dropout=0.0, tie_embeddings=shared, norm_first=False,
+        d_ff=int(hf["encoder_ffn_dim"]), d_ff_dec=int(hf.get("decoder_ffn_dim") or hf["encoder_ffn_dim"]),
+        dropout=0.0, tie_embeddings=shared, norm_first=False,
         max_len=int(hf.get("max_position_embeddings", 512)), pad_id=pad,
         bos_id=int(gen.get("decoder_start_token_id", hf.get("decoder_start_token_id", pad))), eos_id=eos,
         family="marian", positions="half", activation=act, scale_embedding=bool(hf.get("scale_embedding", False)),

@@ -6,8 +6,11 @@ Hugging Face's Swin is the paper's, as torchvision's (which ``Swin`` follows): a
 of pre-norm blocks alternating regular and shifted windows with a learned relative position bias per head, a patch
 merging (the four 2 × 2 neighbours concatenated in the same order, LayerNorm, a linear reduction without bias) after
 every stage but the last, a final LayerNorm, the mean over tokens and a linear classifier. Its q, k and v are three
-matrices, joined here into ``qkv``. Where a stage's grid is smaller than the window Hugging Face shrinks the window and
-torchvision pads, so such a folder is refused (the published models' grids are multiples of their window).
+matrices, joined here into ``qkv``. A grid that is not a multiple of the window is padded at the bottom and right to
+one (zeros after the block's first LayerNorm, attended to as keys like any token; the shifted blocks' regions computed
+on the padded grid), as both do, and a stage whose grid is exactly the window drops its shift. Where a stage's grid is
+smaller than the window, transformers shrinks the window to the grid but keeps the full window's bias table (and fails
+on the shapes) while torchvision pads, so such a folder is refused (the published models' last grid is their window).
 """
 
 from __future__ import annotations
@@ -33,12 +36,16 @@ def swin_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | 
                                      "exact GELU)")
     size, patch, window = int(hf.get("image_size", 224)), int(hf.get("patch_size", 4)), int(hf.get("window_size", 7))
     depths, heads = [int(d) for d in hf["depths"]], [int(h) for h in hf["num_heads"]]
-    grid = size // patch
+    if size % patch:  # transformers pads the image to a whole number of patches; Swin's convolution would drop them
+        raise CheckpointError(where, f"an image side of {size} pixels is not a whole number of {patch}-pixel patches "
+                                     "(not supported)")
+    side = size // patch
     for stage in range(len(depths)):
-        side = grid // 2 ** stage
-        if side % window:
-            raise CheckpointError(where, f"stage {stage}'s grid of {side}×{side} tokens is not a multiple of the "
-                                         f"{window}-token window (not supported)")
+        if side < window:  # transformers shrinks the window to the grid here, but keeps the window's bias table and
+            # fails on the shapes; nothing defines what such a folder computes
+            raise CheckpointError(where, f"stage {stage}'s grid of {side}×{side} tokens is smaller than the "
+                                         f"{window}-token window (transformers cannot run such a model either)")
+        side = -(-side // 2)  # patch merging pads an odd side
     id2label = hf.get("id2label") or {}
     n = len(id2label) or int(hf.get("num_labels", 2))
     config = SwinConfig(image_size=size, in_channels=int(hf.get("num_channels", 3)), patch=patch,

@@ -1,0 +1,172 @@
+"""The random-weight Hugging Face folder of every model_type the registry reads, for tests/test_parity.py (test-only).
+
+In the manner of transformers' model testers: each ``Case`` names a model_type of ``models.registry.hf_types()``, the
+comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``)
+and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
+tests/tiny_families.py and tests/families.py: small, unusual but valid configs). A model_type may have several cases
+(the same family with other switches: tied and untied tables, partial rotary, encoder and decoder feed-forwards of
+different widths, a Swin grid that is not a multiple of the window). A registered model_type without a case fails
+tests/test_parity.py by name.
+
+Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
+it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
+keeps it for the session (tests/conftest.py's ``hf_folders``), so a family's own test file reads the same folder
+instead of writing another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import families as fam
+from tests import tiny, tiny_families
+
+KINDS = ("decoder", "mamba", "classifier", "translator", "vision")
+
+
+@dataclass
+class Ref:
+    """What transformers wrote: its model (eval, eager attention) and what reads its inputs."""
+
+    model: Any
+    tokenizer: Any = None  # text families: the transformers tokenizer of the folder
+    processor: str = ""  # vision families: the transformers image processor class that reads the folder's config
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # the test id: the model_type, or "model_type-variant"
+    model_type: str  # config.json's model_type: one of models.registry.hf_types()
+    kind: str  # the comparison (KINDS)
+    write: Callable[[Path], Ref]  # writes the folder, returns transformers' side
+    # what the folder must have turned on in our model: an attribute path of the loaded model ("config.kv_heads")
+    # -> its value (a switch not read fails here by name, before the numbers do)
+    expect: dict[str, Any] = field(default_factory=dict)
+    # translators: the folder makes eos likely, so some searches end by choosing it before their limit (an untied
+    # random output matrix does not favour eos)
+    ends_early: bool = True
+
+
+def _decoder(name: str) -> Callable[[Path], Ref]:
+    return lambda folder: Ref(tiny_families.decoder_folder(folder, name))
+
+
+def _classifier(family: str) -> Callable[[Path], Ref]:
+    def write(folder: Path) -> Ref:
+        model, tok = fam.classifier_folder(family, folder)
+        return Ref(model, tok)
+    return write
+
+
+def _bert(folder: Path) -> Ref:
+    from transformers import PreTrainedTokenizerFast
+
+    model = tiny.tiny_bert_classifier_folder(folder)
+    return Ref(model, PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")))
+
+
+def _marian(**kwargs: Any) -> Callable[[Path], Ref]:
+    def write(folder: Path) -> Ref:
+        model, tok = fam.marian_folder(folder, **kwargs)
+        return Ref(model, tok)
+    return write
+
+
+def _t5(feed_forward: str, tied: bool, layers: tuple[int, int]) -> Callable[[Path], Ref]:
+    def write(folder: Path) -> Ref:
+        model, tok = fam.t5_folder(folder, feed_forward, tied, layers)
+        return Ref(model, tok)
+    return write
+
+
+PROMPT = "translate English to German: "
+CLASSES = ["negative", "neutral", "positive"]
+PICTURES = ["cat", "dog", "bird", "fish"]
+
+CASES: tuple[Case, ...] = (
+    # decoders: logits, every layer's attention, greedy ids
+    Case("gpt2", "gpt2", "decoder", lambda f: Ref(tiny.tiny_gpt2_folder(f, std=0.1)),
+         {"config.recipe": "gpt2", "config.n_layers": 3}),
+    Case("llama", "llama", "decoder", lambda f: Ref(tiny.tiny_llama_folder(f)),
+         {"config.kv_heads": 2, "config.rope_layout": "half", "config.bos_id": 0}),
+    *(Case(name, name.split("-")[0], "decoder", _decoder(name)) for name in tiny_families.FAMILIES),
+    Case("mamba", "mamba", "mamba", lambda f: Ref(tiny_families.mamba_folder(f)),
+         {"config.tie_embeddings": False, "config.d_inner": 120}),
+    # classifiers: tokens, class probabilities, every layer's attention, a batch as each alone
+    Case("bert", "bert", "classifier", _bert, {"labels": CLASSES, "config.pooling": "pooler"}),
+    *(Case(f, f, "classifier", _classifier(f), {"labels": list(fam.LABELS), "config.family": f})
+      for f in ("roberta", "distilbert", "electra", "albert", "deberta-v2")),
+    # translators: source ids, greedy and beam output and text, encoder, decoder and cross-attention
+    Case("marian", "marian", "translator", _marian(shared=True),
+         {"config.family": "marian", "config.tie_embeddings": True}),
+    Case("marian-untied", "marian", "translator", _marian(shared=False),
+         {"config.family": "marian", "config.tie_embeddings": False}, ends_early=False),
+    # encoder and decoder feed-forwards of different widths (valid in MarianConfig, rare in released models)
+    Case("marian-ffn", "marian", "translator", _marian(shared=True, ffn=(60, 44)),
+         {"config.d_ff": 60, "config.decoder_ff": 44}, ends_early=False),
+    Case("t5", "t5", "translator", _t5("gated-gelu", False, (3, 2)),
+         {"config.family": "t5", "config.gated": True, "config.tie_output": False, "config.scale_output": False,
+          "config.n_enc_layers": 3, "config.n_dec_layers": 2, "config.prefix": PROMPT, "config.bos_id": 0,
+          "config.eos_id": 1}),
+    # transformers 5 generates T5 only with decoder depth ≤ encoder depth
+    Case("t5-relu-tied", "t5", "translator", _t5("relu", True, (5, 3)),
+         {"config.family": "t5", "config.gated": False, "config.tie_output": True, "config.scale_output": True,
+          "config.n_enc_layers": 5, "config.n_dec_layers": 3, "config.prefix": PROMPT}),
+    # vision: pixels, class probabilities, every layer's (every block's window) attention
+    Case("vit", "vit", "vision", lambda f: Ref(tiny.tiny_vit_classifier_folder(f), processor="ViTImageProcessor"),
+         {"labels": PICTURES, "config.input": "processor"}),
+    Case("deit", "deit", "vision", lambda f: Ref(fam.deit_folder(f, True), processor="DeiTImageProcessor"),
+         {"labels": list(fam.VISION_LABELS), "num_prefix_tokens": 2, "config.distilled": True}),
+    Case("deit-plain", "deit", "vision", lambda f: Ref(fam.deit_folder(f, False), processor="DeiTImageProcessor"),
+         {"num_prefix_tokens": 2, "config.distilled": False}),
+    Case("swin", "swin", "vision", lambda f: Ref(fam.swin_folder(f), processor="ViTImageProcessor"),
+         {"labels": list(fam.VISION_LABELS[:3]), "config.input": "processor"}),
+    # grids that are not a multiple of the window: 18 × 18 tokens in windows of 5 (padded to 20), merged to 9 × 9
+    # (padded to 10, and padded to 10 before merging), then 5 × 5, one window, its shift dropped
+    Case("swin-padded", "swin", "vision", lambda f: Ref(fam.swin_folder(f, image_size=36, patch=2, window=5,
+                                                                        depths=(2, 2, 2), heads=(2, 3, 4),
+                                                                        head_scale=8.0),
+                                                         processor="ViTImageProcessor"),
+         {"config.window": 5, "grid": (18, 18)}),
+)
+
+WRITERS: dict[str, list[Case]] = {}
+for _case in CASES:
+    WRITERS.setdefault(_case.model_type, []).append(_case)
+BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+
+
+@dataclass
+class Built:
+    """One written folder: where, transformers' side, and our model read from it (``models.load``, once)."""
+
+    case: Case
+    path: Path
+    ref: Ref
+    _model: Any = None
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            import models
+
+            self._model = models.load(str(self.path))
+        return self._model
+
+
+class Folders:
+    """Each case's folder, written under ``root`` on first use and kept (tests/conftest.py: one per session)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[str, Built] = {}
+
+    def get(self, name: str) -> Built:
+        if name not in self._built:
+            case = BY_NAME[name]
+            path = self.root / name
+            self._built[name] = Built(case, path, case.write(path))
+        return self._built[name]
