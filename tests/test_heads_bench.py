@@ -56,3 +56,21 @@ def test_unknown_name_refused_in_words(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "bench/heads.py", "--model", "no-such-model"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "ATLAS_CACHE": str(tmp_path)})
     assert out.returncode == 2 and "No model is called 'no-such-model'" in out.stderr and "Traceback" not in out.stderr
+
+
+def _top(grid: list[list[float | None]], k: int = 3) -> list[tuple[int, int]]:
+    ranked = sorted(((v, la, h) for la, row in enumerate(grid) for h, v in enumerate(row) if v is not None),
+                    reverse=True)
+    return [(la, h) for _, la, h in ranked[:k]]
+
+
+def test_real_smollm2_known_heads_in_the_top_three(tmp_path: Path) -> None:
+    """The real SmolLM2-135M-Instruct, read from its package's GGUF file (issue 62): its previous-token head (layer 16
+    head 0) and induction head (layer 18 head 6) among the top 3 of bench/heads.py. The induction and previous-token
+    metric comes from repeated random tokens; the previous-token one from the corpus, here its first 24 sentences."""
+    corpus = tmp_path / "corpus.txt"
+    lines = (ROOT / "examples" / "corpus" / "text.txt").read_text(encoding="utf-8").splitlines()
+    corpus.write_text("\n".join(lines[:24]) + "\n", encoding="utf-8")  # the built-in corpus's first 24 sentences
+    report = _bench("--model", "SmolLM2-135M-Instruct (real, 4-bit)", "--corpus", str(corpus), cache=tmp_path)
+    assert report["layers"] == 30 and report["heads"] == 9
+    assert (16, 0) in _top(report["metrics"]["previous"]) and (18, 6) in _top(report["metrics"]["induction"])

@@ -17,7 +17,7 @@ Load times are measured inside the process, from after ``import torch`` (and the
 to run; the imports themselves are reported apart (``import_s``). ``identical``: both sides chose the same 20 ids.
 Targets (docs: the design guide's budgets): first load ≤ 15 s, cached ≤ 3 s, 20 tokens with attention ≤ 3 s.
 
-    python bench/gguf.py [--threads 1]
+    python bench/gguf_load.py [--threads 1]
 
 ``--threads 1`` (every phase, both sides): on a CPU that other work shares, torch's second thread makes each of a
 decoding step's small operations wait for it (20 tokens took 13.8 s with 2 threads on a 2-core machine at load 5,
@@ -39,8 +39,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# `python bench/gguf.py` puts bench/ first on the path, where this file would shadow the `gguf` package it measures
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
