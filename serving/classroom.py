@@ -336,7 +336,7 @@ class ClassStore:
 
     def open_choices(self, lesson: int, step: int) -> list[frozenset[str]]:
         """The choices of every class answering this lesson step now (open and not revealed): while one is, the
-        public lesson endpoints must not give that step's answer (tabs/lessons/course.py, `guarded`)."""
+        public lesson endpoints must not give that step's answer (tabs/course/course.py, `guarded`)."""
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(classes.c.choices).where(
                 classes.c.lesson == int(lesson), classes.c.step == int(step), sa.not_(classes.c.closed),

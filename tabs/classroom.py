@@ -17,12 +17,14 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
 
 from serving.classroom import ClassError, ClassState, get_store, normalise_code, open_in_background
 from tabs.common import DOWNLOADS, Error
+from tabs.course import course, engine  # the lessons, not the Lessons tab (which places this module's section)
 from tabs.permalink import Field
 from viz.classroom import class_counts
 from viz.common import esc
@@ -54,10 +56,6 @@ body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {displ
 # -------------------------------------------------------------------------------- the lesson, as the class sees it
 def _lessons():
     """The course (the lessons, their lookup) with the verdict rule: what the class reads of the Lessons tab."""
-    from types import SimpleNamespace
-
-    from tabs.lessons import course, engine  # not the tab itself, which imports this module for its layout
-
     return SimpleNamespace(LESSONS=course.LESSONS, question=course.question, _number=course._number,
                            _where=course._where, verdict=engine.verdict)
 

@@ -268,6 +268,7 @@ def test_lesson_eight_example_by_its_stated_criterion(tiny) -> None:
     whose two deletion areas differ most: recomputed here from models.inspect.attribution directly."""
     from examples import sentences
     from models.inspect.attribution import deletion_curves, explain
+    from tabs.course import explanation
 
     net = store.get_model("sst2")
     scored = {}
@@ -277,8 +278,8 @@ def test_lesson_eight_example_by_its_stated_criterion(tiny) -> None:
         top = [int(np.argmax(np.where(a.special, -np.inf, a.values))) for a in (att, ig)]
         scored[text] = (top[0] != top[1], abs(curves[0].auc - curves[1].auc))
     pool = [t for t, (differ, _) in scored.items() if differ] or list(scored)
-    assert lessons.explanation._most_disagreeing() == max(pool, key=lambda t: scored[t][1])
-    assert "deletion" in lessons.explanation._most_disagreeing.__doc__
+    assert explanation._most_disagreeing() == max(pool, key=lambda t: scored[t][1])
+    assert "deletion" in explanation._most_disagreeing.__doc__
 
 
 def test_deletion_lines_cannot_hide_each_other(tiny) -> None:
@@ -348,11 +349,12 @@ def test_head_questions_are_separated_by_a_margin_shown(inp: str) -> None:
     computed here from the model; a near-tie is named in the verdict, and the offered heads' maps are shown before
     predicting, so the question is read off the figure rather than guessed."""
     from models.analysis import head_roles
-    from tabs.lessons import induction
+    from tabs.course import induction
+    from tabs.course.engine import seed_of
 
     net = store.get_model("gpt-tiny")
     n = min(30, (net.context_limit() - 1) // 2)
-    _, weights = net.token_losses(net.repeated_tokens(n, seed=lessons.engine.seed_of(inp)))
+    _, weights = net.token_losses(net.repeated_tokens(n, seed=seed_of(inp)))
     roles = head_roles(weights, n)
     for step, score in ((1, roles["previous"]), (2, roles["induction"])):
         q = lessons.question(4, step, inp)
@@ -374,7 +376,7 @@ def test_the_lottery_steps_ask_what_the_screen_shows() -> None:
     garment or the background per patch, the garment patches shown before predicting, judged here from the image the
     model saw."""
     from tabs.common import EXAMPLE_IMAGES
-    from tabs.lessons import vision
+    from tabs.course import vision
 
     for inp in ("", "0", "3"):
         q = lessons.question(7, 1, inp)
@@ -398,7 +400,7 @@ def test_the_ambiguous_and_throwaway_steps() -> None:
     results' scores; 8·1 asks for the top token's share of the evidence, not a word's meaning; 9·3 leaves the first
     token (step 1's sink) out."""
     from models.inspect.patching import sink_ablation
-    from tabs.lessons import explanation, mamba, sinks, translation
+    from tabs.course import explanation, mamba, sinks, translation
 
     q = lessons.question(5, 3, "")
     net, ids, *_rest, layer, head = sinks._sink_setup("")
@@ -434,8 +436,8 @@ def test_the_ambiguous_and_throwaway_steps() -> None:
 
 # ---------------------------------------------------------------------------------- lessons 4 and 5 on a real LM
 def test_the_model_choice_travels_in_the_input() -> None:
-    from tabs.lessons import induction, sinks
-    from tabs.lessons.engine import model_key, split_model, with_model
+    from tabs.course import induction, sinks
+    from tabs.course.engine import model_key, split_model, with_model
 
     lesson = induction.LESSON
     assert split_model(lesson, "smollm2: 3") == (catalogue.REAL_LM, "3")

@@ -74,6 +74,10 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
             elif isinstance(node, ast.ImportFrom) and node.module:
                 targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
                             for a in node.names}
+        # importing a.b.c runs the package a.b's __init__ first: an edge to each package on the way that is not one
+        # of the importer's own (a module of tabs/ importing tabs.course.course runs tabs/course/__init__.py)
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        targets |= {".".join(t.split(".")[:i]) for t in list(targets) for i in range(1, t.count(".") + 1)} - own
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -130,6 +134,15 @@ def test_the_circle_checker_sees_a_planted_circle(tmp_path: Path) -> None:
     (pkg / "d.py").write_text("from models import a\n")
     graph = import_graph(tmp_path, ("models",))
     assert circles(graph) == [["models.a", "models.c", "models.families.b"]]
+    # a package whose __init__ imports a module that imports one of the package's modules back: a circle too (the
+    # Lessons tab in tabs/lessons/__init__.py and tabs.classroom, which read tabs.lessons.course, were one)
+    tabs = tmp_path / "tabs"
+    (tabs / "lessons").mkdir(parents=True)
+    (tabs / "__init__.py").write_text("")
+    (tabs / "lessons" / "__init__.py").write_text("from tabs import classroom\n")
+    (tabs / "lessons" / "course.py").write_text("")
+    (tabs / "classroom.py").write_text("def f():\n    from tabs.lessons import course\n")
+    assert circles(import_graph(tmp_path, ("tabs",))) == [["tabs.classroom", "tabs.lessons"]]
     (pkg / "c.py").write_text("def f():\n    pass\n")
     assert circles(import_graph(tmp_path, ("models",))) == []
 

@@ -261,7 +261,7 @@ def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
     from serving import classroom
     from tabs import lessons
 
-    # a class left open by an earlier browser test holds its step's answer from every page (tabs/lessons/course.py,
+    # a class left open by an earlier browser test holds its step's answer from every page (tabs/course/course.py,
     # `guarded`): this walk is a student working alone, so no class is open
     with classroom.get_store().engine.begin() as conn:
         conn.execute(classroom.classes.update().values(closed=True))

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from examples import sentences
 from tabs.common import get_model
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     label,

@@ -6,7 +6,7 @@ import numpy as np
 
 from examples import sentences
 from tabs.common import get_model
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     attention_steps,

@@ -4,8 +4,8 @@ Lessons tab and its class mode (tabs/classroom.py) both read, so neither imports
 from __future__ import annotations
 
 from tabs.common import Error
-from tabs.lessons import attention, explanation, induction, mamba, masks, positions, sinks, translation, vision
-from tabs.lessons.engine import Lesson, Question, shuffled, split_model
+from tabs.course import attention, explanation, induction, mamba, masks, positions, sinks, translation, vision
+from tabs.course.engine import Lesson, Question, shuffled, split_model
 from viz.common import esc
 
 LESSONS = [attention.LESSON, masks.LESSON, positions.LESSON, induction.LESSON, sinks.LESSON, translation.LESSON,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     attention_steps,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tabs.common import EXAMPLE_IMAGES, get_model
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     mark,

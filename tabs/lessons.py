@@ -20,13 +20,13 @@ import plotly.graph_objects as go
 
 from tabs import classroom
 from tabs.common import DOWNLOADS, Error
-from tabs.lessons.course import LESSONS, _number, _where, guarded, question
-from tabs.lessons.engine import model_key, verdict, with_model
+from tabs.course.course import LESSONS, _number, _where, guarded, question
+from tabs.course.engine import model_key, verdict, with_model
 from tabs.permalink import Permalink, chain
 from viz.common import esc
 
 TITLE = "Lessons"
-MODEL_CHOICES = ["gpt-tiny", "smollm2"]  # the keys of the lessons' `models` (tabs/lessons/induction.py: MODELS)
+MODEL_CHOICES = ["gpt-tiny", "smollm2"]  # the keys of the lessons' `models` (tabs/course/induction.py: MODELS)
 INTRO = """**Predict, then reveal.** Each lesson walks through one idea in a few steps over the app's real models.
 Every question asks you to commit to a guess first; only then does the figure appear, with your guess marked, a
 verdict computed from the model's actual numbers on this input, and a short explanation. Change the lesson's

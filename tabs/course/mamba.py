@@ -20,7 +20,7 @@ import numpy as np
 
 from examples import sentences
 from tabs.common import get_model
-from tabs.lessons.engine import Lesson, Question, lm_run, mark, sentence
+from tabs.course.engine import Lesson, Question, lm_run, mark, sentence
 from viz import attention as va
 from viz import why as vw
 from viz.common import esc

@@ -6,7 +6,7 @@ import numpy as np
 
 from serving.catalogue import GPT_TINY, REAL_LM
 from tabs.common import get_model
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     lm_run,

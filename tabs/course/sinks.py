@@ -6,7 +6,7 @@ import numpy as np
 
 from examples import sentences
 from tabs.common import get_model
-from tabs.lessons.engine import (
+from tabs.course.engine import (
     Lesson,
     Question,
     label,
@@ -15,7 +15,7 @@ from tabs.lessons.engine import (
     offer,
     sentence,
 )
-from tabs.lessons.induction import MODELS
+from tabs.course.induction import MODELS
 from viz import attention as va
 from viz.common import esc
 
