@@ -27,7 +27,7 @@ def test_figure_within_budget(family, name, build):
 
 
 def test_every_family_is_covered():
-    assert {c[0] for c in CASES} == {"attention", "text", "images", "stats", "positional", "swin", "generate"}
+    assert {c[0] for c in CASES} == {"attention", "text", "images", "stats", "positional", "swin", "generate", "heads"}
 
 
 def test_model_view_is_far_lighter_than_bertviz():

@@ -20,7 +20,7 @@ from viz import attention as va
 from viz.common import esc
 
 
-def _sink_setup(inp: str, name: str):
+def _sink_setup(inp: str, name: str = MODELS[0][1]):
     net = get_model(name)
     ids, tokens = net.encode_prompt(sentence(inp, sentences.TRANSLATE[0]))
     ids, tokens = ids[: net.context_limit()], tokens[: net.context_limit()]
