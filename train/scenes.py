@@ -54,7 +54,8 @@ WORDS = ("a", "and", "at", "on", "in", "the", "top", "bottom", "left", "right", 
 VOCAB = (*SPECIALS, *WORDS, *CLASS_WORDS)
 TEXT = {"lowercase": True, "split_punct": True}  # the checkpoint's text settings (models.inputs.tokenizer)
 TASKS = ("caption", "what", "where")
-TASK_WEIGHTS = (0.5, 0.3, 0.2)  # how often training draws each task
+TASK_WEIGHTS = (0.4, 0.4, 0.2)  # how often training draws each task
+ASK_OCCUPIED = 0.75  # how often "what is at …?" asks about a place that holds an item (else any place)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ def task_text(scene: Scene, task: str, rng: np.random.Generator) -> tuple[str, s
         return CAPTION_PROMPT, caption(scene.items)
     if task == "what":
         cell = int(rng.integers(9))
+        if rng.random() < ASK_OCCUPIED:
+            cell = scene.items[int(rng.integers(len(scene.items)))].cell
         hit = [it for it in scene.items if it.cell == cell]
         return f"what is {PLACES[cell]} ?", (
             f"a {hit[0].word}" if hit else "nothing")

@@ -17,7 +17,8 @@ written once, at the end, from the best weights, with the word-level tokenizer.j
 Evaluation (on scenes of t10k items, seed 3; never used for training or selection), greedy answers:
 ``caption_exact`` (the whole caption right), ``caption_items`` (each item's class word and place right, counted
 per item of the scene, in the caption's order), ``what_accuracy`` (answers to "what is at <place>?" for every place
-of a scene, empty ones included: "nothing"), ``where_accuracy`` ("where is the <class>?" for each class present).
+of a scene, empty ones included: "nothing"), ``what_items_accuracy`` (the same for the places holding an item: the
+item named right), ``where_accuracy`` ("where is the <class>?" for each class present: every place of that class).
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ def evaluate(folder: str, n: int, data_dir: str, threads: int) -> dict[str, Any]
     torch.set_num_threads(threads)
     model = models.load(folder)
     images, labels = load_fashion(data_dir)["test"]
-    stats = {"caption_exact": [], "caption_items": [], "what": [], "where": []}
+    stats = {"caption_exact": [], "caption_items": [], "what": [], "what_items": [], "where": []}
     for i in range(n):
         scene = make_scene(images, labels, SEEDS["test"], i)
         said = answer(model, scene.image, CAPTION_PROMPT)
@@ -263,7 +264,10 @@ def evaluate(folder: str, n: int, data_dir: str, threads: int) -> dict[str, Any]
         for cell in range(9):
             hit = [it for it in scene.items if it.cell == cell]
             truth = f"a {hit[0].word}" if hit else "nothing"
-            stats["what"].append(answer(model, scene.image, f"what is {PLACES[cell]} ?") == truth)
+            right = answer(model, scene.image, f"what is {PLACES[cell]} ?") == truth
+            stats["what"].append(right)
+            if hit:
+                stats["what_items"].append(right)
         for label in sorted({it.label for it in scene.items}):
             word = next(it.word for it in scene.items if it.label == label)
             truth = " and ".join(PLACES[it.cell] for it in scene.items if it.label == label)
@@ -271,7 +275,8 @@ def evaluate(folder: str, n: int, data_dir: str, threads: int) -> dict[str, Any]
     return {"split": "test", "scenes": n, "seed": SEEDS["test"],
             "caption_exact": float(np.mean(stats["caption_exact"])),
             "caption_items": float(np.mean(stats["caption_items"])),
-            "what_accuracy": float(np.mean(stats["what"])), "where_accuracy": float(np.mean(stats["where"])),
+            "what_accuracy": float(np.mean(stats["what"])), "what_items_accuracy": float(np.mean(stats["what_items"])),
+            "where_accuracy": float(np.mean(stats["where"])),
             "command": f"python -m train.vlm --evaluate {folder} --n {n}"}
 
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks.attention import KVCache
+from models.blocks.positional import sinusoidal_table
 from models.families.gpt import GPT, GPTConfig
 from models.families.vit import EncoderBlock, ViTConfig
 from models.inputs.images import fashion_array
@@ -107,7 +108,9 @@ class VLM(nn.Module):
         self.text: dict[str, Any] = {}
         vc = c.vision()
         self.patch_embed = nn.Conv2d(1, c.vision_dim, kernel_size=c.patch, stride=c.patch)
-        self.vision_pos = nn.Parameter(torch.empty(1, c.image_tokens, c.vision_dim).normal_(std=0.02))
+        # learned, started from 2-D sine-cosine embeddings (half the width for the row, half for the column; MAE, He et
+        # al. 2022), so each image token says where it is from the first step: the decoder finds "top left" by content
+        self.vision_pos = nn.Parameter(grid_positions(c.grid, c.vision_dim)[None])
         self.vision_blocks = nn.ModuleList(EncoderBlock(vc) for _ in range(c.vision_depth))
         self.vision_norm = nn.LayerNorm(c.vision_dim, eps=vc.norm_eps)
         self.register_buffer("vision_mask", local_mask(c.grid, c.vision_window), persistent=False)  # (N, N)
@@ -293,6 +296,14 @@ class VLM(nn.Module):
             if w is not None:
                 attention.append(w)
         return self.projector(self.vision_norm(x)), attention
+
+
+def grid_positions(grid: int, dim: int) -> Tensor:
+    """(grid², dim) 2-D sine-cosine position embeddings, row-major: the first half of the width the row's
+    sinusoidal table (Vaswani et al. 2017, §3.5), the second half the column's."""
+    table = sinusoidal_table(grid, dim // 2)  # (grid, dim / 2)
+    rows, cols = torch.div(torch.arange(grid * grid), grid, rounding_mode="floor"), torch.arange(grid * grid) % grid
+    return torch.cat([table[rows], table[cols]], dim=1)
 
 
 def local_mask(grid: int, window: int) -> Tensor:
