@@ -18,7 +18,7 @@ each item, at its class word:
 A hit is an argmax image token whose pixel cell's centre lies inside the item's box. The layer and query of the
 attention are chosen on validation scenes (``--select VAL_DIR``: every layer, the mean over layers, both queries;
 the best by accuracy there), never on the scenes scored; without ``--select`` the defaults below apply, which
-``python bench/grounding.py --scenes runs/vlm/val-scenes`` chose (README). Also timed (never asserted): one
+``--select runs/vlm/val-scenes`` chose for vlm-fashion (README). Also timed (never asserted): one
 ``describe`` with attention, a question, the median of ``--repeats`` runs.
 
 Last stdout line: ``{"n": items scored, "attention": accuracy, "relevance": accuracy, ...}`` with the layer and query
