@@ -260,3 +260,45 @@ class SinkAblation:
     probs_before: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # classifier: (C,)
     probs_after: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     notice: str = ""
+
+
+@dataclass(frozen=True)
+class DescribeResult:
+    """A vision-language model's answer about an image (``describe(image, text, max_new_tokens)``, issue 63)."""
+
+    text: str  # the new tokens alone, detokenised
+    ids: list[int]  # the whole sequence the language model saw: image tokens, the prompt, the new tokens
+    tokens: list[str]  # a label per id: "<image r2c5>" for image tokens, the pieces otherwise
+    prompt_len: int  # ids[:prompt_len] is what the model was given (image tokens and prompt)
+    attention: np.ndarray  # (layers, heads, T, T) float32, the language model's, causal, rows sum to 1
+    image_positions: np.ndarray  # (N,) int: where the image tokens are in ids
+    image_cells: np.ndarray  # (N, 3) int: each image token's tile, row and column
+    image_boxes: np.ndarray  # (N, 4) int: each image token's pixels on ``image``: x0, y0, x1, y1 (ends exclusive)
+    image: np.ndarray  # uint8 (H, W): exactly what the model saw, after conversion
+    grid: tuple[int, int]  # patch rows, cols of one tile
+    vision_attention: np.ndarray  # (tower layers, heads, N, N) float32: the vision tower's own attention
+    steps: list[GenerationStep] = field(default_factory=list)  # one per new token: its candidates
+    notice: str = ""
+
+    def image_attention(self, query: int, layer: int | None = None, head: int | None = None) -> np.ndarray:
+        """Attention from position ``query`` to each image token, (N,): one layer's (None: the mean over layers),
+        one head's (None: the mean over heads)."""
+        w = self.attention[:, :, query][:, :, self.image_positions]  # (L, H, N)
+        w = w.mean(axis=0) if layer is None else w[layer]
+        return w.mean(axis=0) if head is None else w[head]
+
+    def to_pixels(self, values: np.ndarray) -> np.ndarray:
+        """Per-image-token values (N,) drawn onto the image's pixels (H, W): each token's value over its box."""
+        return pixel_map(values, self.image_boxes, self.image.shape[:2])
+
+
+def pixel_map(values: np.ndarray, boxes: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(N,) values over (N, 4) pixel boxes (x0, y0, x1, y1, ends exclusive) -> float32 (H, W); a pixel no box covers
+    stays 0, and where boxes overlap (none do in one tile) the later token's value wins."""
+    values = np.asarray(values, dtype=np.float32)
+    if len(values) != len(boxes):
+        raise ValueError(f"{len(values)} values for {len(boxes)} image tokens")
+    out = np.zeros(shape, np.float32)
+    for v, (x0, y0, x1, y1) in zip(values, np.asarray(boxes)):
+        out[y0:y1, x0:x1] = v
+    return out

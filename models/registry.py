@@ -22,7 +22,7 @@ from typing import Any
 from models.outputs import GRADIENT_METHODS, METHODS
 
 ALL_METHODS = tuple(METHODS)  # every explanation method (models/inspect/attribution.py), in the UI's order
-TABS = ("translate", "classify", "generate", "vision")
+TABS = ("translate", "classify", "generate", "vision", "describe")  # "describe": Image + text (issue 63)
 SPLITS = ("walk", "disentangled", "relative_bias")  # how "why a head attends" splits a score (Family.split)
 BATCHES = ("alone", "lockstep")  # how a family's generation requests are served together (serving/runs.py)
 
@@ -140,6 +140,8 @@ register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),
 register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",),
                 (("swin", "models.io.hf_vision:swin_from_state"),), tabs=("vision",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
+# vision-language models: describe(image, text, max_new_tokens) -> models.outputs.DescribeResult (issue 63)
+register(Family("vlm", "models.families.vlm", "VLM", "VLMConfig", ("VLM",), tabs=("describe",), text=True))
 
 
 def by_model_name(name: str) -> Family | None:

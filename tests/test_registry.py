@@ -14,7 +14,8 @@ from models import registry
 
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
-        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None, "mamba": None, "t5": None}
+        "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None, "mamba": None, "t5": None,
+        "vlm": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -71,8 +72,23 @@ def tiny_t5(folder: Path) -> Path:
     return folder
 
 
+def tiny_vlm(folder: Path) -> Path:
+    """A random VLM (models/families/vlm.py) with the scenes' word-level tokenizer."""
+    import torch
+
+    from models.families.vlm import VLM, VLMConfig
+    from models.io.checkpoint import save_checkpoint
+    from train.scenes import TEXT, VOCAB, write_tokenizer
+
+    tok = write_tokenizer(folder.parent / "_vlm_tok" / "tokenizer.json")
+    torch.manual_seed(0)
+    model = VLM(VLMConfig(image_size=32, vision_dim=16, vision_depth=1, vision_heads=2, vision_mlp=32,
+                          vocab_size=len(VOCAB), max_len=48, d_model=32, n_layers=2, n_heads=2))
+    return save_checkpoint(folder, model, labels=[], text=TEXT, extra_files={"tokenizer.json": tok})
+
+
 # families whose tiny model is built here
-BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5}
+BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm}
 
 
 def entry_point(model, tab: str):
@@ -85,6 +101,8 @@ def entry_point(model, tab: str):
         return model.classify("a warm and funny film")
     if tab == "generate":
         return model.generate("the cat sat", max_new_tokens=3)
+    if tab == "describe":
+        return model.describe(EXAMPLE_IMAGES[0], "what is at the top left ?", max_new_tokens=3)
     return model.classify(EXAMPLE_IMAGES[0])
 
 
@@ -126,8 +144,10 @@ def test_every_family_loads_runs_and_round_trips(name: str, tiny_checkpoints: Pa
     c = model.config  # one config vocabulary across families
     assert all(isinstance(getattr(c, k), int) and getattr(c, k) > 0 for k in ("d_model", "n_layers", "n_heads"))
     result = entry_point(model, family.tabs[0])
-    maps = [a.weights for a in getattr(result, "attention", {}).values()] + \
-        [w.weights for w in getattr(result, "windows", [])]
+    attention = getattr(result, "attention", {})
+    maps = [a.weights for a in attention.values()] if isinstance(attention, dict) else \
+        [attention, result.vision_attention]  # a DescribeResult: the decoder's and the tower's arrays
+    maps += [w.weights for w in getattr(result, "windows", [])]
     assert maps
     for weights in maps:
         np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-4)

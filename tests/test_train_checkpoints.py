@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIVE = ["translator-en-de", "sst2", "agnews", "vit-fashion", "swin-fashion"]  # trained from scratch
 MINILM = ["minilm-agnews", "minilm-sst2"]  # the pretrained encoder, fine-tuned
 LM = ["gpt-tiny"]  # the decoder-only language model trained here
-SHIPPED = FIVE + MINILM + LM
+VLM = ["vlm-fashion"]  # the own small vision-language model (tests/test_vlm.py runs it)
+SHIPPED = FIVE + MINILM + LM + VLM
 MB = 1024 * 1024
 
 
