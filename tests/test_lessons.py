@@ -1,4 +1,4 @@
-"""The Lessons tab (tabs/lessons/) over the tiny checkpoints: every step offers 3–4 predictions of which exactly
+"""The Lessons tab (tabs/lessons.py, tabs/course/) over the tiny checkpoints: every step offers 3–4 predictions of which exactly
 one is judged correct, the correct one follows the model's numbers (checked here against numbers computed
 independently) and changes with the input when the numbers do; progress keeps first answers; a lesson exports as
 one self-contained page; the API serves the same steps."""

@@ -158,8 +158,8 @@ def test_every_tab_is_one_module_listed_in_app() -> None:
     import app
     import tabs
 
-    # a tab is a module of tabs/ with a top-level TITLE: a file (tabs/translate.py) or a package whose __init__.py
-    # is the tab (tabs/lessons/: the engine and one module per lesson beside it)
+    # a tab is a module of tabs/ with a top-level TITLE: a file (tabs/translate.py, tabs/lessons.py) or a package
+    # whose __init__.py is the tab; the modules of a package (tabs/course/: the lessons) are never tabs
     modules = {p.stem for p in (ROOT / "tabs").glob("*.py") if defines_title(p)} | {
         p.parent.name for p in (ROOT / "tabs").glob("*/__init__.py") if defines_title(p)}
     assert "lessons" in modules and not any(defines_title(p) for p in (ROOT / "tabs").glob("*/[!_]*.py"))
