@@ -71,10 +71,29 @@ def _folder(name: str) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def _gguf_file(name: str) -> Path | None:
+    """The GGUF file behind a catalogue name, found without reading it (None: not a GGUF model, or not there)."""
+    from models.io.gguf import GGUFError, packaged_file, resolve_spec
+
+    if name in catalogue.PACKAGED:
+        return packaged_file(catalogue.PACKAGED[name])
+    entry = catalogue.CONFIGURED.get(name)
+    if entry is None or not entry.gguf:
+        return None
+    try:
+        path = resolve_spec(entry.gguf)
+    except (GGUFError, OSError, ValueError):
+        return None
+    return path if path.is_file() else None
+
+
 def weights_digest(name: str) -> str | None:
     """A digest of the model's weight files (and config), without loading it; None where its files are unknown."""
     from models.inspect.atlas import file_digest
 
+    gguf = _gguf_file(name)
+    if gguf is not None:  # a GGUF file (SmolLM2 from its package, a --model PATH.gguf, an Ollama blob): the file itself
+        return file_digest([gguf], cache_dir() / "file-hashes.json")
     folder = _folder(name)
     if folder is None:
         return None

@@ -72,5 +72,7 @@ def test_real_smollm2_known_heads_in_the_top_three(tmp_path: Path) -> None:
     lines = (ROOT / "examples" / "corpus" / "text.txt").read_text(encoding="utf-8").splitlines()
     corpus.write_text("\n".join(lines[:24]) + "\n", encoding="utf-8")  # the built-in corpus's first 24 sentences
     report = _bench("--model", "SmolLM2-135M-Instruct (real, 4-bit)", "--corpus", str(corpus), cache=tmp_path)
-    assert report["layers"] == 30 and report["heads"] == 9
+    assert report["layers"] == 30 and report["heads"] == 9 and not report["cached"]
     assert (16, 0) in _top(report["metrics"]["previous"]) and (18, 6) in _top(report["metrics"]["induction"])
+    again = _bench("--model", "SmolLM2-135M-Instruct (real, 4-bit)", "--corpus", str(corpus), cache=tmp_path)
+    assert again["cached"] and again["metrics"] == report["metrics"]  # keyed by the GGUF file's own digest
