@@ -61,7 +61,7 @@ def _heads_before(weights: np.ndarray, tokens: list[str], heads: list[tuple[int,
     """The offered heads' attention over the first `SHOWN` tokens of each copy, side by side (in layer, head order,
     which says nothing about the answer): what the student reasons from before predicting."""
     keep = [0, *range(1, 1 + min(n, SHOWN)), *range(1 + n, 1 + n + min(n, SHOWN))]
-    shown = [esc(tokens[i]) for i in keep]
+    shown = [tokens[i] for i in keep]  # viz escapes its labels itself
     ordered = sorted(heads)
     maps = [weights[a, b][np.ix_(keep, keep)] for a, b in ordered]
     return va.heatmaps_side_by_side(maps, [shown] * len(maps), [head_name(*h) for h in ordered],
