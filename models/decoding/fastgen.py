@@ -76,7 +76,7 @@ def refusal(model) -> str | None:
     spec = spec_of(model)
     if spec is None:
         return f"{type(model).__name__} has no decoder block description"
-    why = refusal_of(spec)
+    why = spec_refusal(spec, KNOWS, "fastgen")
     if why:
         return why
     for block in model.blocks:
@@ -85,10 +85,6 @@ def refusal(model) -> str | None:
             if extra or any(p is not None for p in module._parameters.values()):
                 return f"fastgen does not know the parts {sorted(extra) or 'of its own'} of {type(module).__name__}"
     return None
-
-
-def refusal_of(spec) -> str | None:
-    return spec_refusal(spec, KNOWS, "fastgen")
 
 
 def supports(model) -> bool:

@@ -276,7 +276,6 @@ class Block(nn.Module):
             self.ff: nn.Module = MixtureOfExperts(c, ACTIVATIONS[spec.ff_act])
         else:
             self.ff = FeedForward(c, spec)
-        self.local = spec.local_rope  # rotates with the model's local RoPE table (Gemma 3's sliding layers)
         if spec.sandwich:  # Gemma 2/3: x + norm(attn(norm(x))), then x + norm(ff(norm(x)))
             self.post_attn_norm, self.post_ff_norm = norm(), norm()
         self.drop = nn.Dropout(c.dropout)
@@ -372,7 +371,7 @@ class GPT(nn.Module):
             x = enter_layer(x, edits[i])  # patched residual positions
             if keep_hidden:
                 hidden.append(x)
-            x, w = block(x, local if block.local else angles,
+            x, w = block(x, local if block.spec.local_rope else angles,
                          caches[i] if caches else None, need_weights,
                          None if head_mask is None else head_mask[i], edits[i])
             if w is not None:  # a long input's weights are kept in half precision (limits.LONG_TOKENS)

@@ -97,7 +97,7 @@ def expert_routes(model: Any, ids: Sequence[int]) -> ExpertRoutes:
     for i, block in enumerate(model.blocks):  # Block.forward's own steps, up to the router (no hooks, no state)
         angles = None
         if model.positions is None:
-            angles = (model.angles_local if block.local else model.angles)[:t]
+            angles = (model.angles_local if block.spec.local_rope else model.angles)[:t]
         a, _ = block.attn(block.norm1(hidden[i]), angles, None, False, None)
         captured.append(block.ff.route(block.ff_input(hidden[i], block.attn_output(a))[0]))
     logits, chosen, weights = (torch.stack([r[i] for r in captured]) for i in range(3))

@@ -233,16 +233,14 @@ def file_digest(paths: Sequence[Path], memo: Path | None = None) -> str:
             known = json.loads(memo.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             known = {}
+    from models.io.checkpoint import sha256
+
     h, changed = hashlib.sha256(), False
     for p in sorted(Path(x) for x in paths):
         st = p.stat()
         entry = known.get(str(p))
         if not (isinstance(entry, list) and entry[:2] == [st.st_size, st.st_mtime_ns]):
-            f = hashlib.sha256()
-            with p.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    f.update(chunk)
-            entry = known[str(p)] = [st.st_size, st.st_mtime_ns, f.hexdigest()]
+            entry = known[str(p)] = [st.st_size, st.st_mtime_ns, sha256(p)]
             changed = True
         h.update(p.name.encode() + b"\0" + entry[2].encode())
     if memo is not None and changed:

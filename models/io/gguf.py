@@ -41,7 +41,6 @@ Ollama (``ollama:NAME[:TAG]``, ``ollama_blob``): ``$OLLAMA_MODELS`` or ``~/.olla
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -173,14 +172,6 @@ def cache_root() -> Path:
     if os.environ.get("ATLAS_CACHE"):
         return Path(os.environ["ATLAS_CACHE"]).expanduser() / "gguf"
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "attention-atlas" / "gguf"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------------- reading
@@ -535,6 +526,8 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     path = resolve_spec(spec)
     if not path.is_file():
         raise GGUFError(path, f"no such file ({path})")
+    from models.io.checkpoint import sha256
+
     digest = sha256(path)
     folder = cache_root() / digest
     if cache:
