@@ -19,13 +19,26 @@ import gradio as gr
 
 from models import limits
 from serving.catalogue import configure
-from tabs import classify, generate, lessons, permalink, playground, positional, sections, swin, translate, vision
+from tabs import (
+    classify,
+    describe,
+    generate,
+    lessons,
+    permalink,
+    playground,
+    positional,
+    sections,
+    swin,
+    translate,
+    vision,
+)
 from tabs import heads as head_atlas
 from tabs.page import CSS, JS
 from tabs.startup import WARM_MODULES, preload_for_zero_gpu, warm_plotly, warm_stack  # noqa: F401 (app.* in tests)
 
 TITLE = "Attention Atlas"
-TABS = [translate, classify, generate, vision, swin, positional, playground, head_atlas, lessons]  # in order shown
+# in the order shown
+TABS = [translate, classify, generate, vision, describe, swin, positional, playground, head_atlas, lessons]
 
 
 def build_demo() -> gr.Blocks:

@@ -27,7 +27,7 @@ IMAGENET_FAMILY = {"vit_b_16": "vit", "swin_t": "swin"}  # torchvision's name ->
 # The checkpoints the project ships, by the tab built around them (offered even when missing: the tab's notice then
 # says how to restore or rebuild them). Generate also offers every other decoder checkpoint found (decoder_models).
 SHIPPED = {"translate": ("translator-en-de",), "classify": ("sst2", "agnews", "minilm-sst2", "minilm-agnews"),
-           "generate": (GPT_TINY,), "vision": ("vit-fashion", "swin-fashion")}
+           "generate": (GPT_TINY,), "vision": ("vit-fashion", "swin-fashion"), "describe": ("vlm-fashion",)}
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ def tiny(tiny_checkpoints: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 STEPS = [(n, s) for n, lesson in enumerate(lessons.LESSONS, 1) for s in range(1, len(lesson.steps) + 1)]
 
 
-def test_nine_lessons_of_three_to_six_steps() -> None:
-    assert len(lessons.LESSONS) >= 9
+def test_ten_lessons_of_three_to_six_steps() -> None:
+    assert len(lessons.LESSONS) >= 10
     assert all(3 <= len(lesson.steps) <= 6 for lesson in lessons.LESSONS)
 
 
@@ -93,7 +93,7 @@ def test_answers_against_independent_numbers(tiny) -> None:
 
 
 def test_hostile_lesson_calls_answer_in_words(tiny) -> None:
-    for number, step, message in ((0, 1, "There are 9 lessons"), (10, 1, "There are 9 lessons"),
+    for number, step, message in ((0, 1, "There are 10 lessons"), (11, 1, "There are 10 lessons"),
                                   ("abc", 1, "must be a number"), (1, 99, "has 3 steps"), (1, "x", "must be a number")):
         with pytest.raises(gr.Error, match=message):
             lessons.question(number, step)
@@ -159,7 +159,8 @@ INPUTS = {1: ["0", "1", "2", "3", "5", "8"], 2: ["0", "1", "2", "3", "4", "7"],
           7: ["0", "1", "2", "3", "7", "9"], 8: ["", "a warm , funny film .", "the plot is thin .", "bad .",
                                                   "not bad at all .", "a long and dull film ."],
           9: ["", "A dog runs on the beach.", "Two men talk in a small room.", "The cat sleeps on the warm mat.",
-              "A woman is cooking dinner in a small kitchen.", "Children play in the park near the old church."]}
+              "A woman is cooking dinner in a small kitchen.", "Children play in the park near the old church."],
+          10: ["0", "1", "3", "5", "8", "9"]}
 
 
 def test_where_the_right_answer_stands_varies(tiny) -> None:
@@ -336,10 +337,11 @@ def test_the_right_answer_stands_evenly_on_the_default_input() -> None:
                         expected[place] += 1 / n
             for n, at in places.items():
                 assert len(set(at[:n])) == len(at[:n]), (number, inp, n, at)
-    assert sum(got.values()) == 27
+    total = sum(len(lesson.steps) for lesson in lessons.LESSONS)
+    assert sum(got.values()) == total
     for place in expected:
         assert abs(got[place] - expected[place]) <= 2, (got, expected)
-    assert max(got.values()) / 27 < 0.4
+    assert max(got.values()) / total < 0.4
 
 
 @pytest.mark.parametrize("inp", ["", "0", "3"])

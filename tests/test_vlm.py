@@ -23,13 +23,7 @@ from train import scenes
 from train.data import FASHION_CLASSES
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "examples" / "fashion").glob("*.png"))  # ten t10k images, one per class, label first
-
-
-def example_items() -> tuple[np.ndarray, np.ndarray]:
-    """The repository's ten Fashion-MNIST test images (held out from training) and their labels."""
-    images = np.stack([np.asarray(Image.open(p).convert("L"), dtype=np.uint8) for p in EXAMPLES])
-    return images, np.array([int(p.name.split("-")[0]) for p in EXAMPLES])
+example_items = scenes.example_items  # the ten t10k images of examples/fashion, held out from training
 
 
 def tiny(tmp_path: Path, **overrides) -> VLM:

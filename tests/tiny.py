@@ -76,7 +76,8 @@ def tiny_bert_checkpoint(folder: Path, labels: list[str] | None = None) -> Path:
 
 def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "sst2", "agnews", "vit-fashion",
                                                            "swin-fashion", "minilm-sst2",
-                                                           "minilm-agnews", "gpt-tiny", "mamba-tiny")) -> Path:
+                                                           "minilm-agnews", "gpt-tiny", "mamba-tiny",
+                                                           "vlm-fashion")) -> Path:
     import torch
 
     from models.families.classifier import ClassifierConfig, TextClassifier
@@ -119,6 +120,15 @@ def make_checkpoints(root: Path, names: tuple[str, ...] = ("translator-en-de", "
         elif name == "mamba-tiny":  # as the shipped one: gpt-tiny's tokenizer, tied embeddings; small and random
             model = Mamba(MambaConfig(vocab_size=vocab, d_model=16, n_layers=2, d_state=4, expand=2, max_len=128))
             save_checkpoint(root / name, model, labels=[], text={"lowercase": False}, extra_files=tok)
+        elif name == "vlm-fashion":  # as the shipped one: 64×64 scenes, its word vocabulary; small and random
+            from models.families.vlm import VLM, VLMConfig
+            from train import scenes
+
+            model = VLM(VLMConfig(vocab_size=len(scenes.VOCAB), vision_dim=16, vision_depth=2, vision_heads=2,
+                                  vision_mlp=32, d_model=32, n_layers=2, n_heads=2))
+            words = scenes.write_tokenizer(root / "_vlm" / "tokenizer.json")
+            save_checkpoint(root / name, model, labels=list(FASHION), text=scenes.TEXT,
+                            extra_files={"tokenizer.json": words})
     return root
 
 

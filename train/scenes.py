@@ -197,9 +197,21 @@ def scene_record(scene: Scene, image: str) -> dict:
     return {"image": image, "items": [{"class": it.name, "box": list(it.box)} for it in scene.items]}
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "fashion"  # the ten committed test images
+
+
+def example_items() -> tuple[np.ndarray, np.ndarray]:
+    """The repository's ten example images (examples/fashion, one per class; the file name's first digit is the
+    class) as items: uint8 (10, 28, 28), labels (10,). Scenes of these are the Image + text tab's examples."""
+    files = sorted(EXAMPLES.glob("*.png"))
+    images = np.stack([np.asarray(Image.open(f).convert("L"), dtype=np.uint8) for f in files])
+    return images, np.array([int(f.name.split("-")[0]) for f in files])
+
+
 def write_scenes(out: str | Path, split: str, n: int, seed: int, data_dir: str | Path = DEFAULT_DATA_DIR) -> Path:
-    """DIR/scene_000.png … and DIR/scenes.jsonl: ``n`` scenes of the split's items."""
-    images, labels = load_fashion(data_dir)[split]
+    """DIR/scene_000.png … and DIR/scenes.jsonl: ``n`` scenes of the split's items ("examples": of the ten
+    example images)."""
+    images, labels = example_items() if split == "examples" else load_fashion(data_dir)[split]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -213,7 +225,7 @@ def write_scenes(out: str | Path, split: str, n: int, seed: int, data_dir: str |
 
 
 # the seeds of the three streams, so train, validation and test scenes never share a layout either
-SEEDS = {"train": 1, "val": 2, "test": 3}
+SEEDS = {"train": 1, "val": 2, "test": 3, "examples": 4}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -283,6 +283,34 @@ class VLM(nn.Module):
             out[k] = r.detach().float().cpu().numpy()
         return out
 
+    def chat_prompt(self, question: str) -> str:
+        """The prompt as the model takes it for a user's question: the checkpoint has no chat template (it was
+        trained on the bare questions of train/scenes.py), and its image tokens always come first."""
+        return question
+
+    def image_relevance(self, r: DescribeResult, queries: list[int]) -> np.ndarray:
+        """(len(queries), N): for each query position q of ``r``, gradient × input of log p(r.ids[q + 1]) on the
+        pixels, summed per image token (``relevance``, ``at="pixels"``, the pointing game's better method)."""
+        n = self.config.image_tokens
+        return self.relevance(r.image, r.ids[n:], list(queries), [r.ids[q + 1] for q in queries])
+
+    @torch.no_grad()
+    def image_lens(self, r: DescribeResult) -> tuple[np.ndarray, np.ndarray]:
+        """The logit lens on the image tokens (nostalgebraist 2020; on image tokens, Neo et al. 2024): the top token
+        of the final norm and unembedding applied to each image token's residual stream after the embedding (row 0)
+        and after each decoder layer, with its probability: ids (L + 1, N) int, probs (L + 1, N) float32. The image
+        tokens come first and attention is causal, so their residuals depend on the image alone."""
+        device = next(self.parameters()).device
+        x, _ = self.encode_image(torch.from_numpy(self.image_array(r.image)[0])[None].to(device))
+        angles = self.lm.angles[:x.size(1)]
+        states = [x]
+        for block in self.lm.blocks:
+            x, _ = block(x, angles, None, False, None)
+            states.append(x)
+        probs = F.softmax(self.lm.logits_of(torch.cat(states)).float(), dim=-1)  # (L + 1, N, V)
+        top = probs.max(dim=-1)
+        return top.indices.cpu().numpy(), top.values.cpu().numpy().astype(np.float32)
+
     def _tower(self, pixels: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         """Normalised pixels (B, 1, H, W) -> (image-token embeddings (B, N, D), tower attention per block). ViT's
         encoder block (Dosovitskiy et al. 2021, eq. 2–3) with the neighbourhood mask."""

@@ -4,12 +4,23 @@ Lessons tab and its class mode (tabs/classroom.py) both read, so neither imports
 from __future__ import annotations
 
 from tabs.common import Error
-from tabs.course import attention, explanation, induction, mamba, masks, positions, sinks, translation, vision
+from tabs.course import (
+    attention,
+    explanation,
+    induction,
+    looking,
+    mamba,
+    masks,
+    positions,
+    sinks,
+    translation,
+    vision,
+)
 from tabs.course.engine import Lesson, Question, shuffled, split_model
 from viz.common import esc
 
 LESSONS = [attention.LESSON, masks.LESSON, positions.LESSON, induction.LESSON, sinks.LESSON, translation.LESSON,
-           vision.LESSON, explanation.LESSON, mamba.LESSON]
+           vision.LESSON, explanation.LESSON, mamba.LESSON, looking.LESSON]
 
 
 def _number(title: str) -> int:
