@@ -13,7 +13,18 @@ import numpy as np
 
 from models import limits
 from serving import catalogue
-from tabs.common import Error, get_model, head_choices, head_index, index, intro, parse_head, read_text, save_npz
+from tabs.common import (
+    Error,
+    get_model,
+    head_choices,
+    head_index,
+    index,
+    intro,
+    parse_head,
+    read_text,
+    run_layer,
+    save_npz,
+)
 from tabs.permalink import Field, Permalink, chain
 from tabs.vision import enlarge
 from tabs.zerogpu import on_gpu
@@ -90,7 +101,11 @@ def build() -> Permalink:
     download = gr.File(label="attention arrays (.npz)")
     views = [state, step, query, lo, hi, head]
     token_out = [answer, verdict, looked, relevance, read, state]
-    steps = [(describe, [image, model, prompt, tokens, step, query, lo, hi, head, lens_layer, tower_layer],
+    # a run draws its own defaults (the sharpest word, the last layers: another model's may be fewer); the sliders
+    # follow, and a link sets them after the run
+    first = gr.Number(0, visible=False, precision=0)
+    steps = [(describe, [image, model, prompt, tokens, first, query, run_layer(), run_layer(), head, run_layer(),
+                         run_layer()],
               [answer, notice, verdict, looked, relevance, read, lens, sink, sink_text, seen, tower, tower_heads,
                download, state, step, lo, hi, head, lens_layer, tower_layer]),
              (lambda: "", None, [patch], {"show_progress": "hidden"})]  # a new image: the centre patch again

@@ -88,6 +88,29 @@ def test_classify_image_api(client, tmp_path) -> None:
     assert out[6] == "" or isinstance(out[6], str)
 
 
+def test_describe_api(client) -> None:
+    """Image + text through the API: an example scene, a question, the answer and its figures, the .npz with the
+    language model's attention (causal rows summing to 1) and each image token's pixels."""
+    from gradio_client import handle_file
+
+    from tabs.describe import EXAMPLE_SCENES
+
+    out = client.predict(handle_file(EXAMPLE_SCENES[8]), "vlm-fashion", "what is at the top left ?", 6, 1,
+                         api_name="/describe")
+    answer, _notice, verdict, looked = out[:4]
+    assert "what is at the top left ?" in answer and "**[" in answer
+    assert "attention" in verdict.lower() or "disagree" in verdict
+    heat = next(t for t in _figure_data(looked) if t["type"] == "heatmap")
+    assert np.asarray(heat["z"]).shape == (8, 8)  # 64×64 pixels, 8-pixel patches
+    with np.load(_npz(out)) as arrays:
+        w, boxes = arrays["attention"], arrays["image_boxes"]
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-4)
+        assert boxes.shape == (64, 4) and (boxes[:, 2:] - boxes[:, :2] == 8).all()
+        assert len(arrays["ids"]) == w.shape[-1]
+    with pytest.raises(Exception, match="(?i)unknown model|not in the list of choices"):  # never a path
+        client.predict(handle_file(EXAMPLE_SCENES[0]), "../checkpoints/gpt-tiny", api_name="/describe")
+
+
 def test_swin_windows_api(client) -> None:
     parts, rolled, regions, mask, masks, note = client.predict(8, api_name="/swin_windows")
     assert "4 windows of 4×4" in note
