@@ -274,6 +274,14 @@ def main(argv: list[str] | None = None) -> None:
                                    timeout=120_000)  # the sneaker's curve, not the photo's before it
             shot("vision", 2300)
 
+            tab("Image + text")
+            panel().get_by_role("button", name="scene_009.png").click()
+            page.wait_for_timeout(800)
+            panel().get_by_label("question").fill("where is the sandal ?")
+            panel().get_by_role("button", name="Answer", exact=True).click()
+            wait_for_plots(page, 7, timeout=120_000)
+            shot("image-and-text", 2700)
+
             tab("Swin windows")
             wait_for_plots(page, 5, timeout=60_000)
             panel().get_by_role("button", name="Show the trained Swin").click()

@@ -216,3 +216,15 @@ def test_bad_input_gets_words(args, message, tmp_path) -> None:
                  for a in args)
     with pytest.raises(Error, match=message):
         tab.describe(*args)
+
+
+def test_the_bench_reports_latency_and_figure_size(capsys) -> None:
+    """bench/describe.py runs the tab's handler over every example scene and question; no figure is over 2 MB."""
+    import json
+    import runpy
+
+    bench = runpy.run_path("bench/describe.py")
+    bench["main"](["--repeat", "1"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["runs"] == 30 and line["answer_draw_p50_s"] > 0 and line["redraw_p50_s"] > 0
+    assert 0 < line["largest_figure_kb"] < 2048
