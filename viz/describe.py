@@ -87,7 +87,8 @@ def image_overlay(image: np.ndarray, values: np.ndarray, boxes: np.ndarray, *, t
     img = as_uint8_image(image)
     amap, cell = box_map(values, boxes, img.shape[:2])
     finite = amap[np.isfinite(amap)]
-    top = float(np.abs(finite).max()) if finite.size else 1.0
+    top = float(np.abs(finite).max()) if finite.size else 0.0
+    blank = top == 0  # nothing to scale (a bare image with marks): no colour bar
     top = top if top > 0 else 1.0
     hover = np.full(amap.shape, "", dtype=object)
     if names is not None:
@@ -95,7 +96,7 @@ def image_overlay(image: np.ndarray, values: np.ndarray, boxes: np.ndarray, *, t
             hover[y0 // cell:-(-y1 // cell), x0 // cell:-(-x1 // cell)] = esc(name)
     heat = dict(type="heatmap", z=f32(amap), x0=(cell - 1) / 2, dx=cell, y0=(cell - 1) / 2, dy=cell,
                 zmin=-top if signed else 0.0, zmax=top, colorscale=DIVERGING_SCALE if signed else OVERLAY_SCALE,
-                opacity=0.7 if signed else 1.0, colorbar=colorbar(label), hoverongaps=False,
+                opacity=0.7 if signed else 1.0, colorbar=colorbar(label), showscale=not blank, hoverongaps=False,
                 customdata=hover.tolist(), hovertemplate="%{customdata}<br>" + esc(label)
                 + (": %{z:+.4g}" if signed else ": %{z:.4f}") + "<extra></extra>")
     if signed:

@@ -127,8 +127,8 @@ def l10_attention(inp: str) -> Question:
 
     def reveal(p):
         chosen = PLACES.index(p) if p in PLACES else None
-        fig = vd.image_overlay(r.image, att, r.image_boxes, title=f"The position choosing “{esc(word)}” → image · "
-                               "last layer, mean of heads", marks=_grid_marks(r.image.shape[0], chosen),
+        fig = vd.image_overlay(r.image, att, r.image_boxes, title=f"The position choosing “{esc(word)}” → image"
+                               "<br><sup>last layer, mean of heads</sup>", marks=_grid_marks(r.image.shape[0], chosen),
                                names=[r.tokens[int(i)] for i in r.image_positions])
         return mark(fig, p)
 
@@ -156,18 +156,24 @@ def l10_relevance(inp: str) -> Question:
 
     def reveal(p):
         fig = vd.image_overlay(r.image, rel, r.image_boxes, signed=True, label="relevance (gradient × input)",
-                               title=f"Relevance of “{esc(word)}”: red for it, blue against; green: the {esc(word)}",
+                               title=f"Relevance of “{esc(word)}”<br><sup>red for it, blue against; green: the "
+                               f"{esc(word)}</sup>",
                                marks=item_marks, names=[r.tokens[int(i)] for i in r.image_positions])
         return mark(fig, p)
 
     return Question(f"*Relevance* asks the model instead of watching it: how much does the probability of "
                     f"“{esc(word)}” change with each pixel (gradient × input, summed per patch; a black patch gets 0)? "
                     f"**Where is the largest relevance for “{esc(word)}”?**", choices, answer,
-                    f"the most relevant patch is {esc(r.tokens[int(r.image_positions[top])])} "
+                    f"the most relevant patch is {_tag(r.tokens[int(r.image_positions[top])])} "
                     f"({rel[top]:+.3g}), {where}",
                     "Gradient × input measures what the word's probability depends on, pixel by pixel, through the "
                     "tower and every layer. On this small model it usually lands on the object's own pixels; where it "
                     "does not, attention and relevance disagree, and relevance is the faithful one.", reveal)
+
+
+def _tag(token: str) -> str:
+    """An image token's label for Markdown text ("‹image r1c2›": a literal "<image …>" would be read as a tag)."""
+    return token.replace("<", "‹").replace(">", "›")
 
 
 def _io(hit: bool) -> str:
@@ -192,8 +198,8 @@ def l10_pointing(inp: str) -> Question:
 
     def reveal(p):
         fig = vd.image_overlay(r.image, np.zeros(len(r.image_positions)), r.image_boxes, marks=marks,
-                               title=f"The pointing game on scene {index}: green the items, orange where attention "
-                               "points, blue where relevance points")
+                               title=f"The pointing game on scene {index}<br><sup>green: the items; orange: where "
+                               "attention points; blue: where relevance points</sup>")
         return mark(fig, p)
 
     return Question(f"The *pointing game* scores a map by one question: does its largest value fall inside the "
