@@ -134,27 +134,33 @@ def build() -> Permalink:
     lens = gr.Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")
-    experts_run = gr.Button("Experts chosen per token (mixture-of-experts models: Mixtral)", size="sm")
-    experts_plot = gr.Plot(label="experts chosen per token and layer")
-    gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
-                "text), with the head's output zeroed: the causal check of what the head does.")
-    with gr.Row():
-        ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
-        ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
-        ablate = gr.Button("Switch the head off")
-    ablation_note = gr.Markdown()
-    ablation = gr.Plot(label="next-token distribution with and without the head")
-    gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
-                "an induction head attends from each token of the second copy to the token after its first "
-                "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
-    with gr.Row():
-        n = gr.Slider(2, ROLES_MAX_N, value=50, step=1, label="N (tokens per copy)")
-        roles_seed = seed_box()
-        roles_run = gr.Button("Repeated random tokens")
-    roles_note = gr.Markdown()
-    roles = gr.Plot(label="head roles")
-    stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
-    losses = gr.Plot(label="loss on each copy")
+    # what applies to the chosen model only (its registration: models.registry), shown or hidden as the model changes
+    offers = offered_for(choices[0])
+    with gr.Column(visible=offers["experts"], elem_id="generate-experts") as experts_box:
+        experts_run = gr.Button("Experts chosen per token (this model is a mixture of experts)", size="sm")
+        experts_plot = gr.Plot(label="experts chosen per token and layer")
+    with gr.Column(visible=offers["heads"], elem_id="generate-ablation") as ablation_box:
+        gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
+                    "text), with the head's output zeroed: the causal check of what the head does.")
+        with gr.Row():
+            ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
+            ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
+            ablate = gr.Button("Switch the head off")
+        ablation_note = gr.Markdown()
+        ablation = gr.Plot(label="next-token distribution with and without the head")
+    with gr.Column(visible=offers["heads"], elem_id="generate-roles") as roles_box:
+        gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
+                    "an induction head attends from each token of the second copy to the token after its first "
+                    "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
+        with gr.Row():
+            n = gr.Slider(2, ROLES_MAX_N, value=50, step=1, label="N (tokens per copy)")
+            roles_seed = seed_box()
+            roles_run = gr.Button("Repeated random tokens")
+        roles_note = gr.Markdown()
+        roles = gr.Plot(label="head roles")
+        stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
+        losses = gr.Plot(label="loss on each copy")
+    applies = [head, experts_box, ablation_box, roles_box]  # what model_controls shows or hides
     patch_section.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section,
                            repeated=True)
     with gr.Row():
@@ -170,6 +176,7 @@ def build() -> Permalink:
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
              (zoom_defaults, [state], [q_last, k_last], {"show_progress": "hidden"}),
+             (run_controls, [state], applies, {"show_progress": "hidden"}),  # what the loaded model turned out to be
              qk_section.follow]
     chain(run.click, steps, api_name="generate", **batcher.batch_events("generate"))
     chain(prompt.submit, steps, **batcher.batch_events("generate"))
@@ -182,6 +189,7 @@ def build() -> Permalink:
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     experts_run.click(experts_view, [state], [experts_plot], api_name="experts", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
+    model.change(model_controls, [model], applies, api_name=False, show_progress="hidden", **FAST)
     # another model: the last model's continuation and figures go (an error of the new one stood under them)
     model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
                 api_name=False, show_progress="hidden", **FAST)
@@ -198,6 +206,38 @@ def build() -> Permalink:
 
 
 # ------------------------------------------------------------------------------------------------ handlers
+def offered_for(name: str | None) -> dict[str, bool]:
+    """What the tab offers for a model, from its registration and config.json before it loads (serving.catalogue):
+    heads to pick, switch off and score (not Mamba's implicit attention), and the Experts view (a mixture of
+    experts). A model whose family is not known before its download keeps the heads' views until it has run."""
+    name = name if name in decoder_models() else DEFAULT  # the dropdown's names only: nothing else is looked up
+    fam = catalogue.family(name)
+    return {"heads": fam is None or fam.heads, "experts": catalogue.has_experts(name)}
+
+
+def _shown_for(offers: dict[str, bool]) -> tuple[dict, dict, dict, dict]:
+    """Updates of the head choice (a model without heads draws its one map: the choice is "mean"), the Experts
+    view, "Switch a head off" and the head roles."""
+    head = gr.update(visible=True) if offers["heads"] else gr.update(visible=False, value="mean")
+    return (head, gr.update(visible=offers["experts"]), gr.update(visible=offers["heads"]),
+            gr.update(visible=offers["heads"]))
+
+
+def model_controls(name: str | None):
+    """Another model is chosen: its controls are shown, the others hidden (``offered_for``)."""
+    return _shown_for(offered_for(name))
+
+
+def run_controls(state: dict | None):
+    """After a run, what the loaded model can do (a Hub model's family and experts are known once it is
+    fetched)."""
+    if not state:
+        return gr.update(), gr.update(), gr.update(), gr.update()
+    net = _model(state["model"])
+    fam = registry.family_of(net)
+    return _shown_for({"heads": fam.heads, "experts": fam.has_experts(net.config)})
+
+
 def sequence(state: dict) -> tuple[str, list[int], list[str]]:
     """What the "why" section splits: the kept generation (prompt and continuation, as the model saw them)."""
     return state["model"], list(state["result"].ids), list(state["result"].tokens)
@@ -436,7 +476,7 @@ def experts_view(state: dict | None):
     if not state:
         raise Error(NO_RESULT)
     net = _model(state["model"])
-    if not getattr(net.config, "n_experts", 0):
+    if not registry.family_of(net).has_experts(net.config):
         raise Error("This model has one feed-forward block per layer, no experts to choose between: the view is for "
                     "mixture-of-experts models (Mixtral).")
     from models.families.moe import expert_routes
