@@ -256,10 +256,15 @@ def stats_figure(amap, kind_title: str):
     """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
     from models.analysis import head_entropy
 
+    # the kind in the subtitle, under a short title: a long title was cut where the figure is narrow
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)
-        return fit(vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}"))
-    return vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title=f"Entropy per head · {kind_title}")
+        return fit(vs.head_share_heatmap(shares, names, title="Where each head looks",
+                                         subtitle=f"{kind_title}<br>average share of each head's attention, over "
+                                                  "all queries"))
+    return fit(vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title="Entropy per head",
+                                  subtitle=f"{kind_title}<br>mean over queries (low: a focused head, high: a broad "
+                                           "one)"))
 
 
 def window_figure(result, block, head: str | int, query: tuple[int, int]):

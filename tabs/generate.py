@@ -60,7 +60,9 @@ meet, not that the head needs them. *Patching* copies one head's output from a c
 measures how much of the clean answer comes back: it shows where the difference between two inputs is carried,
 not what the head does on other text."""
 PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central bank said on Tuesday that",
-           "a warm , funny and beautifully acted"]
+           "a warm , funny and beautifully acted",
+           # a phrase seen once, repeated: gpt-tiny's induction heads copy it (tests/test_controls.py)
+           "Two dogs play in the snow . Two dogs play in the"]
 ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
          "duplicate token (i → i−N)": "duplicate", "first token (sink)": "sink"}
 MAX_TEMPERATURE, MAX_TOP_K = 5.0, 1000
@@ -359,6 +361,7 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
     notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
+                                  repeat_notice(result, net, model or DEFAULT),
                                   long_notice(result, pooling) if long else "",
                                   device_notice(amap) if device_side else "", family_notice(net)) if x)
     html, cand, attn = draw_generation(kept, 0, layer, head, view, pooling)
@@ -549,6 +552,54 @@ def ending(result, eos: str, settings: str) -> str:
                     "prompt reads as finished to it). Try sampling, or a prompt that stops mid-sentence · " + settings)
         return f"{n} new tokens · stopped at `{eos}`, the model's end-of-text token · {settings}"
     return f"{n} new tokens · {settings}"
+
+
+REPEAT_MIN = 4  # tokens a prompt must end by repeating from earlier in it before the notice reads it as a copy
+WORD_START = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's mark of a piece that begins a word
+
+
+def repeat_notice(result, net, name: str) -> str:
+    """Why the model did not copy a phrase the prompt repeats, or "" (issue 61, item 10). A prompt that ends with the
+    last REPEAT_MIN or more tokens of an earlier span asks for the token that followed it there; when the first new
+    token is another, the notice says which, how likely the model found the copy, and which words of the phrase its
+    tokenizer splits into pieces (words it kept whole are those it met often; a small model's own expectation then
+    outweighs its induction heads), with what makes it copy."""
+    ids, p = list(result.ids), result.prompt_len
+    if not result.steps or p < 2 * REPEAT_MIN + 1:
+        return ""
+    prompt = ids[:p]
+    best = None  # (length, the next token's position) of the longest earlier copy of the prompt's end
+    for k in range(REPEAT_MIN, p // 2 + 1):
+        tail = prompt[-k:]
+        found = [j for j in range(p - k - 1, -1, -1) if prompt[j:j + k] == tail]  # the latest first, not its own end
+        if not found:
+            break
+        best = (k, found[0] + k)
+    if best is None:
+        return ""
+    k, at = best
+    expected, wrote = prompt[at], ids[p]
+    if expected == wrote:
+        return ""
+    pieces = [net.piece(i) for i in prompt[at - k:at + 1]]
+    words: list[list[str]] = []
+    for piece in pieces:
+        if not words or piece.startswith(WORD_START):
+            words.append([piece])
+        else:
+            words[-1].append(piece)
+    split = [" · ".join(w).replace("▁", "").replace("Ġ", "") for w in words if len(w) > 1]
+    phrase = net.tokenizer.decode(prompt[at - k:at]).strip()
+    want, got = net.tokenizer.decode([expected]).strip(), net.tokenizer.decode([wrote]).strip()
+    step = result.steps[0]
+    chance = (f"it gave “{want}” {step.probs[step.candidates.index(net.piece(expected))]:.0%}"
+              if net.piece(expected) in step.candidates else f"“{want}” was not among its five likeliest")
+    rare = (f" Its tokenizer splits {', '.join(f'“{w}”' for w in split)} into pieces: words it did not meet often "
+            "enough in its training text to keep whole." if split else "")
+    return (f"· The prompt ends by repeating “{phrase}” from earlier in it, where “{want}” came next; `{name}` wrote "
+            f"“{got}” ({chance}). A small model copies a phrase it has seen once only where its own expectation does "
+            f"not pull harder (here toward “{got}”).{rare} A third copy of the phrase, or a phrase of words it met "
+            "often (the example “Two dogs play in the snow . Two dogs play in the”), is copied more readily.")
 
 
 def model_notice(name: str) -> str:
