@@ -164,3 +164,154 @@ def test_swin_sliders_offer_the_grid_s_windows_only() -> None:
     *_figures, note = swin.swin_windows(8, 4, 2, 40)
     assert "There is no window 40" in note and "4 windows (0 … 3)" in note and "showing window 3" in note
     assert "no window" not in swin.swin_windows(8, 4, 2, 3)[-1]
+
+
+# ------------------------------------------------------------------------------ issue 61, item 10: the words on screen
+def test_a_figure_shown_before_predicting_is_said_to_be_below(tiny_checkpoints: Path, monkeypatch) -> None:
+    """The figure a step shows before the prediction is laid out under the question (tabs/lessons.py: prompt, then
+    ``before``), so the question never points "above" to it (lessons 4·1, 4·2 and 7·1 did), and lesson 1·1 says
+    its scores are drawn below."""
+    import re
+
+    from tabs import lessons
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    above = re.compile(r"\b(figure|maps?|chart|image|drawn)\s+above\b")
+    with_figures = 0
+    for number, lesson in enumerate(lessons.LESSONS, 1):
+        for step in range(1, len(lesson.steps) + 1):
+            q = lessons.question(number, step, "")
+            if q.before is not None:
+                with_figures += 1
+                assert not above.search(q.text), (number, step, q.text)
+    assert with_figures >= 4
+    assert "drawn below" in lessons.question(1, 1, "").text
+
+
+def test_the_vision_intro_names_the_image_a_click_reads() -> None:
+    """The clickable image is under the figures (left of the clicked patch's attention at 1400 px, stacked on a
+    phone): the intro names it by its label, not by a side."""
+    from tabs import vision
+
+    assert "on the right" not in vision.INTRO and "*what the model saw*" in vision.INTRO
+
+
+def test_check_before_the_lesson_starts_says_to_start_it() -> None:
+    import gradio as gr
+
+    from tabs import lessons
+
+    title = lessons.LESSONS[0].title
+    with pytest.raises(gr.Error, match="Start the lesson first"):
+        lessons.answer_step(title, 1, "", None, {}, "")  # nothing asked yet
+    with pytest.raises(gr.Error, match="Pick a prediction first"):
+        lessons.answer_step(title, 1, "", None, {}, lessons.question(1, 1, "").text)
+
+
+def test_head_statistics_titles_fit_a_narrow_column() -> None:
+    """A long title is cut where the figure is narrow (Plotly does not wrap titles): the head statistics keep a
+    short title, the attention kind (and a paragraph's sentence) under it, and take their column's width."""
+    from models.outputs import AttentionMap
+    from tabs.common import stats_figure
+
+    rng = np.random.default_rng(0)
+    kind = "Sentence 2 of 5 · Cross-attention (target → source)"
+    cross = AttentionMap(rng.dirichlet(np.ones(5), size=(3, 4, 7)).astype(np.float32), [f"q{i}" for i in range(7)],
+                         [f"k{i}" for i in range(5)])
+    self_ = AttentionMap(rng.dirichlet(np.ones(7), size=(3, 4, 7)).astype(np.float32), [f"t{i}" for i in range(7)],
+                         [f"t{i}" for i in range(7)])
+    for amap, short in ((cross, "Entropy per head"), (self_, "Where each head looks")):
+        fig = stats_figure(amap, kind)
+        title = fig.layout.title.text
+        assert title.split("<br>")[0] == short and kind in title, title
+        assert fig.layout.width is None
+
+
+def test_compare_draws_b_and_b_minus_a_each_the_page_s_width() -> None:
+    """B's map and B − A stand one under the other (side by side, each had half the page: a 41-token map's cells
+    shrank to a few pixels)."""
+    import gradio as gr
+
+    from tabs.sections import compare
+
+    with gr.Blocks() as demo:
+        state = gr.State()
+        layer, head, view = gr.Slider(), gr.Dropdown(["mean"]), gr.Radio(["heatmap"])
+        compare.comparison("generate", state, lambda s: s, lambda *a: None, [], layer, head, view)
+    plots = [c for c in demo.blocks.values() if isinstance(c, gr.Plot) and str(c.label).startswith(("B,", "B −"))]
+    assert len(plots) == 2
+    assert not any(isinstance(getattr(p, "parent", None), gr.Row) for p in plots)
+
+
+def test_the_readme_names_no_lesson_range_the_course_does_not_have() -> None:
+    """The API section said "lesson 1–8" when there were nine: any range of lessons it names ends at the last one."""
+    import re
+
+    from tabs import lessons
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    api = readme[readme.index("client.predict("):]
+    api = api[: api.index("```")]
+    for low, high in re.findall(r"lessons? (\d+)\s*[–-]\s*(\d+)", api):
+        assert int(high) == len(lessons.LESSONS), (low, high)
+    assert "/lesson" in api
+
+
+class _Tok:
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids).replace("▁", " ").strip()
+
+
+class _Net:
+    def __init__(self, pieces: list[str]) -> None:
+        self.tokenizer = _Tok(pieces)
+        self.pieces = pieces
+
+    def piece(self, i: int) -> str:
+        return self.pieces[i]
+
+
+def test_the_repeat_notice_reads_the_prompt_s_own_copy() -> None:
+    """Constructed ids: a prompt that ends by repeating an earlier span (4+ tokens) whose next token the model did not
+    write gets the notice, naming the phrase, the expected and written tokens, the expected token's probability among
+    the candidates and the words split into pieces; a copied one, a short repeat and an unrepeated prompt get none."""
+    from models.outputs import GenerationResult, GenerationStep
+    from tabs.generate import repeat_notice
+
+    pieces = ["<s>", "▁The", "▁red", "▁f", "ox", "▁jumped", "▁over", "▁the", "▁fence", "▁.", "▁water", "▁cat"]
+    net = _Net(pieces)
+
+    def result(prompt: list[int], wrote: int, candidates: list[int], probs: list[float]) -> GenerationResult:
+        step = GenerationStep([pieces[i] for i in candidates], np.array(probs, np.float32), pieces[wrote], probs[0])
+        return GenerationResult("", [pieces[i] for i in prompt + [wrote]], prompt + [wrote], len(prompt), {}, [step])
+
+    copy = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7]  # "The red fox jumped over the fence . The … the"
+    said = repeat_notice(result(copy, 10, [10, 8], [0.6, 0.1]), net, "gpt-tiny")
+    assert "“The red fox jumped over the”" in said and "where “fence” came next" in said
+    assert "wrote “water”" in said and "“fence” 10%" in said and "“f · ox”" in said and "jumped" not in said.split(
+        "splits")[1].split("into")[0]
+    said = repeat_notice(result(copy, 10, [10, 11], [0.6, 0.1]), net, "gpt-tiny")
+    assert "“fence” was not among its five likeliest" in said
+    assert repeat_notice(result(copy, 8, [8, 10], [0.6, 0.1]), net, "gpt-tiny") == ""  # copied
+    short = [0, 1, 2, 3, 8, 9, 11, 1, 2, 3]  # only 3 tokens repeated
+    assert repeat_notice(result(short, 10, [10], [0.5]), net, "gpt-tiny") == ""
+    assert repeat_notice(result([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11], 10, [10], [0.5]), net, "gpt-tiny") == ""
+
+
+def test_gpt_tiny_copies_the_offered_phrase_and_says_why_not_another() -> None:
+    """The shipped gpt-tiny: the example phrase it is offered is copied; "The red fox jumped over the fence" is not
+    (it writes "water" where "fence" came, a phrase it splits into pieces), and the notice says so."""
+    from tabs import generate
+
+    offered = next(p for p in generate.PROMPTS if p.count("Two dogs play in the") == 2)
+    text, notice, *_ = generate.generate(offered, 3, "gpt-tiny")
+    assert text.split()[0].startswith("snow") and "repeating" not in notice
+    text, notice, *_ = generate.generate("The red fox jumped over the fence . The red fox jumped over the", 3,
+                                         "gpt-tiny")
+    assert not text.startswith("fence")
+    assert "repeating “The red fox jumped over the”" in notice and "where “fence” came next" in notice
+    assert "“f · ox”" in notice
