@@ -52,8 +52,9 @@ earlier occurrence of the current token (*induction heads*, Olsson et al. 2022),
 (an *attention sink*, Xiao et al. 2023). "Repeated random tokens" measures each head's role; switching a head off
 shows what the next-token prediction depends on; the *logit lens* (nostalgebraist 2020) reads the model's
 guess after every block. `mamba-tiny`, a state-space model trained here on gpt-tiny's text, has no attention:
-its maps are the attention hidden in its scan (Ali, Zimerman & Wolf 2024), and the views built on heads say that
-they do not apply.
+its maps are the attention hidden in its scan (Ali, Zimerman & Wolf 2024); the controls built on heads (the head
+choice, switching a head off, head roles) are hidden for it, and the sections below say where heads do not apply.
+The Experts view appears for a mixture-of-experts model (Mixtral).
 
 *Why* splits one cell's score into the parts of the model that make its query and its key: it shows which parts
 meet, not that the head needs them. *Patching* copies one head's output from a clean into a corrupted input and

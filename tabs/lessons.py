@@ -88,8 +88,10 @@ def build() -> Permalink:
     back.click(lambda s: max(1, int(s) - 1), [step], [step], api_name=False, show_progress="hidden")
     forward.click(lambda c, s: min(len(LESSONS[_number(c) - 1].steps), int(s) + 1), [chosen, step], [step],
                   api_name=False, show_progress="hidden")
-    check.click(answer_step, [chosen, step, text, choices, progress, prompt],  # the question asked: started or not
-                [where, said, shown, explanation, progress], api_name=False)
+    # the question asked ("" or None on the page before the lesson starts) tells Check whether it has started
+    check.click(lambda c, s, t, a, p, asked: answer_step(c, s, t, a, p, asked or ""),
+                [chosen, step, text, choices, progress, prompt], [where, said, shown, explanation, progress],
+                api_name=False)
     export.click(export_lesson, [chosen, text, progress], [handout], api_name=False)
     gr.api(lesson_api, api_name="lesson")
     gr.api(lesson_answer_api, api_name="lesson_answer")
