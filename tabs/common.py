@@ -260,11 +260,9 @@ def stats_figure(amap, kind_title: str):
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)
         return fit(vs.head_share_heatmap(shares, names, title="Where each head looks",
-                                         subtitle=f"{kind_title}<br>average share of each head's attention, over "
-                                                  "all queries"))
+                                         subtitle=f"{kind_title}<br>each head's share, over all queries"))
     return fit(vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title="Entropy per head",
-                                  subtitle=f"{kind_title}<br>mean over queries (low: a focused head, high: a broad "
-                                           "one)"))
+                                  subtitle=f"{kind_title}<br>low: a focused head, high: a broad one"))
 
 
 def window_figure(result, block, head: str | int, query: tuple[int, int]):
