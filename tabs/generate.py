@@ -566,7 +566,7 @@ def repeat_notice(result, net, name: str) -> str:
     tokenizer splits into pieces (words it kept whole are those it met often; a small model's own expectation then
     outweighs its induction heads), with what makes it copy."""
     ids, p = list(result.ids), result.prompt_len
-    if not result.steps or p < 2 * REPEAT_MIN + 1:
+    if not result.steps or p < 2 * REPEAT_MIN + 1 or getattr(net, "tokenizer", None) is None:
         return ""
     prompt = ids[:p]
     best = None  # (length, the next token's position) of the longest earlier copy of the prompt's end
@@ -592,13 +592,15 @@ def repeat_notice(result, net, name: str) -> str:
     split = [" · ".join(w).replace("▁", "").replace("Ġ", "") for w in words if len(w) > 1]
     phrase = net.tokenizer.decode(prompt[at - k:at]).strip()
     want, got = net.tokenizer.decode([expected]).strip(), net.tokenizer.decode([wrote]).strip()
-    step = result.steps[0]
-    chance = (f"it gave “{want}” {step.probs[step.candidates.index(net.piece(expected))]:.0%}"
-              if net.piece(expected) in step.candidates else f"“{want}” was not among its five likeliest")
+    try:  # the copy's probability where the model wrote its first new token (one more pass, only when this is said)
+        chance = f"it gave “{want}” {float(net.next_token_probs(prompt)[expected]):.1%}"
+    except (AttributeError, ValueError, IndexError):
+        chance = ""
     rare = (f" Its tokenizer splits {', '.join(f'“{w}”' for w in split)} into pieces: words it did not meet often "
             "enough in its training text to keep whole." if split else "")
+    chance = f" ({chance})" if chance else ""
     return (f"· The prompt ends by repeating “{phrase}” from earlier in it, where “{want}” came next; `{name}` wrote "
-            f"“{got}” ({chance}). A small model copies a phrase it has seen once only where its own expectation does "
+            f"“{got}”{chance}. A small model copies a phrase it has seen once only where its own expectation does "
             f"not pull harder (here toward “{got}”).{rare} A third copy of the phrase, or a phrase of words it met "
             "often (the example “Two dogs play in the snow . Two dogs play in the”), is copied more readily.")
 

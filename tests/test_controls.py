@@ -267,39 +267,46 @@ class _Tok:
 
 
 class _Net:
-    def __init__(self, pieces: list[str]) -> None:
+    def __init__(self, pieces: list[str], probs: dict[int, float] | None = None) -> None:
         self.tokenizer = _Tok(pieces)
         self.pieces = pieces
+        self.probs = probs or {}
+        self.asked: list[list[int]] = []
 
     def piece(self, i: int) -> str:
         return self.pieces[i]
 
+    def next_token_probs(self, ids: list[int]) -> np.ndarray:
+        self.asked.append(list(ids))
+        p = np.zeros(len(self.pieces), np.float32)
+        for i, v in self.probs.items():
+            p[i] = v
+        return p
+
 
 def test_the_repeat_notice_reads_the_prompt_s_own_copy() -> None:
     """Constructed ids: a prompt that ends by repeating an earlier span (4+ tokens) whose next token the model did not
-    write gets the notice, naming the phrase, the expected and written tokens, the expected token's probability among
-    the candidates and the words split into pieces; a copied one, a short repeat and an unrepeated prompt get none."""
+    write gets the notice, naming the phrase, the expected and written tokens, the model's probability of the copy
+    after the prompt and the words split into pieces; a copied one, a short repeat and an unrepeated prompt get none."""
     from models.outputs import GenerationResult, GenerationStep
     from tabs.generate import repeat_notice
 
     pieces = ["<s>", "▁The", "▁red", "▁f", "ox", "▁jumped", "▁over", "▁the", "▁fence", "▁.", "▁water", "▁cat"]
-    net = _Net(pieces)
+    net = _Net(pieces, {8: 0.125, 10: 0.6})
 
-    def result(prompt: list[int], wrote: int, candidates: list[int], probs: list[float]) -> GenerationResult:
-        step = GenerationStep([pieces[i] for i in candidates], np.array(probs, np.float32), pieces[wrote], probs[0])
+    def result(prompt: list[int], wrote: int) -> GenerationResult:
+        step = GenerationStep([pieces[wrote]], np.array([0.6], np.float32), pieces[wrote], 0.6)
         return GenerationResult("", [pieces[i] for i in prompt + [wrote]], prompt + [wrote], len(prompt), {}, [step])
 
     copy = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7]  # "The red fox jumped over the fence . The … the"
-    said = repeat_notice(result(copy, 10, [10, 8], [0.6, 0.1]), net, "gpt-tiny")
+    said = repeat_notice(result(copy, 10), net, "gpt-tiny")
     assert "“The red fox jumped over the”" in said and "where “fence” came next" in said
-    assert "wrote “water”" in said and "“fence” 10%" in said and "“f · ox”" in said and "jumped" not in said.split(
-        "splits")[1].split("into")[0]
-    said = repeat_notice(result(copy, 10, [10, 11], [0.6, 0.1]), net, "gpt-tiny")
-    assert "“fence” was not among its five likeliest" in said
-    assert repeat_notice(result(copy, 8, [8, 10], [0.6, 0.1]), net, "gpt-tiny") == ""  # copied
+    assert "wrote “water” (it gave “fence” 12.5%)" in said and net.asked == [copy]
+    assert "splits “f · ox” into pieces" in said  # "jumped" is one piece here: not named
+    assert repeat_notice(result(copy, 8), net, "gpt-tiny") == ""  # copied
     short = [0, 1, 2, 3, 8, 9, 11, 1, 2, 3]  # only 3 tokens repeated
-    assert repeat_notice(result(short, 10, [10], [0.5]), net, "gpt-tiny") == ""
-    assert repeat_notice(result([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11], 10, [10], [0.5]), net, "gpt-tiny") == ""
+    assert repeat_notice(result(short, 10), net, "gpt-tiny") == ""
+    assert repeat_notice(result([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11], 10), net, "gpt-tiny") == ""
 
 
 def test_gpt_tiny_copies_the_offered_phrase_and_says_why_not_another() -> None:
