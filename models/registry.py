@@ -55,6 +55,10 @@ class Family:
     batch: str = "alone"  # how its generation requests are served together (BATCHES)
     notice: str | None = None  # "module:function(model) -> str": what the family changes in the views, in words
     positional: str | None = None  # its own view in the Positional tab ("relative_bias": T5's learned buckets)
+    # the config keys that count a model's experts (config.json's, top level or under "config", and the loaded
+    # model's config): a model with one above 0 has a mixture-of-experts feed-forward (Generate's Experts view);
+    # () where the family has none
+    experts: tuple[str, ...] = ()
 
     @property
     def hf_types(self) -> tuple[str, ...]:
@@ -72,6 +76,17 @@ class Family:
             return ""
         module, _, name = self.notice.partition(":")
         return getattr(importlib.import_module(module), name)(model)
+
+    def has_experts(self, config: Any) -> bool:
+        """Whether a model of this family with ``config`` (a config.json already read, or a loaded model's config
+        object) has a mixture of experts: one of the ``experts`` keys above 0."""
+        if isinstance(config, dict):
+            inner = config.get("config")
+            found = [config.get(k) for k in self.experts] + (
+                [inner.get(k) for k in self.experts] if isinstance(inner, dict) else [])
+        else:
+            found = [getattr(config, k, None) for k in self.experts]
+        return any(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in found)
 
     def classes(self) -> tuple[type, type]:
         """(model class, config class), imported now."""
@@ -129,7 +144,8 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                  ("mixtral", "models.io.hf_decoders:mixtral_from_state"),
                  ("gpt_neox", "models.io.hf_decoders:gpt_neox_from_state")),
                 tabs=("generate",), walk="gpt", text=True, split="walk", causal_lm=True, ablation=True,
-                batch="lockstep", notice="models.families.gpt:notice"))
+                batch="lockstep", notice="models.families.gpt:notice",
+                experts=("n_experts", "num_local_experts")))  # GPTConfig's, a Mixtral config.json's
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))

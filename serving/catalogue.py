@@ -65,6 +65,8 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("vision", "facebook/deit-tiny-distilled-patch16-224", "refs/pr/3"),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
+                       "openai-community/gpt2": "gpt", "HuggingFaceTB/SmolLM2-135M": "gpt", "Qwen/Qwen2.5-0.5B": "gpt",
+                       "google/gemma-3-270m": "gpt", "state-spaces/mamba-130m-hf": "mamba",
                        "facebook/deit-tiny-distilled-patch16-224": "deit",
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
@@ -286,13 +288,26 @@ def family(name: str) -> registry.Family | None:
         return registry.FAMILIES[DOWNLOADABLE_FAMILY[name]]
     if name in PACKAGED or (name in CONFIGURED and CONFIGURED[name].gguf):  # GGUF: read into GPT (models/io/gguf.py)
         return registry.FAMILIES["gpt"]
+    meta = _config_json(name)
+    kind, model_type = meta.get("model"), meta.get("model_type")
+    return ((registry.by_model_type(model_type) if isinstance(model_type, str) else None)
+            or (registry.by_model_name(kind) if isinstance(kind, str) else None))
+
+
+def _config_json(name: str) -> dict[str, Any]:
+    """A checkpoint's or configured folder's config.json, read without torch ({} where there is none yet: a Hub
+    entry before its download, or an unreadable file)."""
     folder = CONFIGURED[name].folder if name in CONFIGURED else CHECKPOINTS / name
     try:
         meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
     except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    kind, model_type = meta.get("model"), meta.get("model_type")
-    return ((registry.by_model_type(model_type) if isinstance(model_type, str) else None)
-            or (registry.by_model_name(kind) if isinstance(kind, str) else None))
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def has_experts(name: str) -> bool:
+    """Whether a model the catalogue offers has a mixture of experts (its family's ``experts`` keys in its
+    config.json, no torch): what Generate offers before the model is loaded. False where its config is not at hand
+    (a Hub model before its download: the tab asks the loaded model after its first run)."""
+    fam = family(name)
+    return fam is not None and bool(fam.experts) and fam.has_experts(_config_json(name))

@@ -126,6 +126,8 @@ def build() -> Permalink:
     # the classes offered follow the model (a link's choice included, so .change); a person's choice re-explains
     for control in (task, model):
         control.change(target_update, [task, model, target], [target], api_name=False, show_progress="hidden")
+    # a configured or Hub classifier has its own labels: the SST-2 / AG News choice does not apply to it
+    model.change(task_shown, [model], [task], api_name=False, show_progress="hidden", **FAST)
     chain(target.input, steps)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
@@ -172,6 +174,12 @@ def target_update(task: str, model: str, target: str):
     choices = class_choices(task, model)
     keep = target if target in [value for _, value in choices] else ""
     return gr.update(choices=choices, value=keep)
+
+
+def task_shown(model: str):
+    """The task choice is shown for the project's own models (a checkpoint per task) and hidden for the others,
+    which read their own labels (``checkpoint_name`` ignores the task for them)."""
+    return gr.update(visible=model in TEXT_MODELS)
 
 
 def checkpoint_name(task: str, model: str) -> str:

@@ -224,11 +224,13 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
         lines = None if kept is None else va.HeadLines(*kept.lines(layer, heads, threshold, va.HEAD_VIEW_SEGMENTS))
         return va.head_view(None if kept else amap.weights, amap.queries, amap.keys, layer=layer, heads=heads,
                             kind=kind_title, threshold=threshold, lines=lines)
+    # one map per layer (Mamba's implicit attention, channels averaged): no head to pick or fuse, none named
+    head, named = (0, None) if amap.heads == 1 else (head, head)
     if kept is None:
         return va.attention_heatmap(amap.weights, amap.queries, amap.keys, layer=layer, head=head, kind=kind_title,
-                                    pool=pool)
+                                    pool=pool, title=va.describe(kind_title, layer, named))
     return va.attention_heatmap(device_block(kept, layer, head, pool), amap.queries, amap.keys, kind=kind_title,
-                                title=va.describe(kind_title, layer, head), pool=pool)
+                                title=va.describe(kind_title, layer, named), pool=pool)
 
 
 def device_block(kept, layer: int, head: str | int, pool: str, rows: tuple[int, int] | None = None,
@@ -254,10 +256,13 @@ def stats_figure(amap, kind_title: str):
     """Where each head looks (self-attention) or each head's entropy in bits (cross-attention)."""
     from models.analysis import head_entropy
 
+    # the kind in the subtitle, under a short title: a long title was cut where the figure is narrow
     if amap.queries == amap.keys:
         shares, names = vs.token_shares(amap.weights, amap.queries)
-        return fit(vs.head_share_heatmap(shares, names, title=f"Where each head looks · {kind_title}"))
-    return vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title=f"Entropy per head · {kind_title}")
+        return fit(vs.head_share_heatmap(shares, names, title="Where each head looks",
+                                         subtitle=f"{kind_title}<br>each head's share, over all queries"))
+    return fit(vs.entropy_heatmap(head_entropy(amap.weights) / np.log(2), title="Entropy per head",
+                                  subtitle=f"{kind_title}<br>low: a focused head, high: a broad one"))
 
 
 def window_figure(result, block, head: str | int, query: tuple[int, int]):

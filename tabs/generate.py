@@ -52,15 +52,18 @@ earlier occurrence of the current token (*induction heads*, Olsson et al. 2022),
 (an *attention sink*, Xiao et al. 2023). "Repeated random tokens" measures each head's role; switching a head off
 shows what the next-token prediction depends on; the *logit lens* (nostalgebraist 2020) reads the model's
 guess after every block. `mamba-tiny`, a state-space model trained here on gpt-tiny's text, has no attention:
-its maps are the attention hidden in its scan (Ali, Zimerman & Wolf 2024), and the views built on heads say that
-they do not apply.
+its maps are the attention hidden in its scan (Ali, Zimerman & Wolf 2024); the controls built on heads (the head
+choice, switching a head off, head roles) are hidden for it, and the sections below say where heads do not apply.
+The Experts view appears for a mixture-of-experts model (Mixtral).
 
 *Why* splits one cell's score into the parts of the model that make its query and its key: it shows which parts
 meet, not that the head needs them. *Patching* copies one head's output from a clean into a corrupted input and
 measures how much of the clean answer comes back: it shows where the difference between two inputs is carried,
 not what the head does on other text."""
 PROMPTS = ["A man in a blue shirt is riding a bicycle down the", "The central bank said on Tuesday that",
-           "a warm , funny and beautifully acted"]
+           "a warm , funny and beautifully acted",
+           # a phrase seen once, repeated: gpt-tiny's induction heads copy it (tests/test_controls.py)
+           "Two dogs play in the snow . Two dogs play in the"]
 ROLES = {"previous token (i → i−1)": "previous", "induction (i → i−N+1)": "induction",
          "duplicate token (i → i−N)": "duplicate", "first token (sink)": "sink"}
 MAX_TEMPERATURE, MAX_TOP_K = 5.0, 1000
@@ -134,27 +137,33 @@ def build() -> Permalink:
     lens = gr.Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")
-    experts_run = gr.Button("Experts chosen per token (mixture-of-experts models: Mixtral)", size="sm")
-    experts_plot = gr.Plot(label="experts chosen per token and layer")
-    gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
-                "text), with the head's output zeroed: the causal check of what the head does.")
-    with gr.Row():
-        ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
-        ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
-        ablate = gr.Button("Switch the head off")
-    ablation_note = gr.Markdown()
-    ablation = gr.Plot(label="next-token distribution with and without the head")
-    gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
-                "an induction head attends from each token of the second copy to the token after its first "
-                "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
-    with gr.Row():
-        n = gr.Slider(2, ROLES_MAX_N, value=50, step=1, label="N (tokens per copy)")
-        roles_seed = seed_box()
-        roles_run = gr.Button("Repeated random tokens")
-    roles_note = gr.Markdown()
-    roles = gr.Plot(label="head roles")
-    stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
-    losses = gr.Plot(label="loss on each copy")
+    # what applies to the chosen model only (its registration: models.registry), shown or hidden as the model changes
+    offers = offered_for(choices[0])
+    with gr.Column(visible=offers["experts"], elem_id="generate-experts") as experts_box:
+        experts_run = gr.Button("Experts chosen per token (this model is a mixture of experts)", size="sm")
+        experts_plot = gr.Plot(label="experts chosen per token and layer")
+    with gr.Column(visible=offers["heads"], elem_id="generate-ablation") as ablation_box:
+        gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
+                    "text), with the head's output zeroed: the causal check of what the head does.")
+        with gr.Row():
+            ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
+            ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
+            ablate = gr.Button("Switch the head off")
+        ablation_note = gr.Markdown()
+        ablation = gr.Plot(label="next-token distribution with and without the head")
+    with gr.Column(visible=offers["heads"], elem_id="generate-roles") as roles_box:
+        gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
+                    "an induction head attends from each token of the second copy to the token after its first "
+                    "occurrence (a stripe N−1 below the diagonal) and the loss on the second copy drops.")
+        with gr.Row():
+            n = gr.Slider(2, ROLES_MAX_N, value=50, step=1, label="N (tokens per copy)")
+            roles_seed = seed_box()
+            roles_run = gr.Button("Repeated random tokens")
+        roles_note = gr.Markdown()
+        roles = gr.Plot(label="head roles")
+        stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
+        losses = gr.Plot(label="loss on each copy")
+    applies = [head, experts_box, ablation_box, roles_box]  # what model_controls shows or hides
     patch_section.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section,
                            repeated=True)
     with gr.Row():
@@ -170,6 +179,7 @@ def build() -> Permalink:
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
              (zoom_defaults, [state], [q_last, k_last], {"show_progress": "hidden"}),
+             (run_controls, [state], applies, {"show_progress": "hidden"}),  # what the loaded model turned out to be
              qk_section.follow]
     chain(run.click, steps, api_name="generate", **batcher.batch_events("generate"))
     chain(prompt.submit, steps, **batcher.batch_events("generate"))
@@ -182,6 +192,7 @@ def build() -> Permalink:
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     experts_run.click(experts_view, [state], [experts_plot], api_name="experts", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
+    model.change(model_controls, [model], applies, api_name=False, show_progress="hidden", **FAST)
     # another model: the last model's continuation and figures go (an error of the new one stood under them)
     model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
                 api_name=False, show_progress="hidden", **FAST)
@@ -198,6 +209,38 @@ def build() -> Permalink:
 
 
 # ------------------------------------------------------------------------------------------------ handlers
+def offered_for(name: str | None) -> dict[str, bool]:
+    """What the tab offers for a model, from its registration and config.json before it loads (serving.catalogue):
+    heads to pick, switch off and score (not Mamba's implicit attention), and the Experts view (a mixture of
+    experts). A model whose family is not known before its download keeps the heads' views until it has run."""
+    name = name if name in decoder_models() else DEFAULT  # the dropdown's names only: nothing else is looked up
+    fam = catalogue.family(name)
+    return {"heads": fam is None or fam.heads, "experts": catalogue.has_experts(name)}
+
+
+def _shown_for(offers: dict[str, bool]) -> tuple[dict, dict, dict, dict]:
+    """Updates of the head choice (a model without heads draws its one map: the choice is "mean"), the Experts
+    view, "Switch a head off" and the head roles."""
+    head = gr.update(visible=True) if offers["heads"] else gr.update(visible=False, value="mean")
+    return (head, gr.update(visible=offers["experts"]), gr.update(visible=offers["heads"]),
+            gr.update(visible=offers["heads"]))
+
+
+def model_controls(name: str | None):
+    """Another model is chosen: its controls are shown, the others hidden (``offered_for``)."""
+    return _shown_for(offered_for(name))
+
+
+def run_controls(state: dict | None):
+    """After a run, what the loaded model can do (a Hub model's family and experts are known once it is
+    fetched)."""
+    if not state:
+        return gr.update(), gr.update(), gr.update(), gr.update()
+    net = _model(state["model"])
+    fam = registry.family_of(net)
+    return _shown_for({"heads": fam.heads, "experts": fam.has_experts(net.config)})
+
+
 def sequence(state: dict) -> tuple[str, list[int], list[str]]:
     """What the "why" section splits: the kept generation (prompt and continuation, as the model saw them)."""
     return state["model"], list(state["result"].ids), list(state["result"].tokens)
@@ -319,6 +362,7 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     settings = f"{strategy}" + (f" (temperature {temperature:g}, top-k {top_k or 'off'}, top-p {top_p:g}, "
                                 f"seed {seed})" if strategy == "sample" else "")
     notice = " ".join(x for x in (result.notice, ending(result, net.piece(net.eos_id()), settings),
+                                  repeat_notice(result, net, model or DEFAULT),
                                   long_notice(result, pooling) if long else "",
                                   device_notice(amap) if device_side else "", family_notice(net)) if x)
     html, cand, attn = draw_generation(kept, 0, layer, head, view, pooling)
@@ -436,7 +480,7 @@ def experts_view(state: dict | None):
     if not state:
         raise Error(NO_RESULT)
     net = _model(state["model"])
-    if not getattr(net.config, "n_experts", 0):
+    if not registry.family_of(net).has_experts(net.config):
         raise Error("This model has one feed-forward block per layer, no experts to choose between: the view is for "
                     "mixture-of-experts models (Mixtral).")
     from models.families.moe import expert_routes
@@ -509,6 +553,56 @@ def ending(result, eos: str, settings: str) -> str:
                     "prompt reads as finished to it). Try sampling, or a prompt that stops mid-sentence · " + settings)
         return f"{n} new tokens · stopped at `{eos}`, the model's end-of-text token · {settings}"
     return f"{n} new tokens · {settings}"
+
+
+REPEAT_MIN = 4  # tokens a prompt must end by repeating from earlier in it before the notice reads it as a copy
+WORD_START = ("▁", "Ġ")  # SentencePiece's and byte-level BPE's mark of a piece that begins a word
+
+
+def repeat_notice(result, net, name: str) -> str:
+    """Why the model did not copy a phrase the prompt repeats, or "" (issue 61, item 10). A prompt that ends with the
+    last REPEAT_MIN or more tokens of an earlier span asks for the token that followed it there; when the first new
+    token is another, the notice says which, how likely the model found the copy, and which words of the phrase its
+    tokenizer splits into pieces (words it kept whole are those it met often; a small model's own expectation then
+    outweighs its induction heads), with what makes it copy."""
+    ids, p = list(result.ids), result.prompt_len
+    if not result.steps or p < 2 * REPEAT_MIN + 1 or getattr(net, "tokenizer", None) is None:
+        return ""
+    prompt = ids[:p]
+    best = None  # (length, the next token's position) of the longest earlier copy of the prompt's end
+    for k in range(REPEAT_MIN, p // 2 + 1):
+        tail = prompt[-k:]
+        found = [j for j in range(p - k - 1, -1, -1) if prompt[j:j + k] == tail]  # the latest first, not its own end
+        if not found:
+            break
+        best = (k, found[0] + k)
+    if best is None:
+        return ""
+    k, at = best
+    expected, wrote = prompt[at], ids[p]
+    if expected == wrote:
+        return ""
+    pieces = [net.piece(i) for i in prompt[at - k:at + 1]]
+    words: list[list[str]] = []
+    for piece in pieces:
+        if not words or piece.startswith(WORD_START):
+            words.append([piece])
+        else:
+            words[-1].append(piece)
+    split = [" · ".join(w).replace("▁", "").replace("Ġ", "") for w in words if len(w) > 1]
+    phrase = net.tokenizer.decode(prompt[at - k:at]).strip()
+    want, got = net.tokenizer.decode([expected]).strip(), net.tokenizer.decode([wrote]).strip()
+    try:  # the copy's probability where the model wrote its first new token (one more pass, only when this is said)
+        chance = f"it gave “{want}” {float(net.next_token_probs(prompt)[expected]):.1%}"
+    except (AttributeError, ValueError, IndexError):
+        chance = ""
+    rare = (f" Its tokenizer splits {', '.join(f'“{w}”' for w in split)} into pieces: words it did not meet often "
+            "enough in its training text to keep whole." if split else "")
+    chance = f" ({chance})" if chance else ""
+    return (f"· The prompt ends by repeating “{phrase}” from earlier in it, where “{want}” came next; `{name}` wrote "
+            f"“{got}”{chance}. A small model copies a phrase it has seen once only where its own expectation does "
+            f"not pull harder (here toward “{got}”).{rare} A third copy of the phrase, or a phrase of words it met "
+            "often (the example “Two dogs play in the snow . Two dogs play in the”), is copied more readily.")
 
 
 def model_notice(name: str) -> str:

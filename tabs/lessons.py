@@ -88,7 +88,9 @@ def build() -> Permalink:
     back.click(lambda s: max(1, int(s) - 1), [step], [step], api_name=False, show_progress="hidden")
     forward.click(lambda c, s: min(len(LESSONS[_number(c) - 1].steps), int(s) + 1), [chosen, step], [step],
                   api_name=False, show_progress="hidden")
-    check.click(answer_step, [chosen, step, text, choices, progress], [where, said, shown, explanation, progress],
+    # the question asked ("" or None on the page before the lesson starts) tells Check whether it has started
+    check.click(lambda c, s, t, a, p, asked: answer_step(c, s, t, a, p, asked or ""),
+                [chosen, step, text, choices, progress, prompt], [where, said, shown, explanation, progress],
                 api_name=False)
     export.click(export_lesson, [chosen, text, progress], [handout], api_name=False)
     gr.api(lesson_api, api_name="lesson")
@@ -129,8 +131,12 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
             gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
 
 
-def answer_step(title: str, step: int, text: str, answer: str | None, progress: dict | None):
-    """Judge the prediction by the numbers, reveal the figure with it marked, and keep the first answer."""
+def answer_step(title: str, step: int, text: str, answer: str | None, progress: dict | None, asked: str | None = None):
+    """Judge the prediction by the numbers, reveal the figure with it marked, and keep the first answer. ``asked``:
+    the question on the page ("" before the lesson starts, or after its lesson or input changed)."""
+    if not answer and asked is not None and not asked.strip():
+        raise Error("Start the lesson first (\"Start the lesson\" above): its first question and the predictions to "
+                    "pick from appear there.")
     if not answer:
         raise Error("Pick a prediction first: the figure is revealed after you commit to one.")
     number = _number(title)

@@ -20,6 +20,8 @@ footer {display: none !important;}
 .atlas-export button {font-size: 0.75rem; padding: 0 0.5rem; border: 1px solid var(--border-color-primary);
   border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
 """
+# A click on a thumbnail of the model view (its trace's meta.thumbnails: cells a side and the gap) writes
+# "layer,head,click number" into "<tab>-open-head", whose handler shows that head as a heatmap (tabs/sections/why.py).
 # A click on a heatmap cell of an attention figure (elem_id "<tab>-attention") or a patching sweep ("<tab>-patch")
 # writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell" (a point of a Q/K scatter,
 # "<tab>-qk": "position,click number" into "<tab>-qk-cell"), whose change event runs the
@@ -33,6 +35,19 @@ JS = """() => {
       plot._atlasBound = true;
       plot.on('plotly_click', (ev) => {
         const p = ev.points && ev.points[0];
+        const thumbs = p && box.id.endsWith('-attention') && ((p.data.meta || {}).thumbnails);
+        if (thumbs && Array.isArray(p.pointNumber)) {  // the model view: a thumbnail opens its layer and head
+          const [q, k, gap] = thumbs;
+          const [r, c] = p.pointNumber;
+          if (r % (q + gap) >= q || c % (k + gap) >= k) return;  // a gap between thumbnails
+          const open = document.querySelector('#' + box.id.replace(/-attention$/, '-open-head') + ' textarea, #'
+                                              + box.id.replace(/-attention$/, '-open-head') + ' input');
+          if (!open) return;
+          window._atlasClicks = (window._atlasClicks || 0) + 1;
+          open.value = Math.floor(r / (q + gap)) + ',' + Math.floor(c / (k + gap)) + ',' + window._atlasClicks;
+          open.dispatchEvent(new Event('input', {bubbles: true}));
+          return;
+        }
         const qk = box.id.endsWith('-qk');  // a Q/K scatter (tabs/sections/qk.py): customdata is the token position
         if (!p || (qk ? typeof p.customdata !== 'number'
                    : p.data.type !== 'heatmap' || !Array.isArray(p.pointNumber))) return;

@@ -10,7 +10,7 @@ import numpy as np
 
 from serving import catalogue
 from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, index, intro, window_figure
-from tabs.permalink import Permalink
+from tabs.permalink import Field, Permalink
 from viz import positional as vp
 from viz import swin as vw
 
@@ -25,11 +25,13 @@ are kept apart by adding −100 to their scores (the mask), so after softmax the
 def build() -> Permalink:
     """Lays the tab out; its permalink's run draws the geometry when the page loads."""
     intro(INTRO, MODEL)
-    with gr.Row():
+    top_shift, top_index = limits_of(8, 4)  # the sliders start with the default grid's range (4 windows: 0 … 3)
+    with gr.Row(equal_height=True):
         grid = gr.Slider(2, 16, value=8, step=1, label="token grid side")
         window = gr.Slider(1, 8, value=4, step=1, label="window size")
-        shift = gr.Slider(0, 7, value=2, step=1, label="shift (window // 2 in Swin)")
-        index = gr.Slider(0, 63, value=3, step=1, label="window to inspect")
+        shift = gr.Slider(0, top_shift, value=2, step=1, label="shift (window // 2 in Swin)")
+        index = gr.Slider(0, top_index, value=3, step=1, label="window to inspect")
+        draw = gr.Button("Draw windows", variant="primary", scale=0, min_width=140)  # above the figures it draws
     note = gr.Markdown()
     parts = gr.Plot(label="regular and shifted windows")
     rolled = gr.Plot(label="cyclic shift")
@@ -43,7 +45,7 @@ def build() -> Permalink:
         # the shift and window sliders offer only what the figure can draw (it clamped them silently: shift 6 and
         # window 63 shown while it drew 3 and 8)
         control.change(window_limits, inputs, [shift, index], api_name=False, show_progress="hidden", **FAST)
-    gr.Button("Draw windows", variant="primary").click(swin_windows, inputs, outputs, api_name="swin_windows", **FAST)
+    draw.click(swin_windows, inputs, outputs, api_name="swin_windows", **FAST)
     gr.Markdown(f"### The trained Swin (`{MODEL}`)")
     with gr.Row():
         example = gr.Dropdown(list(EXAMPLE_NAMES), value="ankle-boot", label="example image")
@@ -57,8 +59,24 @@ def build() -> Permalink:
         bias = gr.Plot(label="relative position bias")
     block.change(head_range, [block, head], [head], api_name=False, show_progress="hidden", **FAST)
     show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note, head], api_name="trained_swin")
-    return Permalink({"grid": grid, "window": window, "shift": shift, "index": index},
-                     [(swin_windows, inputs, outputs, FAST)], at_load=True)
+    # a link's grid and window set the sliders' range before the figures are drawn
+    return Permalink({"grid": grid, "window": window, "shift": within(shift, 7), "index": within(index, MOST_WINDOWS)},
+                     [(window_limits, inputs, [shift, index], FAST), (swin_windows, inputs, outputs, FAST)],
+                     at_load=True)
+
+
+MOST_WINDOWS = 16 * 16 - 1  # the largest window index any setting has (grid 16, windows of 1)
+
+
+def within(slider: gr.Slider, most: int) -> Field:
+    """A link's shift or window index: a whole number up to the most any grid and window allow (the slider's own
+    range follows the grid and window, which the link sets first)."""
+    def read(text: str) -> int:
+        if not (text.isdigit() and int(text) <= most):
+            raise ValueError
+        return int(text)
+
+    return Field(slider, read, lambda value: str(int(value)))
 
 
 def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):
@@ -68,7 +86,10 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
     window = max(1, int(window))
     geo = window_geometry(max(1, int(grid)), window, max(0, min(int(shift), window - 1)))
     idx = max(0, min(int(window_index), geo.windows - 1))
-    note = (f"Grid {geo.grid}×{geo.grid} padded to {geo.side}×{geo.side} (a multiple of the window): the grey "
+    asked = int(window_index)
+    note = (f"**There is no window {asked}**: this grid has {geo.windows} windows (0 … {geo.windows - 1}); showing "
+            f"window {idx}. ") if asked != idx else ""
+    note += (f"Grid {geo.grid}×{geo.grid} padded to {geo.side}×{geo.side} (a multiple of the window): the grey "
             f"“pad” cells are zeros the model adds, not image; the regions and the shift are computed on the padded "
             f"grid, and padding tokens are attended to like any other. ") if geo.side != geo.grid else ""
     note += (f"{geo.windows} windows of {window}×{window} = {window * window} tokens; shift {geo.shift}. "
@@ -84,12 +105,17 @@ def swin_windows(grid: int = 8, window: int = 4, shift: int = 2, window_index: i
 def window_limits(grid: int = 8, window: int = 4, shift: int = 2, window_index: int = 3):
     """The shift and window-index sliders' range for a grid and window size, their values clamped into it, as
     `swin_windows` clamps them (shift below the window, index below the number of windows)."""
-    window = max(1, int(window))
-    side = -(-max(1, int(grid)) // window) * window  # the grid padded to a multiple of the window
-    windows = (side // window) ** 2
-    top = max(window - 1, 0)
+    top, last = limits_of(grid, window)
     return (gr.update(maximum=max(top, 1), value=min(max(int(shift), 0), top)),
-            gr.update(maximum=max(windows - 1, 1), value=min(max(int(window_index), 0), windows - 1)))
+            gr.update(maximum=max(last, 1), value=min(max(int(window_index), 0), last)))
+
+
+def limits_of(grid: int, window: int) -> tuple[int, int]:
+    """The largest shift (below the window) and window index (below the number of windows, the grid padded to a
+    multiple of the window) for a grid and window size."""
+    window = max(1, int(window))
+    side = -(-max(1, int(grid)) // window) * window
+    return window - 1, (side // window) ** 2 - 1
 
 
 def block_heads() -> list[int]:

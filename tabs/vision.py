@@ -48,7 +48,8 @@ TITLE = "Vision"
 INTRO = """**Image classification with a Vision Transformer (ViT) or a Swin Transformer.** Any image is
 converted the way the model was trained (Fashion-MNIST: grey, 28×28, dark background), and attention is
 drawn on exactly that image. For ViT the maps show where the CLS token, which makes the prediction, looks;
-*rollout* follows it through every layer. Click a patch of the image on the right to see where it looks.
+*rollout* follows it through every layer. Click a patch of *what the model saw* (the image further down the
+page) to see where it looks.
 Swin attends only inside local windows: its maps stay within the highlighted window.
 
 **Attention is not explanation**: where the CLS token looks is not what the answer depends on. The

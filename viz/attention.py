@@ -271,9 +271,10 @@ def model_view(
     together would pass ``max_total_cells`` (1 byte each: the figure stays under the 2 MB budget at
     GPT-2 medium's 24 × 16 heads). All thumbnails are tiled into ONE heatmap with blank gaps between them:
     one trace and one pair of axes instead of L·H subplots, so the JSON is small and the browser draws it
-    quickly. Weights travel as whole percent in a uint8 typed array (1 byte per cell; the colour needs no
-    more precision, and the single-head heatmap shows exact values). ``tiles``: the (L, H, q, k) max-pooled
-    thumbnails made already, at ``model_view_cells`` cells a side (a map kept on a GPU), ``weights`` then unused.
+    quickly. Weights travel as hundredths in a uint8 typed array (1 byte per cell; the colour needs no more
+    precision, and the single-head heatmap shows exact values); the colour bar reads 0–1 as the heatmaps' do.
+    ``tiles``: the (L, H, q, k) max-pooled thumbnails made already, at ``model_view_cells`` cells a side (a map
+    kept on a GPU), ``weights`` then unused.
     """
     keys = queries if keys is None else keys
     if tiles is None:
@@ -309,10 +310,16 @@ def model_view(
     zmax = 100.0
     if autoscale:
         zmax = float(max(1, pct.max()))
-    what = "max attention weight (%)" if is_pooled else "attention weight (%)"
+    # the cells travel in hundredths (1 byte each); the colour bar reads 0–1 as every other attention map's does, and
+    # the hover says hundredths (a Plotly template cannot divide)
+    what = "max attention weight" if is_pooled else WEIGHT_LABEL
+    ticks = [v for v in (0, 20, 40, 60, 80, 100) if v <= zmax]
     fig = Fig(dict(
-        type="heatmap", z=z, x=xcat, y=ycat, zmin=0, zmax=zmax, colorscale=_thumb_scale(), colorbar=colorbar(what),
-        hovertemplate="%{y}<br>→ %{x}<br>" + ("max weight" if is_pooled else "weight") + ": %{z}%<extra></extra>",
+        type="heatmap", z=z, x=xcat, y=ycat, zmin=0, zmax=zmax, colorscale=_thumb_scale(),
+        colorbar=colorbar(what, tickmode="array", tickvals=ticks, ticktext=[f"{v / 100:g}" for v in ticks]),
+        hovertemplate="%{y}<br>→ %{x}<br>" + ("max weight" if is_pooled else "weight") + ": %{z}/100<extra></extra>",
+        # where each thumbnail is, for the page script: a click opens that layer's head as a heatmap (tabs/page.py)
+        meta={"thumbnails": [q, k, gap]},
     ))
     sub = f"rows: {L} layers, columns: {H} heads · {Q}×{K} tokens"
     if is_pooled:

@@ -60,8 +60,9 @@ def head_share_heatmap(shares: np.ndarray, names: Sequence[str] | None = None, *
 
 
 def entropy_heatmap(entropy: np.ndarray, *, title: str = "Attention entropy per head",
-                    unit: str = "bits", max_entropy: float | None = None) -> go.Figure:
-    """Layer × head heatmap of the mean attention entropy (low = focused head, high = broad)."""
+                    unit: str = "bits", max_entropy: float | None = None, subtitle: str = "") -> go.Figure:
+    """Layer × head heatmap of the mean attention entropy (low = focused head, high = broad). ``subtitle``: smaller
+    lines under the title (a long title is cut where the figure is narrow; Plotly does not wrap titles)."""
     e = np.asarray(entropy, dtype=np.float32)
     L, H = e.shape
     fig = Fig(dict(
@@ -70,7 +71,10 @@ def entropy_heatmap(entropy: np.ndarray, *, title: str = "Attention entropy per 
         colorbar=colorbar(f"entropy ({unit})"),
         hovertemplate="layer %{y} · head %{x}<br>entropy %{z:.3f} " + unit + "<extra></extra>",
     ))
-    base_layout(fig, title, height=int(np.clip(34 * L + 200, 320, 720)), width=int(np.clip(40 * H + 260, 560, 1000)))
+    base_layout(fig, f"{title}<br><sup>{subtitle}</sup>" if subtitle else title,
+                height=int(np.clip(34 * L + 200, 320, 720)), width=int(np.clip(40 * H + 260, 560, 1000)))
+    if subtitle:
+        fig.update_layout(margin=dict(t=60 + 18 * (subtitle.count("<br>") + 1)))
     fig.update_xaxes(title=dict(text="head"), dtick=1)
     fig.update_yaxes(title=dict(text="layer"), autorange="reversed", dtick=1)
     return fig.build()

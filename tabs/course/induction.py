@@ -105,7 +105,7 @@ def l4_previous(inp: str, name: str = MODEL) -> Question:
         return mark(fig, p, b, a)
 
     return _head_question(prev, ind, weights, tokens, n, f"BOS, then {n} random tokens, then the same {n} again, "
-                          f"through {esc(name)}; the maps above show the heads offered (rows: queries, columns: keys). "
+                          f"through {esc(name)}; the maps below show the heads offered (rows: queries, columns: keys). "
                           "**Which head attends from each token to the token just before it?**",
                           "{best} puts {value:.2f} of its attention on the previous token, on average",
                           "A previous-token head copies 'what came just before me' into each position: its map is "
@@ -126,7 +126,7 @@ def l4_induction(inp: str, name: str = MODEL) -> Question:
 
     return _head_question(ind, prev, weights, tokens, n, f"Same sequence (two copies of {n} random tokens). An "
                           "*induction head* attends from a token in the second copy to the token that followed its "
-                          "first occurrence: in the maps above, a line in the lower left block, one step right of that "
+                          "first occurrence: in the maps below, a line in the lower left block, one step right of that "
                           "block's diagonal. **Which head does that?**",
                           "{best} puts {value:.2f} of its attention there, on average",
                           "The stripe N − 1 below the diagonal is the induction head reading the first copy one step "

@@ -56,7 +56,7 @@ def l7_cls(inp: str) -> Question:
                                 opacity=0.35, title="What the ViT sees: garment patches (1) and background (0)")
     return Question(f"The ViT sees example image {index} (it answers **{r.labels[int(np.argmax(r.probs))]}**) as "
                     f"{r.grid[0]} × {r.grid[1]} patches plus a CLS token, which the classifier reads; the figure "
-                    "above marks which patches show the garment. **In the last layer (mean of heads), which does CLS "
+                    "below marks which patches show the garment. **In the last layer (mean of heads), which does CLS "
                     "attend to more, per patch: a patch on the garment or a patch of plain background?**", choices,
                     answer, f"per patch, CLS gives {g:.4f} to the {int(on.sum())} garment patches and {b:.4f} to the "
                     f"{int((~on).sum())} background patches (the top one: {_patch(r.grid, int(np.argmax(last)))}, "

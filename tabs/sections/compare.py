@@ -1,5 +1,5 @@
 """The compare toggle the text tabs share (docs/ARCHITECTURE.md §2): a second input run with the tab's settings,
-drawn beside the first at the same layer, head and view, with B − A over the tokens both share and the change per
+drawn under the first at the same layer, head and view, with B − A over the tokens both share and the change per
 token or class; the .npz holds both."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from viz.common import esc
 def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b: Callable[..., Any],
                inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio, shows: str = "") -> None:
     """The compare toggle: a second input (B) run with the tab's current settings (``run_b(text, *inputs)`` returns
-    its kept state), drawn beside the first at the same layer, head and view, with B − A over the tokens they
+    its kept state), drawn under the first at the same layer, head and view, with B − A over the tokens they
     share and the change per token or class. ``view_of(state)`` says what to draw: ``amap`` (the AttentionMap),
     ``values`` (per token, or per class with ``classes``), ``kind`` (the figure's title), optionally ``what`` and
     ``unit`` (default surprisal in bits). ``shows``: which attention the comparison draws when it is not the one the
@@ -33,11 +33,11 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
             text_b = gr.Textbox(label="input B", lines=2, scale=4, max_length=MAX_PATCH_CHARS)
             run = gr.Button("Compare", scale=1)
         note = gr.Markdown()
-        with gr.Row():
-            plot_b = gr.Plot(label=f"B · {shows}, same layer, head and view" if shows else
-                             "B, same layer, head and view")
-            plot_d = gr.Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
-                             "B − A over the tokens both inputs share")
+        # one under the other, each the page's width as A's figure is (side by side, each had half of it: a
+        # 41-token map's cells shrank to a few pixels)
+        plot_b = gr.Plot(label=f"B · {shows}, same layer, head and view" if shows else "B, same layer, head and view")
+        plot_d = gr.Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
+                         "B − A over the tokens both inputs share")
         change = gr.Plot(label="what changes")
         download = gr.File(label="both inputs' arrays (.npz)")
     state_b = gr.State()

@@ -68,6 +68,10 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
     # A click on the heatmap writes "query,key,n" here (the page script in app.py); hidden by CSS, not by visible=False,
     # so that it stays in the page for the script to find.
     cell = gr.Textbox(elem_id=f"{tab}-why-cell", elem_classes=["atlas-hidden"], show_label=False, container=False)
+    # A click on a model-view thumbnail writes "layer,head,n" here: that head opens as a heatmap (its cells then split)
+    thumb = gr.Textbox(elem_id=f"{tab}-open-head", elem_classes=["atlas-hidden"], show_label=False, container=False)
+    thumb.change(open_head, [thumb], [layer, head, shown[0]], api_name=False, show_progress="hidden",
+                 **FAST)
 
     def run_state(st, lay, hd, q, k):
         return explain(sequence, st, lay, hd, q, k)
@@ -227,6 +231,15 @@ def explain(sequence, state, layer, head, query, key):
     name, ids, tokens = sequence(state)
     net = get_model(name)
     return why(net, ids, tokens, layer, head, query, key, name)
+
+
+def open_head(cell: str):
+    """A clicked model-view thumbnail "layer,head": the figure shows that layer's head as a heatmap."""
+    try:
+        layer, head = (int(v) for v in str(cell).split(",")[:2])
+    except ValueError:
+        return gr.update(), gr.update(), gr.update()
+    return gr.update(value=layer), gr.update(value=str(head)), gr.update(value="heatmap")
 
 
 def from_cell(cell: str, layer, head, w_head, *shown):
