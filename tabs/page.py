@@ -92,6 +92,22 @@ JS = """() => {
     if (!ev.target.closest('button') || ev.target.closest('.toast-body')) return;
     document.querySelectorAll('.toast-close').forEach((close) => close.click());
   }, true);
+  // Plotly points its gradients (colour bars) and clip paths at url("<the page's address>#id"). The address changes
+  // with every view (the permalink, tabs/permalink.py), after which Chromium no longer finds them: every colour bar
+  // drawn before the change went blank. Each change re-points them at the new address.
+  const rebase = () => {
+    const here = location.href.split('#')[0];
+    document.querySelectorAll('.js-plotly-plot [style*="url("], .js-plotly-plot [clip-path*="url("]')
+      .forEach((el) => {
+        for (const attr of ['style', 'clip-path']) {
+          const v = el.getAttribute(attr);
+          const fixed = v && v.replace(/url\((['"]?)[^#'")]*#/g, (m, q) => 'url(' + q + here + '#');
+          if (fixed && fixed !== v) el.setAttribute(attr, fixed);
+        }
+      });
+  };
+  const replaceState = history.replaceState.bind(history);
+  history.replaceState = (...args) => { replaceState(...args); rebase(); };
   new MutationObserver(() => {
     bind();
     document.querySelectorAll('.js-plotly-plot').forEach(exportBar);

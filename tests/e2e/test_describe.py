@@ -25,6 +25,17 @@ def _wait_for_title(page, wanted, timeout: float = 60) -> None:
     assert any(wanted(t) for t in titles(page)), titles(page)
 
 
+def _stale_urls(page) -> list[str]:
+    """url(...#id) references in the drawn figures (colour-bar gradients, clip paths) that do not point at the page's
+    present address: Chromium does not resolve them, and the colour bars drew blank after a link rewrote the
+    address."""
+    return page.evaluate("""() => { const here = location.href.split('#')[0];
+        return [...document.querySelectorAll('.js-plotly-plot [style*="url("], .js-plotly-plot [clip-path*="url("]')]
+          .flatMap(e => [e.getAttribute('style') || '', e.getAttribute('clip-path') || ''])
+          .flatMap(v => [...v.matchAll(/url\\(['"]?([^#'")]*)#/g)].map(m => m[1]))
+          .filter(u => u && u !== here); }""")
+
+
 def test_image_and_text_answers_replays_and_its_link_reopens(page, opened) -> None:  # noqa: F811
     open_tab(page, "Image + text")
     panel = _panel(page)
@@ -48,6 +59,7 @@ def test_image_and_text_answers_replays_and_its_link_reopens(page, opened) -> No
     seen.click(position={"x": size["width"] * 0.1, "y": size["height"] * 0.9})
     _wait_for_title(page, lambda t: "patch r7c0 → patches" in t)
     screenshot(page, "image-and-text")
+    assert _stale_urls(page) == []
     url = _link(page, "tab=describe", "image=scene_008", "step=2", "patch=7%2C0")
     expected = figures(page)
 
