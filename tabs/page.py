@@ -101,7 +101,7 @@ JS = """() => {
       .forEach((el) => {
         for (const attr of ['style', 'clip-path']) {
           const v = el.getAttribute(attr);
-          const fixed = v && v.replace(/url\((['"]?)[^#'")]*#/g, (m, q) => 'url(' + q + here + '#');
+          const fixed = v && v.replace(/url\\((['"]?)[^#'")]*#/g, (m, q) => 'url(' + q + here + '#');
           if (fixed && fixed !== v) el.setAttribute(attr, fixed);
         }
       });
