@@ -68,7 +68,8 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "facebook/deit-tiny-distilled-patch16-224": "deit",
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
-                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5"}
+                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5",
+                       "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3"}
 # Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}

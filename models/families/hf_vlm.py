@@ -440,6 +440,11 @@ class Idefics3(HFVLM):
 
     tower_tile = "global"
 
+    @property
+    def splits(self) -> bool:
+        """Whether the image is split into tiles besides the global view (the processor's do_image_splitting)."""
+        return bool(self.config.processor["split"])
+
     def layout(self, image: Any) -> VLMLayout:
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
