@@ -63,6 +63,9 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
     # DeiT-Ti distilled (5.9 M, ImageNet-1k, with its distillation token): safetensors on refs/pr/3
     ("vision", "facebook/deit-tiny-distilled-patch16-224", "refs/pr/3"),
+    # SmolVLM-256M (idefics3: a SigLIP tower over 512-pixel tiles, SmolLM2's LLaMA): model.safetensors, tokenizer.json,
+    # preprocessor_config.json, processor_config.json and chat_template.json on main; it answers on a CPU
+    ("describe", "HuggingFaceTB/SmolVLM-256M-Instruct", None),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "facebook/deit-tiny-distilled-patch16-224": "deit",

@@ -154,6 +154,10 @@ class HFVLMConfig:
     chat_template: str = ""
     specials: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token for the chat template
     eos_ids: tuple[int, ...] = ()
+    # the language model's shape, as every family's config names it (the registry's tests read these)
+    d_model: int = 0
+    n_layers: int = 0
+    n_heads: int = 0
 
 
 class HFVLM(nn.Module):
@@ -163,6 +167,7 @@ class HFVLM(nn.Module):
 
     def __init__(self, config: HFVLMConfig, projector: nn.Module, lm: Any) -> None:
         super().__init__()
+        config.d_model, config.n_layers, config.n_heads = lm.config.d_model, lm.config.n_layers, lm.config.n_heads
         self.config = config
         self.tower = Tower(config.tower)
         self.projector = projector
@@ -197,9 +202,9 @@ class HFVLM(nn.Module):
     def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
         """The prompt's ids as the processor gives them (the placeholder expanded, the tokenizer's specials), and
         where the image tokens are."""
-        if text.count(IMAGE) != 1:
+        if text.count(IMAGE) > 1:
             raise ValueError(f"the prompt must hold the image placeholder {IMAGE} exactly once (it holds it "
-                             f"{text.count(IMAGE)} times)")
+                             f"{text.count(IMAGE)} times): one image is read")
         ids = list(self.tokenizer.encode(self.expand(text, layout), add_special_tokens=True).ids)
         positions = np.flatnonzero(np.asarray(ids) == self.config.image_token_id).astype(np.int64)
         if len(positions) != len(layout.cells):
@@ -225,12 +230,15 @@ class HFVLM(nn.Module):
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be at least 0")
         layout = self.layout(image)
+        notice = [layout.notice]
+        if IMAGE not in text:  # the processor would refuse it; the image goes first, as the chat templates put it
+            text = IMAGE + text
+            notice.append(f"The prompt had no {IMAGE}: the image was put before it.")
         ids, positions = self.encode(text, layout)
         limit = self.context_limit()
         if len(ids) >= limit:
             raise ValueError(f"the prompt with its {len(positions)} image tokens is {len(ids)} tokens, over the "
                              f"{limit} this model serves")
-        notice = [layout.notice]
         if len(ids) + max_new_tokens > limit:
             notice.append(f"At most {limit - len(ids)} new tokens fit in {limit} positions.")
             max_new_tokens = limit - len(ids)
