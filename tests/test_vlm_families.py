@@ -276,3 +276,18 @@ def test_registered_for_the_describe_tab() -> None:
     assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
     assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
+
+
+def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None:
+    """bench/vlm_speed.py --small: the same layout as SmolVLM-256M's (longest side 4 tiles, a pixel shuffle of 4)
+    at tiny widths; a 640 × 480 picture becomes 256 × 192, 4 × 3 tiles of 64 plus the global view, 4 tokens each."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_vlm_speed", root / "bench" / "vlm_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--small", "--repeats", "1", "--new-tokens", "3"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["seen"] == [256, 192] and last["tiles"] == 13 and last["image_tokens"] == 13 * 4
+    assert 1 <= last["new_tokens"] <= 3 and last["seconds"] > 0

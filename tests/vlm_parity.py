@@ -88,6 +88,9 @@ def compare(hf: Any, processor: Any, ours: Any) -> None:
         vision = tower_attention(hf, inputs)
         assert r.vision_attention.shape == vision.shape
         np.testing.assert_allclose(r.vision_attention, vision, atol=1e-4)
+        side = ours.config.tower.grid
+        assert r.vision_grid == (side, side) and vision.shape[-1] == r.vision_prefix + side * side
+        assert r.vision_tile == r.image_cells[-1, 0] == len(tile_pixels(inputs)) - 1  # the global view: the last
         layouts.add((r.image.shape, len(r.image_positions)))
     if ours.config.kind == "idefics3" and ours.config.processor["split"]:  # 2 × 2 and 2 × 1 tiles
         assert len(layouts) == 2, layouts

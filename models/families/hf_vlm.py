@@ -163,8 +163,6 @@ class HFVLMConfig:
 class HFVLM(nn.Module):
     """A vision tower, a projector and the project's GPT; what LLaVA and Idefics3 share."""
 
-    tower_tile: str = "first"  # which tile's tower attention ``describe`` returns
-
     def __init__(self, config: HFVLMConfig, projector: nn.Module, lm: Any) -> None:
         super().__init__()
         config.d_model, config.n_layers, config.n_heads = lm.config.d_model, lm.config.n_layers, lm.config.n_heads
@@ -226,7 +224,9 @@ class HFVLM(nn.Module):
     def describe(self, image: Any, text: str, max_new_tokens: int = 20) -> DescribeResult:
         """Answer ``text`` (with the image placeholder, as the folder's processor takes it) about ``image`` greedily
         (at most ``max_new_tokens``, stopping after an end-of-sequence id), with the language model's attention
-        over the whole sequence (every layer) and the tower's (see ``tower_tile``)."""
+        over the whole sequence (every layer) and the tower's, every block, of one tile: LLaVA's one image (CLIP's class
+        token first: ``vision_prefix``), Idefics3's global view (the last tile: ``vision_tile``), over the tower's
+        patches (``vision_grid``), before the pixel shuffle merges them."""
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be at least 0")
         layout = self.layout(image)
@@ -285,7 +285,8 @@ class HFVLM(nn.Module):
             prompt_len=len(ids), attention=weights, image_positions=positions, image_cells=layout.cells,
             image_boxes=layout.boxes, image=layout.image, grid=(self.token_grid, self.token_grid),
             vision_attention=vision.cpu().numpy() if vision is not None else np.zeros((0, 0, 0, 0), np.float32),
-            steps=steps, notice=" ".join(filter(None, notice)))
+            steps=steps, notice=" ".join(filter(None, notice)), vision_prefix=self.tower.prefix,
+            vision_grid=(self.config.tower.grid, self.config.tower.grid), vision_tile=int(layout.cells[-1, 0]))
 
     @property
     def token_grid(self) -> int:
@@ -445,8 +446,6 @@ class Idefics3Connector(nn.Module):
 class Idefics3(HFVLM):
     """Idefics3 / SmolVLM v1: the image resized (its longest side to ``size``, then up to whole tiles), split into
     rows × cols tiles of the tower's side, plus the whole image resized to one tile (the global view, last)."""
-
-    tower_tile = "global"
 
     @property
     def splits(self) -> bool:
