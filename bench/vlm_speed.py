@@ -12,8 +12,13 @@ attention of the global view: the figure the Image + text tab waits for.
     python bench/vlm_speed.py                       # 640 × 480: 4 × 3 tiles + the global view, 20 new tokens
     python bench/vlm_speed.py --image 300x300       # 4 × 4 tiles (the first resize scales the longest side up)
 
-The last line is one JSON object: seconds (the fastest of ``--repeats``), each repeat, the load time, the sequence's
-size, the machine's load average before and after.
+Two arms in one run by default: float32 throughout (what the parity tests hold to 1e-4) and ``bf16-tiles`` (the tiles
+besides the global view through a bfloat16 copy of the tower; the global view, whose attention is shown, and
+the language model stay float32). The last line is one JSON object: ``seconds`` (the first arm's fastest of
+``--repeats``), each arm's runs, the part of each that is the image (tiles, tower and connector: ``tower_s_*``,
+timed once after), how far bfloat16 moves the image features (relative error) and whether the answer stays the same,
+the CPU seconds of each arm's fastest run (``cpu_s_*``: the work, which a busy machine stretches less than the wall
+time), the load time, the sequence's size, the machine's load average before and after.
 """
 
 from __future__ import annotations
@@ -84,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=20)
     ap.add_argument("--image", default="640x480", help="WIDTHxHEIGHT of the picture asked about")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--precision", choices=["float32", "bf16-tiles", "both"], default="both",
+                    help="float32 (what the parity tests hold), the tiles besides the global view in bfloat16, or both "
+                         "in one run")
     ap.add_argument("--folder", type=Path, default=None, help="where to write the random folder (default: a "
                                                               "temporary one, removed after)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, the same layout (for the tests)")
@@ -104,23 +112,45 @@ def main(argv: list[str] | None = None) -> int:
         load_s = time.perf_counter() - t0
         image = picture(width, height)
         prompt = model.chat_prompt("Can you describe this image?")
-        runs = []
-        for _ in range(max(1, args.repeats)):
-            t0 = time.perf_counter()
+        timed: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        answers: dict[str, list[int]] = {}
+        tower: dict[str, float] = {}
+        features: dict[str, torch.Tensor] = {}
+        arms = ["float32", "bf16-tiles"] if args.precision == "both" else [args.precision]
+        for arm in arms:
+            model.bf16_tiles = arm == "bf16-tiles"
+            timed[arm], cpu[arm] = [], []
+            for _ in range(max(1, args.repeats)):
+                t0, c0 = time.perf_counter(), time.process_time()
+                with torch.inference_mode():
+                    r = model.describe(image, prompt, max_new_tokens=args.new_tokens)
+                timed[arm].append(time.perf_counter() - t0)
+                cpu[arm].append(time.process_time() - c0)
+                print(f"{arm}: describe {timed[arm][-1]:.2f} s, {len(r.ids) - r.prompt_len} new tokens, "
+                      f"{len(r.ids)} in all", flush=True)
+            answers[arm] = r.ids
+            t0 = time.perf_counter()  # the part that is the image: the tiles, the tower, the connector
             with torch.inference_mode():
-                r = model.describe(image, prompt, max_new_tokens=args.new_tokens)
-            runs.append(time.perf_counter() - t0)
-            print(f"describe: {runs[-1]:.2f} s, {len(r.ids) - r.prompt_len} new tokens, {len(r.ids)} in all",
-                  flush=True)
+                features[arm] = model.features(model.layout(image).pixels, need_weights=True)[0]
+            tower[arm] = time.perf_counter() - t0
     result = {
         "bench": "vlm_speed", "shape": "small" if args.small else "SmolVLM-256M", "params_m": round(params / 1e6, 1),
         "image": [width, height], "seen": list(r.image.shape[:2][::-1]), "tiles": int(r.image_cells[:, 0].max()) + 1,
         "image_tokens": len(r.image_positions), "prompt_tokens": r.prompt_len, "sequence": len(r.ids),
-        "new_tokens": len(r.ids) - r.prompt_len, "seconds": round(min(runs), 2), "runs": [round(s, 2) for s in runs],
+        "new_tokens": len(r.ids) - r.prompt_len, "seconds": round(min(timed[arms[0]]), 2),
+        **{f"seconds_{arm}": round(min(runs), 2) for arm, runs in timed.items()},
+        **{f"runs_{arm}": [round(s, 2) for s in runs] for arm, runs in timed.items()},
+        **{f"cpu_s_{arm}": round(min(runs), 2) for arm, runs in cpu.items()},
+        **{f"tower_s_{arm}": round(s, 2) for arm, s in tower.items()},
         "load_s": round(load_s, 2), "attention_mb": round(r.attention.nbytes / 2**20, 1),
         "vision_attention_mb": round(r.vision_attention.nbytes / 2**20, 1), "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "load_avg_before": round(load_before[0], 2),
         "load_avg_after": round(os.getloadavg()[0], 2)}
+    if len(arms) == 2:  # what bfloat16 tiles change: the image features, and whether the answer is the same
+        a, b = features["float32"], features["bf16-tiles"]
+        result["bf16_feature_rel_err"] = round(float((a - b).norm() / a.norm()), 5)
+        result["bf16_same_ids"] = answers["float32"] == answers["bf16-tiles"]
     print(json.dumps(result))
     return 0
 

@@ -141,6 +141,22 @@ def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
         ours.describe(images()[0], "<image><image>", max_new_tokens=1)
 
 
+def test_bf16_tiles_keep_the_global_view_exact(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idefics3's opt-in bfloat16 tiles (the speed arm of bench/vlm_speed.py): the tiles besides the global view move a
+    little, the global view's features and its tower attention (what is shown) stay exactly the float32 ones."""
+    ours = hf_folders.get("idefics3").model
+    pixels = ours.layout(images()[0]).pixels
+    with torch.no_grad():
+        exact, exact_w = ours.features(pixels, need_weights=True)
+        monkeypatch.setattr(ours, "bf16_tiles", True)
+        fast, fast_w = ours.features(pixels, need_weights=True)
+    n = ours.config.image_seq_len
+    torch.testing.assert_close(fast[-n:], exact[-n:], rtol=0, atol=0)
+    torch.testing.assert_close(fast_w, exact_w, rtol=0, atol=0)
+    moved = float((fast[:-n] - exact[:-n]).norm() / exact[:-n].norm())
+    assert 0 < moved < 0.05
+
+
 # ------------------------------------------------------------------------------------------------ the overlay
 def _square(h: int, w: int, box: tuple[int, int, int, int]):
     from PIL import Image
@@ -290,4 +306,5 @@ def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None
     assert bench.main(["--small", "--repeats", "1", "--new-tokens", "3"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["seen"] == [256, 192] and last["tiles"] == 13 and last["image_tokens"] == 13 * 4
-    assert 1 <= last["new_tokens"] <= 3 and last["seconds"] > 0
+    assert 1 <= last["new_tokens"] <= 3 and last["seconds"] == last["seconds_float32"] >= 0
+    assert last["seconds_bf16-tiles"] >= 0 and 0 < last["bf16_feature_rel_err"] < 0.05  # bfloat16 moves them a little

@@ -299,7 +299,9 @@ def idefics3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pat
 
     where = Path(where)
     folder = where.parent
-    tower = _tower_config({"model_type": "idefics3_vision", **(hf.get("vision_config") or {})}, where,
+    # the tower of an Idefics3 model is always its SigLIP-like vision transformer (SmolVLM's sub-config names the
+    # model_type "idefics3" or "idefics3_vision")
+    tower = _tower_config({**(hf.get("vision_config") or {}), "model_type": "idefics3_vision"}, where,
                           post_norm=True)
     scale = int(hf.get("scale_factor", 2))
     if scale < 1 or tower.grid % scale:
