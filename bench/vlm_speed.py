@@ -12,13 +12,15 @@ attention of the global view: the figure the Image + text tab waits for.
     python bench/vlm_speed.py                       # 640 × 480: 4 × 3 tiles + the global view, 20 new tokens
     python bench/vlm_speed.py --image 300x300       # 4 × 4 tiles (the first resize scales the longest side up)
 
-Two arms in one run by default: float32 throughout (what the parity tests hold to 1e-4) and ``bf16-tiles`` (the tiles
-besides the global view through a bfloat16 copy of the tower; the global view, whose attention is shown, and
-the language model stay float32). The last line is one JSON object: ``seconds`` (the first arm's fastest of
-``--repeats``), each arm's runs, the part of each that is the image (tiles, tower and connector: ``tower_s_*``,
-timed once after), how far bfloat16 moves the image features (relative error) and whether the answer stays the same,
-the CPU seconds of each arm's fastest run (``cpu_s_*``: the work, which a busy machine stretches less than the wall
-time), the load time, the sequence's size, the machine's load average before and after.
+Three arms in one run by default: float32 throughout (what the parity tests hold to 1e-4), ``bf16-tiles`` (the tiles
+besides the global view through a bfloat16 copy of the tower; the global view, whose attention is shown, and the
+language model stay float32) and ``global-view`` (float32, no tiles: what the processor gives with do_image_splitting
+off, one 512-pixel view of the whole picture). The last line is one JSON object: ``seconds`` (the first arm's fastest
+of ``--repeats``; the sizes are the first arm's too), each arm's runs and sizes, the part of each that is the image
+(tiles, tower and connector: ``tower_s_*``, timed once after), how far bfloat16 moves the image features (relative
+error) and whether the answer stays the same, the CPU seconds of each arm's fastest run (``cpu_s_*``: the work, which
+a busy machine stretches less than the wall time), the load time, the sequence's size, the machine's load average
+before and after.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+ARMS = ("float32", "bf16-tiles", "global-view")
 SMOLVLM_256M = dict(  # HuggingFaceTB/SmolVLM-256M-Instruct's config.json
     vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                 image_size=512, patch_size=16),
@@ -90,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=20)
     ap.add_argument("--image", default="640x480", help="WIDTHxHEIGHT of the picture asked about")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--precision", choices=["float32", "bf16-tiles", "both"], default="both",
-                    help="float32 (what the parity tests hold), the tiles besides the global view in bfloat16, or both "
-                         "in one run")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="comma-separated: float32 (what the parity tests hold), bf16-tiles (the tiles besides the "
+                         "global view in bfloat16), global-view (no tiles: the processor's do_image_splitting off)")
     ap.add_argument("--folder", type=Path, default=None, help="where to write the random folder (default: a "
                                                               "temporary one, removed after)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, the same layout (for the tests)")
@@ -117,9 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         answers: dict[str, list[int]] = {}
         tower: dict[str, float] = {}
         features: dict[str, torch.Tensor] = {}
-        arms = ["float32", "bf16-tiles"] if args.precision == "both" else [args.precision]
+        arms = [a for a in args.arms.split(",") if a]
+        unknown = set(arms) - set(ARMS)
+        if unknown or not arms:
+            ap.error(f"unknown arms {sorted(unknown)} (choose from {', '.join(ARMS)})")
+        sizes: dict[str, list[int]] = {}
+        first = None
         for arm in arms:
             model.bf16_tiles = arm == "bf16-tiles"
+            model.image_splitting = False if arm == "global-view" else None
             timed[arm], cpu[arm] = [], []
             for _ in range(max(1, args.repeats)):
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -130,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{arm}: describe {timed[arm][-1]:.2f} s, {len(r.ids) - r.prompt_len} new tokens, "
                       f"{len(r.ids)} in all", flush=True)
             answers[arm] = r.ids
+            first = first or r
+            sizes[arm] = [int(r.image_cells[:, 0].max()) + 1, len(r.image_positions), len(r.ids)]
             t0 = time.perf_counter()  # the part that is the image: the tiles, the tower, the connector
             with torch.inference_mode():
                 features[arm] = model.features(model.layout(image).pixels, need_weights=True)[0]
             tower[arm] = time.perf_counter() - t0
+    r = first
     result = {
         "bench": "vlm_speed", "shape": "small" if args.small else "SmolVLM-256M", "params_m": round(params / 1e6, 1),
         "image": [width, height], "seen": list(r.image.shape[:2][::-1]), "tiles": int(r.image_cells[:, 0].max()) + 1,
@@ -147,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         "vision_attention_mb": round(r.vision_attention.nbytes / 2**20, 1), "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "load_avg_before": round(load_before[0], 2),
         "load_avg_after": round(os.getloadavg()[0], 2)}
-    if len(arms) == 2:  # what bfloat16 tiles change: the image features, and whether the answer is the same
+    result["tiles_image_tokens_sequence"] = sizes
+    if {"float32", "bf16-tiles"} <= set(arms):  # what bfloat16 tiles change: the features, and the answer?
         a, b = features["float32"], features["bf16-tiles"]
         result["bf16_feature_rel_err"] = round(float((a - b).norm() / a.norm()), 5)
         result["bf16_same_ids"] = answers["float32"] == answers["bf16-tiles"]

@@ -157,6 +157,22 @@ def test_bf16_tiles_keep_the_global_view_exact(hf_folders, monkeypatch: pytest.M
     assert 0 < moved < 0.05
 
 
+def test_global_view_alone_is_the_processors_without_splitting(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``image_splitting = False`` on a tiling folder gives what transformers' processor gives with
+    do_image_splitting=False: one tile, the same ids, pixels and greedy answer."""
+    built = hf_folders.get("idefics3")
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    monkeypatch.setattr(ours, "image_splitting", False)
+    image = images()[0]
+    inputs = proc(images=image, text=PROMPT, return_tensors="pt", do_image_splitting=False)
+    r = ours.describe(image, PROMPT, max_new_tokens=4)
+    assert r.image.shape[:2] == (32, 32) and set(r.image_cells[:, 0]) == {0}
+    np.testing.assert_allclose(ours.layout(image).pixels.numpy(), tile_pixels(inputs).numpy(), atol=1e-5)
+    with torch.no_grad():
+        want = hf.generate(**inputs, max_new_tokens=4, do_sample=False)[0].tolist()
+    assert r.ids == want and r.prompt_len == inputs["input_ids"].size(1)
+
+
 # ------------------------------------------------------------------------------------------------ the overlay
 def _square(h: int, w: int, box: tuple[int, int, int, int]):
     from PIL import Image
@@ -308,3 +324,4 @@ def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None
     assert last["seen"] == [256, 192] and last["tiles"] == 13 and last["image_tokens"] == 13 * 4
     assert 1 <= last["new_tokens"] <= 3 and last["seconds"] == last["seconds_float32"] >= 0
     assert last["seconds_bf16-tiles"] >= 0 and 0 < last["bf16_feature_rel_err"] < 0.05  # bfloat16 moves them a little
+    assert last["tiles_image_tokens_sequence"]["global-view"][:2] == [1, 4]  # no tiles: the global view alone

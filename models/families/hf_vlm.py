@@ -448,11 +448,14 @@ class Idefics3(HFVLM):
     rows × cols tiles of the tower's side, plus the whole image resized to one tile (the global view, last)."""
 
     bf16_tiles = False  # run the tiles besides the global view in bfloat16 (see ``features``)
+    image_splitting: bool | None = None  # None: the processor's do_image_splitting; False: the global view alone
+    # (what transformers' processor gives with do_image_splitting=False: one tile, 16× less tower work than 4 × 4)
 
     @property
     def splits(self) -> bool:
-        """Whether the image is split into tiles besides the global view (the processor's do_image_splitting)."""
-        return bool(self.config.processor["split"])
+        """Whether the image is split into tiles besides the global view: the processor's do_image_splitting, unless
+        ``image_splitting`` says otherwise."""
+        return bool(self.config.processor["split"] if self.image_splitting is None else self.image_splitting)
 
     def layout(self, image: Any) -> VLMLayout:
         from torchvision.transforms import InterpolationMode
@@ -467,7 +470,7 @@ class Idefics3(HFVLM):
         if spec["resize"]:
             h, w = longest_edge_size(t.shape[1], t.shape[2], spec["longest_edge"])
             t = TF.resize(t, [h, w], interpolation=mode, antialias=True)
-        if spec["split"]:
+        if self.splits:
             h, w = whole_tiles_size(t.shape[1], t.shape[2], spec["tile"])
         else:
             h = w = spec["tile"]
