@@ -308,6 +308,10 @@ def test_registered_for_the_describe_tab() -> None:
     assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
     assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
+    from models.io.hub import parse_entry
+
+    assert parse_entry("describe:HuggingFaceTB/SmolVLM-500M-Instruct") == (
+        "describe", "HuggingFaceTB/SmolVLM-500M-Instruct", None)  # a configured Hub VLM goes to the Image + text tab
 
 
 def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None:
