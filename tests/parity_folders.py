@@ -1,12 +1,12 @@
 """The random-weight Hugging Face folder of every model_type the registry reads, for tests/test_parity.py (test-only).
 
 In the manner of transformers' model testers: each ``Case`` names a model_type of ``models.registry.hf_types()``, the
-comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``)
-and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
-tests/tiny_families.py and tests/families.py: small, unusual but valid configs). A model_type may have several cases
-(the same family with other switches: tied and untied tables, partial rotary, encoder and decoder feed-forwards of
-different widths, a Swin grid that is not a multiple of the window). A registered model_type without a case fails
-tests/test_parity.py by name.
+comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``,
+``vlm``) and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
+tests/tiny_families.py, tests/families.py and tests/vlm_folders.py: small, unusual but valid configs). A model_type
+may have several cases (the same family with other switches: tied and untied tables, partial rotary, encoder and
+decoder feed-forwards of different widths, a Swin grid that is not a multiple of the window). A registered model_type
+without a case fails tests/test_parity.py by name.
 
 Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
 it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
