@@ -274,11 +274,16 @@ class DescribeResult:
     image_positions: np.ndarray  # (N,) int: where the image tokens are in ids
     image_cells: np.ndarray  # (N, 3) int: each image token's tile, row and column
     image_boxes: np.ndarray  # (N, 4) int: each image token's pixels on ``image``: x0, y0, x1, y1 (ends exclusive)
-    image: np.ndarray  # uint8 (H, W): exactly what the model saw, after conversion
-    grid: tuple[int, int]  # patch rows, cols of one tile
+    image: np.ndarray  # uint8 (H, W) or (H, W, 3): exactly what the model saw, after conversion (resize, crop)
+    grid: tuple[int, int]  # image-token rows, cols of one tile
     vision_attention: np.ndarray  # (tower layers, heads, N, N) float32: the vision tower's own attention
     steps: list[GenerationStep] = field(default_factory=list)  # one per new token: its candidates
     notice: str = ""
+    # the tower's tokens in ``vision_attention``, where they are not the image tokens one for one (LLaVA's CLIP tower:
+    # its class token first; Idefics3: the patches of one tile before the pixel shuffle merges them)
+    vision_prefix: int = 0  # tokens before the patches (CLIP's class token)
+    vision_grid: tuple[int, int] = (0, 0)  # the tower's patch rows, cols; (0, 0): ``grid``
+    vision_tile: int = 0  # the tile (``image_cells[:, 0]``) whose tower attention it is (Idefics3: the global view)
 
     def image_attention(self, query: int, layer: int | None = None, head: int | None = None) -> np.ndarray:
         """Attention from position ``query`` to each image token, (N,): one layer's (None: the mean over layers),

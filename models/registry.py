@@ -158,6 +158,11 @@ register(Family("swin", "models.families.swin", "Swin", "SwinConfig", ("Swin",),
                 methods=GRADIENT_METHODS))  # attention local to windows: nothing global to roll out or trace back
 # vision-language models: describe(image, text, max_new_tokens) -> models.outputs.DescribeResult (issue 63)
 register(Family("vlm", "models.families.vlm", "VLM", "VLMConfig", ("VLM",), tabs=("describe",), text=True))
+# Hugging Face vision-language folders: a CLIP/SigLIP tower, a projector and gpt.py's GPT (models/families/hf_vlm.py)
+register(Family("llava", "models.families.hf_vlm", "Llava", "HFVLMConfig", (),
+                (("llava", "models.io.hf_vlm:llava_from_state"),), tabs=("describe",), text=True))
+register(Family("idefics3", "models.families.hf_vlm", "Idefics3", "HFVLMConfig", (),
+                (("idefics3", "models.io.hf_vlm:idefics3_from_state"),), tabs=("describe",), text=True))
 
 
 def by_model_name(name: str) -> Family | None:

@@ -63,6 +63,9 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     ("vision", "microsoft/swin-tiny-patch4-window7-224", None),  # Swin-T on ImageNet-1k, a Hugging Face folder
     # DeiT-Ti distilled (5.9 M, ImageNet-1k, with its distillation token): safetensors on refs/pr/3
     ("vision", "facebook/deit-tiny-distilled-patch16-224", "refs/pr/3"),
+    # SmolVLM-256M (idefics3: a SigLIP tower over 512-pixel tiles, SmolLM2's LLaMA): model.safetensors, tokenizer.json,
+    # preprocessor_config.json, processor_config.json and chat_template.json on main; it answers on a CPU
+    ("describe", "HuggingFaceTB/SmolVLM-256M-Instruct", None),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "openai-community/gpt2": "gpt", "HuggingFaceTB/SmolLM2-135M": "gpt", "Qwen/Qwen2.5-0.5B": "gpt",
@@ -70,7 +73,8 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "facebook/deit-tiny-distilled-patch16-224": "deit",
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
-                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5"}
+                       "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5",
+                       "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3"}
 # Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}

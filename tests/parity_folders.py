@@ -1,12 +1,12 @@
 """The random-weight Hugging Face folder of every model_type the registry reads, for tests/test_parity.py (test-only).
 
 In the manner of transformers' model testers: each ``Case`` names a model_type of ``models.registry.hf_types()``, the
-comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``)
-and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
-tests/tiny_families.py and tests/families.py: small, unusual but valid configs). A model_type may have several cases
-(the same family with other switches: tied and untied tables, partial rotary, encoder and decoder feed-forwards of
-different widths, a Swin grid that is not a multiple of the window). A registered model_type without a case fails
-tests/test_parity.py by name.
+comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``,
+``vlm``) and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
+tests/tiny_families.py, tests/families.py and tests/vlm_folders.py: small, unusual but valid configs). A model_type
+may have several cases (the same family with other switches: tied and untied tables, partial rotary, encoder and
+decoder feed-forwards of different widths, a Swin grid that is not a multiple of the window). A registered model_type
+without a case fails tests/test_parity.py by name.
 
 Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
 it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tests import families as fam
-from tests import tiny, tiny_families
+from tests import tiny, tiny_families, vlm_folders
 
-KINDS = ("decoder", "mamba", "classifier", "translator", "vision")
+KINDS = ("decoder", "mamba", "classifier", "translator", "vision", "vlm")
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Ref:
     model: Any
     tokenizer: Any = None  # text families: the transformers tokenizer of the folder
     processor: str = ""  # vision families: the transformers image processor class that reads the folder's config
+    multimodal: Any = None  # vision-language families: transformers' processor of the folder (image and text)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ class Case:
     # translators: the folder makes eos likely, so some searches end by choosing it before their limit (an untied
     # random output matrix does not favour eos)
     ends_early: bool = True
+
+
+def _vlm(writer: Callable[..., tuple[Any, Any]], **kwargs: Any) -> Callable[[Path], Ref]:
+    def write(folder: Path) -> Ref:
+        model, processor = writer(folder, **kwargs)
+        return Ref(model, processor.tokenizer, multimodal=processor)
+    return write
 
 
 def _decoder(name: str) -> Callable[[Path], Ref]:
@@ -131,6 +139,22 @@ CASES: tuple[Case, ...] = (
                                                                         head_scale=8.0),
                                                          processor="ViTImageProcessor"),
          {"config.window": 5, "grid": (18, 18)}),
+    # vision-language (tests/vlm_parity.py): pixels, prompt layout, greedy ids, the LM's and the tower's attention
+    Case("llava", "llava", "vlm", _vlm(vlm_folders.llava_folder),
+         {"config.select": "default", "config.feature_layers": (-2,), "tower.prefix": 1, "lm.config.kv_heads": 3}),
+    # SigLIP (no class token), every token kept, two feature layers concatenated, a Qwen2 LM (q/k/v biases)
+    Case("llava-siglip-qwen2", "llava", "vlm", _vlm(vlm_folders.llava_folder, text="qwen2", tower="siglip",
+                                                    select="full", layer=[-3, -1]),
+         {"config.select": "full", "config.feature_layers": (-3, -1), "tower.prefix": 0, "lm.config.qkv_bias": True}),
+    # CLIP with its class token kept as an image token, the last block's output, a Mistral LM
+    Case("llava-full-mistral", "llava", "vlm", _vlm(vlm_folders.llava_folder, text="mistral", select="full",
+                                                    layer=-1),
+         {"config.select": "full", "config.feature_layers": (-1,), "tower.prefix": 1}),
+    Case("idefics3", "idefics3", "vlm", _vlm(vlm_folders.idefics3_folder),
+         {"config.scale_factor": 2, "config.image_seq_len": 16, "splits": True}),
+    # no splitting: the global view alone
+    Case("idefics3-global", "idefics3", "vlm", _vlm(vlm_folders.idefics3_folder, split=False),
+         {"splits": False}),
 )
 
 WRITERS: dict[str, list[Case]] = {}

@@ -12,7 +12,9 @@ transformers by the comparison of their kind, within 1e-4:
   searches, length penalties 1 and 0) and the text decoded as transformers decodes it, then the encoder, decoder and
   cross-attention of the chosen output;
 - vision: the pixels from each side's own preprocessing, the class probabilities, and every layer's attention (ViT,
-  DeiT) or every block's window attention with transformers' window and shift (Swin).
+  DeiT) or every block's window attention with transformers' window and shift (Swin);
+- vision-language (LLaVA, Idefics3): for a wide and a tall image, the tower's pixels, the prompt's ids and image
+  positions, greedy ids, every layer's attention of the language model and of the tower (tests/vlm_parity.py).
 
 A registered model_type without a folder FAILS here by name ("no random-weight folder to check model_type X"), so a
 family cannot be registered unchecked; a case naming a model_type nobody reads fails too.
@@ -258,4 +260,13 @@ def _compare_image(built: Built, ours, processor, image, seen: list, blocks: lis
         np.testing.assert_allclose(block.weights, theirs_w.numpy(), atol=1e-4)
 
 
-COMPARE = {"decoder": decoder, "mamba": mamba, "classifier": classifier, "translator": translator, "vision": vision}
+def vlm(built: Built, ours) -> None:
+    """Vision-language models (tests/vlm_parity.py): for a wide and a tall image, the tower's pixels, the prompt's
+    ids and image positions, greedy ids, every layer's attention of the language model and of the tower."""
+    from tests.vlm_parity import compare
+
+    compare(built.ref.model, built.ref.multimodal, ours)
+
+
+COMPARE = {"decoder": decoder, "mamba": mamba, "classifier": classifier, "translator": translator, "vision": vision,
+           "vlm": vlm}

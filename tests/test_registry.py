@@ -15,7 +15,7 @@ from models import registry
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
         "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None, "mamba": None, "t5": None,
-        "vlm": None}
+        "vlm": None, "llava": None, "idefics3": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -87,8 +87,25 @@ def tiny_vlm(folder: Path) -> Path:
     return save_checkpoint(folder, model, labels=[], text=TEXT, extra_files={"tokenizer.json": tok})
 
 
+def tiny_llava(folder: Path) -> Path:
+    """A random LLaVA Hugging Face folder written by transformers (tests/vlm_folders.py)."""
+    from tests.vlm_folders import llava_folder
+
+    llava_folder(folder)
+    return folder
+
+
+def tiny_idefics3(folder: Path) -> Path:
+    """A random Idefics3 (SmolVLM) Hugging Face folder written by transformers (tests/vlm_folders.py)."""
+    from tests.vlm_folders import idefics3_folder
+
+    idefics3_folder(folder)
+    return folder
+
+
 # families whose tiny model is built here
-BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm}
+BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm,
+         "llava": tiny_llava, "idefics3": tiny_idefics3}
 
 
 def entry_point(model, tab: str):

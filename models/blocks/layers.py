@@ -18,12 +18,17 @@ def _gelu_tanh(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def _quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
 # The one table of activations, by the names configs use (transformers' ACT2FN names included): ReLU (Vaswani et al.
 # 2017, eq. 2), SiLU = swish (SwiGLU, Marian's opus-mt), exact GELU (BERT, ViT, GPT-NeoX), GELU's tanh approximation
-# (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh; "gelu_tanh" in the project's configs), tanh (BERT's pooler).
+# (GPT-2's gelu_new, Gemma's gelu_pytorch_tanh; "gelu_tanh" in the project's configs), tanh (BERT's pooler), CLIP's
+# quick GELU x·σ(1.702x) (Radford et al. 2021's towers, LLaVA's CLIP).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu, "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh, "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh, "tanh": torch.tanh}
+    "gelu_pytorch_tanh": _gelu_tanh, "tanh": torch.tanh, "quick_gelu": _quick_gelu}
 
 
 class Activation(nn.Module):

@@ -24,8 +24,9 @@ from pathlib import Path
 FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json",
          "vocab.txt", "vocab.json", "merges.txt", "generation_config.json",
+         "processor_config.json", "chat_template.json", "chat_template.jinja",  # vision-language processors
          "source.spm", "target.spm", "target_vocab.json"]  # Marian's SentencePiece pair and vocabularies
-KINDS = ("classify", "generate", "vision", "translate")
+KINDS = ("classify", "generate", "vision", "translate", "describe")  # describe: Image + text (issue 63)
 DEFAULT_MAX_PARAMS = 500_000_000  # Qwen2.5-0.5B (494 M, 2 GB in float32) fits
 TIMEOUT_S = 4.0  # per network step: "offline" is reported within about 5 s
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

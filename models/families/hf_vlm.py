@@ -1,0 +1,616 @@
+"""Hugging Face vision-language models: LLaVA (``llava``) and Idefics3 / SmolVLM v1 (``idefics3``) (issue 63).
+
+Both are a vision tower feeding a decoder (docs/ARCHITECTURE.md §12):
+
+- the tower (``Tower``) is a ViT encoder as CLIP (Radford et al. 2021: a class token, a LayerNorm before the blocks,
+  no patch bias, quick GELU) or SigLIP (Zhai et al. 2023: no class token, a patch bias, tanh GELU, a final LayerNorm)
+  build it: pre-norm blocks (LayerNorm, multi-head attention through ``models.blocks.attention``, LayerNorm, an MLP);
+- LLaVA (Liu et al. 2023; the two-layer projector of LLaVA-1.5, Liu et al. 2024) reads the tower's hidden state at
+  ``vision_feature_layer`` (a list: those layers concatenated), drops CLIP's class token when
+  ``vision_feature_select_strategy`` is "default", and maps each token through Linear, activation, Linear;
+- Idefics3 (Laurençon et al. 2024; SmolVLM, Marafioti et al. 2025) splits the image into tiles plus a global view,
+  reads each through the tower (its final LayerNorm applied), merges each s × s block of patch tokens into one token
+  (the pixel shuffle: s² · width features) and projects it linearly;
+- the language model is ``models.families.gpt.GPT``, read by the registry's reader of the text config's model_type
+  (LLaMA, Qwen2, Mistral); the image tokens' embeddings replace those of the placeholder ids before its first block
+  (``models.blocks.attention.LayerEdit``), as transformers' ``masked_scatter`` does.
+
+The prompt is laid out as the folder's processor lays it out: LLaVA's ``<image>`` repeated once per image token;
+Idefics3's per tile ``<fake_token_around_image><row_r_col_c>`` and the tile's tokens, a newline after each row of
+tiles, then ``\\n<fake_token_around_image><global-img>``, the global view's tokens and ``<fake_token_around_image>``.
+The images are prepared as the folder's image processor prepares them (models/inputs/images.py's torchvision v2
+operations on the uint8 image, as transformers' torchvision image processors run them).
+
+Each model answers ``describe(image, text, max_new_tokens)`` -> ``models.outputs.DescribeResult``, ``chat_prompt``,
+``image_relevance`` (gradient × input on the image-token embeddings) and ``image_lens`` (the logit lens on the image
+tokens). Transformers is never imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models import limits
+from models.blocks.attention import Intervention, KVCache, LayerEdit, MultiHeadAttention
+from models.blocks.layers import ACTIVATIONS
+from models.outputs import DescribeResult, GenerationStep
+
+IMAGE = "<image>"
+
+
+@dataclass
+class TowerConfig:
+    """A CLIP- or SigLIP-style vision tower."""
+
+    image_size: int = 224  # the side (pixels) of one image or tile the tower reads
+    patch: int = 16
+    channels: int = 3
+    dim: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_dim: int = 3072
+    act: str = "gelu_tanh"  # an ACTIVATIONS name
+    norm_eps: float = 1e-6
+    class_token: bool = False  # CLIP: a learned class token first
+    pre_norm: bool = False  # CLIP: a LayerNorm on the embeddings before the first block
+    post_norm: bool = False  # SigLIP / Idefics3: a final LayerNorm (applied to the last block's output where read)
+    patch_bias: bool = True  # CLIP's patch projection has none
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch
+
+
+class TowerBlock(nn.Module):
+    """Pre-norm encoder block: x + attn(LN x), then x + fc2(act(fc1(LN x)))."""
+
+    def __init__(self, c: TowerConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.attn = MultiHeadAttention(c.dim, c.heads)
+        self.ln_2 = nn.LayerNorm(c.dim, eps=c.norm_eps)
+        self.fc1, self.fc2 = nn.Linear(c.dim, c.mlp_dim), nn.Linear(c.mlp_dim, c.dim)
+        self.act = ACTIVATIONS[c.act]
+
+    def forward(self, x: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        a, w = self.attn(self.ln_1(x), need_weights=need_weights)
+        x = x + a
+        return x + self.fc2(self.act(self.fc1(self.ln_2(x)))), w
+
+
+class Tower(nn.Module):
+    """Patch embedding (+ class token) + learned positions -> blocks; every hidden state kept, as transformers'
+    ``hidden_states``: [the embeddings (after CLIP's pre-norm), after block 1, ..., after the last block]."""
+
+    def __init__(self, c: TowerConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.patch_embed = nn.Conv2d(c.channels, c.dim, kernel_size=c.patch, stride=c.patch, bias=c.patch_bias)
+        self.class_token = nn.Parameter(torch.zeros(c.dim)) if c.class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(c.grid * c.grid + int(c.class_token), c.dim))
+        self.pre_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.pre_norm else None
+        self.blocks = nn.ModuleList(TowerBlock(c) for _ in range(c.depth))
+        self.post_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.post_norm else None
+
+    @property
+    def prefix(self) -> int:
+        """Tokens before the patches (CLIP's class token)."""
+        return int(self.class_token is not None)
+
+    def forward(self, pixels: Tensor, need_weights: bool = False) -> tuple[list[Tensor], list[Tensor]]:
+        """pixels (B, C, S, S) -> (hidden states, depth + 1 of (B, prefix + P, D); attention per block (B, H, ., .)
+        with need_weights)."""
+        x = self.patch_embed(pixels).flatten(2).transpose(1, 2)  # (B, P, D), row-major
+        if self.class_token is not None:
+            x = torch.cat([self.class_token.expand(x.size(0), 1, -1).to(x.dtype), x], dim=1)
+        x = x + self.pos_embed.to(x.dtype)
+        if self.pre_norm is not None:
+            x = self.pre_norm(x)
+        hidden, attention = [x], []
+        for block in self.blocks:
+            x, w = block(x, need_weights)
+            hidden.append(x)
+            if w is not None:
+                attention.append(w)
+        return hidden, attention
+
+
+@dataclass
+class VLMLayout:
+    """One image as the model reads it: the tower's input tiles, the image shown, each image token's place."""
+
+    pixels: Tensor  # (tiles, C, S, S) normalised
+    image: np.ndarray  # uint8 (H, W, 3): what the model saw (LLaVA: after resize and crop; Idefics3: the resized
+    # image the tiles are cut from, of which the global view is a smaller copy)
+    cells: np.ndarray  # (N, 3) tile, row, column of each image token (row = col = -1: a class token, the whole tile)
+    boxes: np.ndarray  # (N, 4) its pixels on ``image``: x0, y0, x1, y1, ends exclusive
+    labels: list[str]  # a label per image token
+    rows: int = 0  # Idefics3: tile rows and columns (0, 0: the global view alone)
+    cols: int = 0
+    notice: str = ""
+
+
+@dataclass
+class HFVLMConfig:
+    """What the reader found in the folder (models/io/hf_vlm.py)."""
+
+    kind: str  # "llava" or "idefics3"
+    tower: TowerConfig
+    image_token_id: int
+    text_type: str  # the language model's model_type
+    feature_layers: tuple[int, ...] = (-2,)  # LLaVA: the tower's hidden states read (concatenated)
+    select: str = "default"  # LLaVA: "default" drops the class token, "full" keeps it
+    projector_act: str = "gelu"
+    scale_factor: int = 1  # Idefics3's pixel shuffle
+    image_seq_len: int = 0  # image tokens per tile
+    processor: dict[str, Any] = field(default_factory=dict)  # the image processor's settings
+    chat_template: str = ""
+    specials: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token for the chat template
+    eos_ids: tuple[int, ...] = ()
+    # the language model's shape, as every family's config names it (the registry's tests read these)
+    d_model: int = 0
+    n_layers: int = 0
+    n_heads: int = 0
+
+
+class HFVLM(nn.Module):
+    """A vision tower, a projector and the project's GPT; what LLaVA and Idefics3 share."""
+
+    def __init__(self, config: HFVLMConfig, projector: nn.Module, lm: Any) -> None:
+        super().__init__()
+        config.d_model, config.n_layers, config.n_heads = lm.config.d_model, lm.config.n_layers, lm.config.n_heads
+        self.config = config
+        self.tower = Tower(config.tower)
+        self.projector = projector
+        self.lm = lm
+        self.tokenizer: Any = None  # a tokenizers.Tokenizer (models/io/hf_vlm.py)
+        self.labels: list[str] = []
+        self.text: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------------------------------- the family's parts
+    def layout(self, image: Any) -> VLMLayout:  # pragma: no cover - each family's own
+        raise NotImplementedError
+
+    def relayout(self, seen: np.ndarray) -> VLMLayout:  # pragma: no cover
+        raise NotImplementedError
+
+    def expand(self, text: str, layout: VLMLayout) -> str:  # pragma: no cover
+        raise NotImplementedError
+
+    def features(self, pixels: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError  # pragma: no cover
+
+    def fallback_prompt(self, question: str) -> str:  # pragma: no cover
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------ shared
+    def piece(self, i: int) -> str:
+        return self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>"
+
+    def context_limit(self) -> int:
+        return min(self.lm.config.max_len, limits.MAX_LM_TOKENS)
+
+    def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
+        """The prompt's ids as the processor gives them (the placeholder expanded, the tokenizer's specials), and
+        where the image tokens are."""
+        if text.count(IMAGE) > 1:
+            raise ValueError(f"the prompt must hold the image placeholder {IMAGE} exactly once (it holds it "
+                             f"{text.count(IMAGE)} times): one image is read")
+        ids = list(self.tokenizer.encode(self.expand(text, layout), add_special_tokens=True).ids)
+        positions = np.flatnonzero(np.asarray(ids) == self.config.image_token_id).astype(np.int64)
+        if len(positions) != len(layout.cells):
+            raise ValueError(f"the prompt holds {len(positions)} image tokens where the image gives "
+                             f"{len(layout.cells)} (an {IMAGE} in the text beside the placeholder?)")
+        return ids, positions
+
+    def embed(self, ids: list[int], positions: np.ndarray, features: Tensor) -> Intervention:
+        """The edit that puts the image features (N, D) in place of the placeholders' embeddings at layer 0."""
+        t = len(ids)
+        values = torch.zeros(1, t, features.size(-1), dtype=features.dtype, device=features.device)
+        index = torch.as_tensor(positions, device=features.device)
+        values = values.index_put((torch.zeros_like(index), index), features)
+        select = torch.zeros(1, t, dtype=torch.bool, device=features.device)
+        select[0, index] = True
+        return Intervention({0: LayerEdit(resid_values=values, resid_select=select)})
+
+    @torch.no_grad()
+    def describe(self, image: Any, text: str, max_new_tokens: int = 20) -> DescribeResult:
+        """Answer ``text`` (with the image placeholder, as the folder's processor takes it) about ``image`` greedily
+        (at most ``max_new_tokens``, stopping after an end-of-sequence id), with the language model's attention
+        over the whole sequence (every layer) and the tower's, every block, of one tile: LLaVA's one image (CLIP's class
+        token first: ``vision_prefix``), Idefics3's global view (the last tile: ``vision_tile``), over the tower's
+        patches (``vision_grid``), before the pixel shuffle merges them."""
+        if max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be at least 0")
+        layout = self.layout(image)
+        notice = [layout.notice]
+        if IMAGE not in text:  # the processor would refuse it; the image goes first, as the chat templates put it
+            text = IMAGE + text
+            notice.append(f"The prompt had no {IMAGE}: the image was put before it.")
+        ids, positions = self.encode(text, layout)
+        limit = self.context_limit()
+        if len(ids) >= limit:
+            raise ValueError(f"the prompt with its {len(positions)} image tokens is {len(ids)} tokens, over the "
+                             f"{limit} this model serves")
+        if len(ids) + max_new_tokens > limit:
+            notice.append(f"At most {limit - len(ids)} new tokens fit in {limit} positions.")
+            max_new_tokens = limit - len(ids)
+        device = next(self.parameters()).device
+        features, vision = self.features(layout.pixels.to(device), need_weights=True)
+        caches = [KVCache() for _ in self.lm.blocks]
+        out = self.lm(torch.tensor([ids], device=device), caches, need_weights=True,
+                      edit=self.embed(ids, positions, features), last_only=True)
+        rows = [[w[0]] for w in out.attention]
+        logits = out.logits
+        new: list[int] = []
+        steps: list[GenerationStep] = []
+        eos = set(self.config.eos_ids)
+        for k in range(max_new_tokens):
+            probs = F.softmax(logits[0, -1].float(), dim=-1)
+            top = torch.topk(probs, min(5, probs.numel()))
+            token = int(top.indices[0])
+            steps.append(GenerationStep([self.piece(i) for i in top.indices.tolist()],
+                                        top.values.cpu().numpy().astype(np.float32), self.piece(token),
+                                        float(top.values[0])))
+            new.append(token)
+            last = token in eos or k == max_new_tokens - 1
+            out = self.lm(torch.tensor([[token]], device=device), caches, need_weights=True, last_only=True)
+            for r, w in zip(rows, out.attention):  # the new token's own row (the last one's logits unused)
+                r.append(w[0])
+            if last:
+                break
+            logits = out.logits
+        all_ids = ids + new
+        t = len(all_ids)
+        dtype = np.float16 if t > limits.LONG_TOKENS else np.float32
+        weights = np.zeros((len(rows), rows[0][0].size(0), t, t), dtype)
+        for layer, blocks in enumerate(rows):
+            i = 0
+            for w in blocks:  # (H, rows, S): causal, each block fills the left S columns of its rows
+                weights[layer, :, i:i + w.size(1), :w.size(2)] = w.float().cpu().numpy()
+                i += w.size(1)
+        labels = [self.piece(i) for i in all_ids]
+        for p, label in zip(positions, layout.labels):
+            labels[p] = label
+        shown = [i for i in new if i not in eos]
+        return DescribeResult(
+            text=self.tokenizer.decode(shown, skip_special_tokens=True), ids=all_ids, tokens=labels,
+            prompt_len=len(ids), attention=weights, image_positions=positions, image_cells=layout.cells,
+            image_boxes=layout.boxes, image=layout.image, grid=(self.token_grid, self.token_grid),
+            vision_attention=vision.cpu().numpy() if vision is not None else np.zeros((0, 0, 0, 0), np.float32),
+            steps=steps, notice=" ".join(filter(None, notice)), vision_prefix=self.tower.prefix,
+            vision_grid=(self.config.tower.grid, self.config.tower.grid), vision_tile=int(layout.cells[-1, 0]))
+
+    @property
+    def token_grid(self) -> int:
+        """Image tokens per side of one tile."""
+        return self.config.tower.grid // max(1, self.config.scale_factor)
+
+    def chat_prompt(self, question: str) -> str:
+        """The folder's chat template applied to one user turn (the image, then ``question``), the generation prompt
+        added; the family's plain prompt where the folder has no template."""
+        template = self.config.chat_template
+        if not template:
+            return self.fallback_prompt(question)
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        try:
+            return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                    **self.config.specials)
+        except TemplateError as err:
+            raise ValueError(f"the folder's chat template fails: {err}") from None
+
+    def _forward_seen(self, r: DescribeResult, keep_hidden: bool = False, grad: bool = False) -> tuple[Any, Tensor]:
+        """The whole sequence ``r.ids`` through the model again, from the image ``r.image`` the model saw: (GPT's
+        Forward, the image features (N, D), a leaf that requires grad when ``grad``)."""
+        layout = self.relayout(np.asarray(r.image))
+        device = next(self.parameters()).device
+        with torch.no_grad():
+            features, _ = self.features(layout.pixels.to(device))
+        if len(features) != len(r.image_positions):
+            raise ValueError(f"{len(r.image_positions)} image positions for {len(features)} image features")
+        features = features.detach().clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            out = self.lm(torch.tensor([list(r.ids)], device=device), keep_hidden=keep_hidden,
+                          edit=self.embed(list(r.ids), np.asarray(r.image_positions), features))
+        return out, features
+
+    def image_relevance(self, r: DescribeResult, queries: list[int]) -> np.ndarray:
+        """Gradient × input on the image-token embeddings the language model reads (Shrikumar et al. 2017), of
+        log p(r.ids[q + 1] | r.ids[:q + 1]) for each query position q: (len(queries), N) float32,
+        Σ_d e_{i,d} · ∂ log p / ∂e_{i,d} for image token i."""
+        t = len(r.ids)
+        bad = [q for q in queries if not 0 <= int(q) < t - 1]
+        if bad:
+            raise ValueError(f"query positions {bad} have no next token (0 to {t - 2})")
+        out, features = self._forward_seen(r, grad=True)
+        logp = F.log_softmax(out.logits[0].double(), dim=-1)
+        result = np.zeros((len(queries), len(features)), np.float32)
+        for k, q in enumerate(queries):
+            (g,) = torch.autograd.grad(logp[int(q), int(r.ids[int(q) + 1])], features, retain_graph=True)
+            result[k] = (g * features).sum(-1).detach().float().cpu().numpy()
+        return result
+
+    @torch.no_grad()
+    def image_lens(self, r: DescribeResult) -> tuple[np.ndarray, np.ndarray]:
+        """The logit lens on the image tokens (nostalgebraist 2020; Neo et al. 2024): at each layer's residual stream
+        (0 = the embeddings, L = after the last block), the top token of the final norm and the output projection.
+        Returns (ids (L + 1, N) int64, probs (L + 1, N) float32)."""
+        out, _ = self._forward_seen(r, keep_hidden=True)
+        pos = torch.as_tensor(np.asarray(r.image_positions), device=out.logits.device)
+        ids = np.zeros((len(out.hidden), len(pos)), np.int64)
+        probs = np.zeros((len(out.hidden), len(pos)), np.float32)
+        for layer, h in enumerate(out.hidden):
+            p = F.softmax(self.lm.logits_of(h[0, pos]).float(), dim=-1)
+            top = p.max(dim=-1)
+            ids[layer], probs[layer] = top.indices.cpu().numpy(), top.values.cpu().numpy()
+        return ids, probs
+
+
+# ---------------------------------------------------------------------------------------------------- LLaVA
+class LlavaProjector(nn.Module):
+    def __init__(self, d_in: int, d_out: int, act: str, bias: bool = True) -> None:
+        super().__init__()
+        self.linear_1, self.linear_2 = nn.Linear(d_in, d_out, bias=bias), nn.Linear(d_out, d_out, bias=bias)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class Llava(HFVLM):
+    """LLaVA: one image resized and centre-cropped to the tower's side; its patch tokens (and the class token with
+    "full") each become an image token."""
+
+    def layout(self, image: Any) -> VLMLayout:
+        from models.inputs.images import prepare_processor
+
+        prepared = prepare_processor(image, self.config.processor)
+        lay = self.relayout(prepared.shown)
+        lay.notice = prepared.notice
+        return lay
+
+    def relayout(self, seen: np.ndarray) -> VLMLayout:
+        c, spec = self.config.tower, self.config.processor
+        s = c.image_size
+        if seen.shape[:2] != (s, s):
+            raise ValueError(f"the image the model saw is {seen.shape[1]}×{seen.shape[0]}, the tower reads {s}×{s}")
+        pixels = normalise(torch.from_numpy(np.ascontiguousarray(seen)).permute(2, 0, 1), spec)[None]
+        g, p = c.grid, c.patch
+        rows, cols = np.divmod(np.arange(g * g), g)
+        cells = np.stack([np.zeros_like(rows), rows, cols], 1)
+        boxes = np.stack([cols * p, rows * p, (cols + 1) * p, (rows + 1) * p], 1)
+        labels = [f"<image r{r}c{q}>" for r, q in zip(rows, cols)]
+        if c.class_token:  # CLIP's class token first: the whole image (row = col = -1)
+            cells = np.concatenate([[[0, -1, -1]], cells])
+            boxes = np.concatenate([[[0, 0, s, s]], boxes])
+            labels = ["<image cls>", *labels]
+        if self.config.select == "default":  # transformers drops the tower's first token (CLIP's class token)
+            cells, boxes, labels = cells[1:], boxes[1:], labels[1:]
+        return VLMLayout(pixels, seen, cells.astype(np.int64), boxes.astype(np.int64), labels)
+
+    def expand(self, text: str, layout: VLMLayout) -> str:
+        return text.replace(IMAGE, IMAGE * len(layout.cells))
+
+    def features(self, pixels: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        hidden, attention = self.tower(pixels, need_weights)
+        chosen = [hidden[i] for i in self.config.feature_layers]
+        if self.config.select == "default":  # the first token dropped, as transformers drops it
+            chosen = [h[:, 1:] for h in chosen]
+        x = self.projector(torch.cat(chosen, dim=-1))
+        weights = torch.stack([w[0] for w in attention]).float() if need_weights else None
+        if weights is not None and weights.size(-1) > limits.LONG_TOKENS:
+            weights = weights.half()
+        return x.reshape(-1, x.size(-1)), weights
+
+    def fallback_prompt(self, question: str) -> str:
+        return f"USER: {IMAGE}\n{question} ASSISTANT:"
+
+
+# ------------------------------------------------------------------------------------------------- Idefics3
+class Idefics3Connector(nn.Module):
+    """The pixel shuffle (each s × s block of patch tokens -> one token of s² · width features), then a Linear."""
+
+    def __init__(self, d_in: int, d_out: int, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.proj = nn.Linear(d_in * scale * scale, d_out, bias=False)
+
+    def shuffle(self, x: Tensor) -> Tensor:
+        """(B, n·n, D) row-major -> (B, (n/s)², s²·D), row-major over blocks; a block's features are its patches'
+        in the order transformers' ``pixel_shuffle`` concatenates them (its reshapes, step by step)."""
+        b, seq, d = x.shape
+        n, s = math.isqrt(seq), self.scale
+        x = x.reshape(b, n, n // s, d * s)  # s neighbouring columns of a row side by side
+        x = x.permute(0, 2, 1, 3).reshape(b, n // s, n // s, d * s * s)  # then s neighbouring rows
+        return x.permute(0, 2, 1, 3).reshape(b, seq // (s * s), d * s * s)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.shuffle(x))
+
+
+class Idefics3(HFVLM):
+    """Idefics3 / SmolVLM v1: the image resized (its longest side to ``size``, then up to whole tiles), split into
+    rows × cols tiles of the tower's side, plus the whole image resized to one tile (the global view, last)."""
+
+    bf16_tiles = False  # run the tiles besides the global view in bfloat16 (see ``features``)
+    image_splitting: bool | None = None  # None: the processor's do_image_splitting; False: the global view alone
+    # (what transformers' processor gives with do_image_splitting=False: one tile, 16× less tower work than 4 × 4)
+
+    @property
+    def splits(self) -> bool:
+        """Whether the image is split into tiles besides the global view: the processor's do_image_splitting, unless
+        ``image_splitting`` says otherwise."""
+        return bool(self.config.processor["split"] if self.image_splitting is None else self.image_splitting)
+
+    def layout(self, image: Any) -> VLMLayout:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
+        from models.inputs.images import open_image, to_rgb
+
+        spec = self.config.processor
+        img, notice = open_image(image)
+        t = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.uint8).copy()).permute(2, 0, 1)
+        mode = InterpolationMode(spec["interpolation"])
+        if spec["resize"]:
+            h, w = longest_edge_size(t.shape[1], t.shape[2], spec["longest_edge"])
+            t = TF.resize(t, [h, w], interpolation=mode, antialias=True)
+        if self.splits:
+            h, w = whole_tiles_size(t.shape[1], t.shape[2], spec["tile"])
+        else:
+            h = w = spec["tile"]
+        t = TF.resize(t, [h, w], interpolation=mode, antialias=True)
+        lay = self.relayout(t.permute(1, 2, 0).numpy().copy())
+        lay.notice = notice
+        return lay
+
+    def relayout(self, seen: np.ndarray) -> VLMLayout:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
+        spec = self.config.processor
+        tile = spec["tile"]
+        t = torch.from_numpy(np.ascontiguousarray(seen)).permute(2, 0, 1)
+        h, w = t.shape[1:]
+        if h % tile or w % tile:
+            raise ValueError(f"the image the model saw ({w}×{h}) is not whole {tile}-pixel tiles")
+        rows, cols = (h // tile, w // tile) if h > tile or w > tile else (0, 0)
+        tiles = [t[:, r * tile:(r + 1) * tile, q * tile:(q + 1) * tile] for r in range(rows) for q in range(cols)]
+        if rows:
+            glob = TF.resize(t, [tile, tile], interpolation=InterpolationMode(spec["interpolation"]), antialias=True)
+        else:
+            glob = t
+        tiles.append(glob)
+        pixels = normalise(torch.stack(tiles), spec)
+        g = self.token_grid
+        step = tile // g  # pixels per image token side on a tile
+        cells, boxes, labels = [], [], []
+        for k in range(len(tiles)):
+            gr, gc = np.divmod(np.arange(g * g), g)
+            if k < rows * cols:
+                r0, c0 = divmod(k, cols)
+                y0, x0 = r0 * tile + gr * step, c0 * tile + gc * step
+                box = np.stack([x0, y0, x0 + step, y0 + step], 1)
+                labels += [f"<image t{k} r{a}c{b}>" for a, b in zip(gr, gc)]
+            else:  # the global view: its cells cover the whole image, coarser
+                xs, ys = (np.arange(g + 1) * w) // g, (np.arange(g + 1) * h) // g
+                box = np.stack([xs[gc], ys[gr], xs[gc + 1], ys[gr + 1]], 1)
+                labels += [f"<image global r{a}c{b}>" for a, b in zip(gr, gc)]
+            cells.append(np.stack([np.full_like(gr, k), gr, gc], 1))
+            boxes.append(box)
+        return VLMLayout(pixels, seen, np.concatenate(cells).astype(np.int64), np.concatenate(boxes).astype(np.int64),
+                         labels, rows, cols)
+
+    def expand(self, text: str, layout: VLMLayout) -> str:
+        fake, glob, n = "<fake_token_around_image>", "<global-img>", self.config.image_seq_len
+        tokens = IMAGE * n
+        if layout.rows == 0 and layout.cols == 0:
+            return text.replace(IMAGE, f"{fake}{glob}{tokens}{fake}")
+        out = ""
+        for r in range(layout.rows):
+            for q in range(layout.cols):
+                out += f"{fake}<row_{r + 1}_col_{q + 1}>{tokens}"
+            out += "\n"
+        out += f"\n{fake}{glob}{tokens}{fake}"
+        return text.replace(IMAGE, out)
+
+    def features(self, pixels: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Every tile through the tower (its final LayerNorm), shuffled and projected: (tiles · n, D); the tower's
+        attention of the global view (the last tile) with need_weights. The other tiles go through as one batch (the
+        fused attention path); with ``bf16_tiles`` they run through a bfloat16 copy of the tower, an approximation the
+        tests do not hold to 1e-4, so it is off unless asked for; the global view, whose attention is shown, and the
+        connector stay float32."""
+        out = []
+        if pixels.size(0) > 1:
+            tower = self._bf16_tower(pixels.device) if self.bf16_tiles else self.tower
+            out.append(self._tiles(pixels[:-1].to(next(tower.parameters()).dtype), False, tower)[0])
+        glob, weights = self._tiles(pixels[-1:], need_weights, self.tower)
+        out.append(glob)
+        return torch.cat(out), weights
+
+    def _bf16_tower(self, device: torch.device) -> Tower:
+        """A bfloat16 copy of the tower, made on first use and kept outside the module's parameters (the weights
+        loaded are unchanged; CPU autocast instead would cast every weight again on every call)."""
+        import copy
+
+        kept = self.__dict__.get("_tower_bf16")
+        if kept is None or next(kept.parameters()).device != device:
+            kept = copy.deepcopy(self.tower).to(device=device, dtype=torch.bfloat16).eval()
+            self.__dict__["_tower_bf16"] = kept  # a plain attribute: not a submodule, not in the state dict
+        return kept
+
+    def _tiles(self, pixels: Tensor, need_weights: bool, tower: Tower) -> tuple[Tensor, Tensor | None]:
+        hidden, attention = tower(pixels, need_weights)
+        x = hidden[-1]
+        if tower.post_norm is not None:
+            x = tower.post_norm(x)
+        x = self.projector(x.float())
+        weights = None
+        if need_weights:
+            weights = torch.stack([w[0] for w in attention]).float()
+            if weights.size(-1) > limits.LONG_TOKENS:
+                weights = weights.half()
+        return x.reshape(-1, x.size(-1)), weights
+
+    def fallback_prompt(self, question: str) -> str:
+        return f"User:{IMAGE}{question}<end_of_utterance>\nAssistant:"
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def normalise(t: Tensor, spec: dict[str, Any]) -> Tensor:
+    """uint8 (…, C, H, W) -> float32 rescaled and normalised as the image processor's settings say."""
+    x = t.to(torch.float32)
+    if spec.get("rescale") is not None:
+        x = x * spec["rescale"]
+    if spec.get("mean") is not None:
+        mean = torch.tensor(spec["mean"], dtype=torch.float32)[:, None, None]
+        std = torch.tensor(spec["std"], dtype=torch.float32)[:, None, None]
+        x = (x - mean) / std
+    return x
+
+
+def longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:
+    """Idefics3's first resize: the longest side to ``longest`` (up or down), the other kept in proportion
+    (truncated, then up to an even number), at most 4096 a side."""
+    ratio = width / height
+    if width >= height:
+        width = longest
+        height = int(width / ratio)
+        height += height % 2
+    else:
+        height = longest
+        width = int(height * ratio)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    if width >= height and width > 4096:
+        width, height = 4096, max(int(4096 / ratio), 1)
+    elif height > width and height > 4096:
+        height, width = 4096, max(int(4096 * ratio), 1)
+    return height, width
+
+
+def whole_tiles_size(height: int, width: int, tile: int) -> tuple[int, int]:
+    """Idefics3's resize for the vision encoder: both sides up to whole tiles, the aspect ratio kept as it does."""
+    ratio = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / ratio) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * ratio) / tile) * tile
+    return height, width

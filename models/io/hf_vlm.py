@@ -1,0 +1,341 @@
+"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``; issue 63).
+
+A folder holds config.json (``vision_config`` and ``text_config`` inside), model.safetensors, tokenizer.json, the
+image processor's settings (preprocessor_config.json, or the ``image_processor`` of transformers 5's
+processor_config.json), the processor's (processor_config.json) and a chat template (chat_template.jinja,
+chat_template.json, or in processor_config.json / tokenizer_config.json). The tensors are named as transformers 5
+saves them (``model.vision_tower.``, ``model.language_model.``, ``model.multi_modal_projector.``; Idefics3's
+``model.vision_model.``, ``model.text_model.``, ``model.connector.``) or as the older LLaVA folders on the Hub do
+(``vision_tower.``, ``language_model.model.``, ``language_model.lm_head.``, ``multi_modal_projector.``).
+
+The language model is read by the registry's reader of the text config's model_type (``llama``, ``qwen2``,
+``mistral``: ``models.families.gpt.GPT``). Sub-configs that list only what differs from transformers' defaults (the
+older Hub configs do) are completed with those defaults, stated below. Everything this reader does not implement is
+refused in words (a CheckpointError), never guessed: other towers or text models, feature-select strategies other
+than "default" and "full", feature layers out of range, projector activations outside
+``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose image-token count
+disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers' fractional position
+ids for partial tiles), a pixel shuffle that does not divide the grid.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from models import registry
+from models.io.checkpoint import CheckpointError
+
+TEXT_TYPES = ("llama", "qwen2", "mistral")
+# transformers' config defaults, for sub-configs saved as differences only (LLaVA-1.5's text_config on the Hub)
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0),
+    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                  rope_theta=10000.0),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096),
+}
+TOWER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                              image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+                              num_channels=3),
+    "siglip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                num_attention_heads=12, image_size=224, patch_size=16,
+                                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, num_channels=3),
+    "idefics3_vision": dict(hidden_size=1152, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
+                            image_size=224, patch_size=32, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
+                            num_channels=3),
+}
+# image processor defaults by class (what transformers' class uses where the file is silent)
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CLIPImageProcessor": dict(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
+                               do_center_crop=True, resample=3, image_mean=CLIP_MEAN, image_std=CLIP_STD),
+    "LlavaImageProcessor": dict(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224},
+                                do_center_crop=True, resample=3, image_mean=CLIP_MEAN, image_std=CLIP_STD,
+                                do_pad=False),
+    "SiglipImageProcessor": dict(size={"height": 224, "width": 224}, resample=3, image_mean=[0.5] * 3,
+                                 image_std=[0.5] * 3, do_center_crop=False),
+    "Idefics3ImageProcessor": dict(size={"longest_edge": 4 * 364}, max_image_size={"longest_edge": 364}, resample=1,
+                                   image_mean=[0.5] * 3, image_std=[0.5] * 3, do_image_splitting=True),
+}
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+
+# ------------------------------------------------------------------------------------------------ the folder
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(path, f"unreadable: {err}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _image_processor(folder: Path, where: Path) -> tuple[dict[str, Any], str]:
+    """(the image processor's settings with its class's defaults filled in, its class name)."""
+    pre = _json(folder / "preprocessor_config.json") or _json(folder / "processor_config.json").get(
+        "image_processor") or {}
+    if not pre:
+        raise CheckpointError(folder / "preprocessor_config.json", "no image processor settings in the folder")
+    kind = str(pre.get("image_processor_type", "")).removesuffix("Fast")
+    if kind not in PROCESSOR_DEFAULTS:
+        raise CheckpointError(where, f"image processor {kind or 'of no type'!r} is not supported "
+                                     f"({', '.join(PROCESSOR_DEFAULTS)})")
+    return {**PROCESSOR_DEFAULTS[kind], **pre}, kind
+
+
+def _chat_template(folder: Path) -> str:
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
+        value = _json(folder / name).get("chat_template")
+        if isinstance(value, list):  # named templates: the default one
+            value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"),
+                         None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _specials(folder: Path) -> dict[str, str]:
+    config = _json(folder / "tokenizer_config.json")
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        out[key] = value if isinstance(value, str) else ""
+    return out
+
+
+def _tokenizer(folder: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # missing or unreadable
+        raise CheckpointError(path, f"no usable tokenizer: {err}") from None
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _eos_ids(folder: Path, hf: dict[str, Any], text: dict[str, Any]) -> tuple[int, ...]:
+    """The ids generation stops after: generation_config.json's (transformers' generate reads it), else the
+    config's."""
+    for source in (_json(folder / "generation_config.json"), text, hf):
+        value = source.get("eos_token_id")
+        if value is not None:
+            return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+    return ()
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+def _split_state(state: dict[str, Tensor], tower: tuple[str, ...], lm: tuple[str, ...], head: tuple[str, ...],
+                 projector: tuple[str, ...]) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """(tower tensors without prefix, the LM's as a causal LM names them (``model.`` + …, ``lm_head.weight``),
+    the projector's without prefix)."""
+    t, m, p = {}, {}, {}
+    for key, value in state.items():
+        if any(key.startswith(x) for x in tower):
+            t[key[len(next(x for x in tower if key.startswith(x))):]] = value
+        elif any(key.startswith(x) for x in projector):
+            p[key[len(next(x for x in projector if key.startswith(x))):]] = value
+        elif key in head:
+            m["lm_head.weight"] = value
+        elif any(key.startswith(x) for x in lm):
+            m["model." + key[len(next(x for x in lm if key.startswith(x))):]] = value
+    return t, m, p
+
+
+def _tower_config(vision: dict[str, Any], where: Path, post_norm: bool) -> Any:
+    from models.blocks.layers import ACTIVATIONS
+    from models.families.hf_vlm import TowerConfig
+
+    kind = vision.get("model_type", "clip_vision_model")
+    if kind not in TOWER_DEFAULTS:
+        raise CheckpointError(where, f"vision tower {kind!r} is not supported ({', '.join(TOWER_DEFAULTS)})")
+    v = {**TOWER_DEFAULTS[kind], **vision}
+    if v["hidden_act"] not in ACTIVATIONS:
+        raise CheckpointError(where, f"vision tower activation {v['hidden_act']!r} is not supported")
+    act = v["hidden_act"]
+    size, patch = int(v["image_size"]), int(v["patch_size"])
+    if size % patch:
+        raise CheckpointError(where, f"a tower image of {size} pixels is not whole {patch}-pixel patches")
+    clip = kind == "clip_vision_model"
+    return TowerConfig(image_size=size, patch=patch, channels=int(v["num_channels"]), dim=int(v["hidden_size"]),
+                       depth=int(v["num_hidden_layers"]), heads=int(v["num_attention_heads"]),
+                       mlp_dim=int(v["intermediate_size"]), act=act, norm_eps=float(v["layer_norm_eps"]),
+                       class_token=clip, pre_norm=clip, post_norm=post_norm, patch_bias=not clip)
+
+
+def _tower_state(s: dict[str, Tensor], c: Any) -> dict[str, Tensor]:
+    s = {k.removeprefix("vision_model."): v for k, v in s.items()}
+    ours = {"patch_embed.weight": s["embeddings.patch_embedding.weight"],
+            "pos_embed": s["embeddings.position_embedding.weight"]}
+    if c.patch_bias:
+        ours["patch_embed.bias"] = s["embeddings.patch_embedding.bias"]
+    if c.class_token:
+        ours["class_token"] = s["embeddings.class_embedding"]
+    if c.pre_norm:
+        for kind in ("weight", "bias"):
+            ours[f"pre_norm.{kind}"] = s[f"pre_layrnorm.{kind}"]
+    if c.post_norm:
+        for kind in ("weight", "bias"):
+            ours[f"post_norm.{kind}"] = s[f"post_layernorm.{kind}"]
+    names = {"layer_norm1": "ln_1", "layer_norm2": "ln_2", "self_attn.q_proj": "attn.q_proj",
+             "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj",
+             "self_attn.out_proj": "attn.out_proj", "mlp.fc1": "fc1", "mlp.fc2": "fc2"}
+    for i in range(c.depth):
+        for theirs, mine in names.items():
+            for kind in ("weight", "bias"):
+                ours[f"blocks.{i}.{mine}.{kind}"] = s[f"encoder.layers.{i}.{theirs}.{kind}"]
+    return {f"tower.{k}": v for k, v in ours.items()}
+
+
+def _language_model(hf: dict[str, Any], lm_state: dict[str, Tensor], where: Path) -> tuple[Any, dict[str, Any]]:
+    text = dict(hf.get("text_config") or {})
+    kind = text.get("model_type", "llama")
+    if kind not in TEXT_TYPES:
+        raise CheckpointError(where, f"language model {kind!r} is not supported here ({', '.join(TEXT_TYPES)})")
+    text = {**TEXT_DEFAULTS[kind], **text}
+    tied = bool(hf.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    text["tie_word_embeddings"] = tied
+    if not tied and "lm_head.weight" not in lm_state:
+        raise CheckpointError(where, "the config says the output projection is its own, and the folder has none")
+    family = registry.by_model_type(kind)
+    assert family is not None
+    lm = family.hf_reader(kind)(text, lm_state, where)
+    return lm, text
+
+
+def _load(model: Any, ours: dict[str, Tensor], where: Path, name: str) -> Any:
+    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
+    missing = [k for k in missing if not k.startswith("lm.")]  # the GPT was loaded by its own reader
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit {name}: missing {missing}, unexpected {unexpected}")
+    return model.float().eval()
+
+
+def _attach(model: Any, folder: Path) -> Any:
+    model.tokenizer = _tokenizer(folder)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------ LLaVA
+def llava_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``LlavaForConditionalGeneration`` config and weights -> ``models.families.hf_vlm.Llava`` with its tokenizer,
+    image preprocessing and chat template (read from the folder beside ``where``)."""
+    from models.blocks.layers import ACTIVATIONS
+    from models.families.hf_vlm import HFVLMConfig, Llava, LlavaProjector
+    from models.inputs.images import processor_spec
+
+    where = Path(where)
+    folder = where.parent
+    tower = _tower_config(dict(hf.get("vision_config") or {}), where, post_norm=False)
+    select = hf.get("vision_feature_select_strategy", "default")
+    if select not in ("default", "full"):
+        raise CheckpointError(where, f"vision_feature_select_strategy {select!r} is not supported ('default' drops "
+                                     "the first token, 'full' keeps every token)")
+    layer = hf.get("vision_feature_layer", -2)
+    layers = [layer] if isinstance(layer, int) else list(layer) if isinstance(layer, list) else None
+    if not layers or any(not isinstance(x, int) or not -(tower.depth + 1) <= x <= tower.depth for x in layers):
+        raise CheckpointError(where, f"vision_feature_layer {layer!r} is not a hidden state of the "
+                                     f"{tower.depth}-block tower (-{tower.depth + 1} to {tower.depth})")
+    act = hf.get("projector_hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(where, f"projector activation {act!r} is not supported ({', '.join(ACTIVATIONS)})")
+    pre, kind = _image_processor(folder, where)
+    if pre.get("do_pad"):
+        raise CheckpointError(where, "LLaVA's pad-to-square preprocessing (do_pad) is not supported")
+    try:
+        spec = processor_spec(pre, tower.image_size)
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+    side = spec["crop"] or spec["size"]
+    if side != [tower.image_size, tower.image_size]:
+        raise CheckpointError(where, f"the image processor gives {side or 'images of varying size'}, the tower reads "
+                                     f"{tower.image_size}×{tower.image_size}")
+    tokens = tower.grid ** 2 + int(tower.class_token) - (select == "default")
+    proc = _json(folder / "processor_config.json")
+    if "patch_size" in proc and proc.get("patch_size") is not None:
+        says = (tower.image_size // int(proc["patch_size"])) ** 2 + int(proc.get("num_additional_image_tokens", 0))
+        says -= proc.get("vision_feature_select_strategy") == "default"
+        if says != tokens:
+            raise CheckpointError(folder / "processor_config.json",
+                                  f"the processor lays out {says} image tokens, the model makes {tokens}")
+    tower_state, lm_state, proj_state = _split_state(
+        state, ("model.vision_tower.", "vision_tower."), ("model.language_model.", "language_model.model."),
+        ("lm_head.weight", "language_model.lm_head.weight"), ("model.multi_modal_projector.", "multi_modal_projector."))
+    lm, text = _language_model(hf, lm_state, where)
+    d_in = tower.dim * len(layers)
+    config = HFVLMConfig(kind="llava", tower=tower, image_token_id=int(hf.get("image_token_index",
+                                                                               hf.get("image_token_id", 32000))),
+                         text_type=text.get("model_type", "llama"), feature_layers=tuple(layers), select=select,
+                         projector_act=act, processor=spec, chat_template=_chat_template(folder),
+                         specials=_specials(folder), eos_ids=_eos_ids(folder, hf, text))
+    bias = bool(hf.get("multimodal_projector_bias", True))
+    model = Llava(config, LlavaProjector(d_in, lm.config.d_model, act, bias), lm)
+    ours = _tower_state(tower_state, tower)
+    for k, v in proj_state.items():
+        ours[f"projector.{k}"] = v
+    return _attach(_load(model, ours, where, "LLaVA"), folder)
+
+
+# ------------------------------------------------------------------------------------------------ Idefics3
+def idefics3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``Idefics3ForConditionalGeneration`` (SmolVLM v1) config and weights -> ``models.families.hf_vlm.Idefics3``
+    with its tokenizer, tiling and chat template."""
+    from models.families.hf_vlm import HFVLMConfig, Idefics3, Idefics3Connector
+
+    where = Path(where)
+    folder = where.parent
+    # the tower of an Idefics3 model is always its SigLIP-like vision transformer (SmolVLM's sub-config names the
+    # model_type "idefics3" or "idefics3_vision")
+    tower = _tower_config({**(hf.get("vision_config") or {}), "model_type": "idefics3_vision"}, where,
+                          post_norm=True)
+    scale = int(hf.get("scale_factor", 2))
+    if scale < 1 or tower.grid % scale:
+        raise CheckpointError(where, f"a pixel shuffle of {scale} does not divide the tower's {tower.grid}-patch grid")
+    pre, _ = _image_processor(folder, where)
+    tile = int((pre.get("max_image_size") or {}).get("longest_edge", 0))
+    if tile != tower.image_size:
+        raise CheckpointError(where, f"tiles of {tile} pixels for a tower of {tower.image_size} (transformers' "
+                                     "fractional positions for such tiles are not implemented)")
+    resample = pre.get("resample", 1)
+    if resample not in _RESAMPLE:
+        raise CheckpointError(where, f"image resampling {resample!r} is not supported ({_RESAMPLE})")
+    size = pre.get("size") or {}
+    if pre.get("do_resize", True) and "longest_edge" not in size:
+        raise CheckpointError(where, f"image processor size {size!r} is not supported (longest_edge)")
+    normalise = pre.get("do_normalize", True)
+    spec = {"resize": bool(pre.get("do_resize", True)), "longest_edge": int(size.get("longest_edge", 0)),
+            "split": bool(pre.get("do_image_splitting", True)), "tile": tile, "interpolation": _RESAMPLE[resample],
+            "rescale": float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else None,
+            "mean": [float(v) for v in pre["image_mean"]] if normalise else None,
+            "std": [float(v) for v in pre["image_std"]] if normalise else None}
+    per_tile = (tower.grid // scale) ** 2
+    seq = int(_json(folder / "processor_config.json").get("image_seq_len", per_tile))
+    if seq != per_tile:
+        raise CheckpointError(where, f"the processor lays out {seq} image tokens per tile, the model makes "
+                                     f"{per_tile}")
+    tower_state, lm_state, proj_state = _split_state(
+        state, ("model.vision_model.",), ("model.text_model.",), ("lm_head.weight",), ("model.connector.",))
+    lm, text = _language_model(hf, lm_state, where)
+    config = HFVLMConfig(kind="idefics3", tower=tower, image_token_id=int(hf.get("image_token_id", 128257)),
+                         text_type=text.get("model_type", "llama"), scale_factor=scale, image_seq_len=per_tile,
+                         processor=spec, chat_template=_chat_template(folder), specials=_specials(folder),
+                         eos_ids=_eos_ids(folder, hf, text))
+    model = Idefics3(config, Idefics3Connector(tower.dim, lm.config.d_model, scale), lm)
+    ours = _tower_state({f"vision_model.{k}": v for k, v in tower_state.items()}, tower)
+    ours["projector.proj.weight"] = proj_state["modality_projection.proj.weight"]
+    return _attach(_load(model, ours, where, "Idefics3"), folder)

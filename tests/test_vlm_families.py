@@ -1,0 +1,331 @@
+"""LLaVA and Idefics3 / SmolVLM (models/families/hf_vlm.py, models/io/hf_vlm.py) against transformers on random weights.
+
+The parity of every folder (two images each: pixels, prompt layout and image positions, greedy ids, the language
+model's and the tower's attention) runs in tests/test_parity.py (kind "vlm", tests/vlm_parity.py); here the rest of the
+interface the Image + text tab calls, each against a reference:
+
+- ``image_relevance``: gradient × input on the image-token embeddings equals the same gradient taken through
+  transformers' model (its projector's output made the leaf);
+- ``image_lens``: the top token and its probability at every layer equal transformers' hidden states read through
+  its final norm and output projection;
+- ``chat_prompt``: the processor's own ``apply_chat_template``; the plain fallback without a template;
+- the overlay: a white square on black covering exactly one image token's pixels in the image the model saw; the
+  token whose tower input (transformers' own ``pixel_values``) is brightest is found, and ``r.to_pixels`` of a one-hot
+  on it lights exactly that square (a LLaVA crop, each tile of a 2 × 2 Idefics3 layout, and the global view's cell
+  covering it);
+- fail-closed: unknown settings planted in a folder are refused in words.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.io.checkpoint import CheckpointError
+from tests.vlm_parity import PROMPT, images, theirs, tile_pixels
+
+FAMILIES = ("llava", "idefics3")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _projector(hf):
+    return hf.model.multi_modal_projector if hasattr(hf.model, "multi_modal_projector") else hf.model.connector
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None:
+    built = hf_folders.get(name)
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    image = images()[0]
+    r = ours.describe(image, PROMPT, max_new_tokens=4)
+    queries = [r.prompt_len - 1, r.prompt_len + 1, int(r.image_positions[-1]) + 2]
+    got = ours.image_relevance(r, queries)
+    assert got.shape == (len(queries), len(r.image_positions)) and got.dtype == np.float32
+
+    leaf: list[torch.Tensor] = []
+
+    def as_leaf(module, args, out):  # the projector's output becomes the leaf the gradient is taken for
+        leaf.append(out.detach().clone().requires_grad_(True))
+        return leaf[-1]
+
+    inputs = theirs(proc, image)
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    handle = _projector(hf).register_forward_hook(as_leaf)
+    try:
+        logits = hf(input_ids=torch.tensor([r.ids]), **extra).logits[0]
+    finally:
+        handle.remove()
+    logp = torch.log_softmax(logits.double(), -1)
+    for k, q in enumerate(queries):
+        (g,) = torch.autograd.grad(logp[q, r.ids[q + 1]], leaf[0], retain_graph=True)
+        want = (g * leaf[0]).sum(-1).reshape(-1).detach().float().numpy()
+        assert np.abs(want).max() > 1e-3  # the image matters to this token
+        np.testing.assert_allclose(got[k], want, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    with pytest.raises(ValueError, match="no next token"):
+        ours.image_relevance(r, [len(r.ids) - 1])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_image_lens_is_transformers_hidden_states(hf_folders, name: str) -> None:
+    built = hf_folders.get(name)
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    image = images()[1]
+    r = ours.describe(image, PROMPT, max_new_tokens=3)
+    ids, probs = ours.image_lens(r)
+    layers = ours.lm.config.n_layers
+    assert ids.shape == probs.shape == (layers + 1, len(r.image_positions))
+    inputs = theirs(proc, image)
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([r.ids]), output_hidden_states=True, **extra)
+        lm = hf.model.language_model if hasattr(hf.model, "language_model") else hf.model.text_model
+        pos = torch.as_tensor(r.image_positions)
+        for layer in range(layers + 1):
+            if layer < layers:  # the residual stream entering block `layer`, through the final norm and head
+                p = torch.softmax(hf.lm_head(lm.norm(ref.hidden_states[layer][0, pos])), -1)
+            else:  # after the last block: the model's own logits
+                p = torch.softmax(ref.logits[0, pos], -1)
+            top = p.max(-1)
+            np.testing.assert_array_equal(ids[layer], top.indices.numpy())
+            np.testing.assert_allclose(probs[layer], top.values.numpy(), atol=1e-4)
+    assert len(np.unique(ids)) > 1
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_chat_prompt_is_the_processors(hf_folders, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = hf_folders.get(name)
+    ours, proc = built.model, built.ref.multimodal
+    question = "What colour is the disc?"
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    want = proc.apply_chat_template(messages, add_generation_prompt=True)
+    assert ours.chat_prompt(question) == want and want.count("<image>") == 1
+    r = ours.describe(images()[0], want, max_new_tokens=2)  # the tab's prompt runs as the processor's
+    assert r.ids[: r.prompt_len] == theirs(proc, images()[0], want)["input_ids"][0].tolist()
+    monkeypatch.setattr(ours.config, "chat_template", "")
+    plain = ours.chat_prompt(question)
+    assert plain.count("<image>") == 1 and question in plain and plain != want
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
+    built = hf_folders.get(name)
+    ours = built.model
+    r = ours.describe(images()[1], PROMPT, max_new_tokens=5)
+    t = len(r.ids)
+    assert r.attention.dtype == np.float32 and len(r.tokens) == t and len(r.steps) == t - r.prompt_len
+    np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(r.attention, 1) == 0)  # causal
+    assert all(r.tokens[p].startswith("<image") for p in r.image_positions)
+    h, w = r.image.shape[:2]
+    b = r.image_boxes
+    assert r.image.dtype == np.uint8 and np.all((b[:, 0] >= 0) & (b[:, 1] >= 0) & (b[:, 2] <= w) & (b[:, 3] <= h))
+    assert np.all((b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]))
+    assert r.image_attention(t - 1).shape == (len(r.image_positions),)
+    bare = ours.describe(images()[0], "no placeholder here", max_new_tokens=1)  # the image put first, said so
+    assert "no <image>" in bare.notice
+    assert bare.ids[: bare.prompt_len] == theirs(built.ref.multimodal, images()[0],
+                                                 "<image>no placeholder here")["input_ids"][0].tolist()
+    with pytest.raises(ValueError, match="exactly once"):
+        ours.describe(images()[0], "<image><image>", max_new_tokens=1)
+
+
+def test_bf16_tiles_keep_the_global_view_exact(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idefics3's opt-in bfloat16 tiles (the speed arm of bench/vlm_speed.py): the tiles besides the global view move a
+    little, the global view's features and its tower attention (what is shown) stay exactly the float32 ones."""
+    ours = hf_folders.get("idefics3").model
+    pixels = ours.layout(images()[0]).pixels
+    with torch.no_grad():
+        exact, exact_w = ours.features(pixels, need_weights=True)
+        monkeypatch.setattr(ours, "bf16_tiles", True)
+        fast, fast_w = ours.features(pixels, need_weights=True)
+    n = ours.config.image_seq_len
+    torch.testing.assert_close(fast[-n:], exact[-n:], rtol=0, atol=0)
+    torch.testing.assert_close(fast_w, exact_w, rtol=0, atol=0)
+    moved = float((fast[:-n] - exact[:-n]).norm() / exact[:-n].norm())
+    assert 0 < moved < 0.05
+
+
+def test_global_view_alone_is_the_processors_without_splitting(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``image_splitting = False`` on a tiling folder gives what transformers' processor gives with
+    do_image_splitting=False: one tile, the same ids, pixels and greedy answer."""
+    built = hf_folders.get("idefics3")
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    monkeypatch.setattr(ours, "image_splitting", False)
+    image = images()[0]
+    inputs = proc(images=image, text=PROMPT, return_tensors="pt", do_image_splitting=False)
+    r = ours.describe(image, PROMPT, max_new_tokens=4)
+    assert r.image.shape[:2] == (32, 32) and set(r.image_cells[:, 0]) == {0}
+    np.testing.assert_allclose(ours.layout(image).pixels.numpy(), tile_pixels(inputs).numpy(), atol=1e-5)
+    with torch.no_grad():
+        want = hf.generate(**inputs, max_new_tokens=4, do_sample=False)[0].tolist()
+    assert r.ids == want and r.prompt_len == inputs["input_ids"].size(1)
+
+
+# ------------------------------------------------------------------------------------------------ the overlay
+def _square(h: int, w: int, box: tuple[int, int, int, int]):
+    from PIL import Image
+
+    a = np.zeros((h, w, 3), np.uint8)
+    x0, y0, x1, y1 = box
+    a[y0:y1, x0:x1] = 255
+    return Image.fromarray(a)
+
+
+def _brightest(pixels: torch.Tensor, tile: int, cell: int) -> tuple[int, int]:
+    """(row, col) of the brightest cell × cell block of tile ``tile`` of the processor's pixel values."""
+    x = pixels[tile].mean(0)  # (S, S)
+    s = x.size(0) // cell
+    blocks = x.reshape(s, cell, s, cell).mean((1, 3))
+    return divmod(int(blocks.argmax()), s)
+
+
+def _hot(r, token: int) -> np.ndarray:
+    """The pixels a one-hot on ``token`` lights, drawn over the tokens of its own tile (in a tiled layout the global
+    view's boxes overlap the tiles': ``DescribeResult.to_pixels`` over every token lets the later ones win)."""
+    same = r.image_cells[:, 0] == r.image_cells[token, 0]
+    onehot = np.zeros(len(r.image_positions), np.float32)
+    onehot[token] = 1.0
+    if same.all():
+        return r.to_pixels(onehot) > 0
+    from models.outputs import pixel_map
+
+    return pixel_map(onehot[same], r.image_boxes[same], r.image.shape[:2]) > 0
+
+
+def test_overlay_llava_crop(hf_folders) -> None:
+    """A 46 × 30 picture: CLIP's preprocessing keeps its height and crops 8 columns off the left (centre crop to 30);
+    a white square over the seen image's patch (row 2, column 3) sits at x = 8 + 18 in the upload."""
+    built = hf_folders.get("llava")
+    ours, proc = built.model, built.ref.multimodal
+    patch = ours.config.tower.patch
+    upload = _square(30, 46, (8 + 3 * patch, 2 * patch, 8 + 4 * patch, 3 * patch))
+    pixels = tile_pixels(theirs(proc, upload))
+    row, col = _brightest(pixels, 0, patch)  # from transformers' own tower input
+    assert (row, col) == (2, 3)
+    r = ours.describe(upload, PROMPT, max_new_tokens=1)
+    token = int(np.flatnonzero((r.image_cells[:, 1] == row) & (r.image_cells[:, 2] == col))[0])
+    hot = _hot(r, token)
+    white = r.image.min(-1) == 255
+    assert white.sum() == patch * patch and np.array_equal(hot, white)
+    np.testing.assert_array_equal(r.image, np.asarray(upload)[:, 8:38])  # the crop the model saw
+
+
+@pytest.mark.parametrize("tile", [0, 1, 2, 3])
+def test_overlay_idefics3_tiles(hf_folders, tile: int) -> None:
+    """A 64 × 64 picture is laid out as 2 × 2 tiles of 32 pixels (each token 8 × 8 pixels after the shuffle) and the
+    global view; a white square over token (2, 1) of tile ``tile`` lights exactly that square, and the global view's
+    brightest token's cell covers it."""
+    built = hf_folders.get("idefics3")
+    ours, proc = built.model, built.ref.multimodal
+    size = ours.config.processor["tile"]
+    cell = size // ours.token_grid
+    r0, c0 = divmod(tile, 2)
+    box = (c0 * size + 1 * cell, r0 * size + 2 * cell, c0 * size + 2 * cell, r0 * size + 3 * cell)
+    upload = _square(64, 64, box)
+    pixels = tile_pixels(theirs(proc, upload))
+    assert pixels.size(0) == 5
+    row, col = _brightest(pixels, tile, cell)
+    assert (row, col) == (2, 1)
+    r = ours.describe(upload, PROMPT, max_new_tokens=1)
+    cells = r.image_cells
+    token = int(np.flatnonzero((cells[:, 0] == tile) & (cells[:, 1] == row) & (cells[:, 2] == col))[0])
+    white = r.image.min(-1) == 255
+    assert white.sum() == cell * cell and np.array_equal(_hot(r, token), white)
+    g_row, g_col = _brightest(pixels, 4, cell)  # the global view (the last tile): a coarser cell over the square
+    g = int(np.flatnonzero((cells[:, 0] == 4) & (cells[:, 1] == g_row) & (cells[:, 2] == g_col))[0])
+    hot = _hot(r, g)
+    assert hot[white].all() and hot.sum() == (2 * cell) ** 2
+
+
+# ------------------------------------------------------------------------------------------------ fail closed
+def _planted(hf_folders, name: str, tmp_path: Path, config: dict | None = None, processor: dict | None = None,
+             vision: dict | None = None, text: dict | None = None) -> Path:
+    source = hf_folders.get(name).path
+    folder = tmp_path / f"{name}-planted"
+    shutil.copytree(source, folder)
+    c = json.loads((folder / "config.json").read_text())
+    c.update(config or {})
+    c["vision_config"].update(vision or {})
+    c["text_config"].update(text or {})
+    (folder / "config.json").write_text(json.dumps(c))
+    if processor:
+        p = json.loads((folder / "processor_config.json").read_text())
+        for key, value in processor.items():
+            if isinstance(value, dict):
+                p[key].update(value)
+            else:
+                p[key] = value
+        (folder / "processor_config.json").write_text(json.dumps(p))
+    return folder
+
+
+@pytest.mark.parametrize("name, planted, words", [
+    ("llava", dict(config={"vision_feature_select_strategy": "unknown"}),
+     "vision_feature_select_strategy 'unknown' is not supported"),
+    ("llava", dict(config={"projector_hidden_act": "cubic"}), "projector activation 'cubic' is not supported"),
+    ("llava", dict(config={"vision_feature_layer": 9}), "vision_feature_layer 9 is not a hidden state"),
+    ("llava", dict(vision={"model_type": "eva_vision"}), "vision tower 'eva_vision' is not supported"),
+    ("llava", dict(vision={"hidden_act": "cubic"}), "vision tower activation 'cubic' is not supported"),
+    ("llava", dict(text={"model_type": "gemma"}), "language model 'gemma' is not supported"),
+    ("llava", dict(processor={"num_additional_image_tokens": 0}),
+     "the processor lays out 24 image tokens, the model makes 25"),
+    ("llava", dict(processor={"image_processor": {"do_pad": True}}), "pad-to-square"),
+    ("llava", dict(processor={"image_processor": {"crop_size": {"height": 24, "width": 24}}}),
+     "the image processor gives \\[24, 24\\]"),
+    ("idefics3", dict(config={"scale_factor": 3}), "a pixel shuffle of 3 does not divide"),
+    ("idefics3", dict(processor={"image_processor": {"max_image_size": {"longest_edge": 48}}}),
+     "tiles of 48 pixels for a tower of 32"),
+    ("idefics3", dict(processor={"image_seq_len": 10}), "lays out 10 image tokens per tile, the model makes 16"),
+    ("idefics3", dict(processor={"image_processor": {"resample": 5}}), "image resampling 5 is not supported"),
+])
+def test_unknown_settings_are_refused_in_words(hf_folders, tmp_path: Path, name: str, planted: dict,
+                                                words: str) -> None:
+    import models
+
+    folder = _planted(hf_folders, name, tmp_path, **planted)
+    with pytest.raises(CheckpointError, match=words):
+        models.load(str(folder))
+
+
+def test_registered_for_the_describe_tab() -> None:
+    from models import registry
+    from serving import catalogue
+
+    names = [f.name for f in registry.by_tab("describe")]
+    assert {"llava", "idefics3"} <= set(names)
+    assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
+    assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
+    assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
+    from models.io.hub import parse_entry
+
+    assert parse_entry("describe:HuggingFaceTB/SmolVLM-500M-Instruct") == (
+        "describe", "HuggingFaceTB/SmolVLM-500M-Instruct", None)  # a configured Hub VLM goes to the Image + text tab
+
+
+def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None:
+    """bench/vlm_speed.py --small: the same layout as SmolVLM-256M's (longest side 4 tiles, a pixel shuffle of 4)
+    at tiny widths; a 640 × 480 picture becomes 256 × 192, 4 × 3 tiles of 64 plus the global view, 4 tokens each."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_vlm_speed", root / "bench" / "vlm_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--small", "--repeats", "1", "--new-tokens", "3"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["seen"] == [256, 192] and last["tiles"] == 13 and last["image_tokens"] == 13 * 4
+    assert 1 <= last["new_tokens"] <= 3 and last["seconds"] == last["seconds_float32"] >= 0
+    assert last["seconds_bf16-tiles"] >= 0 and 0 < last["bf16_feature_rel_err"] < 0.05  # bfloat16 moves them a little
+    assert last["tiles_image_tokens_sequence"]["global-view"][:2] == [1, 4]  # no tiles: the global view alone

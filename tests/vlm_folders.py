@@ -1,0 +1,130 @@
+"""Random-weight vision-language folders written by transformers itself (test-only): LLaVA and Idefics3 / SmolVLM.
+
+Each writer saves a folder as a user would bring one: config.json and model.safetensors from the model class, the
+processor (image processor, tokenizer with the image placeholder and, for Idefics3, the tile-position tokens, the
+chat template) from the processor class; it returns transformers' model (eval, eager attention) and processor. The
+sizes are tiny and deliberately unusual: grouped-query attention, RoPE bases other than 10 000, CLIP's class token
+dropped or kept, a list of feature layers concatenated, a SigLIP tower, tiles of 32 pixels in 4-pixel patches with a
+pixel shuffle of 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+VOCAB = 352  # the borrowed byte-level tokenizer's 300 pieces, the added specials, room to spare
+IMAGE = "<image>"
+IDEFICS_TOKENS = ["<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
+                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+# a chat template in the manner of LLaVA-1.5's and SmolVLM's (content parts: image and text)
+CHAT_TEMPLATE = ("{{ bos_token if bos_token else '' }}{% for message in messages %}{{ message['role'] | capitalize }}:"
+                 "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
+                 "{% else %} {{ part['text'] }}{% endif %}{% endfor %}\n{% endfor %}"
+                 "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
+def _tokenizer(folder: Path, extra: list[str]) -> Any:
+    """The byte-level tokenizer of tests/tiny.py with ``<image>`` (and ``extra``) added as special tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.tiny_families import borrowed_tokenizer
+
+    borrowed_tokenizer(folder)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token="<|endoftext|>",
+                                  eos_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": [IMAGE, *extra]})
+    tok.image_token = IMAGE
+    return tok
+
+
+def _text_config(kind: str, **overrides: Any) -> Any:
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=3, max_position_embeddings=512, bos_token_id=0, eos_token_id=0,
+                  pad_token_id=0, initializer_range=0.1)
+    names = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
+    extra = {"llama": dict(rope_theta=700.0), "qwen2": dict(rope_theta=500.0),
+             "mistral": dict(rope_theta=900.0, sliding_window=None)}[kind]
+    return getattr(transformers, names[kind])(**{**common, **extra, **overrides})
+
+
+def _perturb(model: Any) -> None:
+    """Norm weights start at 1 and biases at 0: perturb every vector, so a norm or bias read wrongly shows."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
+def llava_folder(folder: Path, text: str = "llama", tower: str = "clip", select: str = "default",
+                 layer: int | list[int] = -2, seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
+    """A random ``LlavaForConditionalGeneration`` with a CLIP (class token) or SigLIP tower of 30-pixel images in
+    6-pixel patches (5 × 5), a GELU projector and a small ``text`` LM; the processor crops to 30 × 30 after resizing
+    the shorter side (CLIP's preprocessing). Returns (model, processor)."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, [])
+    vision = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4, image_size=30,
+                  patch_size=6, initializer_range=0.1)
+    if tower == "clip":
+        vc = transformers.CLIPVisionConfig(**vision, projection_dim=16)
+        additional = 1
+    else:
+        vc = transformers.SiglipVisionConfig(**vision)
+        additional = 0
+    cfg = transformers.LlavaConfig(vision_config=vc, text_config=_text_config(text),
+                                   image_token_index=tok.convert_tokens_to_ids(IMAGE), image_seq_length=25,
+                                   vision_feature_select_strategy=select, vision_feature_layer=layer,
+                                   projector_hidden_act="gelu", **overrides)
+    cfg._attn_implementation = "eager"
+    for sub in (cfg.vision_config, cfg.text_config):
+        sub._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    _perturb(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    images = transformers.CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30},
+                                             do_center_crop=True, resample=3,
+                                             image_mean=[0.48, 0.46, 0.41], image_std=[0.27, 0.26, 0.28])
+    processor = transformers.LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=6,
+                                            vision_feature_select_strategy=select,
+                                            num_additional_image_tokens=additional, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def idefics3_folder(folder: Path, seed: int = 0, longest: int = 64, split: bool = True,
+                    **overrides: Any) -> tuple[Any, Any]:
+    """A random ``Idefics3ForConditionalGeneration`` (SmolVLM's layout): a SigLIP-like tower over 32-pixel tiles in
+    4-pixel patches (8 × 8), a pixel shuffle of 2 (16 image tokens per tile), a LLaMA LM; the image processor resizes
+    the longest side to ``longest``, then to whole tiles, and splits it into tiles plus a global view (LANCZOS, as
+    SmolVLM's). Returns (model, processor)."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, IDEFICS_TOKENS)
+    vc = transformers.Idefics3VisionConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=32, patch_size=4, initializer_range=0.1)
+    cfg = transformers.Idefics3Config(vision_config=vc, text_config=_text_config("llama"), scale_factor=2,
+                                      image_token_id=tok.convert_tokens_to_ids(IMAGE), **overrides)
+    cfg._attn_implementation = "eager"
+    for sub in (cfg.vision_config, cfg.text_config):
+        sub._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(cfg).eval()
+    _perturb(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    images = transformers.Idefics3ImageProcessor(size={"longest_edge": longest}, max_image_size={"longest_edge": 32},
+                                                 do_image_splitting=split, resample=1,
+                                                 image_mean=[0.5, 0.45, 0.4], image_std=[0.5, 0.55, 0.6])
+    processor = transformers.Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=16,
+                                               chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    return model, processor
