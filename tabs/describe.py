@@ -191,9 +191,11 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     t_layer = index(tower_layer, max(1, t_layers), "tower layer")
     rows, cols = _tower_grid(r)
     tower_fig, heads_fig = draw_tower(r, t_layer, (rows // 2, cols // 2))
-    npz = save_npz("describe", ids=np.asarray(r.ids), tokens=np.asarray(r.tokens), attention=r.attention,
+    # a long sequence (a tiled image: SmolVLM's 832 image tokens) keeps its arrays in float16, as Generate does
+    half = (lambda a: a.astype(np.float16)) if len(r.ids) > limits.LONG_TOKENS else (lambda a: a)  # noqa: E731
+    npz = save_npz("describe", ids=np.asarray(r.ids), tokens=np.asarray(r.tokens), attention=half(r.attention),
                    image_positions=r.image_positions, image_cells=r.image_cells, image_boxes=r.image_boxes,
-                   image=r.image, vision_attention=r.vision_attention,
+                   image=r.image, vision_attention=half(r.vision_attention),
                    relevance=np.stack([state["relevance"][q] for q in sorted(state["relevance"])]),
                    relevance_queries=np.asarray(sorted(state["relevance"])))
     lo_u = gr.update(maximum=layers - 1, value=lo)
@@ -247,7 +249,7 @@ def draw_token(state: dict, k: int, query: str, lo: int, hi: int, head: str):
     layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
     who = "the position choosing" if q == position - 1 else "the word"
     names = [r.tokens[int(p)] for p in r.image_positions]
-    group = vd.token_groups(r.image_cells, r.image_boxes)[0]
+    group = _groups(r)[0]
     shown = {"names": [names[i] for i in group]}
     mark = lambda i, colour, name: (r.image_boxes[i], colour, name)  # noqa: E731
     looked = vd.image_overlay(r.image, att[group], r.image_boxes[group], **shown,
@@ -272,12 +274,23 @@ def _esc(text: str) -> str:
     return str(text).replace("<", "‹").replace(">", "›")
 
 
+def _groups(r) -> list[np.ndarray]:
+    """The image tokens that are places (not a tower's class token), split into groups whose boxes do not overlap:
+    the tiles, then a global view over the same pixels (viz.describe.token_groups), as indices among the image
+    tokens."""
+    places = np.flatnonzero(r.image_cells[:, 1] >= 0)
+    return [places[g] for g in vd.token_groups(r.image_cells[places], r.image_boxes[places])]
+
+
 def _group_note(r) -> str:
-    groups = vd.token_groups(r.image_cells, r.image_boxes)
-    if len(groups) == 1:
-        return ""
-    return (f" The image was read as {len(groups)} layers of tokens over the same pixels (the tiles, then a "
-            "downscaled global view): the maps show the tiles; the .npz holds every token.")
+    groups, extra = _groups(r), int((r.image_cells[:, 1] < 0).sum())
+    note = ""
+    if len(groups) > 1:
+        note += (f" The image was read as {len(groups)} layers of tokens over the same pixels (the tiles, then a "
+                 "downscaled global view): the maps show the tiles; the .npz holds every token.")
+    if extra:
+        note += " The tower's class token stands for no place: it is not drawn."
+    return note
 
 
 def answer_text(r, k: int) -> str:
@@ -307,7 +320,7 @@ def sinks_of(state: dict):
 def draw_sinks(r, found, lo: int, hi: int):
     lo, hi = sorted((int(lo), int(hi)))
     share = found.received[lo:hi + 1].mean(axis=0)
-    group = vd.token_groups(r.image_cells, r.image_boxes)[0]
+    group = _groups(r)[0]
     layers = f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
     return vd.image_overlay(r.image, share[group], r.image_boxes[group],
                             names=[r.tokens[int(r.image_positions[i])] for i in group],
@@ -328,7 +341,7 @@ def draw_lens(state: dict, layer: int):
         state["lens"] = get_model(state["model"]).image_lens(r)
     ids, probs = state["lens"]
     layer = int(np.clip(layer, 0, len(ids) - 1))
-    tile = r.image_cells[:, 0] == r.image_cells[0, 0]
+    tile = (r.image_cells[:, 0] == r.image_cells[0, 0]) & (r.image_cells[:, 1] >= 0)
     rows, cols = r.image_cells[tile, 1].max() + 1, r.image_cells[tile, 2].max() + 1
     words = np.full((rows, cols), "", dtype=object)
     p = np.zeros((rows, cols), np.float32)
@@ -347,31 +360,29 @@ def redraw_lens(state: dict | None, layer: int):
 
 
 def _tower_grid(r) -> tuple[int, int]:
-    """Patches per side of one tile in the tower (its attention is over one tile's patches)."""
-    if not len(r.vision_attention):
-        return r.grid
-    side = int(round(np.sqrt(r.vision_attention.shape[-1])))
-    return (side, side) if side * side == r.vision_attention.shape[-1] else r.grid
+    """The tower's patch rows and columns over the tile it saw (its attention is over one tile's patches)."""
+    return tuple(r.vision_grid) if r.vision_grid[0] else r.grid
 
 
 def _seen(r) -> np.ndarray:
-    """The pixels of the first tile (the tower's attention is over one tile): the whole image for one tile."""
-    tile = r.image_cells[:, 0] == r.image_cells[0, 0]
-    b = r.image_boxes[tile]
+    """The pixels of the tile the tower's attention is about (the whole image for one tile or a global view)."""
+    tile = (r.image_cells[:, 0] == r.vision_tile) & (r.image_cells[:, 1] >= 0)
+    b = r.image_boxes[tile] if tile.any() else r.image_boxes
     return r.image[b[:, 1].min():b[:, 3].max(), b[:, 0].min():b[:, 2].max()]
 
 
 def draw_tower(r, layer: int, patch: tuple[int, int]):
-    """The tower's attention from one patch (mean of heads) and every head's, over the first tile's pixels."""
+    """The tower's attention from one patch (mean of heads) and every head's, over its tile's pixels (a class token
+    before the patches is left out of the map)."""
     if not len(r.vision_attention):
         return None, None
-    grid = _tower_grid(r)
-    w = r.vision_attention[int(np.clip(layer, 0, len(r.vision_attention) - 1))]  # (H, M, M)
-    row = patch[0] * grid[1] + patch[1]
+    grid, k = _tower_grid(r), r.vision_prefix
+    w = r.vision_attention[int(np.clip(layer, 0, len(r.vision_attention) - 1))]  # (H, k + M, k + M)
+    row = k + patch[0] * grid[1] + patch[1]
     image = _seen(r)
-    one = vi.query_patch_attention(image, w.mean(axis=0)[row], grid, patch,
+    one = vi.query_patch_attention(image, w.mean(axis=0)[row, k:], grid, patch,
                                    title=f"Tower layer {layer}: patch r{patch[0]}c{patch[1]} → patches · mean of heads")
-    every = vi.image_attention_grid(image, w[:, row], grid, titles=[f"head {h}" for h in range(w.shape[0])],
+    every = vi.image_attention_grid(image, w[:, row, k:], grid, titles=[f"head {h}" for h in range(w.shape[0])],
                                     title=f"Tower layer {layer}: patch r{patch[0]}c{patch[1]}, every head")
     return one, every
 

@@ -228,3 +228,33 @@ def test_the_bench_reports_latency_and_figure_size(capsys) -> None:
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["runs"] == 30 and line["answer_draw_p50_s"] > 0 and line["redraw_p50_s"] > 0
     assert 0 < line["largest_figure_kb"] < 2048
+
+
+@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3"])
+def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, monkeypatch) -> None:
+    """The handler over a configured LLaVA (a crop; with CLIP's class token under "full") and a tiled Idefics3
+    folder: the attention overlay holds the model's own row for the drawn tokens (the tiles, not the global view
+    over them, nor a class token), each at its box's pixels, and the tower's figure is its tile's."""
+    import models
+    from serving import catalogue, store
+    from tabs import describe as tab
+
+    folder = hf_folders.get(name).path
+    monkeypatch.setitem(catalogue.CONFIGURED, name, catalogue.Configured(folder, "describe"))
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    out = tab.describe(tab.EXAMPLE_SCENES[1], name, "what is this?", 3, 1, "while choosing it", -1, -1, "mean")
+    r = out[13]["result"]
+    drawn = tab._groups(r)[0]
+    tiles = r.image_cells[drawn, 0]
+    assert (r.image_cells[drawn, 1] >= 0).all() and len(set(tiles)) == tiles.max() + 1  # every tile, no global view
+    q = r.prompt_len - 1
+    want = r.attention[-1, :, q][:, r.image_positions].mean(0)[drawn]
+    z, x0, dx = _drawn_cells(out[3])
+    left = x0 - (dx - 1) / 2
+    for k, value in zip(drawn, want):  # each drawn token's value sits at its box's centre cell
+        bx0, by0, bx1, by1 = r.image_boxes[k]
+        cy, cx = int(((by0 + by1) / 2 - left) // dx), int(((bx0 + bx1) / 2 - left) // dx)
+        assert z[cy, cx] == pytest.approx(value, rel=1e-4)
+    assert isinstance(models.load(folder), type(tab.get_model(name)))
+    tower = out[10].to_dict()["layout"]["title"]["text"]
+    assert tower.startswith("Tower layer") and out[11] is not None
