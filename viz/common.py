@@ -270,11 +270,19 @@ def shorten(text: str, max_len: int = 12) -> str:
     return text[: max_len - 1] + "…"
 
 
+def raw_note(token: str) -> str:
+    """" (piece Ġold)" for a label that carries the tokenizer's own piece (``raw``: a byte-level BPE piece, whose label
+    is decoded, models.inputs.tokenizer.readable_piece), else "": what hover text adds after the label. Escaped."""
+    raw = getattr(token, "raw", None)
+    return f" (piece {esc(raw)})" if raw is not None and raw != str(token) else ""
+
+
 def unique_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """Full, escaped, position-tagged labels ("3 · the"): unique, so that repeated tokens stay separate
-    categories on a categorical axis, and informative in hover text. ``start``: the position of the first token
-    (a zoomed block keeps the positions of the whole input)."""
-    return [f"{i} · {esc(t)}" for i, t in enumerate(tokens, start)]
+    categories on a categorical axis, and informative in hover text, where a decoded byte-level label also shows its
+    piece ("3 · ▁old (piece Ġold)"). ``start``: the position of the first token (a zoomed block keeps the positions of
+    the whole input)."""
+    return [f"{i} · {esc(t)}{raw_note(t)}" for i, t in enumerate(tokens, start)]
 
 
 def tick_labels(tokens: Sequence[str], max_len: int = 12, max_ticks: int = 64) -> tuple[list[int], list[str]]:
