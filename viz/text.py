@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.attention import heatmap_fig
-from viz.common import HEAD_COLORS, SPECIAL_TOKENS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, shorten
+from viz.common import HEAD_COLORS, SPECIAL_TOKENS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, raw_note, shorten
 
 # ----------------------------------------------------------------------------------------------------
 # Token highlight (HTML)
@@ -46,8 +46,8 @@ def token_highlight(
     # SentencePiece marks the start of a word with ▁ (pieces without it continue the word); WordPiece marks
     # continuations with ## instead. Join the pieces the way the tokenizer split them.
     sentencepiece = any(str(t).startswith("▁") for t in tokens)
-    for tok, val in zip(tokens, w):
-        tok = str(tok)
+    for label, val in zip(tokens, w):
+        tok = str(label)
         if tok in SPECIAL_TOKENS and not show_specials:
             continue
         shown, space = tok, " "
@@ -65,7 +65,7 @@ def token_highlight(
         style = f"background:rgb({r},{g},{b});color:{fg};padding:1px 3px;border-radius:3px;margin:1px 0"
         if tok in SPECIAL_TOKENS:
             style += ";font-family:monospace;font-size:0.85em;outline:1px dashed #999"
-        tip = html.escape(f"{tok}: {val:.4f}", quote=True)
+        tip = html.escape(f"{tok}{html.unescape(raw_note(label))}: {val:.4f}", quote=True)
         spans.append(f'{space}<span title="{tip}" style="{style}">{html.escape(shown, quote=False)}</span>')
     legend = (
         '<div style="margin-top:8px;font-size:0.8em;color:#555">'
