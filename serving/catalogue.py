@@ -40,6 +40,7 @@ class Configured:
     repo: str | None = None
     revision: str | None = None
     gguf: str | None = None  # a GGUF file's path or an Ollama entry (ollama:NAME[:TAG]), read by models/io/gguf.py
+    refused: str = ""  # why check_configured refused the folder at start-up (its weights or tokenizer), else ""
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
@@ -114,6 +115,30 @@ def configure(entries: list[str]) -> None:
             _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
         else:
             CONFIGURED[name] = found
+
+
+def check_configured() -> list[str]:
+    """Check each configured local folder as its load would, without reading a weight (models.io.hf.check_folder:
+    the family's reader on the safetensors headers), after start-up (tabs/startup.py's background thread: it needs
+    torch). A folder that would fail is refused like the entries configure refuses: its problem, in the folder's own
+    names ("model.safetensors: no tensor bert.encoder.layer.1.attention.self.query.weight"), is logged and shown in
+    its tab's notice, and the store answers it at once. Returns the names refused."""
+    from dataclasses import replace
+
+    from models.io.hf import check_folder, is_hf_folder
+    from models.paths import CheckpointError
+
+    refused = []
+    for name, entry in list(CONFIGURED.items()):
+        if entry.folder is None or entry.gguf or entry.refused or not is_hf_folder(entry.folder):
+            continue
+        try:
+            check_folder(entry.folder)
+        except CheckpointError as err:
+            CONFIGURED[name] = replace(entry, refused=str(err))
+            _problem(entry.kind, f"`{name}` ({entry.folder}): {err}")
+            refused.append(name)
+    return refused
 
 
 def _gguf_entry(entry: str) -> tuple[str, Configured | None]:

@@ -92,3 +92,65 @@ def test_the_store_refuses_a_bad_folder_and_serves_the_rest(good, tmp_path: Path
     with pytest.raises(ModelUnavailable, match=r"`broken`.*no model\.safetensors.*other models keep working"):
         store.get("broken")
     assert store.get("marian").config.family == "marian"  # the other configured model still loads
+
+
+# ------------------------------------------------------------------ issue 61, item 8: the folder's own names
+def test_every_good_folder_passes_the_start_up_check(hf_folders) -> None:
+    """check_folder runs each family's reader on the safetensors headers (meta tensors, no weight read): every
+    registered folder of tests/parity_folders.py passes, so the start-up check refuses nothing that loads."""
+    from models.io.hf import check_folder
+    from tests.parity_folders import CASES
+
+    unchecked = [case.name for case in CASES if not check_folder(hf_folders.get(case.name).path)]
+    assert unchecked == ["t5"]  # its reader reads a value (the tied head's scale): only the load can tell
+
+
+def _broken_bert(hf_folders, tmp_path: Path) -> Path:
+    folder = _copy(hf_folders.get("bert").path, tmp_path / "broken-bert")
+    _edit_weights(folder, lambda s: s.pop("bert.encoder.layer.1.attention.self.query.weight"))
+    return folder
+
+
+def test_a_missing_bert_tensor_is_named_as_the_folder_names_it(hf_folders, tmp_path: Path) -> None:
+    """A BERT folder without one tensor: the message names model.safetensors and the folder's own key, never the
+    app's internal tensor (it said "config.json: ... missing ['bert.layers.1.self_attn.q_proj.weight']"); so does the
+    start-up check, and a wrong shape is named the same way."""
+    from models.io.hf import check_folder
+
+    folder = _broken_bert(hf_folders, tmp_path)
+    for attempt in (lambda: models.load(str(folder)), lambda: check_folder(folder)):
+        with pytest.raises(CheckpointError) as err:
+            attempt()
+        said = str(err.value)
+        assert said.startswith("model.safetensors") and "bert.encoder.layer.1.attention.self.query.weight" in said
+        assert "self_attn" not in said and "q_proj" not in said
+    shaped = _copy(hf_folders.get("bert").path, tmp_path / "shaped")
+    _edit_weights(shaped, lambda s: s.__setitem__("bert.encoder.layer.0.intermediate.dense.weight",
+                                                  s["bert.encoder.layer.0.intermediate.dense.weight"][:-1].clone()))
+    for attempt in (lambda: models.load(str(shaped)), lambda: check_folder(shaped)):
+        with pytest.raises(CheckpointError, match=r"bert\.encoder\.layer\.0\.intermediate\.dense\.weight has shape"):
+            attempt()
+
+
+def test_a_broken_folder_is_refused_at_start_up(hf_folders, tmp_path: Path, monkeypatch) -> None:
+    """After start-up's check (tabs/startup.warm_stack) a broken configured folder is refused like the entries that
+    configure refuses: the Classify tab's notice names the missing tensor in the folder's own names (read on page
+    load), the store answers at once without loading it, and the good folder beside it loads."""
+    from serving import catalogue
+    from serving.errors import ModelUnavailable
+    from serving.store import ModelStore
+    from tabs import startup
+
+    broken = _broken_bert(hf_folders, tmp_path)
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    catalogue.configure([str(broken), str(hf_folders.get("bert").path)])
+    assert catalogue.configuration_notice("classify") == ""
+    assert startup.warm_stack() == []  # imports the stack, then checks the configured folders
+    notice = catalogue.configuration_notice("classify")
+    assert "`broken-bert`" in notice and "bert.encoder.layer.1.attention.self.query.weight" in notice
+    store = ModelStore()
+    monkeypatch.setattr(store, "_models", {})
+    with pytest.raises(ModelUnavailable, match=r"`broken-bert`.*bert\.encoder\.layer\.1\.attention\.self\.query"):
+        store.get("broken-bert")
+    assert store.get("bert").config.pooling == "pooler"
