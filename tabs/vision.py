@@ -175,13 +175,31 @@ def preview(image: str | None, model: str):
     try:
         # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
         img, _ = open_image(image, at_least=FASHION_DECODE)
-        seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
-        img = to_rgb(img)  # transparency on white, as the model reads it (a plain convert showed it black)
+        seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else model_input(img, model)
+        img = to_rgb(img)  # transparency on white, as a viewer shows it
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
         shown = enlarge(np.asarray(img), PREVIEW_SIDE)  # a 28- or 5-pixel upload, enlarged to be seen
     except ValueError:
         return None, None
-    return shown, shown if seen is None else seen
+    return shown, seen
+
+
+def model_input(img, model: str) -> np.ndarray | None:
+    """Exactly what an RGB model will see of an image: its own preprocessing's picture (models.inputs.images.prepare
+    with the model's settings: a Hugging Face folder's resize, which squashes a 4:3 photo to a square, and crop;
+    torchvision's resize and centre crop for the ImageNet models); None while the model cannot be had (classifying
+    says why). The model is loaded on its first preview, as classifying would."""
+    from models.inputs.images import prepare
+
+    try:
+        net = get_model(model)
+    except gr.Error:
+        return None
+    cfg = net.config
+    prepared = prepare(img, cfg.input, resize=getattr(cfg, "resize", 256), crop=cfg.image_size,
+                       interpolation=getattr(cfg, "interpolation", "bilinear"),
+                       processor=getattr(cfg, "processor", None))
+    return enlarge(prepared.shown, PREVIEW_SIDE)
 
 
 def example_path(name: str) -> str:
