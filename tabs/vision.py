@@ -122,6 +122,10 @@ def build() -> Permalink:
                  **FAST)
     for event in (image.change, model.change):
         event(preview, [image, model], [uploaded, will_see], api_name=False, show_progress="hidden", **FAST)
+    # another model chosen: the figures of the one before are taken down (a model that then fails to load leaves no
+    # other model's answer under its name)
+    model.input(model_changed, [model], [probs, overlay, heads, query, distance, seen, notice, state, download,
+                                         explained, curve], api_name=False, show_progress="hidden", **FAST)
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,
@@ -200,6 +204,12 @@ def model_input(img, model: str) -> np.ndarray | None:
                        interpolation=getattr(cfg, "interpolation", "bilinear"),
                        processor=getattr(cfg, "processor", None))
     return enlarge(prepared.shown, PREVIEW_SIDE)
+
+
+def model_changed(model: str) -> tuple:
+    """The outputs once another model is chosen: every figure and the kept result empty, a line saying so."""
+    return (None, None, None, None, None, None, f"*{model} chosen: press **Classify image** to see its answer.*",
+            None, None, None, None)
 
 
 def example_path(name: str) -> str:

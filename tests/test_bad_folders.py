@@ -154,3 +154,30 @@ def test_a_broken_folder_is_refused_at_start_up(hf_folders, tmp_path: Path, monk
     with pytest.raises(ModelUnavailable, match=r"`broken-bert`.*bert\.encoder\.layer\.1\.attention\.self\.query"):
         store.get("broken-bert")
     assert store.get("bert").config.pooling == "pooler"
+
+
+@pytest.mark.parametrize("tab_name, run_label", [("classify", "Classify"), ("vision", "Classify image")])
+def test_choosing_another_model_takes_the_old_figures_down(tab_name: str, run_label: str) -> None:
+    """Issue 61, item 8: the previous model's verdict and figures stayed on screen under a broken model that had been
+    chosen. Choosing a model (a person's input) empties every figure and the kept result of the tab and says which
+    model is chosen, so no answer stays under another model's name."""
+    import importlib
+
+    import gradio as gr
+
+    tab = importlib.import_module(f"tabs.{tab_name}")
+    with gr.Blocks() as demo:
+        tab.build()
+    model = next(b for b in demo.blocks.values() if isinstance(b, gr.Radio) and b.label == "model")
+    plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
+    states = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
+    clearing = [fn for fn in demo.fns.values() if (model._id, "input") in list(fn.targets)
+                and sum(o in plots for o in fn.outputs) >= 4]
+    assert len(clearing) == 1
+    fn = clearing[0]
+    values = fn.fn(*(["SST-2 sentiment"] if len(fn.inputs) == 2 else []), "broken-one")
+    shown = {o: v for o, v in zip(fn.outputs, values, strict=True)}
+    assert all(shown[o] is None for o in fn.outputs if o in plots or o in states)
+    assert any(isinstance(v, str) and "broken-one" in v and run_label in v for v in values)
+    kept = next(o for o in fn.outputs if o in states)
+    assert shown[kept] is None
