@@ -44,6 +44,26 @@ def qwen2_tokenizer(folder: Path, vocab: int = 290) -> Path:
     return folder / "tokenizer.json"
 
 
+def mistral_tokenizer(folder: Path, vocab: int = 300) -> Path:
+    """A Mistral-style tokenizer.json (SentencePiece BPE in ``tokenizers`` form: Metaspace "▁", byte fallback
+    <0x00>…<0xFF>, <unk> <s> </s>), trained on CORPUS."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    tk = Tokenizer(BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(content=" ", left=1)])
+    specials = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)]]
+    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials))
+    # trained word by word (no merge across "▁", as SentencePiece trains), read as transformers' LLaMA/Mistral
+    # conversion writes it: one Metaspace over the whole text
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    tk.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
 def gpt2_files(folder: Path) -> Path:
     """GPT-2's older files, vocab.json + merges.txt (no tokenizer.json), from a byte-level BPE trained on CORPUS."""
     from tokenizers import ByteLevelBPETokenizer
@@ -128,6 +148,8 @@ def root(tiny_checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
     decoder_folder(root / "my-qwen2", "qwen2")
     qwen2_tokenizer(root / "my-qwen2")  # replaces the borrowed tokenizer.json: ids stay under the model's 300
+    decoder_folder(root / "my-mistral", "mistral", vocab_size=400)  # 259 specials and bytes, then the words
+    mistral_tokenizer(root / "my-mistral", 400)
     return root
 
 
@@ -161,3 +183,24 @@ def test_generate_shows_decoded_tokens_with_the_piece_on_hover(tab) -> None:
         assert list(arrays["tokens"]) == ref.convert_ids_to_tokens(result.ids)
         assert list(arrays["tokens_readable"]) == [str(t) for t in result.tokens]
     assert spelled_out(result.tokens[: result.prompt_len]) == TEXT
+
+
+@pytest.mark.parametrize("name", ["my-qwen2", "my-mistral", "gpt-tiny"])
+def test_the_induction_example_fills_inputs_patch_takes(tab, name: str) -> None:
+    """Issue 61, item 8: "Induction example: first copy replaced" filled the boxes with texts that Patch then refused
+    for Qwen2 and Mistral folders (96 against 94 tokens). The example is made of whole words of the vocabulary,
+    repeated; both boxes' texts read back as exactly the ids patched, of equal length, so Patch on the boxes runs the
+    same input and draws the same figure."""
+    from models.inspect.patching import word_pool
+    from tabs.sections import patching
+    from tabs.sections.text import encode
+
+    note, fig, kept, clean, corrupted = patching.patch_repeated(name, "heads", 6, 0)
+    net = store.get_model(name)
+    assert "Repeated random words" in note and len(word_pool(net)) >= 4
+    a, b = encode(net, clean)[0], encode(net, corrupted)[0]
+    assert len(a) == len(b) and a == kept["ids"]
+    words = clean.split()
+    assert words[len(words) // 2 + 1:] == words[: len(words) // 2]  # the words, then the same words again
+    again_note, again, _ = patching.patch_texts(name, clean, corrupted, "", "heads")
+    np.testing.assert_allclose(np.asarray(again.data[0].z, dtype=float), np.asarray(fig.data[0].z, dtype=float))
