@@ -76,6 +76,7 @@ PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
 REAL_LM = "SmolLM2-135M-Instruct (real, 4-bit)"  # the real pretrained LM the lessons offer beside gpt-tiny
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+CHECK_PROBLEMS: list[str] = []  # the folders check_configured refused after start-up: the page's notice
 
 def configure(entries: list[str]) -> None:
     """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
@@ -121,8 +122,8 @@ def check_configured() -> list[str]:
     """Check each configured local folder as its load would, without reading a weight (models.io.hf.check_folder:
     the family's reader on the safetensors headers), after start-up (tabs/startup.py's background thread: it needs
     torch). A folder that would fail is refused like the entries configure refuses: its problem, in the folder's own
-    names ("model.safetensors: no tensor bert.encoder.layer.1.attention.self.query.weight"), is logged and shown in
-    its tab's notice, and the store answers it at once. Returns the names refused."""
+    names ("model.safetensors: no tensor bert.encoder.layer.1.attention.self.query.weight"), is logged, shown in the
+    page's notice at each page load (checked_notice), and the store answers it at once. Returns the names refused."""
     from dataclasses import replace
 
     from models.io.hf import check_folder, is_hf_folder
@@ -137,8 +138,15 @@ def check_configured() -> list[str]:
         except CheckpointError as err:
             CONFIGURED[name] = replace(entry, refused=str(err))
             _problem(entry.kind, f"`{name}` ({entry.folder}): {err}")
+            CHECK_PROBLEMS.append(f"`{name}` ({entry.folder}): {err}")
             refused.append(name)
     return refused
+
+
+def checked_notice() -> str:
+    """The folders check_configured refused, for the page's notice at each page load (tabs/permalink.py's restore):
+    the tabs' own notices were written before the check."""
+    return "\n\n".join(f"**Model not added:** {p} The other models keep working." for p in CHECK_PROBLEMS)
 
 
 def _gguf_entry(entry: str) -> tuple[str, Configured | None]:

@@ -65,11 +65,10 @@ def intro(text: str, *checkpoints: str, kind: str = "", notice: str = "") -> Non
     """The tab's intro paragraph, and a notice when one of its checkpoints is missing, (for a tab that offers
     configured models, ``kind``) a configured model could not be added, or the tab has more to say (``notice``)."""
     gr.Markdown(text, elem_classes=["intro"])
-    status = "\n\n".join(x for x in (notice, checkpoint_status(*checkpoints)) if x)
+    status = "\n\n".join(x for x in (notice, checkpoint_status(*checkpoints),
+                                      configuration_notice(kind) if kind else "") if x)
     if status:
         gr.Markdown(status, elem_classes=["notice"])
-    if kind:  # read on each page load: a folder refused after start-up (catalogue.check_configured) shows too
-        gr.Markdown(lambda: configuration_notice(kind), elem_classes=["notice", "atlas-config-notice"])
 
 
 def layer_head_view(views: list[str], view: str) -> tuple[gr.Slider, gr.Dropdown, gr.Radio]:

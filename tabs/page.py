@@ -6,7 +6,6 @@ from __future__ import annotations
 CSS = """
 .intro {font-size: 1.02rem; line-height: 1.5;}
 .notice {border-left: 4px solid #e0a800; padding: 0.4rem 0.8rem; background: #fff8e1;}
-.atlas-config-notice:not(:has(p)) {display: none;}  /* no configured model refused: no empty bar */
 .highlight {font-size: 1.15rem; line-height: 2.0;}
 footer {display: none !important;}
 .atlas-hidden {display: none !important;}  /* the boxes a figure click writes into (JS below) */

@@ -132,10 +132,21 @@ def test_a_missing_bert_tensor_is_named_as_the_folder_names_it(hf_folders, tmp_p
             attempt()
 
 
+def _page_notice() -> str:
+    """The text the app's one page-load event (tabs/permalink.wire's restore) puts into the page's notice."""
+    import app
+
+    demo = app.build_demo()
+    load = next(fn for fn in demo.fns.values() if any(k == "load" for _, k in fn.targets))
+    values = load.fn(None)  # a page opened without a query
+    return next(v["value"] for v in values if isinstance(v, dict) and isinstance(v.get("value"), str))
+
+
 def test_a_broken_folder_is_refused_at_start_up(hf_folders, tmp_path: Path, monkeypatch) -> None:
     """After start-up's check (tabs/startup.warm_stack) a broken configured folder is refused like the entries that
-    configure refuses: the Classify tab's notice names the missing tensor in the folder's own names (read on page
-    load), the store answers at once without loading it, and the good folder beside it loads."""
+    configure refuses: the page's notice at load (tabs/permalink.py's restore) and the Classify tab's notice name the
+    missing tensor in the folder's own names, the store answers at once without loading it, and the good folder beside
+    it loads."""
     from serving import catalogue
     from serving.errors import ModelUnavailable
     from serving.store import ModelStore
@@ -144,11 +155,12 @@ def test_a_broken_folder_is_refused_at_start_up(hf_folders, tmp_path: Path, monk
     broken = _broken_bert(hf_folders, tmp_path)
     monkeypatch.setattr(catalogue, "CONFIGURED", {})
     monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(catalogue, "CHECK_PROBLEMS", [])
     catalogue.configure([str(broken), str(hf_folders.get("bert").path)])
     assert catalogue.configuration_notice("classify") == ""
     assert startup.warm_stack() == []  # imports the stack, then checks the configured folders
-    notice = catalogue.configuration_notice("classify")
-    assert "`broken-bert`" in notice and "bert.encoder.layer.1.attention.self.query.weight" in notice
+    for notice in (catalogue.configuration_notice("classify"), _page_notice()):
+        assert "`broken-bert`" in notice and "bert.encoder.layer.1.attention.self.query.weight" in notice
     store = ModelStore()
     monkeypatch.setattr(store, "_models", {})
     with pytest.raises(ModelUnavailable, match=r"`broken-bert`.*bert\.encoder\.layer\.1\.attention\.self\.query"):
