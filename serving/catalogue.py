@@ -146,7 +146,7 @@ def check_configured() -> list[str]:
 def checked_notice() -> str:
     """The folders check_configured refused, for the page's notice at each page load (tabs/permalink.py's restore):
     the tabs' own notices were written before the check."""
-    return "\n\n".join(f"**Model not added:** {p} The other models keep working." for p in CHECK_PROBLEMS)
+    return "\n\n".join(f"**Model not added:** {p.rstrip('.')}. The other models keep working." for p in CHECK_PROBLEMS)
 
 
 def _gguf_entry(entry: str) -> tuple[str, Configured | None]:
