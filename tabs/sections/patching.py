@@ -251,7 +251,7 @@ def filler(net) -> int | None:
     if key not in _FILLERS:
         piece = net.piece if registry.family_of(net).causal_lm else net.tokenizer.id_to_piece
         size = int(net.tokenizer.vocab_size)
-        _FILLERS[key] = next((i for i in range(size) if piece(i) in ("▁", "Ġ")), None)
+        _FILLERS[key] = next((i for i in range(size) if piece(i) == "▁"), None)  # a byte-level "Ġ" reads "▁"
     return _FILLERS[key]
 
 
