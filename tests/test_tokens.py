@@ -107,6 +107,20 @@ def test_readable_piece_decodes_bytes_and_marks_spaces() -> None:
     assert readable_piece("▁Café", False) == "▁Café" and readable_piece("ĠCafÃ©", False) == "ĠCafÃ©"
 
 
+def test_a_character_cut_over_pieces_is_read_whole() -> None:
+    """viz.common.across_pieces, known answers: an emoji cut after three bytes (a byte-level label) or into four
+    byte pieces (SentencePiece's byte fallback) is shown once, where it starts, each piece noting "part of 😀"; bytes
+    that make no character, and a lone control byte, stay escapes."""
+    from viz.common import across_pieces
+
+    shown, notes = across_pieces(["C", "af", "é", "▁<0xF0><0x9F><0x98>", "<0x80>", "▁old", "<0xFF>", "<0x0A>"])
+    assert shown == ["C", "af", "é", "▁😀", "", "▁old", "<0xFF>", "<0x0A>"]
+    assert notes == ["", "", "", "part of 😀", "part of 😀", "", "", ""]
+    shown, notes = across_pieces(["<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "▁a", "<0xE2>"])
+    assert shown == ["😀", "", "", "", "▁a", "<0xE2>"] and notes[:4] == ["part of 😀"] * 4 and notes[5] == ""
+    assert across_pieces(["<0xF0><0x9F>", "x", "<0x98><0x80>"])[0] == ["<0xF0><0x9F>", "x", "<0x98><0x80>"]
+
+
 def test_qwen2_style_tokenizer_labels_read_as_text(tmp_path: Path) -> None:
     """A Qwen2-style tokenizer.json: byte-level; the labels of "Café 😀 old" spell the text exactly (no mojibake: no
     Ġ, Ã or ð), their raw pieces are transformers' own tokens, and the added tokens keep their names."""
@@ -176,6 +190,8 @@ def test_generate_shows_decoded_tokens_with_the_piece_on_hover(tab) -> None:
 
     shown = html_lib.unescape("".join(re.findall(r">([^<]*)</span>", html)))  # the text a reader sees
     assert "Café" in shown and "Ã" not in shown and "Ġ" not in shown and "piece Ġold" in html
+    assert shown.startswith("Café 😀 old")  # the emoji, cut over pieces, read whole in the running text
+    assert any(h.endswith("part of 😀") for h in hover)  # and each of its pieces says so on hover
     assert not any(c in json.dumps(cand.to_plotly_json()["data"][0]["text"], ensure_ascii=False) for c in "ĠÃ")
     assert not any("Ġ" in str(x) for x in lens.data[0].x)
     ref = reference(Path(catalogue.CHECKPOINTS) / "my-qwen2")
