@@ -5,6 +5,7 @@
     python docs/screenshots.py --families     # DeBERTa's disentangled split on a DeBERTa-v3-base-shaped folder
     python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
     python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
+    python docs/screenshots.py --only tokens  # Generate, real SmolLM2: byte-level tokens decoded, the piece on hover
 """
 
 from __future__ import annotations
@@ -74,6 +75,35 @@ def qk_shot(page, panel, shot, layer: int, head: int) -> None:
                            "e._fullLayout && (e._fullLayout.title.text || '').startsWith(t))",
                            arg=f"Queries and keys · layer {layer} · head {head}", timeout=120_000)
     shot("generate-qk", 1150, y=_top(page, panel().get_by_text("Queries and keys of one head").first) - 20)
+
+
+def tokens_shots(page, panel, tab, shot) -> None:
+    """Generate with the real SmolLM2 (byte-level BPE, GGUF): "Café 😀 old" as people read it, in the coloured text,
+    the candidates and the heatmap's axes, and a cell's hover naming the pieces ("▁old (piece Ġold)")."""
+    from serving.catalogue import REAL_LM
+
+    tab("Generate")
+    panel().get_by_role("combobox", name="model").click()
+    page.get_by_role("option", name=REAL_LM, exact=True).click()
+    panel().get_by_label("prompt").fill("Café 😀 old friends meet at the")
+    page.get_by_label("new tokens").last.fill("6")
+    panel().get_by_role("button", name="Generate", exact=True).click()
+    panel().get_by_text("6 new tokens").first.wait_for(timeout=180_000)
+    wait_for_plots(page, 3, timeout=180_000)
+    page.wait_for_timeout(3000)  # 30 layers' figures: let Chromium draw the heatmaps' images before the capture
+    shot("generate-tokens", 2300, y=_top(page, panel().get_by_text("6 new tokens").first) - 20)
+    heatmap = page.locator("#generate-attention .js-plotly-plot").first
+    heatmap.scroll_into_view_if_needed()
+    x, y = page.evaluate("""() => {
+        const el = document.querySelector('#generate-attention .js-plotly-plot');
+        const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
+        const q = ya._categories.findIndex(c => c.includes('old')), k = q - 1;
+        return [box.left + xa._offset + xa.l2p(k), box.top + ya._offset + ya.l2p(q)]; }""")
+    page.mouse.move(x, y)
+    page.wait_for_timeout(800)
+    box = heatmap.bounding_box()
+    page.screenshot(path=str(OUT / "generate-tokens-hover.png"),
+                    clip={"x": 0, "y": box["y"], "width": page.viewport_size["width"], "height": box["height"]})
 
 
 def lesson_shots(page, panel, tab, shot) -> None:
@@ -180,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    ap.add_argument("--only", choices=["lessons", "class", "heads"], default=None, help="retake only these screenshots")
+    ap.add_argument("--only", choices=["lessons", "class", "heads", "tokens"], default=None,
+                    help="retake only these screenshots")
     ap.add_argument("--families", action="store_true",
                     help="only the families' screenshots, over random folders of real shapes in runs/families")
     args = ap.parse_args(argv)
@@ -227,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
                 return browser.close()
             if args.only == "heads":
                 heads_shots(page, panel, tab, shot)
+                return browser.close()
+            if args.only == "tokens":
+                tokens_shots(page, panel, tab, shot)
                 return browser.close()
             if args.families:
                 deberta_shot(page, panel, tab, shot)

@@ -40,6 +40,7 @@ class Configured:
     repo: str | None = None
     revision: str | None = None
     gguf: str | None = None  # a GGUF file's path or an Ollama entry (ollama:NAME[:TAG]), read by models/io/gguf.py
+    refused: str = ""  # why check_configured refused the folder at start-up (its weights or tokenizer), else ""
 
 
 CONFIGURED: dict[str, Configured] = {}  # display name (the folder's name or the Hub id) -> where it is
@@ -81,6 +82,7 @@ PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
 REAL_LM = "SmolLM2-135M-Instruct (real, 4-bit)"  # the real pretrained LM the lessons offer beside gpt-tiny
 GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
+CHECK_PROBLEMS: list[str] = []  # the folders check_configured refused after start-up: the page's notice
 
 def configure(entries: list[str]) -> None:
     """Add the models named by the configuration. An entry is a local folder whose config.json says its kind,
@@ -120,6 +122,37 @@ def configure(entries: list[str]) -> None:
             _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
         else:
             CONFIGURED[name] = found
+
+
+def check_configured() -> list[str]:
+    """Check each configured local folder as its load would, without reading a weight (models.io.hf.check_folder:
+    the family's reader on the safetensors headers), after start-up (tabs/startup.py's background thread: it needs
+    torch). A folder that would fail is refused like the entries configure refuses: its problem, in the folder's own
+    names ("model.safetensors: no tensor bert.encoder.layer.1.attention.self.query.weight"), is logged, shown in the
+    page's notice at each page load (checked_notice), and the store answers it at once. Returns the names refused."""
+    from dataclasses import replace
+
+    from models.io.hf import check_folder, is_hf_folder
+    from models.paths import CheckpointError
+
+    refused = []
+    for name, entry in list(CONFIGURED.items()):
+        if entry.folder is None or entry.gguf or entry.refused or not is_hf_folder(entry.folder):
+            continue
+        try:
+            check_folder(entry.folder)
+        except CheckpointError as err:
+            CONFIGURED[name] = replace(entry, refused=str(err))
+            _problem(entry.kind, f"`{name}` ({entry.folder}): {err}")
+            CHECK_PROBLEMS.append(f"`{name}` ({entry.folder}): {err}")
+            refused.append(name)
+    return refused
+
+
+def checked_notice() -> str:
+    """The folders check_configured refused, for the page's notice at each page load (tabs/permalink.py's restore):
+    the tabs' own notices were written before the check."""
+    return "\n\n".join(f"**Model not added:** {p.rstrip('.')}. The other models keep working." for p in CHECK_PROBLEMS)
 
 
 def _gguf_entry(entry: str) -> tuple[str, Configured | None]:

@@ -78,6 +78,9 @@ class ModelStore:
 
             entry = catalogue.CONFIGURED.get(name) or catalogue.DOWNLOADABLE[name]
             where = entry.folder or f"Hub {entry.repo}" + (f"@{entry.revision}" if entry.revision else "")
+            if getattr(entry, "refused", ""):  # catalogue.check_configured found it at start-up
+                raise ModelUnavailable(f"The configured model `{name}` ({where}) cannot be loaded: {entry.refused}. "
+                                       "The other models keep working.")
             try:
                 if entry.folder:  # fetch() checks a Hub model's size itself, before downloading
                     check_size(folder_params(entry.folder), name)  # from the safetensors headers, before loading

@@ -129,9 +129,20 @@ def build() -> Permalink:
     # a configured or Hub classifier has its own labels: the SST-2 / AG News choice does not apply to it
     model.change(task_shown, [model], [task], api_name=False, show_progress="hidden", **FAST)
     chain(target.input, steps)
+    # another model or task chosen: the figures of the one before are taken down (a model that then fails to load
+    # leaves no other model's verdict under its name)
+    for control in (task, model):
+        control.input(model_changed, [task, model], [verdict, probs, highlight, attn, stats, state, download, curve],
+                      api_name=False, show_progress="hidden", **FAST)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
+
+
+def model_changed(task: str, model: str) -> tuple:
+    """The outputs once another model or task is chosen: a line saying so, every figure and the kept result empty."""
+    said = f"*{model} · {task} chosen: press **Classify** to see its answer.*"
+    return said, None, "", None, None, None, None, None
 
 
 def link_limits(state: dict) -> dict:

@@ -184,12 +184,27 @@ def fit(fig):
     return fig
 
 
+def pieces_apart(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Token labels that carry the tokenizer's own pieces (byte-level BPE, models.inputs.tokenizer.Piece) written as
+    two arrays: ``<key>`` the pieces exactly as the model saw them (transformers' ``convert_ids_to_tokens``),
+    ``<key>_readable`` the labels the figures show. Other values unchanged."""
+    out: dict[str, Any] = {}
+    for key, value in arrays.items():
+        if isinstance(value, (list, tuple)) and any(hasattr(t, "raw") for t in value):
+            out[key] = np.asarray([getattr(t, "raw", t) for t in value])
+            out[f"{key}_readable"] = np.asarray([str(t) for t in value])
+        else:
+            out[key] = value
+    return out
+
+
 def save_npz(prefix: str, compressed: bool = False, **arrays: Any) -> str:
     """Write the arrays behind the current figures for download; returns the file's path. ``compressed``: deflate
     each array (a long input's attention), at zlib level 1 — the same .npz as np.savez_compressed (np.load reads
     it), a third faster at nearly the same size, streamed in chunks so nothing is copied whole."""
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     path = DOWNLOADS / f"{prefix}-{uuid.uuid4().hex[:8]}.npz"
+    arrays = pieces_apart(arrays)
     if not compressed:
         np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})  # stored, not deflated: ~30 ms less a call
         return str(path)

@@ -447,7 +447,7 @@ def write_arrays(kept: dict, net=None) -> str:
         extra["scores"] = scores if scores.nbytes <= 64 << 20 else scores.astype(np.float16)
     big = long or amap.weights.nbytes > 64 << 20  # over 64 MB in float32: float16 (as before long inputs)
     weights = amap.weights.astype(np.float16, copy=False) if big else amap.weights
-    return save_npz("generation", compressed=long, attention=weights, **extra, tokens=np.array(result.tokens),
+    return save_npz("generation", compressed=long, attention=weights, **extra, tokens=list(result.tokens),
                     prompt_len=result.prompt_len,
                     step_candidates=np.array([s.candidates for s in result.steps]).reshape(n_steps, -1),
                     step_probs=np.array([s.probs for s in result.steps], dtype=np.float32).reshape(n_steps, -1))

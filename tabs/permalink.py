@@ -31,6 +31,7 @@ from urllib.parse import quote, urlencode
 
 import gradio as gr
 
+from serving import catalogue
 from tabs.common import FAST, MAX_SEED, MAX_TEXT_CHARS
 
 # Gradio's own query keys (?view=api opens the API page, ?__theme=dark): never ours, never "unknown".
@@ -294,7 +295,10 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
 
     def restore(request: gr.Request):
         asked = read_query(dict(request.query_params) if request else {}, links)
-        text = notice(asked.refused, asked.messages, asked.unknown)
+        # with what the link could not restore, the configured folders refused after start-up (their tabs' notices
+        # were written before the check)
+        text = "\n\n".join(x for x in (notice(asked.refused, asked.messages, asked.unknown),
+                                        catalogue.checked_notice()) if x)
         start = {"pending": asked.pending, "refused": list(asked.refused), "messages": list(asked.messages),
                  "unknown": asked.unknown}
         return (gr.Tabs(selected=asked.tab) if asked.tab else gr.skip(),

@@ -8,6 +8,8 @@ import importlib
 
 import gradio as gr
 
+from serving import catalogue
+
 # What a first Translate, Classify, Generate or Vision request imports (measured: 5–9 s of torch and the families on
 # a busy 2-core machine), imported by warm_stack in the background once the page is served.
 WARM_MODULES = ("torch", "safetensors.torch", "models.io.checkpoint", "models.inputs.images", "models.io.placement",
@@ -45,6 +47,10 @@ def warm_stack() -> list[str]:
         import torch
 
         torch.softmax(torch.ones(2, 4) @ torch.ones(4, 3), dim=-1)  # the first op initialises torch's kernels
+        try:  # the configured folders checked as their loads would (no weight read): a broken one refused now
+            catalogue.check_configured()
+        except Exception:  # noqa: BLE001 (best effort: the folder's own load reports it)
+            pass
     return failed
 
 

@@ -123,6 +123,10 @@ def build() -> Permalink:
                  **FAST)
     for event in (image.change, model.change):
         event(preview, [image, model], [uploaded, will_see], api_name=False, show_progress="hidden", **FAST)
+    # another model chosen: the figures of the one before are taken down (a model that then fails to load leaves no
+    # other model's answer under its name)
+    model.input(model_changed, [model], [probs, overlay, heads, query, distance, seen, notice, state, download,
+                                         explained, curve], api_name=False, show_progress="hidden", **FAST)
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,
@@ -176,13 +180,37 @@ def preview(image: str | None, model: str):
     try:
         # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
         img, _ = open_image(image, at_least=FASHION_DECODE)
-        seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else None
-        img = to_rgb(img)  # transparency on white, as the model reads it (a plain convert showed it black)
+        seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else model_input(img, model)
+        img = to_rgb(img)  # transparency on white, as a viewer shows it
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
         shown = enlarge(np.asarray(img), PREVIEW_SIDE)  # a 28- or 5-pixel upload, enlarged to be seen
     except ValueError:
         return None, None
-    return shown, shown if seen is None else seen
+    return shown, seen
+
+
+def model_input(img, model: str) -> np.ndarray | None:
+    """Exactly what an RGB model will see of an image: its own preprocessing's picture (models.inputs.images.prepare
+    with the model's settings: a Hugging Face folder's resize, which squashes a 4:3 photo to a square, and crop;
+    torchvision's resize and centre crop for the ImageNet models); None while the model cannot be had (classifying
+    says why). The model is loaded on its first preview, as classifying would."""
+    from models.inputs.images import prepare
+
+    try:
+        net = get_model(model)
+    except gr.Error:
+        return None
+    cfg = net.config
+    prepared = prepare(img, cfg.input, resize=getattr(cfg, "resize", 256), crop=cfg.image_size,
+                       interpolation=getattr(cfg, "interpolation", "bilinear"),
+                       processor=getattr(cfg, "processor", None))
+    return enlarge(prepared.shown, PREVIEW_SIDE)
+
+
+def model_changed(model: str) -> tuple:
+    """The outputs once another model is chosen: every figure and the kept result empty, a line saying so."""
+    return (None, None, None, None, None, None, f"*{model} chosen: press **Classify image** to see its answer.*",
+            None, None, None, None)
 
 
 def example_path(name: str) -> str:

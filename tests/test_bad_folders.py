@@ -92,3 +92,104 @@ def test_the_store_refuses_a_bad_folder_and_serves_the_rest(good, tmp_path: Path
     with pytest.raises(ModelUnavailable, match=r"`broken`.*no model\.safetensors.*other models keep working"):
         store.get("broken")
     assert store.get("marian").config.family == "marian"  # the other configured model still loads
+
+
+# ------------------------------------------------------------------ issue 61, item 8: the folder's own names
+def test_every_good_folder_passes_the_start_up_check(hf_folders) -> None:
+    """check_folder runs each family's reader on the safetensors headers (meta tensors, no weight read): every
+    registered folder of tests/parity_folders.py passes, so the start-up check refuses nothing that loads."""
+    from models.io.hf import check_folder
+    from tests.parity_folders import CASES
+
+    unchecked = [case.name for case in CASES if not check_folder(hf_folders.get(case.name).path)]
+    assert unchecked == ["t5"]  # its reader reads a value (the tied head's scale): only the load can tell
+
+
+def _broken_bert(hf_folders, tmp_path: Path) -> Path:
+    folder = _copy(hf_folders.get("bert").path, tmp_path / "broken-bert")
+    _edit_weights(folder, lambda s: s.pop("bert.encoder.layer.1.attention.self.query.weight"))
+    return folder
+
+
+def test_a_missing_bert_tensor_is_named_as_the_folder_names_it(hf_folders, tmp_path: Path) -> None:
+    """A BERT folder without one tensor: the message names model.safetensors and the folder's own key, never the
+    app's internal tensor (it said "config.json: ... missing ['bert.layers.1.self_attn.q_proj.weight']"); so does the
+    start-up check, and a wrong shape is named the same way."""
+    from models.io.hf import check_folder
+
+    folder = _broken_bert(hf_folders, tmp_path)
+    for attempt in (lambda: models.load(str(folder)), lambda: check_folder(folder)):
+        with pytest.raises(CheckpointError) as err:
+            attempt()
+        said = str(err.value)
+        assert said.startswith("model.safetensors") and "bert.encoder.layer.1.attention.self.query.weight" in said
+        assert "self_attn" not in said and "q_proj" not in said
+    shaped = _copy(hf_folders.get("bert").path, tmp_path / "shaped")
+    _edit_weights(shaped, lambda s: s.__setitem__("bert.encoder.layer.0.intermediate.dense.weight",
+                                                  s["bert.encoder.layer.0.intermediate.dense.weight"][:-1].clone()))
+    for attempt in (lambda: models.load(str(shaped)), lambda: check_folder(shaped)):
+        with pytest.raises(CheckpointError, match=r"bert\.encoder\.layer\.0\.intermediate\.dense\.weight has shape"):
+            attempt()
+
+
+def _page_notice() -> str:
+    """The text the app's one page-load event (tabs/permalink.wire's restore) puts into the page's notice."""
+    import app
+
+    demo = app.build_demo()
+    load = next(fn for fn in demo.fns.values() if any(k == "load" for _, k in fn.targets))
+    values = load.fn(None)  # a page opened without a query
+    return next(v["value"] for v in values if isinstance(v, dict) and isinstance(v.get("value"), str))
+
+
+def test_a_broken_folder_is_refused_at_start_up(hf_folders, tmp_path: Path, monkeypatch) -> None:
+    """After start-up's check (tabs/startup.warm_stack) a broken configured folder is refused like the entries that
+    configure refuses: the page's notice at load (tabs/permalink.py's restore) and the Classify tab's notice name the
+    missing tensor in the folder's own names, the store answers at once without loading it, and the good folder beside
+    it loads."""
+    from serving import catalogue
+    from serving.errors import ModelUnavailable
+    from serving.store import ModelStore
+    from tabs import startup
+
+    broken = _broken_bert(hf_folders, tmp_path)
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(catalogue, "CHECK_PROBLEMS", [])
+    catalogue.configure([str(broken), str(hf_folders.get("bert").path)])
+    assert catalogue.configuration_notice("classify") == ""
+    assert startup.warm_stack() == []  # imports the stack, then checks the configured folders
+    for notice in (catalogue.configuration_notice("classify"), _page_notice()):
+        assert "`broken-bert`" in notice and "bert.encoder.layer.1.attention.self.query.weight" in notice
+    store = ModelStore()
+    monkeypatch.setattr(store, "_models", {})
+    with pytest.raises(ModelUnavailable, match=r"`broken-bert`.*bert\.encoder\.layer\.1\.attention\.self\.query"):
+        store.get("broken-bert")
+    assert store.get("bert").config.pooling == "pooler"
+
+
+@pytest.mark.parametrize("tab_name, run_label", [("classify", "Classify"), ("vision", "Classify image")])
+def test_choosing_another_model_takes_the_old_figures_down(tab_name: str, run_label: str) -> None:
+    """Issue 61, item 8: the previous model's verdict and figures stayed on screen under a broken model that had been
+    chosen. Choosing a model (a person's input) empties every figure and the kept result of the tab and says which
+    model is chosen, so no answer stays under another model's name."""
+    import importlib
+
+    import gradio as gr
+
+    tab = importlib.import_module(f"tabs.{tab_name}")
+    with gr.Blocks() as demo:
+        tab.build()
+    model = next(b for b in demo.blocks.values() if isinstance(b, gr.Radio) and b.label == "model")
+    plots = [b for b in demo.blocks.values() if isinstance(b, gr.Plot)]
+    states = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
+    clearing = [fn for fn in demo.fns.values() if (model._id, "input") in list(fn.targets)
+                and sum(o in plots for o in fn.outputs) >= 4]
+    assert len(clearing) == 1
+    fn = clearing[0]
+    values = fn.fn(*(["SST-2 sentiment"] if len(fn.inputs) == 2 else []), "broken-one")
+    shown = {o: v for o, v in zip(fn.outputs, values, strict=True)}
+    assert all(shown[o] is None for o in fn.outputs if o in plots or o in states)
+    assert any(isinstance(v, str) and "broken-one" in v and run_label in v for v in values)
+    kept = next(o for o in fn.outputs if o in states)
+    assert shown[kept] is None

@@ -67,3 +67,29 @@ def test_deit_through_every_vision_view_and_explanation(hf_folders, tmp_path: Pa
             if view == "CLS → patches":  # the overlay is layer 1's CLS row over the patches, prefix tokens skipped
                 w = state["result"].attention["encoder"].weights[1].mean(0)[0, 2:]
                 np.testing.assert_allclose(np.nanmax(z), w.max(), rtol=1e-3)
+
+
+def test_the_preview_shows_what_deit_sees(hf_folders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 61, item 8: "the model's input" showed a 4:3 upload at 4:3 while DeiT's preprocessing squashes it to a
+    square (resize to 36 × 36, crop 32). The preview is the model's own input, exactly the image classifying shows as
+    what the model saw (enlarged by a whole factor)."""
+    from PIL import Image
+
+    from serving import catalogue, store
+    from tabs import vision
+
+    where = hf_folders.get("deit").path
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    catalogue.configure([str(where)])
+    rng = np.random.default_rng(0)
+    image = tmp_path / "wide.png"
+    Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(image)  # 4:3
+    shown, seen = vision.preview(str(image), where.name)
+    assert shown.shape[1] / shown.shape[0] == pytest.approx(4 / 3, rel=0.05)
+    assert seen.shape[0] == seen.shape[1]
+    saw = vision.classify_image(str(image), where.name, 3, 1, "mean", "CLS → patches", "rollout", "",
+                                progress=None)[7]["result"].image
+    assert saw.shape == (32, 32, 3)
+    assert np.array_equal(seen, vision.enlarge(saw, vision.PREVIEW_SIDE))

@@ -349,6 +349,20 @@ def test_smollm2_greedy_ids_equal_transformers(smol, smol_tokenizer) -> None:
     assert ours.gguf["types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
 
 
+def test_smollm2_tokens_read_as_text(smol, smol_tokenizer) -> None:
+    """Issue 61, item 7: the real file's byte-level pieces ("Ġold", "CafÃ©") are labelled as people read them; each
+    label keeps transformers' own piece as ``raw``."""
+    from models.inputs.tokenizer import raw_piece
+
+    tok = smol[1].tokenizer
+    assert tok.byte_level
+    ids, labels = tok.encode_prompt("Café 😀 old")
+    assert ids == smol_tokenizer("Café 😀 old").input_ids
+    assert [raw_piece(t) for t in labels] == smol_tokenizer.convert_ids_to_tokens(ids)
+    assert labels[-1] == "▁old" and "é" in labels and not any(c in "".join(labels) for c in "ĠÃð")
+    assert "▁<0xF0><0x9F><0x98>" in labels and "<0x80>" in labels  # the emoji, cut after three bytes
+
+
 def test_smollm2_has_textbook_heads(smol) -> None:
     """On repeated random tokens: a previous-token head and an induction head, each scoring at least 0.85."""
     roles = smol[1].head_role_scores(50, seeds=(0,))

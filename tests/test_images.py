@@ -110,6 +110,28 @@ def test_rgba_composited_on_white() -> None:
         assert grey[0, 0] == 0 and grey[14, 14] > 200 and "inverted" in notice
 
 
+def test_a_light_object_on_a_transparent_ground_stays_light() -> None:
+    """Issue 61, item 8: a light object on a transparent ground was composited on white, taken for a light background
+    and inverted to near black, without a word. The transparent ground is the model's black, the object stays light
+    (each pixel's grey times its opacity, known answers), and the notice says so; a dark object on a transparent
+    ground is made light (255 − grey), as Fashion-MNIST objects are."""
+    a = np.zeros((28, 28, 4), np.uint8)  # 28×28: no resize, so the answer is per pixel
+    a[..., :3] = 255  # the ground's colour is white, but fully transparent
+    a[6:22, 8:20] = (220, 220, 220, 255)  # a light-grey opaque shirt ...
+    a[6:22, 20] = (220, 220, 220, 128)  # ... with a half-transparent edge
+    grey, notice = fashion_array(Image.fromarray(a, "RGBA"))
+    assert grey[0, 0] == 0 and grey[10, 10] == 220 and grey[10, 20] == round(220 * 128 / 255)
+    assert "Transparent background" in notice and "on black" in notice and "inverted" not in notice
+    a[6:22, 8:21, :3] = 30  # the same shape, dark
+    grey, notice = fashion_array(Image.fromarray(a, "RGBA"))
+    assert grey[0, 0] == 0 and grey[10, 10] == 255 - 30 and "inverted to light" in notice
+    la = Image.fromarray(a, "RGBA").convert("LA")  # grey + alpha reads the same way
+    assert np.array_equal(fashion_array(la)[0], grey)
+    opaque = a.copy()
+    opaque[..., 3] = 255  # no transparency: the border rule as before (a white ground: inverted)
+    assert "Light background" in fashion_array(Image.fromarray(opaque, "RGBA"))[1]
+
+
 def test_palette_with_and_without_transparency() -> None:
     p = light_photo().convert("P", palette=Image.Palette.ADAPTIVE, colors=8)
     assert prepare_imagenet(encode(p, "PNG")).shown.shape == (224, 224, 3)

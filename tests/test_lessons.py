@@ -486,6 +486,13 @@ def test_lesson_five_on_the_real_model(real_lm) -> None:
     for step in (1, 2, 3):
         q = lessons.question(5, step, "smollm2:")
         assert q.answer in q.choices and "SmolLM2" in q.text + q.fact or step == 2
+        # issue 61, item 7: SmolLM2's byte-level pieces are shown decoded ("▁dog", never "Ġdog") in the words and
+        # figures a student sees
+        fig = q.reveal(None).to_plotly_json()
+        ticks = [str(t) for k, axis in fig["layout"].items() if k.startswith(("xaxis", "yaxis"))
+                 for t in (axis.get("ticktext") or [])]
+        shown = " ".join([q.text, q.fact, q.explanation, *q.choices, *ticks])
+        assert "Ġ" not in shown and (step == 2 or "▁" in " ".join(ticks))  # step 2 draws no token axis
     ids, _ = real_lm.encode_prompt(lessons.LESSONS[4].default)
     _, weights = real_lm.token_losses(ids)
     assert weights[:, :, 1:, 0].mean() > 0.3  # most heads park much of their attention on the first token

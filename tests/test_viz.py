@@ -363,13 +363,15 @@ def test_viz_imports_neither_torch_nor_gradio_nor_models():
 def test_generation_highlight_escapes_marks_and_fades() -> None:
     from viz.generate import generation_highlight, shown_token
 
-    tokens = ["<s>", "▁a", "<img", "▁src=x>", "Ġworld", "Ċ"]
+    tokens = ["<s>", "▁a", "<img", "▁src=x>", "▁world", "↵"]
     html = generation_highlight(tokens, np.array([np.nan, 1.0, 2.0, 8.0, 0.5, 3.0]), prompt_len=3, upto=5)
     assert "<img" not in html and "&lt;img" in html  # tokens are text, never markup
     assert html.count("border-bottom:3px solid") == 3 + 1  # the three generated tokens, and the legend
     assert html.count("opacity:0.3") == 1  # the token after the replayed step
     assert "8.00 bits (generated)" in html and "dark red 8.0 bits" in html
-    assert shown_token("Ġworld") == " world" and shown_token("▁a") == " a" and shown_token("<s>") == "<s>"
+    assert shown_token("▁world") == " world" and shown_token("▁a") == " a" and shown_token("<s>") == "<s>"
+    # labels arrive decoded (models.inputs.tokenizer.readable_piece): a Ġ is then a letter (Maltese "Ġużeppi")
+    assert shown_token("Ġużeppi") == "Ġużeppi"
 
 
 def test_step_candidates_outline_the_chosen_token() -> None:

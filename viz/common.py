@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+import re
 import struct
 import zlib
 from collections.abc import Sequence
@@ -270,11 +271,70 @@ def shorten(text: str, max_len: int = 12) -> str:
     return text[: max_len - 1] + "…"
 
 
+def raw_note(token: str) -> str:
+    """" (piece Ġold)" for a label that carries the tokenizer's own piece (``raw``: a byte-level BPE piece, whose label
+    is decoded, models.inputs.tokenizer.readable_piece), else "": what hover text adds after the label. Escaped."""
+    raw = getattr(token, "raw", None)
+    return f" (piece {esc(raw)})" if raw is not None and raw != str(token) else ""
+
+
+_BYTE = re.compile(r"<0x([0-9A-F]{2})>")
+
+
+def across_pieces(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Characters cut over several pieces, read whole: (each label as running text, each label's note).
+
+    A byte that is not part of a whole character within its piece is spelled ``<0xF0>`` (a byte-level label,
+    models.inputs.tokenizer.readable_piece, and SentencePiece's byte pieces alike). Where consecutive labels' bytes,
+    with no other text between them, make a whole character (an emoji cut as ``▁<0xF0><0x9F><0x98>`` + ``<0x80>``),
+    the running text shows the character once, in the label where it starts, the others' share of it dropped
+    (``▁😀`` and ``""``), and each of those labels' note says "part of 😀". Bytes that make no character stay
+    escapes; a label alone keeps its text (an axis shows each piece as it is)."""
+    labels = [str(t) for t in tokens]
+    found = [(i, m) for i, t in enumerate(labels) for m in _BYTE.finditer(t)]
+    runs: list[list[tuple[int, re.Match]]] = []
+    for i, m in found:  # runs of escapes with nothing between them, across label boundaries too
+        if runs:
+            j, last = runs[-1][-1]
+            joined = (j == i and last.end() == m.start()) or (j == i - 1 and last.end() == len(labels[j])
+                                                              and m.start() == 0)
+            if joined:
+                runs[-1].append((i, m))
+                continue
+        runs.append([(i, m)])
+    cuts: dict[tuple[int, int], str] = {}  # (label, escape's start) -> what the running text shows there
+    notes: list[set[str]] = [set() for _ in labels]
+    for run in runs:
+        data = bytes(int(m.group(1), 16) for _, m in run)
+        p = 0
+        while p < len(data):
+            for size in range(2, min(4, len(data) - p) + 1):  # a multi-byte UTF-8 character (one byte is never cut)
+                try:
+                    ch = data[p:p + size].decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                owners = {run[q][0] for q in range(p, p + size)}
+                if len(ch) == 1 and len(owners) > 1 and ch.isprintable():
+                    for q in range(p, p + size):
+                        i, m = run[q]
+                        cuts[(i, m.start())] = ch if q == p else ""
+                        notes[i].add(ch)
+                    p += size
+                    break
+            else:
+                p += 1
+    shown = [_BYTE.sub(lambda m, i=i: cuts.get((i, m.start()), m.group(0)), t) for i, t in enumerate(labels)]
+    return shown, [f"part of {' '.join(sorted(n))}" if n else "" for n in notes]
+
+
 def unique_labels(tokens: Sequence[str], start: int = 0) -> list[str]:
     """Full, escaped, position-tagged labels ("3 · the"): unique, so that repeated tokens stay separate
-    categories on a categorical axis, and informative in hover text. ``start``: the position of the first token
-    (a zoomed block keeps the positions of the whole input)."""
-    return [f"{i} · {esc(t)}" for i, t in enumerate(tokens, start)]
+    categories on a categorical axis, and informative in hover text, where a decoded byte-level label also shows its
+    piece ("3 · ▁old (piece Ġold)"). ``start``: the position of the first token (a zoomed block keeps the positions of
+    the whole input)."""
+    parts = across_pieces(tokens)[1]
+    return [f"{i} · {esc(t)}{raw_note(t)}" + (f", {esc(part)}" if part else "")
+            for (i, t), part in zip(enumerate(tokens, start), parts)]
 
 
 def tick_labels(tokens: Sequence[str], max_len: int = 12, max_ticks: int = 64) -> tuple[list[int], list[str]]:

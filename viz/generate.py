@@ -10,18 +10,30 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import ATTENTION_SCALE, SPECIAL_TOKENS, Fig, base_layout, colorbar, esc, f32, shorten
+from viz.common import (
+    ATTENTION_SCALE,
+    SPECIAL_TOKENS,
+    Fig,
+    across_pieces,
+    base_layout,
+    colorbar,
+    esc,
+    f32,
+    raw_note,
+    shorten,
+)
 
 # White → orange: dark text stays readable on every cell (the lens writes each layer's guess in its cell).
 LENS_SCALE = [[0.0, "#ffffff"], [0.3, "#fdd0a2"], [0.7, "#fd8d3c"], [1.0, "#e6550d"]]
 
 
 def shown_token(token: str) -> str:
-    """A token as text: SentencePiece's ▁ and byte-level BPE's Ġ / Ċ mark a space and a newline."""
+    """A token label as running text: its ▁ marks (SentencePiece's, and a byte-level label's, which the tokenizer
+    decodes: models.inputs.tokenizer.readable_piece) are spaces; a newline stays the label's ↵."""
     t = str(token)
     if t in SPECIAL_TOKENS:
         return t
-    return t.replace("▁", " ").replace("Ġ", " ").replace("Ċ", "↵")
+    return t.replace("▁", " ")
 
 
 def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_len: int, *,
@@ -35,6 +47,7 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
     top = max(float(s.max()) if len(s) else 0.0, 1.0)
     upto = len(tokens) if upto is None else int(upto)
     spans = []
+    running, parts = across_pieces(tokens)  # a character cut over pieces shown once, where it starts
     for i, (tok, val) in enumerate(zip(tokens, s)):
         t = val / top
         r, g, b = int(255 - 75 * t), int(255 - 230 * t), int(255 - 225 * t)  # white → dark red
@@ -47,8 +60,11 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
             style += ";opacity:0.3"
         if str(tok) in SPECIAL_TOKENS:
             style += ";font-family:monospace;font-size:0.85em;outline:1px dashed #999"
-        tip = html.escape(f"{i} · {tok}: {val:.2f} bits" + (" (generated)" if i >= prompt_len else ""), quote=True)
-        spans.append(f'<span title="{tip}" style="{style}">{html.escape(shown_token(tok), quote=False)}</span>')
+        part = f", {parts[i]}" if parts[i] else ""
+        tip = html.escape(f"{i} · {tok}{html.unescape(raw_note(tok))}{part}: {val:.2f} bits"
+                          + (" (generated)" if i >= prompt_len else ""), quote=True)
+        text = tok if str(tok) in SPECIAL_TOKENS else running[i]
+        spans.append(f'<span title="{tip}" style="{style}">{html.escape(shown_token(text), quote=False)}</span>')
     legend = ('<div style="margin-top:8px;font-size:0.8em;color:#555">surprisal: white 0 bits &rarr; dark red '
               f'{top:.1f} bits · <span style="border-bottom:3px solid #3182bd">underlined</span> = generated</div>')
     head = f'<div style="font-weight:600;margin-bottom:6px">{html.escape(title)}</div>' if title else ""
@@ -64,11 +80,12 @@ def step_candidates(candidates: Sequence[Sequence[str]], probs: np.ndarray, chos
     p = np.asarray(probs, dtype=np.float32).reshape(len(candidates), -1)
     n, k = p.shape
     text = [[esc(shorten(shown_token(candidates[s][r]), 8)) for s in range(n)] for r in range(k)]
+    full = [[esc(candidates[s][r]) + raw_note(candidates[s][r]) for s in range(n)] for r in range(k)]
     fig = Fig(dict(
         type="heatmap", z=f32(p.T), x=list(range(1, n + 1)), y=list(range(1, k + 1)), zmin=0, zmax=1,
         colorscale=ATTENTION_SCALE, colorbar=colorbar("probability"), text=text, texttemplate="%{text}",
-        textfont=dict(size=11), xgap=1, ygap=1,
-        hovertemplate="step %{x} · rank %{y}<br>%{text}: %{z:.3f}<extra></extra>",
+        textfont=dict(size=11), xgap=1, ygap=1, customdata=full,
+        hovertemplate="step %{x} · rank %{y}<br>%{customdata}: %{z:.3f}<extra></extra>",
     ))
     for s in range(n):
         if chosen[s] in candidates[s][:k]:

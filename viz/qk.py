@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import Fig, base_layout, esc, f32, shorten, unique_labels
+from viz.common import Fig, base_layout, esc, f32, raw_note, shorten, unique_labels
 
 QUERY_COLOR, KEY_COLOR = "#1b9e77", "#d95f9e"  # AttentionViz's green queries and pink keys (told apart by marker too)
 LINE_COLOR = "#08306b"
@@ -45,7 +45,7 @@ def qk_scatter(points: np.ndarray, tokens: Sequence[str], weights: np.ndarray, *
         row = np.nan_to_num(w[query], nan=0.0)
         top = [int(j) for j in np.argsort(-row, kind="stable")[:top_k] if row[j] > 0]
     shown = shown_tokens(t, max_points, [*top, *([query] if query is not None else [])])
-    labels = unique_labels([shorten(tok, 24) for tok in tokens])
+    labels = [label + raw_note(tok) for label, tok in zip(unique_labels([shorten(tok, 24) for tok in tokens]), tokens)]
     fig = Fig()
     for name, offset, color, symbol in (("queries", 0, QUERY_COLOR, "circle"), ("keys", t, KEY_COLOR, "diamond")):
         kind = name[:-1]

@@ -9,7 +9,19 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.attention import heatmap_fig
-from viz.common import HEAD_COLORS, SPECIAL_TOKENS, VIRIDIS, Fig, base_layout, colorbar, esc, f32, shorten
+from viz.common import (
+    HEAD_COLORS,
+    SPECIAL_TOKENS,
+    VIRIDIS,
+    Fig,
+    across_pieces,
+    base_layout,
+    colorbar,
+    esc,
+    f32,
+    raw_note,
+    shorten,
+)
 
 # ----------------------------------------------------------------------------------------------------
 # Token highlight (HTML)
@@ -46,17 +58,18 @@ def token_highlight(
     # SentencePiece marks the start of a word with ▁ (pieces without it continue the word); WordPiece marks
     # continuations with ## instead. Join the pieces the way the tokenizer split them.
     sentencepiece = any(str(t).startswith("▁") for t in tokens)
-    for tok, val in zip(tokens, w):
-        tok = str(tok)
+    running, parts = across_pieces(tokens)  # a character cut over pieces shown once, where it starts
+    for i, (label, val) in enumerate(zip(tokens, w)):
+        tok = str(label)
         if tok in SPECIAL_TOKENS and not show_specials:
             continue
-        shown, space = tok, " "
+        shown, space = (tok if tok in SPECIAL_TOKENS else running[i]), " "
         if tok in SPECIAL_TOKENS:
             pass
         elif tok.startswith("▁"):
-            shown = tok[1:] or "\u00a0"  # a lone ▁ is the space itself
+            shown = shown[1:] or "\u00a0"  # a lone ▁ is the space itself
         elif tok.startswith("##"):
-            shown, space = tok[2:], ""
+            shown, space = shown[2:], ""
         elif sentencepiece:
             space = ""
         t = val / top
@@ -65,7 +78,8 @@ def token_highlight(
         style = f"background:rgb({r},{g},{b});color:{fg};padding:1px 3px;border-radius:3px;margin:1px 0"
         if tok in SPECIAL_TOKENS:
             style += ";font-family:monospace;font-size:0.85em;outline:1px dashed #999"
-        tip = html.escape(f"{tok}: {val:.4f}", quote=True)
+        part = f", {parts[i]}" if parts[i] else ""
+        tip = html.escape(f"{tok}{html.unescape(raw_note(label))}{part}: {val:.4f}", quote=True)
         spans.append(f'{space}<span title="{tip}" style="{style}">{html.escape(shown, quote=False)}</span>')
     legend = (
         '<div style="margin-top:8px;font-size:0.8em;color:#555">'

@@ -284,6 +284,19 @@ def hf_key(name: str) -> str | None:
     raise KeyError(f"unexpected BERT parameter name {name!r}")
 
 
+def hf_name(ours: str) -> str:
+    """The Hugging Face ``BertModel`` name of one of our ``BertEncoder`` parameters (``hf_key``'s inverse), so that a
+    message names what a folder lacks in the folder's own names: ``layers.1.self_attn.q_proj.weight`` ->
+    ``encoder.layer.1.attention.self.query.weight``."""
+    if m := re.match(r"^embeddings\.(\w+)\.(weight|bias)$", ours):
+        theirs = {v: k for k, v in _HF_EMBEDDINGS.items()}.get(m.group(1))
+        return f"embeddings.{theirs}.{m.group(2)}" if theirs else ours
+    if m := re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", ours):
+        theirs = {v: k for k, v in _HF_LAYER.items()}.get(m.group(2))
+        return f"encoder.layer.{m.group(1)}.{theirs}.{m.group(3)}" if theirs else ours
+    return ours
+
+
 def hf_to_ours(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
     """Rename a Hugging Face BERT state dict for ``BertEncoder``: (mapped state, names ignored)."""
     out: dict[str, Tensor] = {}

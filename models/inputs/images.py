@@ -4,7 +4,8 @@ Two kinds of input (docs/ARCHITECTURE.md §4):
 
 - ``"fashion"``: the Fashion-MNIST models see 28×28 grey images of an object on a *dark* background.
   A photo is converted to grey, inverted when its background is light (judged from the border pixels),
-  fitted into 28×28 keeping its aspect ratio and padded with black.
+  fitted into 28×28 keeping its aspect ratio and padded with black. An image with a transparent background is put on
+  black (the model's ground), its object made light (``transparent_on_dark``), with a notice.
 - ``"imagenet"``: the ImageNet models (torchvision's ViT-B/16 and Swin-T weights) see RGB resized so the
   shorter side is ``resize`` pixels, centre-cropped to 224×224 and normalised with the ImageNet mean and
   standard deviation, as torchvision's ``ImageClassification`` weight transforms do.
@@ -14,7 +15,8 @@ Two kinds of input (docs/ARCHITECTURE.md §4):
   size, optionally centre-cropped, rescaled and normalised, as transformers' torchvision image processors do.
 
 All return the float tensor for the model and the uint8 array shown to the user, which is exactly what
-the model saw. Any PIL mode is accepted (RGBA and LA are composited on white, palette images with or
+the model saw. Any PIL mode is accepted (RGBA and LA are composited on white for the RGB models, on black for the
+Fashion-MNIST ones, palette images with or
 without transparency, 16-bit and 32-bit integer greys, float, CMYK, YCbCr), animated images use their first
 frame, and the EXIF orientation is applied. Anything that cannot be used raises ``ValueError`` with a
 message meant for the user.
@@ -220,6 +222,35 @@ def light_background(grey: np.ndarray) -> bool:
     return bool(np.median(border) > 127)
 
 
+TRANSPARENT_SHARE = 0.05  # an image whose pixels are at least this share (mostly) transparent has a see-through ground
+
+
+def transparent_on_dark(img: Image.Image) -> tuple[Image.Image | None, str]:
+    """(grey image, notice) of an image with a transparent background, as a Fashion-MNIST model expects it: the
+    object light on a black ground; (None, "") for an image without one. The transparent ground is the background
+    (there is no border colour to judge), so it becomes the model's black; the object's opaque pixels keep their grey
+    when they are light on average and are inverted when dark (a black drawing on a see-through ground becomes a light
+    one), each pixel weighted by its opacity. Judging the composite on white instead (what a viewer shows) took a light
+    object on a transparent ground for a light background and inverted it to near black."""
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode not in _ALPHA_MODES:
+        return None, ""
+    if img.mode == "La":
+        img = img.convert("LA")
+    rgba = img.convert("RGBA")
+    alpha = np.asarray(rgba.getchannel("A"), dtype=np.float64) / 255.0
+    if (alpha < 0.5).mean() < TRANSPARENT_SHARE:
+        return None, ""  # opaque, or nearly: read as any other image
+    luma = np.asarray(rgba.convert("RGB").convert("L"), dtype=np.float64)
+    weight = alpha.sum()
+    light = weight == 0 or float((luma * alpha).sum() / weight) >= 128
+    grey = (luma if light else 255.0 - luma) * alpha  # over black: the ground 0, the object light
+    said = ("Transparent background: put on black, the dark ground Fashion-MNIST models expect"
+            + ("." if light else "; the dark object inverted to light, as Fashion-MNIST objects are."))
+    return Image.fromarray(np.clip(grey, 0, 255).round().astype(np.uint8)), said
+
+
 def fashion_array(image: ImageInput, size: int = FASHION_SIZE) -> tuple[np.ndarray, str]:
     """Any image -> (uint8 (size, size) grey, object light on a dark background, notice).
 
@@ -229,11 +260,15 @@ def fashion_array(image: ImageInput, size: int = FASHION_SIZE) -> tuple[np.ndarr
     side (8 source pixels per output pixel for the filter).
     """
     img, notice = open_image(image, at_least=max(FASHION_DECODE, 8 * size))
-    grey = to_grey(img)
     notes = [notice] if notice else []
-    if light_background(np.asarray(grey)):
-        grey = ImageOps.invert(grey)
-        notes.append("Light background: image inverted to match Fashion-MNIST (light object on black).")
+    grey, said = transparent_on_dark(img)
+    if grey is not None:
+        notes.append(said)
+    else:
+        grey = to_grey(img)
+        if light_background(np.asarray(grey)):
+            grey = ImageOps.invert(grey)
+            notes.append("Light background: image inverted to match Fashion-MNIST (light object on black).")
     w, h = grey.size
     if (w, h) != (size, size):
         scale = size / max(w, h)

@@ -51,10 +51,101 @@ def normalize_text(text: str, settings: dict[str, Any] | None = None) -> str:
     return " ".join(text.split())
 
 
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (Radford et al. 2019, encoder.py's bytes_to_unicode): how a
+    byte-level BPE vocabulary spells each byte ("Ġ" is the space, "Ċ" the newline)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_SPELLED = {c: b for b, c in byte_alphabet().items()}
+# what a label shows for a character that would not read as itself on an axis; the space as SentencePiece's own mark,
+# so a byte-level model's words start as a SentencePiece model's do ("▁the")
+SPACE_MARK = "▁"
+_SHOWN = {" ": SPACE_MARK, "\n": "↵", "\t": "⇥"}
+
+
+class Piece(str):
+    """A token label as people read it (``str``: what figures show), carrying the tokenizer's own piece as ``raw``
+    (what figures show on hover). Made only where the two differ (byte-level BPE pieces); equal as a string to the
+    label, so code that compares labels keeps working."""
+
+    raw: str
+
+    def __new__(cls, label: str, raw: str) -> Piece:
+        obj = super().__new__(cls, label)
+        obj.raw = raw
+        return obj
+
+    def __reduce__(self) -> tuple:  # copies (gr.State) keep the raw piece
+        return (Piece, (str(self), self.raw))
+
+
+def raw_piece(label: str) -> str:
+    """The tokenizer's own piece behind a label (``Piece.raw``), the label itself where they are the same."""
+    return getattr(label, "raw", label)
+
+
+def readable_piece(piece: str, byte_level: bool) -> str:
+    """A vocabulary piece as people read it: the one mapping from a tokenizer's piece to a label (docs/ARCHITECTURE.md
+    §3). SentencePiece and WordPiece pieces already read as text ("▁the", "##ing") and are returned unchanged. A
+    byte-level BPE piece (GPT-2, RoBERTa, Qwen2, LLaMA 3, SmolLM2) spells bytes as characters ("ĠCafÃ©" is the bytes
+    of " Café"): its bytes are decoded as UTF-8, a space shown as ``▁`` (as SentencePiece shows it), a newline as
+    ``↵``, a tab as ``⇥``, another control character and every byte that is not part of a whole character inside
+    this piece (an emoji split over two pieces) as ``<0xF0>``, SentencePiece's own spelling of a byte, never as
+    mojibake. A piece not spelled in the byte alphabet (an added token such as ``<|im_start|>``) is returned as it is.
+    Returns a ``Piece`` (label with ``raw``) where the label differs from the piece."""
+    if not byte_level:
+        return piece
+    try:
+        data = bytes(_SPELLED[c] for c in piece)
+    except KeyError:
+        return piece
+    out = []
+    for ch in data.decode("utf-8", errors="surrogateescape"):
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte outside a whole character (surrogateescape's spelling of it)
+            out.append(f"<0x{code - 0xDC00:02X}>")
+        elif ch in _SHOWN:
+            out.append(_SHOWN[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") or ch in (SPACE_MARK, "↵", "⇥"):
+            # a control or invisible character, or one of the marks themselves: its bytes, so no label misleads
+            out.append("".join(f"<0x{b:02X}>" for b in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    label = "".join(out)
+    return piece if label == piece else Piece(label, piece)
+
+
+def is_byte_level(tk: Any) -> bool:
+    """Whether a ``tokenizers.Tokenizer`` is byte-level BPE: its decoder (or pre-tokenizer) is ``ByteLevel``, alone
+    or in a sequence, as in GPT-2's, RoBERTa's, Qwen2's and LLaMA 3's tokenizer.json."""
+    import json
+
+    for part in (tk.decoder, tk.pre_tokenizer):
+        if part is None:
+            continue
+        try:
+            spec = json.loads(part.__getstate__())
+        except (AttributeError, TypeError, ValueError):
+            continue
+        kinds = [spec.get("type")] + [d.get("type") for d in spec.get("decoders", spec.get("pretokenizers")) or []]
+        if "ByteLevel" in kinds:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Encoded:
     ids: list[int]  # token ids, special tokens included
-    pieces: list[str]  # the matching token strings, exactly as the model sees them
+    pieces: list[str]  # the matching token labels: readable_piece of each piece, the raw piece as ``.raw``
     notice: str = ""  # non-empty when the input was truncated
 
 
@@ -65,6 +156,7 @@ class Tokenizer:
     unk_id: int = -1
     bos_id: int = -1  # <s>, or [CLS]
     eos_id: int = -1  # </s>, or [SEP]
+    byte_level: bool = False  # byte-level BPE: its pieces spell bytes ("Ġold"), labels decode them (readable_piece)
 
     def __init__(self, text: dict[str, Any] | None, max_tokens: int) -> None:
         self.text = dict(text or {})
@@ -76,6 +168,11 @@ class Tokenizer:
         raise NotImplementedError
 
     def id_to_piece(self, i: int) -> str:
+        """The label of id ``i``: its piece as people read it (``readable_piece``), the piece itself as ``.raw``."""
+        return readable_piece(self.raw_piece(i), self.byte_level)
+
+    def raw_piece(self, i: int) -> str:
+        """The vocabulary's own piece of id ``i`` ("Ġold")."""
         raise NotImplementedError
 
     def decode(self, ids: list[int]) -> str:
@@ -141,7 +238,7 @@ class SentencePieceTokenizer(Tokenizer):
         ids = self.sp.encode(text)
         return ids, [self.sp.id_to_piece(i) for i in ids]
 
-    def id_to_piece(self, i: int) -> str:
+    def raw_piece(self, i: int) -> str:
         return self.sp.id_to_piece(i)
 
     def decode(self, ids: list[int]) -> str:
@@ -174,6 +271,8 @@ class JsonTokenizer(Tokenizer):
 
         self.pad_id, self.unk_id = find("[PAD]", "<pad>"), find("[UNK]", "<unk>")
         self.bos_id, self.eos_id = find("[CLS]", "<s>"), find("[SEP]", "</s>")
+        self.byte_level = is_byte_level(self.tk)
+        self.added = set(self.tk.get_added_tokens_decoder())  # added tokens are stored as they read, not as bytes
 
     def _encode_pieces(self, text: str) -> tuple[list[int], list[str]]:
         enc = self.tk.encode(text, add_special_tokens=False)
@@ -185,9 +284,13 @@ class JsonTokenizer(Tokenizer):
         """Exactly as transformers encodes it: the tokenizer's own normaliser and post-processor decide the
         specials (GPT-2's adds none), so the same text gives the same ids on both sides."""
         enc = self.tk.encode(text, add_special_tokens=True)
-        return list(enc.ids), list(enc.tokens)
+        return list(enc.ids), [self.id_to_piece(i) for i in enc.ids]
 
     def id_to_piece(self, i: int) -> str:
+        piece = self.raw_piece(i)
+        return piece if i in self.added else readable_piece(piece, self.byte_level)
+
+    def raw_piece(self, i: int) -> str:
         return self.tk.id_to_token(i) or f"<{i}>"
 
     def decode(self, ids: list[int]) -> str:
@@ -338,12 +441,12 @@ class MarianTokenizer(Tokenizer):
         return then_eos(*self._encode_pieces(self.normalize(text)), self.eos_id, add_special,
                         self.max_tokens if max_tokens is None else max_tokens)
 
-    def id_to_piece(self, i: int) -> str:
+    def raw_piece(self, i: int) -> str:
         return self.names.get(i, f"<{i}>")
 
     def decode(self, ids: list[int]) -> str:
         special = {self.pad_id, self.eos_id}
-        return self.target.decode_pieces([self.id_to_piece(i) for i in ids if i not in special])
+        return self.target.decode_pieces([self.raw_piece(i) for i in ids if i not in special])
 
     @property
     def vocab_size(self) -> int:

@@ -26,7 +26,7 @@ from models.inspect import heads as hm
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = ROOT / "examples" / "corpus"
-FORMAT = 2  # bumped when a metric's definition changes: older cached atlases are then computed again
+FORMAT = 3  # bumped when a metric or a label changes (3: byte-level tokens decoded): older atlases are made again
 MAX_LINES = 2000  # a user's corpus: lines read (the rest is refused in words)
 MAX_LINE_CHARS = 500
 MAX_CORPUS_BYTES = 256 * 1024

@@ -138,8 +138,9 @@ def query_mean(values: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def is_punctuation(token: str) -> bool:
-    """A token label that is punctuation once a subword marker (▁, Ġ, ##) is taken off."""
-    t = token.replace("▁", "").replace("Ġ", "").replace("##", "").strip()
+    """A token label that is punctuation once a subword marker (▁, ##) is taken off (byte-level labels are decoded,
+    their space shown as ▁: models.inputs.tokenizer.readable_piece)."""
+    t = token.replace("▁", "").replace("##", "").strip()
     return bool(t) and all(ch in PUNCTUATION for ch in t)
 
 

@@ -236,6 +236,50 @@ def repeated_pair(model: nn.Module, n: int, seed: int = 0) -> tuple[list[int], l
     return [int(bos), *a, *a[:-1]], [int(bos), *b, *a[:-1]]
 
 
+_WORDS: dict[int, list[str]] = {}  # id(tokenizer) -> its whole words (word_pool)
+
+
+def word_pool(model: nn.Module) -> list[str]:
+    """The words of a language model's vocabulary that one piece spells whole: a word-start piece of two or more ASCII
+    letters ("▁cat", a byte-level "Ġcat" read as "▁cat"), sorted; read once per tokenizer."""
+    tok = model.tokenizer
+    key = id(tok)
+    if key not in _WORDS:
+        special = {tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id}
+        words = set()
+        for i in range(int(tok.vocab_size)):
+            label = str(tok.id_to_piece(i))
+            if i not in special and label.startswith("▁") and len(label) > 2 and label[1:].isascii() \
+                    and label[1:].isalpha():
+                words.add(label[1:])
+        _WORDS[key] = sorted(words)
+    return _WORDS[key]
+
+
+def repeated_text_pair(model: nn.Module, n: int, seed: int = 0, tries: int = 50
+                       ) -> tuple[str, str, list[int], list[int]]:
+    """The induction example as text (clean, corrupted, their ids), for a person to read and run again: n random whole
+    words A (``word_pool``), then A[:-1] again; the corrupted text has n other words B first. Each text is what the
+    model reads (``encode_prompt``), so the ids are those of the text typed back; of the draws (``seed``, then the
+    next ones) the first whose two texts have the same number of tokens is taken, for every tokenizer (a word may
+    take two pieces at the start of a text). n shrinks to what the vocabulary's words allow."""
+    if not hasattr(model, "encode_prompt") or getattr(model, "tokenizer", None) is None:
+        raise ValueError("the repeated-word example needs a language model with a tokenizer")
+    words = word_pool(model)
+    n = min(int(n), len(words) // 2, model.context_limit() // 4)
+    if n < 2:
+        raise ValueError("this vocabulary has too few whole words for the repeated-word example")
+    rng = np.random.default_rng(seed)
+    for _ in range(tries):
+        x = rng.choice(len(words), 2 * n, replace=False)
+        a, b = [words[i] for i in x[:n]], [words[i] for i in x[n:]]
+        clean, corrupted = " ".join(a + a[:-1]), " ".join(b + a[:-1])
+        clean_ids, corrupted_ids = model.encode_prompt(clean)[0], model.encode_prompt(corrupted)[0]
+        if len(clean_ids) == len(corrupted_ids):
+            return clean, corrupted, list(clean_ids), list(corrupted_ids)
+    raise ValueError(f"no draw of {n} words gave two texts of the same length in tokens")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Attention-sink ablation
 

@@ -391,19 +391,6 @@ def tokenizer_spec(reader: Any) -> dict[str, Any]:
     return spec
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (Radford et al. 2019, encoder.py's bytes_to_unicode)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """A SentencePiece vocabulary's BPE merges, recovered from its pieces and scores: every split of a piece into two
     pieces of the vocabulary, best-scored piece first (the order transformers' ``generate_merges`` gives)."""
@@ -422,12 +409,14 @@ def build_tokenizer(spec: dict[str, Any], arch: str, path: Path) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
 
+    from models.inputs.tokenizer import byte_alphabet
+
     tokens, kind = spec.get("tokens"), spec.get("model")
     if not tokens:
         raise GGUFError(path, "the metadata has no tokenizer (tokenizer.ggml.tokens)")
     types = spec.get("token_type") or []
     if kind == "gpt2":  # byte-level BPE (GPT-2, SmolLM2, Qwen2, LLaMA 3)
-        alphabet = _byte_alphabet()
+        alphabet = byte_alphabet()
         spelled = set(alphabet.values())
         vocab = {t if set(t) <= spelled else "".join(alphabet[b] for b in t.encode("utf-8")): i
                  for i, t in enumerate(tokens)}

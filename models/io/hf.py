@@ -129,6 +129,76 @@ def rotary_dim(fraction: float, d_head: int, where: Path) -> int:
     return r
 
 
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def header_state(folder: Path) -> dict[str, Tensor]:
+    """The folder's tensors as meta tensors (names, shapes and dtypes from the safetensors headers; no weight is
+    read): what ``check_folder`` runs a reader on."""
+    import struct
+
+    import torch
+
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        return _weights(folder)  # its refusal names what is there instead
+    state: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            with f.open("rb") as handle:
+                (size,) = struct.unpack("<Q", handle.read(8))
+                if size > 100 << 20:
+                    raise ValueError("header over 100 MB")
+                header = json.loads(handle.read(size))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    dtype = getattr(torch, _DTYPES.get(info["dtype"], "float32"))
+                    state[name] = torch.empty(info["shape"], dtype=dtype, device="meta")
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as err:
+            raise CheckpointError(f, f"unreadable safetensors file: {err}") from None
+    return state
+
+
+def check_folder(folder: str | Path) -> bool:
+    """Raise the CheckpointError that ``load_hf`` would raise for the folder's weights and tokenizer, without reading a
+    weight: the family's reader runs on meta tensors made from the safetensors headers (names and shapes), so a
+    missing or misshapen tensor is named, in the folder's own names, at start-up (serving.catalogue.check_configured).
+    A problem a reader finds only in the values is left to the load. Returns whether the weights were checked (False:
+    the reader reads a value, as T5's tied-head scale does, so only the load can tell)."""
+    import torch
+
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(config_path, f"unreadable: {err}") from None
+    kind = hf.get("model_type")
+    family = registry.by_model_type(kind) if isinstance(kind, str) else None
+    if family is None:
+        raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
+                                           f"{', '.join(registry.hf_types())})")
+    state = header_state(folder)
+    try:
+        with torch.device("meta"):
+            model = family.hf_reader(kind)(hf, state, config_path)
+    except KeyError as err:
+        raise CheckpointError(folder / "model.safetensors", f"no tensor or config entry {err} for {kind}") from None
+    except CheckpointError:
+        raise
+    except Exception:  # noqa: BLE001 (a reader that reads values: meta tensors have none; the load will tell)
+        return False
+    if family.text and getattr(model, "tokenizer", None) is None:  # as load_hf: the folder's tokenizer files
+        from models.inputs.tokenizer import folder_tokenizer
+
+        try:
+            folder_tokenizer(folder, kind)
+        except (FileNotFoundError, ValueError, OSError) as err:
+            raise CheckpointError(folder / "tokenizer.json", f"no usable tokenizer: {err}") from None
+    return True
+
+
 def _weights(folder: Path) -> dict[str, Tensor]:
     from safetensors.torch import load_file
 
@@ -244,7 +314,7 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
 def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
                                where: Path | str = "config.json") -> Any:
     """``models.families.bert.BertClassifier`` (pooler pooling) from a ``BertForSequenceClassification`` folder."""
-    from models.families.bert import BertClassifier, config_from_hf, hf_to_ours
+    from models.families.bert import BertClassifier, config_from_hf, hf_name, hf_to_ours
 
     where = Path(where)
     if "BertForSequenceClassification" not in (hf.get("architectures") or []):
@@ -262,9 +332,19 @@ def bert_classifier_from_state(hf: dict[str, Any], state: dict[str, Tensor],
     ours.update({"pooler.weight": state["bert.pooler.dense.weight"], "pooler.bias": state["bert.pooler.dense.bias"],
                  "head.weight": state["classifier.weight"], "head.bias": state["classifier.bias"]})
     model = BertClassifier(config)
+    expected = model.state_dict()
+    for k, t in ours.items():
+        if k in expected and tuple(t.shape) != tuple(expected[k].shape):
+            name = f"bert.{hf_name(k.removeprefix('bert.'))}" if k.startswith("bert.") else k
+            raise CheckpointError(where.parent / "model.safetensors", f"tensor {name} has shape {tuple(t.shape)}, "
+                                  f"config.json says {tuple(expected[k].shape)}")
     missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(where, f"weights do not fit BERT: missing {missing}, unexpected {unexpected}")
+    if missing:  # named as the folder names them: bert.encoder.layer.1.attention.self.query.weight
+        theirs = [f"bert.{hf_name(k.removeprefix('bert.'))}" for k in missing]
+        raise CheckpointError(where.parent / "model.safetensors", f"no tensor {', '.join(theirs[:4])}"
+                              + (f" (and {len(theirs) - 4} more)" if len(theirs) > 4 else "") + " (bert)")
+    if unexpected:
+        raise CheckpointError(where, f"weights do not fit BERT: unexpected {unexpected}")
     model.labels = [str(id2label.get(str(i), id2label.get(i, i))) for i in range(n)]
     return model
 

@@ -102,6 +102,6 @@ def both_arrays(tab: str, view_of, state_a, state_b) -> str:
     pairs = align_tokens(a["amap"].queries, b["amap"].queries)
     long = max(len(a["amap"].keys), len(b["amap"].keys)) > limits.LONG_TOKENS  # float16 arrays, deflated
     return save_npz(f"{tab}-compare", compressed=long, attention_a=a["amap"].weights, attention_b=b["amap"].weights,
-                    tokens_a=np.array(a["amap"].queries), tokens_b=np.array(b["amap"].queries),
+                    tokens_a=list(a["amap"].queries), tokens_b=list(b["amap"].queries),
                     values_a=np.asarray(a["values"], dtype=np.float32), values_b=np.asarray(b["values"], np.float32),
                     shared=np.array(pairs, dtype=np.int64).reshape(-1, 2))

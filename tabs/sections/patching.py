@@ -52,7 +52,7 @@ CONTRAST_TOP = 5  # target and foil are picked among each input's this many like
 def patching(tab: str, resolve: Callable[..., str], model_inputs: list, examples: list[list[str]],
              why_section: dict[str, Any], repeated: bool = False) -> None:
     """The activation-patching section. ``resolve(*values of model_inputs)`` is the model's name; ``examples``
-    are [clean, corrupted] pairs; ``repeated`` adds the induction example (repeated random tokens, first copy
+    are [clean, corrupted] pairs; ``repeated`` adds the induction example (repeated random words, first copy
     replaced) for language models."""
     gr.Markdown(PATCH_TEXT)
     with gr.Row():
@@ -251,7 +251,7 @@ def filler(net) -> int | None:
     if key not in _FILLERS:
         piece = net.piece if registry.family_of(net).causal_lm else net.tokenizer.id_to_piece
         size = int(net.tokenizer.vocab_size)
-        _FILLERS[key] = next((i for i in range(size) if piece(i) in ("▁", "Ġ")), None)
+        _FILLERS[key] = next((i for i in range(size) if piece(i) == "▁"), None)  # a byte-level "Ġ" reads "▁"
     return _FILLERS[key]
 
 
@@ -333,33 +333,21 @@ def patch_texts(name: str, clean: str, corrupted: str, target: str, sweep: str, 
 
 
 def patch_repeated(name: str, sweep: str, n: int = 19, seed: int = 0):
-    """The induction example: BOS + A + A[:−1] against BOS + B + A[:−1] (models.inspect.patching.repeated_pair)."""
-    from models.inspect.patching import repeated_pair
+    """The induction example: n random whole words then the same words again, against n other words then the same
+    repeat (models.inspect.patching.repeated_text_pair). The boxes get both texts, which read back as exactly the ids
+    patched, so a second Patch on them runs the same input, for every tokenizer."""
+    from models.inspect.patching import repeated_text_pair
 
     net = get_model(name)
     require_heads(net, "Activation patching")
     try:
-        clean, corrupted = repeated_pair(net, n, seed)
+        clean_text, corrupted_text, clean, corrupted = repeated_text_pair(net, n, seed)
     except ValueError as err:
-        raise Error(str(err)) from None
+        raise Error(f"The induction example cannot be made for this model: {err}.") from None
     note, fig, _, kept = run_patch(name, clean, corrupted, None, sweep)
-    shown = [readable(net, ids) for ids in (clean, corrupted)]
-    note = ("Repeated random tokens: the clean input repeats its first copy, so an induction head can predict the "
-            "next token from the earlier occurrence; the corrupted input replaces the first copy. " + note)
-    return note, fig, kept, *shown
-
-
-def readable(net, ids: list[int]) -> str:
-    """Ids as text a person reads (the tokenizer's decoding, not raw `▁` pieces), when that text reads back as the
-    same ids, so a second Patch on the boxes runs the same input; else the pieces joined by spaces."""
-    bos = getattr(net.tokenizer, "bos_id", None)
-    body = ids[1:] if ids and ids[0] == bos else ids
-    text = net.tokenizer.decode(list(body))
-    try:
-        same = encode(net, text)[0] == list(ids)
-    except Error:
-        same = False
-    return text if same else " ".join(net.piece(i) for i in ids)
+    note = ("Repeated random words: the clean input repeats its first words, so an induction head can predict the "
+            "next word from the earlier occurrence; the corrupted input has other words first. " + note)
+    return note, fig, kept, clean_text, corrupted_text
 
 
 def patched_head(cell: str, kept):
