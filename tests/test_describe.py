@@ -245,6 +245,7 @@ def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, mo
     out = tab.describe(tab.EXAMPLE_SCENES[1], name, "what is this?", 3, 1, "while choosing it", -1, -1, "mean")
     r = out[13]["result"]
     drawn = tab._groups(r)[0]
+    assert not any(c in t for t in r.tokens for c in "ĠĊ")  # byte-level pieces as people read them (issue 61 item 7)
     tiles = r.image_cells[drawn, 0]
     assert (r.image_cells[drawn, 1] >= 0).all() and len(set(tiles)) == tiles.max() + 1  # every tile, no global view
     q = r.prompt_len - 1

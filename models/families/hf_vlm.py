@@ -171,6 +171,7 @@ class HFVLM(nn.Module):
         self.projector = projector
         self.lm = lm
         self.tokenizer: Any = None  # a tokenizers.Tokenizer (models/io/hf_vlm.py)
+        self._byte_level: bool | None = None  # whether its pieces spell bytes (read on first use)
         self.labels: list[str] = []
         self.text: dict[str, Any] = {}
 
@@ -192,7 +193,12 @@ class HFVLM(nn.Module):
 
     # ------------------------------------------------------------------------------------------------ shared
     def piece(self, i: int) -> str:
-        return self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>"
+        """Token i as people read it (byte-level pieces decoded, the raw piece on ``.raw``: models.inputs.tokenizer)."""
+        from models.inputs.tokenizer import is_byte_level, readable_piece
+
+        if self._byte_level is None:
+            self._byte_level = is_byte_level(self.tokenizer)
+        return readable_piece(self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>", self._byte_level)
 
     def context_limit(self) -> int:
         return min(self.lm.config.max_len, limits.MAX_LM_TOKENS)
