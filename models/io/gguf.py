@@ -54,7 +54,7 @@ from typing import Any
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                  "gemma3": "gemma3_text"}
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-CACHE_FORMAT = 1  # bumped when what the cache holds changes: older entries are then read again from the file
+CACHE_FORMAT = 2  # bumped when what the cache holds changes: older entries are then read again from the file
 OLLAMA_MEDIA = "application/vnd.ollama.image.model"
 _OLLAMA_NAME = re.compile(r"(?:([a-z0-9][a-z0-9._-]{0,79})/)?([a-z0-9][a-z0-9._-]{0,79})")
 _OLLAMA_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -256,9 +256,15 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
     if int(get("attention.value_length") or head_dim) != head_dim:
         raise GGUFError(path, "keys and values of different widths are not supported")
     rot = get("rope.dimension_count")
+    partial = None
     if rot is not None and int(rot) != head_dim:
-        raise GGUFError(path, f"RoPE over {rot} of each head's {head_dim} dimensions (a partial rotary factor) is "
-                              "not supported")
+        # Phi-3's reader turns the first rotary dimensions of each head (Phi-4-mini: 96 of 128), as llama.cpp's NEOX
+        # RoPE over n_rot does; the other families rotate whole heads only
+        r = int(rot)
+        if arch != "phi3" or not 0 < r < head_dim or r % 2 or int(head_dim * (r / head_dim)) != r:
+            raise GGUFError(path, f"RoPE over {rot} of each head's {head_dim} dimensions (a partial rotary factor) is "
+                                  f"not supported for {arch}")
+        partial = r / head_dim
     scaling = get("rope.scaling.type")
     if scaling not in (None, "none") or any(t.name == "rope_freqs.weight" or t.name.startswith("rope_factors")
                                             for t in reader.tensors):
@@ -282,6 +288,8 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
     }
     if head_dim != d // heads or kind in ("qwen3", "gemma3_text"):
         hf["head_dim"] = head_dim
+    if partial is not None:
+        hf["partial_rotary_factor"] = partial
     base = get("rope.freq_base")
     if base is not None:
         hf["rope_theta"] = float(base)
@@ -290,19 +298,44 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
         if kind in ("qwen2", "qwen3"):
             hf["use_sliding_window"] = True
     if kind == "gemma3_text":
-        pattern = get("attention.sliding_window_pattern")
-        if isinstance(pattern, list):  # per layer: True = local
-            hf["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
-        elif pattern:
-            hf["sliding_window_pattern"] = int(pattern)
-        # llama.cpp scales Gemma 3's queries by 1/√head_dim (the 27 B model, 62 layers: 1/√(d/heads))
-        hf["query_pre_attn_scalar"] = d // heads if hf["num_hidden_layers"] == 62 else head_dim
-        hf["rope_local_base_freq"] = float(get("rope.freq_base_swa") or 10_000.0)
+        hf.update(gemma3_settings(get, hf, window, path))
         cap = get("final_logit_softcapping")
         if cap:
             hf["final_logit_softcapping"] = float(cap)
         hf["hidden_activation"] = "gelu_pytorch_tanh"
     return hf
+
+
+def gemma3_settings(get: Any, hf: dict[str, Any], window: int, path: Path) -> dict[str, Any]:
+    """Gemma 3's query scale, local/global layers and local RoPE base, as llama.cpp runs the file: the keys GGUF has
+    for them where the file states them (``attention.scale``, ``attention.sliding_window_pattern``, an interval or
+    one flag per layer, true = local, and ``rope.freq_base_swa``), else llama.cpp's fixed rule for Gemma 3 (queries
+    scaled by 1/√head_dim, by 1/√(d_model/heads) for the 27 B model of 62 layers; every 6th layer global; local base
+    10 000). The result is explicit (``layer_types``), so no reader default decides it."""
+    n = hf["num_hidden_layers"]
+    scale = get("attention.scale")
+    if scale is not None:
+        if not float(scale) > 0:
+            raise GGUFError(path, f"gemma3.attention.scale is {scale}, not a positive number")
+        scalar = float(scale) ** -2.0  # transformers' query_pre_attn_scalar: the scale is its −½ power
+    else:
+        scalar = hf["hidden_size"] // hf["num_attention_heads"] if n == 62 else hf["head_dim"]
+    pattern = get("attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise GGUFError(path, f"gemma3.attention.sliding_window_pattern has {len(pattern)} flags for {n} layers")
+        local = [bool(p) for p in pattern]
+    else:  # llama.cpp's set_swa_pattern(p): layer i is local unless i % p == p - 1 (p = 0: every layer local)
+        p = 6 if pattern is None else int(pattern)
+        local = [p == 0 or i % p < p - 1 for i in range(n)]
+    out: dict[str, Any] = {"query_pre_attn_scalar": scalar,
+                           "rope_local_base_freq": float(get("rope.freq_base_swa") or 10_000.0)}
+    if window:
+        out["layer_types"] = ["sliding_attention" if x else "full_attention" for x in local]
+    elif any(local) and pattern is not None:
+        raise GGUFError(path, "gemma3.attention.sliding_window_pattern names local layers but the file states no "
+                              "attention.sliding_window")
+    return out
 
 
 _LAYER = {  # blk.N.<name> -> model.layers.N.<name> (Hugging Face)
@@ -378,6 +411,7 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> the split its merges were learned with (the others: GPT-2's own, inside ByteLevel)
+GEMMA_VOCAB = ("gemma", "gemma2", "gemma3")  # architectures whose SentencePiece files are spelled as Gemma's
 SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
           "dbrx": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 
@@ -404,12 +438,13 @@ def _byte_alphabet() -> dict[int, str]:
     return table
 
 
-def score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
-    """A SentencePiece vocabulary's BPE merges, recovered from its pieces and scores: every split of a piece into two
-    pieces of the vocabulary, best-scored piece first (the order transformers' ``generate_merges`` gives)."""
+def score_merges(tokens: list[str], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """A SentencePiece vocabulary's BPE merges, recovered from its pieces: every split of a piece into two pieces of
+    the vocabulary, the best-scored piece's first (the order transformers' ``generate_merges`` gives: ``scores`` is
+    keyed by piece, so a piece spelled twice counts once, with its last score)."""
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
-    for piece, score in zip(tokens, scores):
+    for piece, score in scores.items():
         local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
                  if piece[:i] in vocab and piece[i:] in vocab]
         merges.extend(sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]])))
@@ -419,7 +454,7 @@ def score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]
 
 def build_tokenizer(spec: dict[str, Any], arch: str, path: Path) -> Any:
     """A ``tokenizers.Tokenizer`` from the metadata (module docstring); ids as transformers' GGUF tokenizer gives."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
     tokens, kind = spec.get("tokens"), spec.get("model")
@@ -444,24 +479,44 @@ def build_tokenizer(spec: dict[str, Any], arch: str, path: Path) -> Any:
         tk.decoder = decoders.ByteLevel()
         control_ok = spelled
         add_bos = bool(spec.get("add_bos_token") or False)
-    elif kind == "llama" and arch not in ("gemma3", "phi3"):  # SentencePiece BPE with byte fallback (LLaMA 1/2)
-        scores = spec.get("scores") or [0.0] * len(tokens)
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tk = Tokenizer(BPE(vocab=vocab, merges=score_merges(tokens, scores), fuse_unk=True, byte_fallback=True,
-                           dropout=None))
-        tk.normalizer = None
-        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                        decoders.Strip(content=" ", left=1)])
+    elif kind == "llama":  # SentencePiece BPE with byte fallback, as transformers' GGUF tokenizer builds each family's
+        if arch in GEMMA_VOCAB:  # runs of spaces are stored as spaces; merges follow the token order, not the scores
+            pieces = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+            ranking = {t: -float(i) for i, t in enumerate(pieces)}
+        else:
+            pieces = list(tokens)
+            ranking = dict(zip(pieces, [float(x) for x in (spec.get("scores") or [0.0] * len(tokens))]))
+        vocab = {t: i for i, t in enumerate(pieces)}
+        unk = {"unk_token": "<unk>"} if arch in GEMMA_VOCAB else {}
+        tk = Tokenizer(BPE(vocab=vocab, merges=score_merges(pieces, ranking), fuse_unk=True, byte_fallback=True,
+                           dropout=None, **unk))
+        spaces = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if arch in GEMMA_VOCAB:  # no prefix space: every space becomes ▁
+            tk.normalizer = normalizers.Replace(" ", "▁")
+            tk.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+            tk.decoder = decoders.Sequence(spaces)
+        elif arch == "phi3":  # the prefix space from a normalizer ("  hi" -> ▁▁▁hi), as Phi-3's tokenizer.json
+            tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            tk.pre_tokenizer = None
+            tk.decoder = decoders.Sequence([*spaces, decoders.Strip(content=" ", left=1)])
+        else:  # LLaMA 1/2, Mistral
+            tk.normalizer = None
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+            tk.decoder = decoders.Sequence([*spaces, decoders.Strip(content=" ", left=1)])
         control_ok = None
         add_bos = True if spec.get("add_bos_token") is None else bool(spec["add_bos_token"])
     else:
-        raise GGUFError(path, f"tokenizer model {kind!r} for architecture {arch!r} is not supported here (gpt2 "
-                              "byte-level BPE; llama SentencePiece for llama-shaped files)")
+        raise GGUFError(path, f"tokenizer model {kind!r} is not supported here (gpt2: byte-level BPE; llama: "
+                              "SentencePiece BPE)")
     control = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
                if ty == 3 and (control_ok is None or set(t) <= control_ok)]  # 3: CONTROL
     if control:
         tk.add_special_tokens(control)
+    named = [AddedToken(tokens[int(i)], normalized=False, special=True) for i in
+             (spec.get(k) for k in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"))
+             if i is not None and 0 <= int(i) < len(tokens)]  # transformers adds these as special tokens too
+    if named:
+        tk.add_special_tokens(named)
     user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
             if ty == 4 and tk.token_to_id(t) is not None]  # 4: USER_DEFINED, matched whole as llama.cpp does
     if user:
