@@ -375,8 +375,6 @@ def unpermute(w: Any, heads: int) -> Any:
 def hf_state(reader: Any, hf: dict[str, Any], path: Path) -> dict[str, Any]:
     """Every tensor dequantised to float32 under its Hugging Face name (llama q/k rows un-permuted, Gemma's norms
     less 1). A type or tensor this reader does not know is refused before anything is dequantised."""
-    import numpy as np
-    import torch
     from gguf.quants import dequantize
 
     kind = hf["model_type"]
@@ -390,19 +388,63 @@ def hf_state(reader: Any, hf: dict[str, Any], path: Path) -> dict[str, Any]:
         raise GGUFError(path, f"tensor {strange[0]!r} is not part of the {kind} layout this reader knows"
                               + (f" (and {len(strange) - 1} more)" if len(strange) > 1 else ""))
     state: dict[str, Any] = {}
-    for t in reader.tensors:
-        try:
-            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except Exception as err:  # a damaged block: wrong byte count for its shape
-            raise GGUFError(path, f"tensor {t.name!r} cannot be dequantised ({type(err).__name__}: "
-                                  f"{str(err)[:120]})") from None
-        name = names[t.name]
-        if kind in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
-            w = unpermute(w, hf["num_attention_heads"] if ".q_proj." in name else hf["num_key_value_heads"])
-        if kind == "gemma3_text" and name.endswith("norm.weight"):
-            w = w - 1.0
-        state[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a copy: the memmap stays read-only
+    with open(path, "rb") as f:
+        for t in reader.tensors:  # one tensor at a time: its float32 array is the only copy kept
+            try:
+                w = _dequantize(t, _read(f, t), dequantize)
+            except Exception as err:  # a damaged block: wrong byte count for its shape
+                raise GGUFError(path, f"tensor {t.name!r} cannot be dequantised ({type(err).__name__}: "
+                                      f"{str(err)[:120]})") from None
+            state[names[t.name]] = _finish(w, names[t.name], kind, hf)
     return state
+
+
+def _read(f: Any, t: Any) -> Any:
+    """A tensor's bytes read from the file (not through the reader's memory map, whose pages would stay in this
+    process's memory until the reader goes), shaped as the reader shapes them."""
+    import numpy as np
+
+    f.seek(int(t.data_offset))
+    raw = np.fromfile(f, dtype=np.uint8, count=int(t.n_bytes))
+    if raw.size != int(t.n_bytes):
+        raise ValueError(f"{raw.size} of its {int(t.n_bytes)} bytes in the file")
+    return raw.view(t.data.dtype).reshape(t.data.shape)
+
+
+def _finish(w: Any, name: str, kind: str, hf: dict[str, Any]) -> Any:
+    """A dequantised array as the Hugging Face tensor: llama q/k rows un-permuted, Gemma's norms less 1, float32,
+    C order, as a torch tensor over the same memory."""
+    import numpy as np
+    import torch
+
+    if kind in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
+        w = unpermute(w, hf["num_attention_heads"] if ".q_proj." in name else hf["num_key_value_heads"])
+    if kind == "gemma3_text" and name.endswith("norm.weight"):
+        w = np.asarray(w, dtype=np.float32) - np.float32(1.0)
+    w = np.asarray(w, dtype=np.float32)
+    if not (w.flags.c_contiguous and w.flags.writeable):
+        w = np.array(w, dtype=np.float32, order="C")
+    return torch.from_numpy(w)
+
+
+_CHUNK = 1 << 22  # bytes of a quantised tensor dequantised at a time
+
+
+def _dequantize(t: Any, data: Any, dequantize: Any) -> Any:
+    """One tensor (``data``: its bytes as the reader shapes them) as float32: a quantised matrix row block by row block
+    into one array (the float intermediates of ``gguf.quants.dequantize`` stay a few megabytes, not the size of an
+    embedding); F32 and F16 in one go."""
+    import numpy as np
+
+    if t.tensor_type.name in ("F32", "F16") or data.ndim < 2 or data.nbytes <= _CHUNK:
+        return dequantize(data, t.tensor_type)
+    step = max(1, _CHUNK // max(1, data[0].nbytes))
+    first = dequantize(data[:step], t.tensor_type)
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
+    out[:step] = first
+    for i in range(step, data.shape[0], step):
+        out[i:i + step] = dequantize(data[i:i + step], t.tensor_type)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------- tokenizer
@@ -594,9 +636,10 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     check_size(info["n_params"], path.name)  # from the tensor infos alone, before anything is dequantised
     hf = hf_config(reader, path)
     spec_tok = tokenizer_spec(reader)
+    reader.fields.clear()  # the metadata's parsed arrays (a vocabulary's are many small ones) are read by now
     tk = build_tokenizer(spec_tok, info["architecture"], path)
     state = hf_state(reader, hf, path)
-    del reader
+    del reader  # the file's memory map goes with the reader: every tensor is a float32 copy by now
     model = _build(hf, state, spec_tok, tk, info, path)
     if cache:
         _to_cache(folder, hf, state, spec_tok, tk, info)
@@ -607,11 +650,13 @@ def _build(hf: dict[str, Any], state: dict[str, Any], spec: dict[str, Any], tk: 
            path: Path) -> Any:
     from models import registry
     from models.io.checkpoint import CheckpointError
+    from models.io.hf import assigning_weights
 
     kind = hf["model_type"]
     reader = registry.by_model_type(kind).hf_reader(kind)
     try:
-        model = reader(hf, state, path)
+        with assigning_weights():  # the state's own tensors become the parameters: one copy of the weights
+            model = reader(hf, state, path)
     except KeyError as err:
         raise GGUFError(path, f"no tensor or config entry {err} for {info['architecture']}") from None
     except CheckpointError as err:
@@ -627,15 +672,13 @@ def _to_cache(folder: Path, hf: dict[str, Any], state: dict[str, Any], spec: dic
               info: dict[str, Any]) -> None:
     """Write the parsed file under ``folder`` (a temporary sibling renamed into place, so a reader never sees half
     an entry); a cache that cannot be written is skipped with a line in the log."""
-    from safetensors.torch import save_file
-
     meta = {"format": CACHE_FORMAT, "hf": hf, "info": info,
             "tokenizer": {k: spec.get(k) for k in ("bos_token_id", "eos_token_id", "unknown_token_id",
                                                   "padding_token_id", "add_bos_token", "chat_template")}}
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=folder.name[:16] + "-", dir=folder.parent))
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        write_safetensors(state, tmp / "model.safetensors")
         (tmp / "tokenizer.json").write_text(tk.to_str(), encoding="utf-8")
         (tmp / "gguf.json").write_text(json.dumps(meta), encoding="utf-8")
         if folder.exists():
@@ -644,6 +687,35 @@ def _to_cache(folder: Path, hf: dict[str, Any], state: dict[str, Any], spec: dic
     except OSError as err:
         print(f"[attention-atlas] GGUF cache not written ({folder}): {err}", flush=True)
         shutil.rmtree(locals().get("tmp", folder.parent / ".none"), ignore_errors=True)
+
+
+_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def write_safetensors(tensors: dict[str, Any], file: Path) -> None:
+    """``tensors`` as one safetensors file (the format's 8-byte header length, JSON header, then the data in order),
+    written tensor by tensor from the tensors' own memory: no second copy of the weights, as
+    ``safetensors.torch.save_file`` makes (it builds the whole file's bytes first)."""
+    import struct
+
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors.values():
+            t = t.contiguous()  # already, for every tensor read here: no copy
+            if t.numel():
+                f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
 
 def _from_cache(folder: Path, path: Path) -> Any | None:
