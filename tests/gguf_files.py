@@ -190,13 +190,14 @@ def phi3_vocab(folder: Path) -> tuple[list[str], list[float], list[int]]:
 
 def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | None = None,
                 arch_override: str | None = None, extra: dict[str, Any] | None = None,
-                file: str = "model.gguf", all_f32: bool = False, sentencepiece: bool = False) -> tuple[Path, Any]:
+                file: str = "model.gguf", all_f32: bool = False, sentencepiece: bool = False,
+                tokenizer_model: str | None = None) -> tuple[Path, Any]:
     """A random transformers ``name`` model (MODELS) written as a GGUF file ``folder/file``; returns (path, the
     transformers model it came from). ``types``: tensor type per GGUF name (default: Q8_0 for attention and the
     embedding, F16 for the feed-forward and output, F32 for norms and biases); ``"llama-types"`` cycles through
     every supported type; ``all_f32``: every tensor F32 (exact). ``arch_override``: write another
     general.architecture (the refusal tests). ``sentencepiece``: a ``llama`` (SentencePiece) vocabulary instead of
-    the byte-level BPE."""
+    the byte-level BPE. ``tokenizer_model``: another tokenizer.ggml.model (the refusal tests)."""
     import gguf
     import torch
     import transformers
@@ -253,13 +254,17 @@ def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | 
         w.add_rope_freq_base_swa(float(cfg.rope_parameters["sliding_attention"]["rope_theta"]))
     w.add_token_list(tokens)
     w.add_token_types(token_types)
+    if tokenizer_model is not None:
+        w.add_tokenizer_model(tokenizer_model)
     if vocabulary == "gpt2":
-        w.add_tokenizer_model("gpt2")
+        if tokenizer_model is None:
+            w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("qwen2" if arch in ("qwen2", "qwen3") else "smollm")
         w.add_token_merges(merges)
         w.add_add_bos_token(arch == "llama")  # the llama file puts BOS first, the qwen2/qwen3 ones do not
     else:
-        w.add_tokenizer_model("llama")
+        if tokenizer_model is None:
+            w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_scores(scores)
         if vocabulary == "gemma":

@@ -186,6 +186,63 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path: Path) -> None:
     assert ours.tokenizer.decode(ours.tokenizer.encode_prompt("the cat sat")[0]) == "the cat sat"
 
 
+def test_gemma3_query_scale_rule_gives_the_published_configs() -> None:
+    """Gemma 3's query scale from a file without attention.scale, as llama.cpp computes it, against the
+    query_pre_attn_scalar of the published Hugging Face configs: 1 B (26 layers, head_dim 256) 256; 27 B (62 layers,
+    d_model 5376, 32 heads of 128) 168 = 5376 / 32, not 128. attention.scale, where a file states it, wins
+    (query_pre_attn_scalar = scale^-2); the layer pattern: every 6th layer global unless the file says."""
+    def settings(n, d, heads, head_dim, **keys):
+        hf = {"num_hidden_layers": n, "hidden_size": d, "num_attention_heads": heads, "head_dim": head_dim}
+        return g.gemma3_settings(lambda key, default=None: keys.get(key, default), hf, 512, Path("x.gguf"))
+
+    assert settings(26, 1152, 4, 256)["query_pre_attn_scalar"] == 256
+    assert settings(62, 5376, 32, 128)["query_pre_attn_scalar"] == 168
+    assert settings(34, 2560, 8, 256)["query_pre_attn_scalar"] == 256  # 4 B
+    assert settings(26, 1152, 4, 256, **{"attention.scale": 0.125})["query_pre_attn_scalar"] == pytest.approx(64.0)
+    types = settings(13, 64, 2, 32)["layer_types"]
+    assert [i for i, t in enumerate(types) if t == "full_attention"] == [5, 11]
+    assert settings(3, 64, 2, 32, **{"attention.sliding_window_pattern": 2})["layer_types"] == \
+        ["sliding_attention", "full_attention", "sliding_attention"]
+    assert settings(3, 64, 2, 32, **{"rope.freq_base_swa": 123.0})["rope_local_base_freq"] == 123.0
+
+
+def test_assigned_weights_are_the_dequantised_tensors(files: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
+    """The first load keeps one copy of the weights: the model's parameters are the dequantised tensors themselves
+    (same memory), nothing is left on the meta device, the RoPE tables are on the CPU, and the model equals one built
+    the ordinary way (random init, then copied in). The cache file written tensor by tensor reads back equal with
+    safetensors' own reader."""
+    from safetensors.torch import load_file
+
+    from models.io.hf import assigning_weights
+
+    for name in ("gemma3", "phi3", "llama"):
+        path = files[name][0]
+        reader = g.open_reader(path)
+        hf = g.hf_config(reader, path)
+        state = g.hf_state(reader, hf, path)
+        kind = hf["model_type"]
+        read = models.registry.by_model_type(kind).hf_reader(kind)
+        with assigning_weights():
+            assigned = read(hf, state, path)
+        copied = read(hf, {k: v.clone() for k, v in state.items()}, path)
+        assert not any(t.is_meta for t in (*assigned.parameters(), *assigned.buffers()))
+        assert assigned.angles.device.type == "cpu"
+        pointers = {v.untyped_storage().data_ptr() for v in state.values()}
+        apart = [n for n, p in assigned.named_parameters() if p.untyped_storage().data_ptr() not in pointers]
+        assert all("norm" in n for n in apart) if kind == "gemma3_text" else not apart, (name, apart)  # Gemma: 1 + w
+        for (n, a), (_, b) in zip(assigned.state_dict().items(), copied.state_dict().items()):
+            assert torch.equal(a, b), (name, n)
+        if kind != "phi3":  # phi3's fused tensors are views into one
+            g.write_safetensors(state, tmp_path / f"{name}.safetensors")
+            back = load_file(str(tmp_path / f"{name}.safetensors"))
+            assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    odd = {"a": torch.arange(7, dtype=torch.float16), "b": torch.zeros(0, 3), "c": torch.tensor(2.5),
+           "d": torch.randn(3, 5).to(torch.bfloat16)}
+    g.write_safetensors(odd, tmp_path / "odd.safetensors")
+    back = load_file(str(tmp_path / "odd.safetensors"))
+    assert all(torch.equal(back[k], odd[k]) and back[k].dtype == odd[k].dtype for k in odd)
+
+
 def test_cached_load_reads_no_gguf(files: dict[str, tuple[Path, Any]], cache: Path, monkeypatch) -> None:
     """The second load comes from safetensors under the cache, keyed by the file's sha256, without the GGUF reader,
     and gives the same model; nothing in the cache is a pickle."""
@@ -325,6 +382,58 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
     path, _ = write_model(tmp_path / "scaled", "llama", extra={"llama.rope.scaling.type": ("yarn", _string())})
     with pytest.raises(g.GGUFError, match="RoPE scaling"):
         models.load(path)
+
+
+@pytest.mark.parametrize(("name", "kwargs", "message"), [
+    ("gemma3", {"arch_override": "gemma2"}, "architecture 'gemma2' is not supported here"),
+    ("phi3", {"arch_override": "phi2"}, "architecture 'phi2' is not supported here"),
+    ("gemma3", {"tokenizer_model": "t5"}, "tokenizer model 't5' is not supported here"),
+    ("phi3", {"tokenizer_model": "bert"}, "tokenizer model 'bert' is not supported here"),
+    ("gemma3", {"extra": {"gemma3.rope.scaling.type": ("linear", "STRING")}}, r"RoPE scaling \(linear\)"),
+    ("gemma3", {"extra": {"gemma3.attention.sliding_window_pattern": ([True, False], "ARRAY")}},
+     "has 2 flags for 7 layers"),
+    ("gemma3", {"extra": {"gemma3.attention.scale": (-1.0, "FLOAT32")}}, "attention.scale is -1.0"),
+    ("qwen3", {"extra": {"qwen3.rope.dimension_count": (64, "UINT32")}}, "RoPE over 64 of each head's 128"),
+    ("phi3", {"extra": {"phi3.rope.scaling.type": ("longrope", "STRING")}}, r"RoPE scaling \(longrope\)"),
+])
+def test_bad_metadata_of_the_new_families(tmp_path: Path, name: str, kwargs: dict, message: str) -> None:
+    """Each refused in words before a tensor is dequantised (Gemma 3's global-layer RoPE scaling and Phi-3's
+    LongRoPE, which the project's GPT does not compute; a pattern that does not fit the layers; a scale that is not
+    one; partial rotary outside Phi-3)."""
+    import gguf
+
+    extra = {k: (v, gguf.GGUFValueType[t]) for k, (v, t) in kwargs.pop("extra", {}).items()}
+    if any(isinstance(v, list) for v, _ in extra.values()):
+        extra = {k: (v, t, gguf.GGUFValueType.BOOL) if isinstance(v, list) else (v, t) for k, (v, t) in extra.items()}
+    path, _ = write_model(tmp_path, name, extra=extra, **kwargs)
+    with pytest.raises(g.GGUFError, match=message):
+        g.load_gguf(path, cache=False)
+
+
+def test_new_families_truncated_and_over_the_limit(files: dict[str, tuple[Path, Any]], tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """A truncated Gemma 3 or Phi-3 file is a message in words; ATLAS_MAX_PARAMS is checked from the header, with
+    nothing dequantised."""
+    import gguf.quants
+
+    from models.io.hub import TooLarge
+
+    for name in ("gemma3", "phi3"):
+        data = files[name][0].read_bytes()
+        for cut in (64, len(data) // 3, len(data) - 3):
+            bad = tmp_path / f"{name}-{cut}.gguf"
+            bad.write_bytes(data[:cut])
+            with pytest.raises(g.GGUFError, match="truncated or corrupt"):
+                models.load(bad)
+
+    def refuse(*a, **k):
+        raise AssertionError("a tensor was dequantised")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    monkeypatch.setenv("ATLAS_MAX_PARAMS", "50K")
+    for name in ("gemma3", "phi3", "qwen3"):
+        with pytest.raises(TooLarge, match="over this server's limit"):
+            g.load_gguf(files[name][0], cache=False)
 
 
 def _string():
