@@ -36,6 +36,10 @@ MODELS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(
         hidden_size=96, intermediate_size=112, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=128, rope_theta=5000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    # head_dim 40 from qwen3.attention.key_length, which transformers' GGUF reader does not read (it keeps 128)
+    "qwen3-head40": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=40, rope_theta=7000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
     # seven layers: five local (window 4), one global, one local; head_dim 256, so llama.cpp's query scale rule and
     # transformers' default query_pre_attn_scalar (256) agree; a SentencePiece vocabulary spelled as Gemma's
     "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
@@ -337,13 +341,19 @@ def reference_tokenizer(path: Path) -> Any:
 
 def reference_from_config(path: Path, config: Any) -> Any:
     """transformers' model class of ``config`` (a Hugging Face config equivalent to the file's metadata) holding the
-    weights transformers' own GGUF reader dequantised from ``path``: the reference where that reader leaves a setting
-    the file states at a default (a Mistral-shaped llama's window, Gemma 3's query scale, pattern and local base)."""
+    tensors transformers' own GGUF code dequantises and processes from ``path`` (``load_gguf_checkpoint``, mapped onto
+    that model): the reference where transformers' GGUF reader leaves a setting the file states at a default (a
+    Mistral-shaped llama's window, Gemma 3's query scale, pattern and local base, Phi-3's partial rotary, Qwen3's
+    head_dim)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    weights = reference(path).state_dict()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    if config.model_type == "mistral":  # gguf-py knows no mistral layout: the reader's llama model, same names
+        weights = reference(path).state_dict()
+    else:
+        weights = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     if "lm_head.weight" in missing:
