@@ -19,12 +19,24 @@ Hugging Face state dict, and the family's own reader in ``models.registry`` (``l
   the model is the Hugging Face model with its rotate-half RoPE. qwen2/qwen3/phi3/gemma3 files use the rotate-half
   ("NEOX") RoPE already and are not permuted.
 - Gemma 3: llama.cpp stores RMSNorm weights as 1 + w; 1 is taken off here and ``gemma3_from_state`` adds it again.
+  Its query scale, local/global layers and local RoPE base are what llama.cpp runs the file with
+  (``gemma3_settings``: the file's keys where it has them, else llama.cpp's fixed rule), written out explicitly.
+  What the project's GPT does not compute (Gemma 3's linear RoPE scaling of its global layers) is refused.
+- A llama file that states ``llama.attention.sliding_window`` is Mistral (every layer windowed); Phi-3's
+  ``rope.dimension_count`` below the head width is its partial rotary (Phi-4-mini).
 - The tokenizer is built from the ``tokenizer.ggml.*`` metadata with the ``tokenizers`` library as transformers'
   GGUF tokenizer builds it (``gpt2``: byte-level BPE from tokens and merges, the pre-tokeniser's split by
-  ``tokenizer.ggml.pre``; ``llama``: SentencePiece-style BPE with byte fallback, merges from the scores), the
-  tokens marked control added as special tokens, BOS put first where ``tokenizer.ggml.add_bos_token`` says so
-  (a ``llama`` vocabulary without the flag: yes, as llama.cpp does). ``tokenizer.chat_template`` is kept as
-  ``model.chat_template``.
+  ``tokenizer.ggml.pre``; ``llama``: SentencePiece-style BPE with byte fallback, merges recovered from the pieces,
+  spelled per family: LLaMA/Mistral (Metaspace prefix), Gemma (no prefix space, runs of spaces stored as spaces,
+  merges in token order, ``<unk>`` as unknown) and Phi-3 (the prefix space from a normaliser)), the tokens marked
+  control and the BOS/EOS/unknown/padding tokens the file names added as special tokens, BOS put first where
+  ``tokenizer.ggml.add_bos_token`` says so (a ``llama`` vocabulary without the flag: yes, as llama.cpp does).
+  ``tokenizer.chat_template`` is kept as ``model.chat_template``.
+
+Memory: the weights are held once. Each tensor is read from the file with a plain read (not through the reader's
+memory map), dequantised in row blocks into one float32 array, and that array becomes the model's parameter
+(``models.io.hf.assigning_weights``: the model made on the meta device, no random initialisation); the metadata's
+parsed arrays are dropped once read, and the cache is written tensor by tensor (``write_safetensors``).
 
 Size: the parameter count is summed from the tensor infos of the header (the reader maps the data without reading
 it) and checked against ``ATLAS_MAX_PARAMS`` before a tensor is dequantised. A truncated or corrupt file, an unknown
