@@ -63,6 +63,11 @@ MODELS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "phi3-partial": ("phi3", "Phi3Config", "Phi3ForCausalLM", dict(
         hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3,
         rope_theta=300.0, partial_rotary_factor=0.5, rms_norm_eps=1e-5, tie_word_embeddings=True, pad_token_id=0)),
+    # Phi-3 with phi3.attention.sliding_window (4), applied as the Hugging Face model applies it (transformers' GGUF
+    # reader, like llama.cpp, leaves it off)
+    "phi3-window": ("phi3", "Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        rope_theta=1500.0, sliding_window=4, rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=0)),
     # Mistral as llama.cpp writes it: architecture llama (q/k rows permuted), "mistral" in the name, a window of 5
     "mistral": ("llama", "MistralConfig", "MistralForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -70,7 +75,7 @@ MODELS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
 }
 # the vocabulary each file gets: byte-level BPE ("gpt2"), or SentencePiece ("llama") as LLaMA 2, Gemma or Phi-3 spell it
 VOCABULARY = {"mistral": "sentencepiece", "gemma3": "gemma", "gemma3-head48": "gemma", "phi3": "phi3",
-              "phi3-partial": "phi3"}
+              "phi3-partial": "phi3", "phi3-window": "phi3"}
 ALL_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -250,7 +255,7 @@ def write_model(folder: Path, name: str, seed: int = 0, types: dict[str, str] | 
     if arch in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "gemma3" or name == "mistral":
+    if arch == "gemma3" or name in ("mistral", "phi3-window"):
         w.add_sliding_window(cfg.sliding_window)
     if name == "gemma3-head48":  # what llama.cpp assumes for Gemma 3 (every 6th layer global, local base 10 000),
         # said otherwise by the keys GGUF has for it

@@ -34,7 +34,7 @@ SMOL = "SmolLM2-135M-Instruct (real, 4-bit)"
 READER = ["llama", "qwen2", "llama-types", "qwen3", "gemma3", "phi3"]
 # the written files whose metadata states a setting transformers' GGUF reader leaves at its default: compared with
 # transformers' class built from the equivalent Hugging Face config, holding the weights that reader dequantised
-CONFIGURED = ["mistral", "gemma3-head48", "phi3-partial", "qwen3-head40"]
+CONFIGURED = ["mistral", "gemma3-head48", "phi3-partial", "qwen3-head40", "phi3-window"]
 
 
 @pytest.fixture(autouse=True)
@@ -119,8 +119,9 @@ def test_settings_the_reader_leaves_at_defaults(files: dict[str, tuple[Path, Any
     query_pre_attn_scalar 256), layers local / global / local from attention.sliding_window_pattern and a local RoPE
     base of 500 from rope.freq_base_swa (the reader keeps 6 and 10 000). phi3-partial: rope.dimension_count 8 of 16
     (partial rotary, as Phi-4-mini; the reader turns whole heads). qwen3-head40: head_dim 40 from
-    qwen3.attention.key_length (the reader keeps 128). Each also differs from the plain reader's model (or cannot be
-    built by it), so the setting is what the comparison checks."""
+    qwen3.attention.key_length (the reader keeps 128). phi3-window: phi3.attention.sliding_window 4 on every layer,
+    as the Hugging Face model applies it (the reader leaves it off). Each also differs from the plain reader's model
+    (or cannot be built by it), so the setting is what the comparison checks."""
     path, hf = files[name]
     ours, tok = models.load(path), reference_tokenizer(path)
     ref = reference_from_config(path, hf.config)
@@ -150,6 +151,8 @@ def test_settings_the_reader_leaves_at_defaults(files: dict[str, tuple[Path, Any
         assert c.rotary_width == 8 and c.d_head == 16
     if name == "qwen3-head40":
         assert c.d_head == 40 and c.qk_norm
+    if name == "phi3-window":
+        assert c.sliding_window == 4 and all(c.is_local(i) for i in range(2))
 
 
 def test_unpermuted_rows_are_the_original_weights(tmp_path: Path) -> None:
