@@ -13,6 +13,10 @@ with ``--phase``), so its peak resident memory (``ru_maxrss``) is its own and no
 - ``transformers``: ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (float32, eager attention) and
   ``generate(max_new_tokens=20, output_attentions=True, return_dict_in_generate=True)``.
 
+Memory: ``peak_rss_*``, each phase's peak resident set (the load and the generation); ``load_peak_rss_*``, the peak
+when the model is ready, before generating; ``import_rss_mb``, the process after ``import torch`` and the reader's
+modules (about 510 MB of it is torch's own libraries), which every phase carries.
+
 Load times are measured inside the process, from after ``import torch`` (and the reader's modules) to a model ready
 to run; the imports themselves are reported apart (``import_s``). ``identical``: both sides chose the same 20 ids.
 Targets (docs: the design guide's budgets): first load ≤ 15 s, cached ≤ 3 s, 20 tokens with attention ≤ 3 s.
@@ -66,10 +70,12 @@ def phase_ours() -> dict:
     from models.io import gguf
 
     threads()
+    import_mb = peak_mb()
     t1, c1 = time.perf_counter(), time.process_time()
     path = gguf.packaged_file()
     model = gguf.load_gguf(path)
     t2, c2 = time.perf_counter(), time.process_time()
+    load_mb = peak_mb()
     fastgen.plan(model) if fastgen.supports(model) else None  # the model store builds it on load, too
     t3, c3 = time.perf_counter(), time.process_time()
     result = fastgen.generate(model, PROMPT, max_new_tokens=NEW)
@@ -78,7 +84,8 @@ def phase_ours() -> dict:
     return {"import_s": t1 - t0, "load_s": t2 - t1, "plan_s": t3 - t2, "generate_s": t4 - t3,
             "load_cpu_s": c2 - c1, "generate_cpu_s": c4 - c3,
             "new_ids": result.ids[-len(result.steps):], "text": result.text, "steps": len(result.steps),
-            "attention_shape": list(amap.weights.shape), "peak_rss_mb": peak_mb()}
+            "attention_shape": list(amap.weights.shape), "peak_rss_mb": peak_mb(), "import_rss_mb": import_mb,
+            "load_peak_rss_mb": load_mb}
 
 
 def phase_transformers() -> dict:
@@ -89,12 +96,14 @@ def phase_transformers() -> dict:
     from models.io import gguf
 
     threads()
+    import_mb = peak_mb()
     t1, c1 = time.perf_counter(), time.process_time()
     path = gguf.packaged_file()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     t2, c2 = time.perf_counter(), time.process_time()
+    load_mb = peak_mb()
     ids = torch.tensor([tok(PROMPT).input_ids])
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=NEW, do_sample=False, output_attentions=True,
@@ -103,7 +112,8 @@ def phase_transformers() -> dict:
     new = out.sequences[0, ids.shape[1]:].tolist()
     return {"import_s": t1 - t0, "load_s": t2 - t1, "generate_s": t3 - t2, "new_ids": new,
             "load_cpu_s": c2 - c1, "generate_cpu_s": c3 - c2,
-            "text": tok.decode(new), "steps": len(out.attentions), "peak_rss_mb": peak_mb()}
+            "text": tok.decode(new), "steps": len(out.attentions), "peak_rss_mb": peak_mb(), "import_rss_mb": import_mb,
+            "load_peak_rss_mb": load_mb}
 
 
 def run_phase(name: str, cache: str, n_threads: int) -> dict:
@@ -143,9 +153,12 @@ def main() -> None:
         "generate_s": round(cached["generate_s"], 3), "generate_first_s": round(first["generate_s"], 3),
         "plan_s": round(cached["plan_s"], 3),
         "peak_rss_first_mb": round(first["peak_rss_mb"]), "peak_rss_cached_mb": round(cached["peak_rss_mb"]),
+        "load_peak_rss_first_mb": round(first["load_peak_rss_mb"]),
+        "load_peak_rss_cached_mb": round(cached["load_peak_rss_mb"]), "import_rss_mb": round(first["import_rss_mb"]),
         "cache_mb": round(cache_mb),
         "reference_load_s": round(ref["load_s"], 3), "reference_generate_s": round(ref["generate_s"], 3),
         "reference_peak_rss_mb": round(ref["peak_rss_mb"]),
+        "reference_load_peak_rss_mb": round(ref["load_peak_rss_mb"]),
         "identical": first["new_ids"] == ref["new_ids"] == cached["new_ids"],
         "text": first["text"], "import_s": round(first["import_s"], 3), "threads": args.threads,
         "cpu_s": {name: {"load": round(r["load_cpu_s"], 3), "generate": round(r["generate_cpu_s"], 3)}

@@ -12,6 +12,7 @@ import hashlib
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,11 +20,21 @@ import torch
 
 import models
 from models.io import gguf as g
-from tests.gguf_files import reference, reference_tokenizer, write_model
+from tests.gguf_files import reference, reference_from_config, reference_tokenizer, write_model
 
 TEXTS = ["the cat sat on the mat", "hello world, again 12345!", "<|im_start|>user\nOnce upon a time<|im_end|>",
          "  The capital of France  is"]
+# SentencePiece vocabularies: spaces at the start, runs of spaces, bytes no piece spells (byte fallback), the
+# control and user-defined tokens of each family's vocabulary, and the special tokens the file names
+SP_TEXTS = [*TEXTS, "Zwei junge Mädchen spielen — ☃ 𝄞", "a  b   c    d", "    indented  code", " x", "", "tabs\tand\n",
+            "<start_of_turn>user\nhi<end_of_turn>", "<|user|>\nhi<|end|><|assistant|>", "<|placeholder1|>x",
+            "<unk> <bos> <s> <pad> </s>"]
 SMOL = "SmolLM2-135M-Instruct (real, 4-bit)"
+# the written files transformers' own GGUF reader reads as the file means (all but the ones below)
+READER = ["llama", "qwen2", "llama-types", "qwen3", "gemma3", "phi3"]
+# the written files whose metadata states a setting transformers' GGUF reader leaves at its default: compared with
+# transformers' class built from the equivalent Hugging Face config, holding the weights that reader dequantised
+CONFIGURED = ["mistral", "gemma3-head48", "phi3-partial", "qwen3-head40", "phi3-window"]
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +59,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf")
-    return {name: write_model(root / name, name)[0] for name in ("llama", "qwen2", "llama-types")}
+    return {name: write_model(root / name, name) for name in (*READER, *CONFIGURED)}
 
 
 def _compare(ours, ref, ids: list[int]) -> None:
@@ -63,25 +74,85 @@ def _compare(ours, ref, ids: list[int]) -> None:
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "llama-types"])
-def test_written_files_match_transformers(files: dict[str, Path], name: str) -> None:
+@pytest.mark.parametrize("name", READER)
+def test_written_files_match_transformers(files: dict[str, tuple[Path, Any]], name: str) -> None:
     """Tokenizer ids, logits, every layer's attention and greedy ids equal transformers' GGUF reader's (1e-4). llama:
     3 layers, 6 query over 3 key/value heads, untied output, BOS added; qwen2: 5 layers, 8 over 2, tied, q/k/v biases,
-    Qwen2's split; llama-types: one tensor of each of the 13 supported types (BF16, the legacy quants, K-quants)."""
-    path = files[name]
+    Qwen2's split; llama-types: one tensor of each of the 13 supported types (BF16, the legacy quants, K-quants);
+    qwen3: q/k norms, head_dim 128 over d_model 96; gemma3: 7 layers (local, window 4, except layer 5), 2 query heads
+    over 1 of width 256, the 1 + w norms, a SentencePiece vocabulary spelled as Gemma's (no prefix space, runs of
+    spaces stored as spaces, no merges); phi3: fused q/k/v and gate/up, 6 over 2 heads, Phi-3's prefix-space
+    normaliser, no BOS (the file says so)."""
+    path = files[name][0]
     ours, ref, tok = models.load(path), reference(path), reference_tokenizer(path)
-    for text in TEXTS:
+    sentencepiece = name in ("gemma3", "phi3")
+    for text in SP_TEXTS if sentencepiece else TEXTS:
         assert ours.tokenizer.encode_prompt(text)[0] == tok(text).input_ids, text
-    assert (ours.tokenizer.encode_prompt(TEXTS[0])[0][0] == 1) == (name != "qwen2")  # add_bos_token from the file
-    ids = ours.tokenizer.encode_prompt(TEXTS[1])[0]
+    bos = {"qwen2": None, "qwen3": None, "phi3": None, "gemma3": 2}.get(name, 1)  # add_bos_token from the file
+    assert ours.tokenizer.encode_prompt(TEXTS[0])[0][0] == bos if bos else \
+        ours.tokenizer.encode_prompt(TEXTS[0])[0][0] not in (1, 2)
+    ids = ours.tokenizer.encode_prompt(TEXTS[1] + " " + TEXTS[0])[0]
+    assert len(ids) > 8  # longer than Gemma's window of 4
     _compare(ours, ref, ids)
     result = ours.generate(TEXTS[1], max_new_tokens=8)
-    want = ref.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0].tolist()
+    want = ref.generate(torch.tensor([ours.tokenizer.encode_prompt(TEXTS[1])[0]]), max_new_tokens=8,
+                        do_sample=False)[0].tolist()
     assert result.ids == want
-    assert ours.gguf["architecture"] == ("qwen2" if name == "qwen2" else "llama")
+    assert ours.gguf["architecture"] == {"llama-types": "llama"}.get(name, name)
     if name == "llama-types":
         assert set(ours.gguf["types"]) == set(g.TYPES)
+    if sentencepiece:
+        for text in ("a  b   c", "Mädchen ☃ 𝄞", "  two spaces"):
+            assert ours.tokenizer.decode(ours.tokenizer.encode_prompt(text)[0]) == \
+                tok.decode(tok(text).input_ids, skip_special_tokens=True), text
     assert ours.chat_template and "<|im_start|>" in ours.chat_template
+
+
+@pytest.mark.parametrize("name", CONFIGURED)
+def test_settings_the_reader_leaves_at_defaults(files: dict[str, tuple[Path, Any]], name: str) -> None:
+    """Files whose metadata states what transformers' GGUF reader does not read, against transformers' own class
+    built from the equivalent Hugging Face config (the model the file was written from) holding the tensors
+    transformers' GGUF code dequantised (``load_gguf_checkpoint``): ids, logits and every layer's attention within
+    1e-4, and greedy ids equal. mistral: llama.cpp writes Mistral as architecture llama (q/k rows permuted); its
+    llama.attention.sliding_window (5) makes it Mistral, windowed on every layer (transformers' reader ignores the
+    key). gemma3-head48: head_dim 48, so llama.cpp's query scale 48^-1/2 (transformers' reader keeps
+    query_pre_attn_scalar 256), layers local / global / local from attention.sliding_window_pattern and a local RoPE
+    base of 500 from rope.freq_base_swa (the reader keeps 6 and 10 000). phi3-partial: rope.dimension_count 8 of 16
+    (partial rotary, as Phi-4-mini; the reader turns whole heads). qwen3-head40: head_dim 40 from
+    qwen3.attention.key_length (the reader keeps 128). phi3-window: phi3.attention.sliding_window 4 on every layer,
+    as the Hugging Face model applies it (the reader leaves it off). Each also differs from the plain reader's model
+    (or cannot be built by it), so the setting is what the comparison checks."""
+    path, hf = files[name]
+    ours, tok = models.load(path), reference_tokenizer(path)
+    ref = reference_from_config(path, hf.config)
+    for text in SP_TEXTS:
+        assert ours.tokenizer.encode_prompt(text)[0] == tok(text).input_ids, text
+    ids = ours.tokenizer.encode_prompt(TEXTS[1] + " " + TEXTS[0])[0]
+    assert len(ids) > 8  # longer than the windows (5 and 3)
+    _compare(ours, ref, ids)
+    result = ours.generate(TEXTS[1], max_new_tokens=8)
+    want = ref.generate(torch.tensor([ours.tokenizer.encode_prompt(TEXTS[1])[0]]), max_new_tokens=8,
+                        do_sample=False)[0].tolist()
+    assert result.ids == want
+    if name == "qwen3-head40":  # the reader's model has 128-wide heads: the file's weights do not fit it
+        with pytest.raises(RuntimeError, match="mismatch"):
+            reference(path)
+    else:
+        with torch.no_grad():
+            plain = reference(path)(torch.tensor([ids])).logits
+        assert (plain - ours(torch.tensor([ids])).logits).abs().max() > 1e-3
+    c = ours.config
+    if name == "mistral":
+        assert c.sliding_window == 5 and all(c.is_local(i) for i in range(3))
+    if name == "gemma3-head48":
+        assert c.score_scale == pytest.approx(48 ** -0.5) and c.layer_types == ("sliding", "full", "sliding")
+        assert c.local_rope_base == 500.0 and c.rope_base == 30000.0
+    if name == "phi3-partial":
+        assert c.rotary_width == 8 and c.d_head == 16
+    if name == "qwen3-head40":
+        assert c.d_head == 40 and c.qk_norm
+    if name == "phi3-window":
+        assert c.sliding_window == 4 and all(c.is_local(i) for i in range(2))
 
 
 def test_unpermuted_rows_are_the_original_weights(tmp_path: Path) -> None:
@@ -126,12 +197,68 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path: Path) -> None:
     assert ours.tokenizer.decode(ours.tokenizer.encode_prompt("the cat sat")[0]) == "the cat sat"
 
 
-def test_cached_load_reads_no_gguf(files: dict[str, Path], cache: Path, monkeypatch) -> None:
+def test_gemma3_query_scale_rule_gives_the_published_configs() -> None:
+    """Gemma 3's query scale from a file without attention.scale, as llama.cpp computes it, against the
+    query_pre_attn_scalar of the published Hugging Face configs: 1 B (26 layers, head_dim 256) 256; 27 B (62 layers,
+    d_model 5376, 32 heads of 128) 168 = 5376 / 32, not 128. attention.scale, where a file states it, wins
+    (query_pre_attn_scalar = scale^-2); the layer pattern: every 6th layer global unless the file says."""
+    def settings(n, d, heads, head_dim, **keys):
+        hf = {"num_hidden_layers": n, "hidden_size": d, "num_attention_heads": heads, "head_dim": head_dim}
+        return g.gemma3_settings(lambda key, default=None: keys.get(key, default), hf, 512, Path("x.gguf"))
+
+    assert settings(26, 1152, 4, 256)["query_pre_attn_scalar"] == 256
+    assert settings(62, 5376, 32, 128)["query_pre_attn_scalar"] == 168
+    assert settings(34, 2560, 8, 256)["query_pre_attn_scalar"] == 256  # 4 B
+    assert settings(26, 1152, 4, 256, **{"attention.scale": 0.125})["query_pre_attn_scalar"] == pytest.approx(64.0)
+    types = settings(13, 64, 2, 32)["layer_types"]
+    assert [i for i, t in enumerate(types) if t == "full_attention"] == [5, 11]
+    assert settings(3, 64, 2, 32, **{"attention.sliding_window_pattern": 2})["layer_types"] == \
+        ["sliding_attention", "full_attention", "sliding_attention"]
+    assert settings(3, 64, 2, 32, **{"rope.freq_base_swa": 123.0})["rope_local_base_freq"] == 123.0
+
+
+def test_assigned_weights_are_the_dequantised_tensors(files: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
+    """The first load keeps one copy of the weights: the model's parameters are the dequantised tensors themselves
+    (same memory), nothing is left on the meta device, the RoPE tables are on the CPU, and the model equals one built
+    the ordinary way (random init, then copied in). The cache file written tensor by tensor reads back equal with
+    safetensors' own reader."""
+    from safetensors.torch import load_file
+
+    from models.io.hf import assigning_weights
+
+    for name in ("gemma3", "phi3", "llama"):
+        path = files[name][0]
+        reader = g.open_reader(path)
+        hf = g.hf_config(reader, path)
+        state = g.hf_state(reader, hf, path)
+        kind = hf["model_type"]
+        read = models.registry.by_model_type(kind).hf_reader(kind)
+        with assigning_weights():
+            assigned = read(hf, state, path)
+        copied = read(hf, {k: v.clone() for k, v in state.items()}, path)
+        assert not any(t.is_meta for t in (*assigned.parameters(), *assigned.buffers()))
+        assert assigned.angles.device.type == "cpu"
+        pointers = {v.untyped_storage().data_ptr() for v in state.values()}
+        apart = [n for n, p in assigned.named_parameters() if p.untyped_storage().data_ptr() not in pointers]
+        assert all("norm" in n for n in apart) if kind == "gemma3_text" else not apart, (name, apart)  # Gemma: 1 + w
+        for (n, a), (_, b) in zip(assigned.state_dict().items(), copied.state_dict().items()):
+            assert torch.equal(a, b), (name, n)
+        g.write_safetensors(state, tmp_path / f"{name}.safetensors")
+        back = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    odd = {"a": torch.arange(7, dtype=torch.float16), "b": torch.zeros(0, 3), "c": torch.tensor(2.5),
+           "d": torch.randn(3, 5).to(torch.bfloat16)}
+    g.write_safetensors(odd, tmp_path / "odd.safetensors")
+    back = load_file(str(tmp_path / "odd.safetensors"))
+    assert all(torch.equal(back[k], odd[k]) and back[k].dtype == odd[k].dtype for k in odd)
+
+
+def test_cached_load_reads_no_gguf(files: dict[str, tuple[Path, Any]], cache: Path, monkeypatch) -> None:
     """The second load comes from safetensors under the cache, keyed by the file's sha256, without the GGUF reader,
     and gives the same model; nothing in the cache is a pickle."""
     import gguf
 
-    path = files["qwen2"]
+    path = files["qwen2"][0]
     first = g.load_gguf(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     entry = cache / "gguf" / digest
@@ -164,23 +291,23 @@ def ollama_store(root: Path, blob_source: Path, name: str = "tiny", tag: str = "
     return digest
 
 
-def test_ollama_store(files: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+def test_ollama_store(files: dict[str, tuple[Path, Any]], tmp_path: Path, monkeypatch) -> None:
     """``ollama:NAME[:TAG]`` finds the model blob through the manifest ($OLLAMA_MODELS) and reads it as the file."""
-    ollama_store(tmp_path / "ollama", files["llama"])
+    ollama_store(tmp_path / "ollama", files["llama"][0])
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
-    a, b = models.load("ollama:tiny"), models.load(files["llama"])
+    a, b = models.load("ollama:tiny"), models.load(files["llama"][0])
     ids = a.tokenizer.encode_prompt(TEXTS[0])[0]
     with torch.no_grad():
         assert torch.equal(a(torch.tensor([ids])).logits, b(torch.tensor([ids])).logits)
     assert g.ollama_blob("ollama:tiny:latest") == g.ollama_blob("ollama:tiny")
 
 
-def test_ollama_messages_say_what_and_where(files: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+def test_ollama_messages_say_what_and_where(files: dict[str, tuple[Path, Any]], tmp_path: Path, monkeypatch) -> None:
     root = tmp_path / "ollama"
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
     with pytest.raises(g.GGUFError, match="no Ollama store at .*ollama"):
         models.load("ollama:tiny")
-    ollama_store(root, files["llama"])
+    ollama_store(root, files["llama"][0])
     with pytest.raises(g.GGUFError, match=r"no model `nothere`.*looked for .*library/nothere"):
         models.load("ollama:nothere")
     with pytest.raises(g.GGUFError, match=r"no tag `v2`.*looked for .*tiny/v2.*tags there: latest"):
@@ -195,16 +322,16 @@ def test_ollama_messages_say_what_and_where(files: dict[str, Path], tmp_path: Pa
         models.load("ollama:tiny")
 
 
-def test_configured_gguf_and_ollama_entries(files: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+def test_configured_gguf_and_ollama_entries(files: dict[str, tuple[Path, Any]], tmp_path: Path, monkeypatch) -> None:
     """--model PATH.gguf and ATLAS_MODELS=ollama:NAME add Generate models of the gpt family; a missing one is a
     problem in words and the rest starts."""
     from serving import catalogue
 
-    ollama_store(tmp_path / "ollama", files["qwen2"], name="tinyqwen", tag="q8")
+    ollama_store(tmp_path / "ollama", files["qwen2"][0], name="tinyqwen", tag="q8")
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     monkeypatch.setattr(catalogue, "CONFIGURED", {})
     monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
-    catalogue.configure([str(files["llama"]), "ollama:tinyqwen:q8", "ollama:absent", str(tmp_path / "none.gguf")])
+    catalogue.configure([str(files["llama"][0]), "ollama:tinyqwen:q8", "ollama:absent", str(tmp_path / "none.gguf")])
     assert {"model.gguf", "ollama:tinyqwen:q8"} <= set(catalogue.decoder_models())
     assert catalogue.family("ollama:tinyqwen:q8").name == "gpt"
     problems = " ".join(p for _, p in catalogue.CONFIG_PROBLEMS)
@@ -212,8 +339,8 @@ def test_configured_gguf_and_ollama_entries(files: dict[str, Path], tmp_path: Pa
 
 
 # --------------------------------------------------------------------------------------------------- bad input
-def test_truncated_and_corrupt_files(files: dict[str, Path], tmp_path: Path) -> None:
-    data = files["llama"].read_bytes()
+def test_truncated_and_corrupt_files(files: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
+    data = files["llama"][0].read_bytes()
     for cut in (10, 200, len(data) // 2, len(data) - 7):
         bad = tmp_path / f"cut{cut}.gguf"
         bad.write_bytes(data[:cut])
@@ -239,10 +366,10 @@ def _tensor_type_offset(data: bytes, name: str) -> int:
     return at + 4 + 8 * n_dims
 
 
-def test_unknown_quantisation_types(files: dict[str, Path], tmp_path: Path) -> None:
+def test_unknown_quantisation_types(files: dict[str, tuple[Path, Any]], tmp_path: Path) -> None:
     """A type number no reader knows, and a type gguf knows but this reader does not dequantise, each refused by
     name, before anything is dequantised."""
-    data = bytearray(files["llama"].read_bytes())
+    data = bytearray(files["llama"][0].read_bytes())
     at = _tensor_type_offset(bytes(data), "blk.0.ffn_up.weight")
     struct.pack_into("<I", data, at, 99)
     (tmp_path / "t99.gguf").write_bytes(bytes(data))
@@ -250,7 +377,7 @@ def test_unknown_quantisation_types(files: dict[str, Path], tmp_path: Path) -> N
         models.load(tmp_path / "t99.gguf")
     import gguf
 
-    data = bytearray(files["llama"].read_bytes())
+    data = bytearray(files["llama"][0].read_bytes())
     at = _tensor_type_offset(bytes(data), "blk.0.ffn_norm.weight")  # F32 (96,): 384 bytes, as IQ4_NL's 3 blocks
     struct.pack_into("<I", data, at, int(gguf.GGMLQuantizationType.IQ4_NL))
     (tmp_path / "iq.gguf").write_bytes(bytes(data))
@@ -267,13 +394,65 @@ def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
         models.load(path)
 
 
+@pytest.mark.parametrize(("name", "kwargs", "message"), [
+    ("gemma3", {"arch_override": "gemma2"}, "architecture 'gemma2' is not supported here"),
+    ("phi3", {"arch_override": "phi2"}, "architecture 'phi2' is not supported here"),
+    ("gemma3", {"tokenizer_model": "t5"}, "tokenizer model 't5' is not supported here"),
+    ("phi3", {"tokenizer_model": "bert"}, "tokenizer model 'bert' is not supported here"),
+    ("gemma3", {"extra": {"gemma3.rope.scaling.type": ("linear", "STRING")}}, r"RoPE scaling \(linear\)"),
+    ("gemma3", {"extra": {"gemma3.attention.sliding_window_pattern": ([True, False], "ARRAY")}},
+     "has 2 flags for 7 layers"),
+    ("gemma3", {"extra": {"gemma3.attention.scale": (-1.0, "FLOAT32")}}, "attention.scale is -1.0"),
+    ("qwen3", {"extra": {"qwen3.rope.dimension_count": (64, "UINT32")}}, "RoPE over 64 of each head's 128"),
+    ("phi3", {"extra": {"phi3.rope.scaling.type": ("longrope", "STRING")}}, r"RoPE scaling \(longrope\)"),
+])
+def test_bad_metadata_of_the_new_families(tmp_path: Path, name: str, kwargs: dict, message: str) -> None:
+    """Each refused in words before a tensor is dequantised (Gemma 3's global-layer RoPE scaling and Phi-3's
+    LongRoPE, which the project's GPT does not compute; a pattern that does not fit the layers; a scale that is not
+    one; partial rotary outside Phi-3)."""
+    import gguf
+
+    extra = {k: (v, gguf.GGUFValueType[t]) for k, (v, t) in kwargs.pop("extra", {}).items()}
+    if any(isinstance(v, list) for v, _ in extra.values()):
+        extra = {k: (v, t, gguf.GGUFValueType.BOOL) if isinstance(v, list) else (v, t) for k, (v, t) in extra.items()}
+    path, _ = write_model(tmp_path, name, extra=extra, **kwargs)
+    with pytest.raises(g.GGUFError, match=message):
+        g.load_gguf(path, cache=False)
+
+
+def test_new_families_truncated_and_over_the_limit(files: dict[str, tuple[Path, Any]], tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """A truncated Gemma 3 or Phi-3 file is a message in words; ATLAS_MAX_PARAMS is checked from the header, with
+    nothing dequantised."""
+    import gguf.quants
+
+    from models.io.hub import TooLarge
+
+    for name in ("gemma3", "phi3"):
+        data = files[name][0].read_bytes()
+        for cut in (64, len(data) // 3, len(data) - 3):
+            bad = tmp_path / f"{name}-{cut}.gguf"
+            bad.write_bytes(data[:cut])
+            with pytest.raises(g.GGUFError, match="truncated or corrupt"):
+                models.load(bad)
+
+    def refuse(*a, **k):
+        raise AssertionError("a tensor was dequantised")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    monkeypatch.setenv("ATLAS_MAX_PARAMS", "50K")
+    for name in ("gemma3", "phi3", "qwen3"):
+        with pytest.raises(TooLarge, match="over this server's limit"):
+            g.load_gguf(files[name][0], cache=False)
+
+
 def _string():
     import gguf
 
     return gguf.GGUFValueType.STRING
 
 
-def test_over_max_params_before_any_tensor(files: dict[str, Path], monkeypatch) -> None:
+def test_over_max_params_before_any_tensor(files: dict[str, tuple[Path, Any]], monkeypatch) -> None:
     """ATLAS_MAX_PARAMS is checked from the header's tensor infos: nothing is dequantised."""
     import gguf.quants
 
@@ -285,17 +464,17 @@ def test_over_max_params_before_any_tensor(files: dict[str, Path], monkeypatch) 
     from models.io.hub import TooLarge
 
     with pytest.raises(TooLarge, match="over this server's limit of 0 M"):
-        g.load_gguf(files["llama"], cache=False)
+        g.load_gguf(files["llama"][0], cache=False)
 
 
-def test_a_bad_configured_file_leaves_the_app_working(tiny_checkpoints: Path, files: dict[str, Path],
+def test_a_bad_configured_file_leaves_the_app_working(tiny_checkpoints: Path, files: dict[str, tuple[Path, Any]],
                                                       tmp_path: Path, monkeypatch) -> None:
     """Through the model store a broken GGUF is ModelUnavailable in words; gpt-tiny still loads and generates."""
     from serving import catalogue, store
     from serving.errors import ModelUnavailable
 
     bad = tmp_path / "broken.gguf"
-    bad.write_bytes(files["llama"].read_bytes()[:5000])
+    bad.write_bytes(files["llama"][0].read_bytes()[:5000])
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     monkeypatch.setattr(catalogue, "CONFIGURED", {})
     monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])

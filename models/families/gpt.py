@@ -327,13 +327,20 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        if spec.positions == "rope":  # derived from the config, so not saved with the weights
+        self.reset_buffers()
+        self.drop = nn.Dropout(c.dropout)
+        self.apply(self._init)
+
+    def reset_buffers(self) -> None:
+        """The RoPE angle tables, derived from the config (so not saved with the weights); again after a model was
+        made on the meta device (``models.io.hf.load_gpt``), where they are left out (computing them there would
+        run torch's Python meta kernels, which import its compiler: 150 MB)."""
+        c = self.config
+        if self.spec.positions == "rope" and torch.get_default_device().type != "meta":
             self.register_buffer("angles", rope_angles(c.max_len, c.rotary_width, c.rope_base), persistent=False)
             if c.local_rope_base:  # Gemma 3: the local layers rotate with their own base
                 self.register_buffer("angles_local", rope_angles(c.max_len, c.rotary_width, c.local_rope_base),
                                      persistent=False)
-        self.drop = nn.Dropout(c.dropout)
-        self.apply(self._init)
 
     @staticmethod
     def _init(m: nn.Module) -> None:

@@ -19,12 +19,24 @@ Hugging Face state dict, and the family's own reader in ``models.registry`` (``l
   the model is the Hugging Face model with its rotate-half RoPE. qwen2/qwen3/phi3/gemma3 files use the rotate-half
   ("NEOX") RoPE already and are not permuted.
 - Gemma 3: llama.cpp stores RMSNorm weights as 1 + w; 1 is taken off here and ``gemma3_from_state`` adds it again.
+  Its query scale, local/global layers and local RoPE base are what llama.cpp runs the file with
+  (``gemma3_settings``: the file's keys where it has them, else llama.cpp's fixed rule), written out explicitly.
+  What the project's GPT does not compute (Gemma 3's linear RoPE scaling of its global layers) is refused.
+- A llama file that states ``llama.attention.sliding_window`` is Mistral (every layer windowed); Phi-3's
+  ``rope.dimension_count`` below the head width is its partial rotary (Phi-4-mini).
 - The tokenizer is built from the ``tokenizer.ggml.*`` metadata with the ``tokenizers`` library as transformers'
   GGUF tokenizer builds it (``gpt2``: byte-level BPE from tokens and merges, the pre-tokeniser's split by
-  ``tokenizer.ggml.pre``; ``llama``: SentencePiece-style BPE with byte fallback, merges from the scores), the
-  tokens marked control added as special tokens, BOS put first where ``tokenizer.ggml.add_bos_token`` says so
-  (a ``llama`` vocabulary without the flag: yes, as llama.cpp does). ``tokenizer.chat_template`` is kept as
-  ``model.chat_template``.
+  ``tokenizer.ggml.pre``; ``llama``: SentencePiece-style BPE with byte fallback, merges recovered from the pieces,
+  spelled per family: LLaMA/Mistral (Metaspace prefix), Gemma (no prefix space, runs of spaces stored as spaces,
+  merges in token order, ``<unk>`` as unknown) and Phi-3 (the prefix space from a normaliser)), the tokens marked
+  control and the BOS/EOS/unknown/padding tokens the file names added as special tokens, BOS put first where
+  ``tokenizer.ggml.add_bos_token`` says so (a ``llama`` vocabulary without the flag: yes, as llama.cpp does).
+  ``tokenizer.chat_template`` is kept as ``model.chat_template``.
+
+Memory: the weights are held once. Each tensor is read from the file with a plain read (not through the reader's
+memory map), dequantised in row blocks into one float32 array, and that array becomes the model's parameter
+(``models.io.hf.assigning_weights``: the model made on the meta device, no random initialisation); the metadata's
+parsed arrays are dropped once read, and the cache is written tensor by tensor (``write_safetensors``).
 
 Size: the parameter count is summed from the tensor infos of the header (the reader maps the data without reading
 it) and checked against ``ATLAS_MAX_PARAMS`` before a tensor is dequantised. A truncated or corrupt file, an unknown
@@ -54,7 +66,7 @@ from typing import Any
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                  "gemma3": "gemma3_text"}
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-CACHE_FORMAT = 1  # bumped when what the cache holds changes: older entries are then read again from the file
+CACHE_FORMAT = 2  # bumped when what the cache holds changes: older entries are then read again from the file
 OLLAMA_MEDIA = "application/vnd.ollama.image.model"
 _OLLAMA_NAME = re.compile(r"(?:([a-z0-9][a-z0-9._-]{0,79})/)?([a-z0-9][a-z0-9._-]{0,79})")
 _OLLAMA_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -256,9 +268,15 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
     if int(get("attention.value_length") or head_dim) != head_dim:
         raise GGUFError(path, "keys and values of different widths are not supported")
     rot = get("rope.dimension_count")
+    partial = None
     if rot is not None and int(rot) != head_dim:
-        raise GGUFError(path, f"RoPE over {rot} of each head's {head_dim} dimensions (a partial rotary factor) is "
-                              "not supported")
+        # Phi-3's reader turns the first rotary dimensions of each head (Phi-4-mini: 96 of 128), as llama.cpp's NEOX
+        # RoPE over n_rot does; the other families rotate whole heads only
+        r = int(rot)
+        if arch != "phi3" or not 0 < r < head_dim or r % 2 or int(head_dim * (r / head_dim)) != r:
+            raise GGUFError(path, f"RoPE over {rot} of each head's {head_dim} dimensions (a partial rotary factor) is "
+                                  f"not supported for {arch}")
+        partial = r / head_dim
     scaling = get("rope.scaling.type")
     if scaling not in (None, "none") or any(t.name == "rope_freqs.weight" or t.name.startswith("rope_factors")
                                             for t in reader.tensors):
@@ -282,6 +300,8 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
     }
     if head_dim != d // heads or kind in ("qwen3", "gemma3_text"):
         hf["head_dim"] = head_dim
+    if partial is not None:
+        hf["partial_rotary_factor"] = partial
     base = get("rope.freq_base")
     if base is not None:
         hf["rope_theta"] = float(base)
@@ -290,19 +310,44 @@ def hf_config(reader: Any, path: Path) -> dict[str, Any]:
         if kind in ("qwen2", "qwen3"):
             hf["use_sliding_window"] = True
     if kind == "gemma3_text":
-        pattern = get("attention.sliding_window_pattern")
-        if isinstance(pattern, list):  # per layer: True = local
-            hf["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
-        elif pattern:
-            hf["sliding_window_pattern"] = int(pattern)
-        # llama.cpp scales Gemma 3's queries by 1/√head_dim (the 27 B model, 62 layers: 1/√(d/heads))
-        hf["query_pre_attn_scalar"] = d // heads if hf["num_hidden_layers"] == 62 else head_dim
-        hf["rope_local_base_freq"] = float(get("rope.freq_base_swa") or 10_000.0)
+        hf.update(gemma3_settings(get, hf, window, path))
         cap = get("final_logit_softcapping")
         if cap:
             hf["final_logit_softcapping"] = float(cap)
         hf["hidden_activation"] = "gelu_pytorch_tanh"
     return hf
+
+
+def gemma3_settings(get: Any, hf: dict[str, Any], window: int, path: Path) -> dict[str, Any]:
+    """Gemma 3's query scale, local/global layers and local RoPE base, as llama.cpp runs the file: the keys GGUF has
+    for them where the file states them (``attention.scale``, ``attention.sliding_window_pattern``, an interval or
+    one flag per layer, true = local, and ``rope.freq_base_swa``), else llama.cpp's fixed rule for Gemma 3 (queries
+    scaled by 1/√head_dim, by 1/√(d_model/heads) for the 27 B model of 62 layers; every 6th layer global; local base
+    10 000). The result is explicit (``layer_types``), so no reader default decides it."""
+    n = hf["num_hidden_layers"]
+    scale = get("attention.scale")
+    if scale is not None:
+        if not float(scale) > 0:
+            raise GGUFError(path, f"gemma3.attention.scale is {scale}, not a positive number")
+        scalar = float(scale) ** -2.0  # transformers' query_pre_attn_scalar: the scale is its −½ power
+    else:
+        scalar = hf["hidden_size"] // hf["num_attention_heads"] if n == 62 else hf["head_dim"]
+    pattern = get("attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise GGUFError(path, f"gemma3.attention.sliding_window_pattern has {len(pattern)} flags for {n} layers")
+        local = [bool(p) for p in pattern]
+    else:  # llama.cpp's set_swa_pattern(p): layer i is local unless i % p == p - 1 (p = 0: every layer local)
+        p = 6 if pattern is None else int(pattern)
+        local = [p == 0 or i % p < p - 1 for i in range(n)]
+    out: dict[str, Any] = {"query_pre_attn_scalar": scalar,
+                           "rope_local_base_freq": float(get("rope.freq_base_swa") or 10_000.0)}
+    if window:
+        out["layer_types"] = ["sliding_attention" if x else "full_attention" for x in local]
+    elif any(local) and pattern is not None:
+        raise GGUFError(path, "gemma3.attention.sliding_window_pattern names local layers but the file states no "
+                              "attention.sliding_window")
+    return out
 
 
 _LAYER = {  # blk.N.<name> -> model.layers.N.<name> (Hugging Face)
@@ -342,8 +387,6 @@ def unpermute(w: Any, heads: int) -> Any:
 def hf_state(reader: Any, hf: dict[str, Any], path: Path) -> dict[str, Any]:
     """Every tensor dequantised to float32 under its Hugging Face name (llama q/k rows un-permuted, Gemma's norms
     less 1). A type or tensor this reader does not know is refused before anything is dequantised."""
-    import numpy as np
-    import torch
     from gguf.quants import dequantize
 
     kind = hf["model_type"]
@@ -357,19 +400,63 @@ def hf_state(reader: Any, hf: dict[str, Any], path: Path) -> dict[str, Any]:
         raise GGUFError(path, f"tensor {strange[0]!r} is not part of the {kind} layout this reader knows"
                               + (f" (and {len(strange) - 1} more)" if len(strange) > 1 else ""))
     state: dict[str, Any] = {}
-    for t in reader.tensors:
-        try:
-            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        except Exception as err:  # a damaged block: wrong byte count for its shape
-            raise GGUFError(path, f"tensor {t.name!r} cannot be dequantised ({type(err).__name__}: "
-                                  f"{str(err)[:120]})") from None
-        name = names[t.name]
-        if kind in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
-            w = unpermute(w, hf["num_attention_heads"] if ".q_proj." in name else hf["num_key_value_heads"])
-        if kind == "gemma3_text" and name.endswith("norm.weight"):
-            w = w - 1.0
-        state[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a copy: the memmap stays read-only
+    with open(path, "rb") as f:
+        for t in reader.tensors:  # one tensor at a time: its float32 array is the only copy kept
+            try:
+                w = _dequantize(t, _read(f, t), dequantize)
+            except Exception as err:  # a damaged block: wrong byte count for its shape
+                raise GGUFError(path, f"tensor {t.name!r} cannot be dequantised ({type(err).__name__}: "
+                                      f"{str(err)[:120]})") from None
+            state[names[t.name]] = _finish(w, names[t.name], kind, hf)
     return state
+
+
+def _read(f: Any, t: Any) -> Any:
+    """A tensor's bytes read from the file (not through the reader's memory map, whose pages would stay in this
+    process's memory until the reader goes), shaped as the reader shapes them."""
+    import numpy as np
+
+    f.seek(int(t.data_offset))
+    raw = np.fromfile(f, dtype=np.uint8, count=int(t.n_bytes))
+    if raw.size != int(t.n_bytes):
+        raise ValueError(f"{raw.size} of its {int(t.n_bytes)} bytes in the file")
+    return raw.view(t.data.dtype).reshape(t.data.shape)
+
+
+def _finish(w: Any, name: str, kind: str, hf: dict[str, Any]) -> Any:
+    """A dequantised array as the Hugging Face tensor: llama q/k rows un-permuted, Gemma's norms less 1, float32,
+    C order, as a torch tensor over the same memory."""
+    import numpy as np
+    import torch
+
+    if kind in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
+        w = unpermute(w, hf["num_attention_heads"] if ".q_proj." in name else hf["num_key_value_heads"])
+    if kind == "gemma3_text" and name.endswith("norm.weight"):
+        w = np.asarray(w, dtype=np.float32) - np.float32(1.0)
+    w = np.asarray(w, dtype=np.float32)
+    if not (w.flags.c_contiguous and w.flags.writeable):
+        w = np.array(w, dtype=np.float32, order="C")
+    return torch.from_numpy(w)
+
+
+_CHUNK = 1 << 22  # bytes of a quantised tensor dequantised at a time
+
+
+def _dequantize(t: Any, data: Any, dequantize: Any) -> Any:
+    """One tensor (``data``: its bytes as the reader shapes them) as float32: a quantised matrix row block by row block
+    into one array (the float intermediates of ``gguf.quants.dequantize`` stay a few megabytes, not the size of an
+    embedding); F32 and F16 in one go."""
+    import numpy as np
+
+    if t.tensor_type.name in ("F32", "F16") or data.ndim < 2 or data.nbytes <= _CHUNK:
+        return dequantize(data, t.tensor_type)
+    step = max(1, _CHUNK // max(1, data[0].nbytes))
+    first = dequantize(data[:step], t.tensor_type)
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
+    out[:step] = first
+    for i in range(step, data.shape[0], step):
+        out[i:i + step] = dequantize(data[i:i + step], t.tensor_type)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------- tokenizer
@@ -378,6 +465,7 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> the split its merges were learned with (the others: GPT-2's own, inside ByteLevel)
+GEMMA_VOCAB = ("gemma", "gemma2", "gemma3")  # architectures whose SentencePiece files are spelled as Gemma's
 SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
           "dbrx": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 
@@ -391,12 +479,13 @@ def tokenizer_spec(reader: Any) -> dict[str, Any]:
     return spec
 
 
-def score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
-    """A SentencePiece vocabulary's BPE merges, recovered from its pieces and scores: every split of a piece into two
-    pieces of the vocabulary, best-scored piece first (the order transformers' ``generate_merges`` gives)."""
+def score_merges(tokens: list[str], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """A SentencePiece vocabulary's BPE merges, recovered from its pieces: every split of a piece into two pieces of
+    the vocabulary, the best-scored piece's first (the order transformers' ``generate_merges`` gives: ``scores`` is
+    keyed by piece, so a piece spelled twice counts once, with its last score)."""
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
-    for piece, score in zip(tokens, scores):
+    for piece, score in scores.items():
         local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
                  if piece[:i] in vocab and piece[i:] in vocab]
         merges.extend(sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]])))
@@ -406,7 +495,7 @@ def score_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]
 
 def build_tokenizer(spec: dict[str, Any], arch: str, path: Path) -> Any:
     """A ``tokenizers.Tokenizer`` from the metadata (module docstring); ids as transformers' GGUF tokenizer gives."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
     from models.inputs.tokenizer import byte_alphabet
@@ -433,24 +522,44 @@ def build_tokenizer(spec: dict[str, Any], arch: str, path: Path) -> Any:
         tk.decoder = decoders.ByteLevel()
         control_ok = spelled
         add_bos = bool(spec.get("add_bos_token") or False)
-    elif kind == "llama" and arch not in ("gemma3", "phi3"):  # SentencePiece BPE with byte fallback (LLaMA 1/2)
-        scores = spec.get("scores") or [0.0] * len(tokens)
-        vocab = {t: i for i, t in enumerate(tokens)}
-        tk = Tokenizer(BPE(vocab=vocab, merges=score_merges(tokens, scores), fuse_unk=True, byte_fallback=True,
-                           dropout=None))
-        tk.normalizer = None
-        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                        decoders.Strip(content=" ", left=1)])
+    elif kind == "llama":  # SentencePiece BPE with byte fallback, as transformers' GGUF tokenizer builds each family's
+        if arch in GEMMA_VOCAB:  # runs of spaces are stored as spaces; merges follow the token order, not the scores
+            pieces = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+            ranking = {t: -float(i) for i, t in enumerate(pieces)}
+        else:
+            pieces = list(tokens)
+            ranking = dict(zip(pieces, [float(x) for x in (spec.get("scores") or [0.0] * len(tokens))]))
+        vocab = {t: i for i, t in enumerate(pieces)}
+        unk = {"unk_token": "<unk>"} if arch in GEMMA_VOCAB else {}
+        tk = Tokenizer(BPE(vocab=vocab, merges=score_merges(pieces, ranking), fuse_unk=True, byte_fallback=True,
+                           dropout=None, **unk))
+        spaces = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if arch in GEMMA_VOCAB:  # no prefix space: every space becomes ▁
+            tk.normalizer = normalizers.Replace(" ", "▁")
+            tk.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+            tk.decoder = decoders.Sequence(spaces)
+        elif arch == "phi3":  # the prefix space from a normalizer ("  hi" -> ▁▁▁hi), as Phi-3's tokenizer.json
+            tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            tk.pre_tokenizer = None
+            tk.decoder = decoders.Sequence([*spaces, decoders.Strip(content=" ", left=1)])
+        else:  # LLaMA 1/2, Mistral
+            tk.normalizer = None
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+            tk.decoder = decoders.Sequence([*spaces, decoders.Strip(content=" ", left=1)])
         control_ok = None
         add_bos = True if spec.get("add_bos_token") is None else bool(spec["add_bos_token"])
     else:
-        raise GGUFError(path, f"tokenizer model {kind!r} for architecture {arch!r} is not supported here (gpt2 "
-                              "byte-level BPE; llama SentencePiece for llama-shaped files)")
+        raise GGUFError(path, f"tokenizer model {kind!r} is not supported here (gpt2: byte-level BPE; llama: "
+                              "SentencePiece BPE)")
     control = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
                if ty == 3 and (control_ok is None or set(t) <= control_ok)]  # 3: CONTROL
     if control:
         tk.add_special_tokens(control)
+    named = [AddedToken(tokens[int(i)], normalized=False, special=True) for i in
+             (spec.get(k) for k in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"))
+             if i is not None and 0 <= int(i) < len(tokens)]  # transformers adds these as special tokens too
+    if named:
+        tk.add_special_tokens(named)
     user = [AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
             if ty == 4 and tk.token_to_id(t) is not None]  # 4: USER_DEFINED, matched whole as llama.cpp does
     if user:
@@ -528,9 +637,10 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     check_size(info["n_params"], path.name)  # from the tensor infos alone, before anything is dequantised
     hf = hf_config(reader, path)
     spec_tok = tokenizer_spec(reader)
+    reader.fields.clear()  # the metadata's parsed arrays (a vocabulary's are many small ones) are read by now
     tk = build_tokenizer(spec_tok, info["architecture"], path)
     state = hf_state(reader, hf, path)
-    del reader
+    del reader  # the file's memory map goes with the reader: every tensor is a float32 copy by now
     model = _build(hf, state, spec_tok, tk, info, path)
     if cache:
         _to_cache(folder, hf, state, spec_tok, tk, info)
@@ -541,11 +651,13 @@ def _build(hf: dict[str, Any], state: dict[str, Any], spec: dict[str, Any], tk: 
            path: Path) -> Any:
     from models import registry
     from models.io.checkpoint import CheckpointError
+    from models.io.hf import assigning_weights
 
     kind = hf["model_type"]
     reader = registry.by_model_type(kind).hf_reader(kind)
     try:
-        model = reader(hf, state, path)
+        with assigning_weights():  # the state's own tensors become the parameters: one copy of the weights
+            model = reader(hf, state, path)
     except KeyError as err:
         raise GGUFError(path, f"no tensor or config entry {err} for {info['architecture']}") from None
     except CheckpointError as err:
@@ -561,15 +673,13 @@ def _to_cache(folder: Path, hf: dict[str, Any], state: dict[str, Any], spec: dic
               info: dict[str, Any]) -> None:
     """Write the parsed file under ``folder`` (a temporary sibling renamed into place, so a reader never sees half
     an entry); a cache that cannot be written is skipped with a line in the log."""
-    from safetensors.torch import save_file
-
     meta = {"format": CACHE_FORMAT, "hf": hf, "info": info,
             "tokenizer": {k: spec.get(k) for k in ("bos_token_id", "eos_token_id", "unknown_token_id",
                                                   "padding_token_id", "add_bos_token", "chat_template")}}
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=folder.name[:16] + "-", dir=folder.parent))
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        write_safetensors(state, tmp / "model.safetensors")
         (tmp / "tokenizer.json").write_text(tk.to_str(), encoding="utf-8")
         (tmp / "gguf.json").write_text(json.dumps(meta), encoding="utf-8")
         if folder.exists():
@@ -578,6 +688,35 @@ def _to_cache(folder: Path, hf: dict[str, Any], state: dict[str, Any], spec: dic
     except OSError as err:
         print(f"[attention-atlas] GGUF cache not written ({folder}): {err}", flush=True)
         shutil.rmtree(locals().get("tmp", folder.parent / ".none"), ignore_errors=True)
+
+
+_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def write_safetensors(tensors: dict[str, Any], file: Path) -> None:
+    """``tensors`` as one safetensors file (the format's 8-byte header length, JSON header, then the data in order),
+    written tensor by tensor from the tensors' own memory: no second copy of the weights, as
+    ``safetensors.torch.save_file`` makes (it builds the whole file's bytes first)."""
+    import struct
+
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors.values():
+            t = t.contiguous()  # already, for every tensor read here: no copy
+            if t.numel():
+                f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
 
 
 def _from_cache(folder: Path, path: Path) -> Any | None:

@@ -19,13 +19,73 @@ A folder holds ``config.json`` with a ``model_type``, ``model.safetensors`` (wei
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from models import registry
 from models.io.checkpoint import CheckpointError
+
+_ASSIGN: ContextVar[bool] = ContextVar("assign_weights", default=False)
+
+
+@contextmanager
+def assigning_weights() -> Iterator[None]:
+    """Within it the decoder readers (``llama_from_state``, ``models.io.hf_decoders``) give the model the state
+    dict's own float32 tensors as its parameters: no random initialisation first and no copy, so a model read from
+    a fresh state dict (a dequantised GGUF file, a safetensors cache entry) takes its weights' memory once, not
+    twice. The state dict's tensors then *are* the parameters: only for a state dict nothing else will change."""
+    token = _ASSIGN.set(True)
+    try:
+        yield
+    finally:
+        _ASSIGN.reset(token)
+
+
+class _NoInit(TorchFunctionMode):
+    """Initialisers (``torch.nn.init.*_``, ``Tensor.normal_`` ...) left undone, for a model made on the meta device
+    whose parameters are assigned next: there they would do nothing useful, and torch's meta kernel for ``normal_``
+    imports its compiler (150 MB of memory). A torch function mode: this thread's only."""
+
+    SKIP = frozenset({"normal_", "uniform_", "zero_", "zeros_", "ones_", "fill_", "constant_", "trunc_normal_",
+                      "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "orthogonal_"})
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in self.SKIP:
+            return args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+        return func(*args, **kwargs)
+
+
+def load_gpt(config: Any, ours: dict[str, Tensor], where: Path, name: str) -> Any:
+    """``models.families.gpt.GPT(config)`` holding ``ours`` (its own parameter names): float32 copies, or, within
+    ``assigning_weights``, the tensors themselves (parameters created empty, then assigned; a tied output projection
+    tied again). Weights that do not fit are a CheckpointError naming them."""
+    from models.families.gpt import GPT
+
+    weights = {k: v.float().contiguous() for k, v in ours.items()}
+    if _ASSIGN.get():
+        import torch
+
+        with torch.device("meta"), _NoInit():  # nothing allocated or initialised (both modes: this thread's only)
+            model = GPT(config)
+        missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+        if config.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        model.reset_buffers()  # the RoPE tables, on the CPU
+        if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+            raise CheckpointError(where, f"weights do not fit {name}: some were never given")
+    else:
+        model = GPT(config)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(where, f"weights do not fit {name}: missing {missing}, unexpected {unexpected}")
+    return model
 
 
 def is_hf_folder(folder: Path) -> bool:
@@ -303,9 +363,7 @@ def llama_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
         if config.tie_embeddings:
             model.lm_head.weight = model.embed.weight
     else:
-        model = GPT(config)
-        missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()},
-                                                    strict=False)
+        return load_gpt(config, ours, where, "LLaMA")
     if missing or unexpected:
         raise CheckpointError(where, f"weights do not fit LLaMA: missing {missing}, unexpected {unexpected}")
     return model

@@ -38,7 +38,7 @@ from typing import Any
 from torch import Tensor
 
 from models.io.checkpoint import CheckpointError
-from models.io.hf import _token_id, rope_params, rotary_dim
+from models.io.hf import _token_id, load_gpt, rope_params, rotary_dim
 
 
 def _rope(hf: dict[str, Any], where: Path, key: str | None = None, default: float = 10000.0) -> float:
@@ -124,13 +124,7 @@ def _mlp(s: dict[str, Tensor], h: str, o: str, ours: dict[str, Tensor]) -> None:
 
 
 def _build(config: Any, ours: dict[str, Tensor], where: Path, name: str) -> Any:
-    from models.families.gpt import GPT
-
-    model = GPT(config)
-    missing, unexpected = model.load_state_dict({k: v.float().contiguous() for k, v in ours.items()}, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(where, f"weights do not fit {name}: missing {missing}, unexpected {unexpected}")
-    return model
+    return load_gpt(config, ours, where, name)
 
 
 def _llama_like(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str, kind: str, name: str) -> Any:
