@@ -71,6 +71,20 @@ JS = """() => {
     }
     box.append(bar);
   };
+  // A figure with a phone layout (viz.common.phone: layout.meta.atlas_phone) in a box narrower than its threshold
+  // is drawn again in its phone layout, once per figure sent; wider boxes keep the figure as sent.
+  const phone = (plot) => {
+    const spec = plot.layout && plot.layout.meta && plot.layout.meta.atlas_phone;
+    if (!spec || !plot._fullLayout || plot._atlasPhone === spec || !window.Plotly) return;
+    const box = plot.parentElement;
+    if (!box || box.clientWidth === 0 || box.clientWidth >= spec.narrow) return;
+    // drawn anew (Plotly fails to redraw from the wide layout at a phone's width), the template and meta kept
+    const layout = Object.assign({}, spec.layout, {width: box.clientWidth, template: plot.layout.template,
+                                                   meta: plot.layout.meta});
+    const data = plot.data.map((t, i) => spec.traces[i] ? Object.assign({}, t, spec.traces[i]) : t);
+    plot._atlasPhone = spec;  // once per figure sent (a new figure brings a new spec)
+    window.Plotly.newPlot(plot, data, layout, plot._context);
+  };
   // A new attempt (any button pressed outside a toast) closes the toasts of earlier ones, so errors neither stack
   // ("Error (2)") nor stay after the request that follows them has worked.
   document.addEventListener('click', (ev) => {
@@ -79,6 +93,6 @@ JS = """() => {
   }, true);
   new MutationObserver(() => {
     bind();
-    document.querySelectorAll('.js-plotly-plot').forEach(exportBar);
+    document.querySelectorAll('.js-plotly-plot').forEach((plot) => { exportBar(plot); phone(plot); });
   }).observe(document.body, {childList: true, subtree: true});
 }"""
