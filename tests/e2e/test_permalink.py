@@ -126,7 +126,8 @@ def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None
     _same_figures(again, expected)
     assert again.locator(".atlas-generation").inner_text() == shown
     assert _panel(again).get_by_label("prompt").input_value() == "Two dogs are running on the"
-    assert again.url == url  # the restored view writes the same link
+    # the restored view writes the same link (once the link's controls are set after the run, which drew the view)
+    again.wait_for_function("(url) => location.href === url", arg=url, timeout=30_000)
     assert stray_views(again) == []  # the linked layer, head and replay step are the first view drawn
     assert page.js_errors == [] and again.js_errors == []
 

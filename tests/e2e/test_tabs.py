@@ -517,8 +517,8 @@ _REVEALED = """() => { const e = document.querySelector('#lessons-revealed .js-p
 
 
 @pytest.mark.parametrize("lesson,step,share", [(1, 1, 0.35), (4, 2, 0.6)])  # eight subplots two to a row; one map
-def test_a_revealed_figure_is_readable_on_a_phone(page, tiny_checkpoints, monkeypatch, lesson: int, step: int,
-                                                  share: float) -> None:
+def test_a_revealed_figure_is_readable_on_a_phone(page, app_url, tiny_checkpoints, monkeypatch, lesson: int,
+                                                  step: int, share: float) -> None:
     """Issue 61, item 6: at 390 px the revealed figure was a postage stamp with overlapping tick labels and a colour
     bar wider than the map. On a phone it now takes the box's width, its colour bars lie under the map (horizontal,
     no wider than the plot), and no two tick labels or titles of it are drawn over each other."""
@@ -527,7 +527,7 @@ def test_a_revealed_figure_is_readable_on_a_phone(page, tiny_checkpoints, monkey
     monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
     monkeypatch.setattr(store, "MODELS", store.ModelStore())
     page.set_viewport_size({"width": 390, "height": 900})
-    open_tab(page, "Lessons")
+    page.goto(app_url + "?tab=lessons", wait_until="domcontentloaded")  # a phone's tab bar folds the tabs away
     panel = _panel(page)
     _pick(page, "lesson", lessons.LESSONS[lesson - 1].title)
     panel.get_by_role("button", name="Start the lesson").click()
