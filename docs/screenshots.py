@@ -5,6 +5,8 @@
     python docs/screenshots.py --families     # DeBERTa's disentangled split on a DeBERTa-v3-base-shaped folder
     python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
     python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
+    python docs/screenshots.py --only class   # a class: the student's join and answer, the teacher's screen, the
+                                              # presenter view with its QR code, the reveal (with --width 1024, 390)
 """
 
 from __future__ import annotations
@@ -126,6 +128,26 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     page.get_by_role("button", name="Send my prediction to the class").click()
     page.locator("#class-student-info").get_by_text("is in").wait_for(timeout=60_000)
     shot("class-student", 1800, page=page)
+    # the teacher's screen: who has not answered (a second student joined), then the presenter view with the QR code
+    other = browser.new_page(viewport={"width": 390, "height": 1000})
+    other.goto(url + f"?tab=lessons&class={code}")
+    other.get_by_label("your nickname (only the teacher sees it)").fill("Grace")
+    other.get_by_role("button", name="Join the class").click()
+    other.locator("#class-student-info").get_by_text("as Grace").wait_for(timeout=60_000)
+    teacher.set_viewport_size({"width": width, "height": 1000})
+    teacher.locator("#class-missing").get_by_text("Grace").wait_for(timeout=60_000)
+    shot("class-teacher", 1500, y=_top(teacher, teacher.locator("#class-teach")) - 10, page=teacher)
+    teacher.get_by_label("presenter view (large type for a projector)").check()
+    teacher.wait_for_function("() => document.body.classList.contains('atlas-present')")
+    shot("class-presenter", 1300 if width > 500 else 1700, y=_top(teacher, teacher.locator("#class-teach")) - 10,
+         page=teacher)
+    # the reveal on the student's page (on a phone: the figure laid out for the width)
+    teacher.get_by_role("button", name="Reveal to the class").click()
+    page.locator("#lessons-revealed .js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)
+    shot("lesson-reveal", 1450, y=_top(page, page.locator("#lessons-revealed")) - 110, page=page)
+    teacher.get_by_label("presenter view (large type for a projector)").uncheck()
+    teacher.get_by_role("button", name="Close the class").click()  # an open class holds its step's answer
 
 
 def heads_shots(page, panel, tab, shot) -> None:

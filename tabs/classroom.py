@@ -58,10 +58,11 @@ body.atlas-present #class-missing {display: none !important;}  /* nicknames: the
 .atlas-join-qr {background: #fff; padding: 6px; width: 180px; max-width: 70vw; line-height: 0;}
 .atlas-join-qr svg {width: 100%; height: auto;}
 .atlas-join-code {font: 700 3.2rem/1.1 ui-monospace, monospace; letter-spacing: 0.12em;}
+.atlas-join-text {flex: 1 1 240px; min-width: 0;}
 .atlas-join-label {font-size: 1rem; opacity: 0.8;}
 .atlas-join-link {font-size: 0.95rem; word-break: break-all;}
 body.atlas-present .atlas-join-qr {width: min(36vh, 80vw);}
-body.atlas-present .atlas-join-code {font-size: clamp(4rem, 11vw, 10rem) !important;}
+body.atlas-present .atlas-join-code {font-size: clamp(4rem, 8vw, 10rem) !important;}
 body.atlas-present .atlas-join-label, body.atlas-present .atlas-join-link {font-size: 1.6rem !important;}
 </style>"""
 # The page's own address (the app's root as the browser sees it): what the join link in the QR code opens.
