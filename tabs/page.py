@@ -72,19 +72,35 @@ JS = """() => {
     box.append(bar);
   };
   // A figure with a phone layout (viz.common.phone: layout.meta.atlas_phone) in a box narrower than its threshold
-  // is drawn again in its phone layout, once per figure sent; wider boxes keep the figure as sent.
+  // is drawn again in its phone layout at the box's width (once per figure sent, again when the box's width
+  // changes); a box that grows past the threshold (a phone turned sideways) gets the figure as it was sent back.
+  const drawn = new WeakSet();  // the phone layouts this script drew (a figure Gradio draws again is not one)
   const phone = (plot) => {
     const spec = plot.layout && plot.layout.meta && plot.layout.meta.atlas_phone;
-    if (!spec || !plot._fullLayout || plot._atlasPhone === spec || !window.Plotly) return;
     const box = plot.parentElement;
-    if (!box || box.clientWidth === 0 || box.clientWidth >= spec.narrow) return;
+    if (!spec || !plot._fullLayout || !window.Plotly || !box || box.clientWidth === 0) return;
+    const narrow = box.clientWidth < spec.narrow, mine = drawn.has(plot.layout);
+    if (mine && !narrow) {  // wide again: the figure as sent
+      window.Plotly.newPlot(plot, plot._atlasWide.data, plot._atlasWide.layout, plot._context);
+      return;
+    }
+    if (!narrow || (mine && Math.abs(plot._atlasPhoneWidth - box.clientWidth) < 4)) return;
+    if (!mine) plot._atlasWide = {data: plot.data, layout: plot.layout};
     // drawn anew (Plotly fails to redraw from the wide layout at a phone's width), the template and meta kept
-    const layout = Object.assign({}, spec.layout, {width: box.clientWidth, template: plot.layout.template,
-                                                   meta: plot.layout.meta});
-    const data = plot.data.map((t, i) => spec.traces[i] ? Object.assign({}, t, spec.traces[i]) : t);
-    plot._atlasPhone = spec;  // once per figure sent (a new figure brings a new spec)
+    const wide = plot._atlasWide;
+    const layout = Object.assign({}, spec.layout, {width: box.clientWidth, template: wide.layout.template,
+                                                   meta: wide.layout.meta});
+    const data = wide.data.map((t, i) => spec.traces[i] ? Object.assign({}, t, spec.traces[i]) : t);
+    drawn.add(layout);
+    plot._atlasPhoneWidth = box.clientWidth;
+    window._atlasPhoned = (window._atlasPhoned || 0) + 1;  // how many times (tests: once per figure and width)
     window.Plotly.newPlot(plot, data, layout, plot._context);
   };
+  let resized = null;
+  window.addEventListener('resize', () => {
+    clearTimeout(resized);
+    resized = setTimeout(() => document.querySelectorAll('.js-plotly-plot').forEach(phone), 250);
+  });
   // A new attempt (any button pressed outside a toast) closes the toasts of earlier ones, so errors neither stack
   // ("Error (2)") nor stay after the request that follows them has worked.
   document.addEventListener('click', (ev) => {

@@ -539,7 +539,7 @@ def test_a_revealed_figure_is_readable_on_a_phone(page, app_url, tiny_checkpoint
     panel.get_by_role("radio", name=q.choices[0], exact=True).check()
     panel.get_by_role("button", name="Check my prediction").click()
     page.wait_for_function("""() => { const e = document.querySelector('#lessons-revealed .js-plotly-plot');
-        return e && e._fullLayout && e._atlasPhone; }""", timeout=60_000)
+        return e && e._fullLayout && e._atlasPhoneWidth; }""", timeout=60_000)
     page.wait_for_timeout(1000)
     drawn = page.evaluate(_REVEALED)
     assert drawn["figure"] <= drawn["box"] + 1 and drawn["figure"] >= drawn["box"] - 2, drawn  # the box's width
@@ -548,4 +548,10 @@ def test_a_revealed_figure_is_readable_on_a_phone(page, app_url, tiny_checkpoint
     assert all(w <= drawn["figure"] and w > h for w, h in drawn["bars"]), drawn
     assert drawn["overlaps"] == [], drawn
     assert overlapping_labels(page) == [] and clipped_figures(page) == []
+    width = "() => document.querySelector('#lessons-revealed .js-plotly-plot')._fullLayout.width"
+    page.set_viewport_size({"width": 1200, "height": 900})  # turned sideways or a wider window: the figure as sent
+    page.wait_for_function(f"() => ({width})() > 600", timeout=10_000)
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.wait_for_function(f"() => ({width})() < 400", timeout=10_000)
+    assert page.evaluate("() => window._atlasPhoned") <= 6  # drawn once per figure and width, never in a loop
     assert page.js_errors == []
