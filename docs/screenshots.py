@@ -6,6 +6,9 @@
     python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
     python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
     python docs/screenshots.py --only tokens  # Generate, real SmolLM2: byte-level tokens decoded, the piece on hover
+    python docs/screenshots.py --only describe  # Image + text: vlm-fashion on an example scene
+    python docs/screenshots.py --only class   # a class: the student's join and answer, the teacher's screen, the
+                                              # presenter view with its QR code, the reveal (with --width 1024, 390)
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
 from tests.e2e.helpers import click_cell, wait_for_plots  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
+
+
+def describe_shots(page, panel, tab, shot) -> None:
+    """Image + text: vlm-fashion asked where the sandal is in an example scene."""
+    tab("Image + text")
+    panel().get_by_role("button", name="scene_009.png").click()
+    page.wait_for_timeout(800)
+    panel().get_by_label("question").fill("where is the sandal ?")
+    panel().get_by_role("button", name="Answer", exact=True).click()
+    wait_for_plots(page, 7, timeout=120_000)
+    shot("image-and-text", 2700)
 
 
 def generate_shots(page, panel, tab, shot) -> None:
@@ -156,6 +170,26 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     page.get_by_role("button", name="Send my prediction to the class").click()
     page.locator("#class-student-info").get_by_text("is in").wait_for(timeout=60_000)
     shot("class-student", 1800, page=page)
+    # the teacher's screen: who has not answered (a second student joined), then the presenter view with the QR code
+    other = browser.new_page(viewport={"width": 390, "height": 1000})
+    other.goto(url + f"?tab=lessons&class={code}")
+    other.get_by_label("your nickname (only the teacher sees it)").fill("Grace")
+    other.get_by_role("button", name="Join the class").click()
+    other.locator("#class-student-info").get_by_text("as Grace").wait_for(timeout=60_000)
+    teacher.set_viewport_size({"width": width, "height": 1000})
+    teacher.locator("#class-missing").get_by_text("Grace").wait_for(timeout=60_000)
+    shot("class-teacher", 1500, y=_top(teacher, teacher.locator("#class-teach")) - 10, page=teacher)
+    teacher.get_by_label("presenter view (large type for a projector)").check()
+    teacher.wait_for_function("() => document.body.classList.contains('atlas-present')")
+    shot("class-presenter", 1300 if width > 500 else 1700, y=_top(teacher, teacher.locator("#class-teach")) - 10,
+         page=teacher)
+    # the reveal on the student's page (on a phone: the figure laid out for the width)
+    teacher.get_by_role("button", name="Reveal to the class").click()
+    page.locator("#lessons-revealed .js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)
+    shot("lesson-reveal", 1450, y=_top(page, page.locator("#lessons-revealed")) - 110, page=page)
+    teacher.get_by_label("presenter view (large type for a projector)").uncheck()
+    teacher.get_by_role("button", name="Close the class").click()  # an open class holds its step's answer
 
 
 def heads_shots(page, panel, tab, shot) -> None:
@@ -210,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    ap.add_argument("--only", choices=["lessons", "class", "heads", "tokens"], default=None,
+    ap.add_argument("--only", choices=["lessons", "class", "heads", "tokens", "describe"], default=None,
                     help="retake only these screenshots")
     ap.add_argument("--families", action="store_true",
                     help="only the families' screenshots, over random folders of real shapes in runs/families")
@@ -262,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.only == "tokens":
                 tokens_shots(page, panel, tab, shot)
                 return browser.close()
+            if args.only == "describe":
+                describe_shots(page, panel, tab, shot)
+                return browser.close()
             if args.families:
                 deberta_shot(page, panel, tab, shot)
                 return browser.close()
@@ -308,13 +345,7 @@ def main(argv: list[str] | None = None) -> None:
                                    timeout=120_000)  # the sneaker's curve, not the photo's before it
             shot("vision", 2300)
 
-            tab("Image + text")
-            panel().get_by_role("button", name="scene_009.png").click()
-            page.wait_for_timeout(800)
-            panel().get_by_label("question").fill("where is the sandal ?")
-            panel().get_by_role("button", name="Answer", exact=True).click()
-            wait_for_plots(page, 7, timeout=120_000)
-            shot("image-and-text", 2700)
+            describe_shots(page, panel, tab, shot)
 
             tab("Swin windows")
             wait_for_plots(page, 5, timeout=60_000)

@@ -4,9 +4,10 @@ A teacher opens a class and gets a short join code (for the room) and a secret t
 link); students join with the code and a nickname and get a student token of their own (kept in their page's
 session). The class holds the teacher's lesson and step: the step's choices, its right answer, whether it is
 revealed. Each student's *first* answer per step is recorded; the teacher sees the counts per choice before
-revealing, reveals, moves on, exports the answers as CSV and closes the class. A class ends by itself a day after
-it was opened. An ended class (closed or expired) can no longer be read by anyone, so its rows (nicknames and
-answers included) are deleted the next time any class is opened (`purge`).
+revealing (and, on their own page only, who has not answered yet), reveals, may ask a step again (its answers
+cleared for the class), moves on, exports the answers and a per-question summary as CSV and closes the class. A
+class ends by itself a day after it was opened. An ended class (closed or expired) can no longer be read by
+anyone, so its rows (nicknames and answers included) are deleted the next time any class is opened (`purge`).
 
 Storage: SQLAlchemy Core over SQLite by default (one file, WAL journal, so readers never wait for the writer and a
 committed answer survives the server being killed) or over PostgreSQL given by ``ATLAS_DB`` (several replicas
@@ -101,6 +102,18 @@ answers = sa.Table(
     sa.Column("answered_at", sa.Float, nullable=False),
     sa.UniqueConstraint("student_id", "lesson", "step", name="one_answer_per_step"),  # the first answer counts
     sa.Index("answers_by_step", "class_id", "lesson", "step"),
+)
+class_steps = sa.Table(  # each step the class was asked (the summary after class), with what was offered
+    "class_steps", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("class_id", sa.Integer, sa.ForeignKey("classes.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("lesson", sa.Integer, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("choices", sa.JSON, nullable=False),
+    sa.Column("answer", sa.Text, nullable=False),
+    sa.Column("asked_at", sa.Float, nullable=False),
+    sa.Column("asks", sa.Integer, nullable=False, server_default="1"),  # 2: asked again (`reask`)
+    sa.UniqueConstraint("class_id", "lesson", "step", name="one_row_per_step"),
 )
 
 
@@ -266,6 +279,21 @@ class ClassState:
         return sum(self.counts.values())
 
 
+@dataclass(frozen=True)
+class StepSummary:
+    """One question of a class, after the fact (the teacher's summary and its CSV): how many answered, how many
+    were right, and how many chose each choice (every offered choice listed, in the offered order)."""
+
+    lesson: int
+    step: int
+    choices: tuple[str, ...]
+    answer: str
+    answered: int
+    correct: int
+    counts: dict[str, int]
+    asks: int = 1
+
+
 class ClassStore:
     """The class operations over one engine (see the module docstring for the rules)."""
 
@@ -358,6 +386,7 @@ class ClassStore:
         with self.engine.begin() as conn:
             ended = sa.select(classes.c.id).where(sa.or_(classes.c.closed, classes.c.expires_at <= self.clock()))
             conn.execute(answers.delete().where(answers.c.class_id.in_(ended)))
+            conn.execute(class_steps.delete().where(class_steps.c.class_id.in_(ended)))
             conn.execute(students.delete().where(students.c.class_id.in_(ended)))
             return conn.execute(classes.delete().where(classes.c.id.in_(ended))).rowcount
 
@@ -371,8 +400,9 @@ class ClassStore:
             code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(classes.insert().values(code=code, teacher_hash=_hash(token), created_at=now,
-                                                         expires_at=now + LIFETIME_S, closed=False, **values))
+                    new = conn.execute(classes.insert().values(code=code, teacher_hash=_hash(token), created_at=now,
+                                                               expires_at=now + LIFETIME_S, closed=False, **values))
+                    self._asked(conn, new.inserted_primary_key[0], values)
                 return Opened(code, token)
             except sa.exc.IntegrityError:
                 continue
@@ -444,7 +474,80 @@ class ClassStore:
         with self.engine.begin() as conn:
             row = self._teacher(conn, code, token, for_update=True)
             conn.execute(classes.update().where(classes.c.id == row.id).values(**values))
+            self._asked(conn, row.id, values)
         return self.teacher_state(code, token)
+
+    def _asked(self, conn, class_id: int, values: dict) -> None:
+        """Keep the step the class is asked (its choices and answer: the same step with another input replaces them,
+        and its earlier answers, which were to other choices, go)."""
+        where = sa.and_(class_steps.c.class_id == class_id, class_steps.c.lesson == values["lesson"],
+                        class_steps.c.step == values["step"])
+        kept = conn.execute(sa.select(class_steps.c.choices, class_steps.c.answer).where(where)).first()
+        if kept is None:
+            conn.execute(class_steps.insert().values(class_id=class_id, lesson=values["lesson"], step=values["step"],
+                                                     choices=values["choices"], answer=values["answer"],
+                                                     asked_at=self.clock()))
+        elif (list(kept.choices), kept.answer) != (values["choices"], values["answer"]):
+            conn.execute(answers.delete().where(answers.c.class_id == class_id, answers.c.lesson == values["lesson"],
+                                                answers.c.step == values["step"]))
+            conn.execute(class_steps.update().where(where).values(choices=values["choices"], answer=values["answer"],
+                                                                  asked_at=self.clock()))
+
+    def reask(self, code: object, token: object) -> ClassState:
+        """Ask the class's current step again: its answers are deleted for the whole class (students may answer it
+        anew) and it is no longer revealed; the summary counts how often it was asked."""
+        with self.engine.begin() as conn:
+            row = self._teacher(conn, code, token, for_update=True)
+            conn.execute(answers.delete().where(answers.c.class_id == row.id, answers.c.lesson == row.lesson,
+                                                answers.c.step == row.step))
+            conn.execute(classes.update().where(classes.c.id == row.id).values(revealed=False))
+            conn.execute(class_steps.update().where(
+                class_steps.c.class_id == row.id, class_steps.c.lesson == row.lesson, class_steps.c.step == row.step)
+                .values(asks=class_steps.c.asks + 1, asked_at=self.clock()))
+        return self.teacher_state(code, token)
+
+    def missing(self, code: object, token: object) -> list[str]:
+        """The teacher's list of who has not answered the current step yet: the joined students' nicknames without
+        an answer to it, in the order they joined (nicknames go to the teacher only)."""
+        with self.engine.connect() as conn:
+            row = self._teacher(conn, code, token)
+            answered = sa.select(answers.c.student_id).where(
+                answers.c.class_id == row.id, answers.c.lesson == row.lesson, answers.c.step == row.step)
+            return list(conn.execute(sa.select(students.c.nickname).where(
+                students.c.class_id == row.id, students.c.id.not_in(answered))
+                .order_by(students.c.joined_at, students.c.id)).scalars())
+
+    def summary(self, code: object, token: object) -> list[StepSummary]:
+        """Per step the class was asked, in the order first asked: answered, correct, and the choices' counts."""
+        with self.engine.connect() as conn:
+            row = self._teacher(conn, code, token)
+            asked = conn.execute(sa.select(class_steps).where(class_steps.c.class_id == row.id)
+                                 .order_by(class_steps.c.id)).all()
+            got = conn.execute(sa.select(answers.c.lesson, answers.c.step, answers.c.choice, sa.func.count())
+                               .where(answers.c.class_id == row.id)
+                               .group_by(answers.c.lesson, answers.c.step, answers.c.choice)).all()
+        counts: dict[tuple[int, int], dict[str, int]] = {}
+        for lesson, step, choice, n in got:
+            counts.setdefault((lesson, step), {})[choice] = int(n)
+        out = []
+        for a in asked:
+            mine = counts.get((a.lesson, a.step), {})
+            by_choice = {c: mine.get(c, 0) for c in a.choices}
+            out.append(StepSummary(a.lesson, a.step, tuple(a.choices), a.answer, sum(by_choice.values()),
+                                   by_choice.get(a.answer, 0), by_choice, int(a.asks)))
+        return out
+
+    def summary_csv(self, code: object, token: object) -> str:
+        """The per-question summary as CSV: one row per step and choice (lesson, step, choice, right (1/0), chosen
+        by, then the step's answered and correct, and how often it was asked), formula-like cells quoted."""
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["lesson", "step", "choice", "right", "chosen_by", "answered", "correct", "asked"])
+        for q in self.summary(code, token):
+            for choice in q.choices:
+                writer.writerow([q.lesson, q.step, _csv_cell(choice), int(choice == q.answer), q.counts[choice],
+                                 q.answered, q.correct, q.asks])
+        return out.getvalue()
 
     def close(self, code: object, token: object) -> None:
         with self.engine.begin() as conn:

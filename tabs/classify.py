@@ -111,7 +111,8 @@ def build() -> Permalink:
     stats = gr.Plot(label="where each head looks")
     patch_section.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, task, model, run_layer(), head, view, explanation, target]
+    layer_asked = run_layer()
+    inputs = [text, task, model, layer_asked, head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
@@ -136,7 +137,8 @@ def build() -> Permalink:
                       api_name=False, show_progress="hidden", **FAST)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
-                      "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits)
+                      "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits,
+                     preset={"layer": layer_asked, "head": head})
 
 
 def model_changed(task: str, model: str) -> tuple:

@@ -1,13 +1,16 @@
 """A class at once (issue 51): the Lessons tab's class mode. The teacher opens a class on the lesson step they show;
 students join with its code and a nickname, follow the teacher's lesson and step, and send their prediction; the
-teacher sees the room's counts live (a bar chart polled every `TICK_S`) *before* revealing, reveals to every
-student's screen at once, moves the class on, downloads the answers as CSV and closes the class. A presenter view
-(``?present=1`` or its toggle) sets large type for a projector, folds the intros and shows one figure per step.
+teacher sees the room's counts live (a bar chart polled every `TICK_S`) *before* revealing, and on their own screen
+who has not answered yet, reveals to every student's screen at once, may ask a step again, moves the class on,
+downloads the answers and a per-question summary as CSV and closes the class (the summary stays on the page). A
+presenter view (``?present=1`` or its toggle) sets large type for a projector, folds the intros, shows one figure per
+step, the join code in very large type with a QR code of the join link, and leaves the nicknames out.
 
 The store (serving/classroom.py) keeps everything and decides who may do what; this module is the section's layout
 and its handlers. The lesson's own controls are passed in by the Lessons tab (`wire`), so the class reads the step
 the teacher shows and writes the step students see. Nicknames are shown only to their own student (escaped) and in
-the teacher's CSV; nobody's page shows another student's nickname."""
+the teacher's CSV and the teacher's own (not presented) list of who has not answered; nobody's page shows another
+student's nickname."""
 
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ from serving.classroom import ClassError, ClassState, get_store, normalise_code,
 from tabs.common import DOWNLOADS, Error
 from tabs.course import course, engine  # the lessons, not the Lessons tab (which places this module's section)
 from tabs.permalink import Field
-from viz.classroom import class_counts
-from viz.common import esc
+from viz.classroom import class_counts, join_screen, summary_table
+from viz.common import esc, phone
 
 TICK_S = 1.0  # how often the teacher's page asks for the counts (the issue asks for ≤ 2 s)
 FOLLOW_S = 2.0  # how often a student's page asks where the class is (a room of 100: 50 small requests a second)
@@ -50,7 +53,20 @@ body.atlas-present .intro {display: none !important;}
 body.atlas-present .prose, body.atlas-present .prose * {font-size: 1.45rem !important; line-height: 1.5 !important;}
 body.atlas-present label span, body.atlas-present button {font-size: 1.2rem !important;}
 body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {display: none !important;}
+body.atlas-present #class-missing {display: none !important;}  /* nicknames: the teacher's screen, not the room's */
+.atlas-join {display: flex; flex-wrap: wrap; align-items: center; gap: 1.5rem;}
+.atlas-join-qr {background: #fff; padding: 6px; width: 180px; max-width: 70vw; line-height: 0;}
+.atlas-join-qr svg {width: 100%; height: auto;}
+.atlas-join-code {font: 700 3.2rem/1.1 ui-monospace, monospace; letter-spacing: 0.12em;}
+.atlas-join-text {flex: 1 1 240px; min-width: 0;}
+.atlas-join-label {font-size: 1rem; opacity: 0.8;}
+.atlas-join-link {font-size: 0.95rem; word-break: break-all;}
+body.atlas-present .atlas-join-qr {width: min(36vh, 80vw);}
+body.atlas-present .atlas-join-code {font-size: clamp(4rem, 8vw, 10rem) !important;}
+body.atlas-present .atlas-join-label, body.atlas-present .atlas-join-link {font-size: 1.6rem !important;}
 </style>"""
+# The page's own address (the app's root as the browser sees it): what the join link in the QR code opens.
+ADDRESS_JS = "(...args) => [...args.slice(0, -1), location.origin + location.pathname]"
 
 
 # -------------------------------------------------------------------------------- the lesson, as the class sees it
@@ -153,6 +169,12 @@ class Section:
     close: gr.Button
     csv: gr.File
     present: gr.Checkbox
+    room: gr.HTML  # the join code, very large, and the QR code of the join link (what a projector shows)
+    missing: gr.Markdown  # who has not answered yet (the teacher's screen only)
+    reask: gr.Button
+    summary: gr.Markdown  # the per-question summary, after class
+    summary_csv: gr.File
+    address: gr.Textbox  # the page's address, from the browser (ADDRESS_JS): the QR code's join link
     send: gr.Button | None = None  # these two are placed under the lesson's choices (`below_choices`)
     counts: gr.Plot | None = None
 
@@ -190,18 +212,26 @@ def layout(joining: JoinBox) -> Section:
         token = gr.Textbox(elem_id="class-teacher-token", elem_classes=["atlas-hidden"], max_length=64,
                            show_label=False, container=False)
         teacher_info = gr.Markdown(elem_id="class-teacher-info")
+        address = gr.Textbox(elem_classes=["atlas-hidden"], max_length=400, show_label=False, container=False)
         with gr.Column(visible=False) as teacher_box:
+            room = gr.HTML(elem_id="class-room")
             with gr.Row():
                 reveal = gr.Button("Reveal to the class", variant="primary")
+                reask = gr.Button("Ask this step again")
                 next_ = gr.Button("Next step for the class →")
                 move = gr.Button("Move the class to the step shown")
-                export = gr.Button("Download the answers (CSV)")
+                export = gr.Button("Download the answers and the summary (CSV)")
                 close = gr.Button("Close the class", variant="stop")
-            csv_file = gr.File(label="the class's answers", visible=False)
+            missing = gr.Markdown(elem_id="class-missing")
+            with gr.Row():
+                csv_file = gr.File(label="the class's answers", visible=False)
+                summary_file = gr.File(label="the per-question summary", visible=False)
+        summary = gr.Markdown(elem_id="class-summary")
     present = gr.Checkbox(False, label="presenter view (large type for a projector)")
     j = joining
     return Section(j.accordion, j.code, j.nickname, j.join, j.info, teach, open_, token, teacher_info, teacher_box,
-                   reveal, next_, move, export, close, csv_file, present)
+                   reveal, next_, move, export, close, csv_file, present, room, missing, reask, summary,
+                   summary_file, address)
 
 
 def below_choices(section: Section) -> None:
@@ -235,11 +265,12 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
     reveal_view = [said, shown, explanation]
     student_page = [s.teach, check, *navigation]  # what a student's page hides
 
-    s.open.click(open_class, [chosen, step, text], [teacher, s.token, s.code, s.teacher_info, s.teacher_box, s.counts,
-                                                    timer, kept, s.join_box], api_name="class_open", **CLASS_EVENTS)
-    s.token.change(resume_class, [s.code, s.token], [teacher, s.teacher_info, s.teacher_box, s.counts, timer,
-                                                     s.teach, s.student_info, s.join_box, *follow],
-                   api_name="class_resume", **CLASS_EVENTS)
+    s.open.click(open_class, [chosen, step, text, s.address],
+                 [teacher, s.token, s.code, s.teacher_info, s.teacher_box, s.counts, timer, kept, s.join_box, s.room,
+                  s.missing, s.summary], api_name="class_open", js=ADDRESS_JS, **CLASS_EVENTS)
+    s.token.change(resume_class, [s.code, s.token, s.address],
+                   [teacher, s.teacher_info, s.teacher_box, s.counts, timer, s.teach, s.student_info, s.join_box,
+                    *follow, s.room, s.missing], api_name="class_resume", js=ADDRESS_JS, **CLASS_EVENTS)
     s.code.change(code_given, [s.code, s.token, kept], [s.join_box, s.teach, s.token], api_name=False,
                   show_progress="hidden", **CLASS_EVENTS)
     def join(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
@@ -252,20 +283,23 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
                **CLASS_EVENTS)
     choices.input(choice_changed, [student, choices], [s.student_info, choices], api_name=False,
                   show_progress="hidden", **CLASS_EVENTS)
-    timer.tick(teacher_tick, [teacher, s.present], [teacher, s.counts, s.teacher_info, timer], api_name="class_poll",
-               show_progress="hidden", **CLASS_EVENTS)
+    timer.tick(teacher_tick, [teacher, s.present], [teacher, s.counts, s.teacher_info, timer, s.missing],
+               api_name="class_poll", show_progress="hidden", **CLASS_EVENTS)
     follow_timer.tick(student_tick, [student, progress],
                       [student, s.student_info, check, send, follow_timer, *follow, progress],
                       api_name="class_follow", show_progress="hidden", **CLASS_EVENTS)
     s.reveal.click(reveal_class, [teacher, s.present], [teacher, s.counts, s.teacher_info, *reveal_view],
                    api_name="class_reveal", **CLASS_EVENTS)
-    s.next.click(next_step, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info, step],
+    s.reask.click(reask_class, [teacher, s.present], [teacher, s.counts, s.teacher_info, *reveal_view, s.missing],
+                  api_name="class_reask", **CLASS_EVENTS)
+    s.next.click(next_step, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info, step, s.missing],
                  api_name="class_next", **CLASS_EVENTS)
-    s.move.click(move_class, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info],
+    s.move.click(move_class, [teacher, chosen, step, text], [teacher, s.counts, s.teacher_info, s.missing],
                  api_name="class_move", **CLASS_EVENTS)
-    s.export.click(export_class, [teacher], [s.csv, s.teacher_info], api_name="class_export", **CLASS_EVENTS)
-    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts, kept],
-                  api_name="class_close", **CLASS_EVENTS)
+    s.export.click(export_class, [teacher], [s.csv, s.teacher_info, s.summary_csv, s.summary], api_name="class_export",
+                   **CLASS_EVENTS)
+    s.close.click(close_class, [teacher], [teacher, s.token, s.teacher_info, s.teacher_box, timer, s.counts, kept,
+                                           s.summary], api_name="class_close", **CLASS_EVENTS)
     s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
     return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
             "present": s.present}
@@ -324,41 +358,54 @@ def _said(err: Exception) -> str:
     return f"**{esc(_message(err))}**"
 
 
-def open_class(title: str, step: Any, text: str):
-    """Open a class on the step this page shows; this page becomes its teacher. Outputs: teacher, token, code,
-    teacher info, teacher box, counts, timer, the kept link, the join box."""
+def _missing(state: ClassState, code: str, token: str) -> str:
+    """Who has not answered the current step yet, for the teacher's own screen (the presenter view hides it)."""
+    if not state.students:
+        return ""
+    names = _store().missing(code, token)
+    if not names:
+        return f"**Everybody has answered** ({state.students} of {state.students})."
+    shown = ", ".join(esc(n) for n in names[:60]) + (f" and {len(names) - 60} more" if len(names) > 60 else "")
+    return f"**Not answered yet ({len(names)} of {state.students}):** {shown}"
+
+
+def open_class(title: str, step: Any, text: str, address: str = ""):
+    """Open a class on the step this page shows; this page becomes its teacher. ``address``: the page's own (from
+    the browser), which the QR code's join link opens. Outputs: teacher, token, code, teacher info, teacher box,
+    counts, timer, the kept link, the join box, the join screen, who has not answered, the summary (cleared)."""
     try:
         number, s, q = _step_of(title, step, text)
         store = _store()
         opened = store.open(number, s, q.choices, q.answer, text or "")
         state = store.teacher_state(opened.code, opened.token)
     except (ClassError, Error) as err:
-        return _skips(9, i3=_said(err))
-    mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts)}
+        return _skips(12, i3=_said(err))
+    mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts), "students": state.students}
     return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True),
             gr.Plot(_chart(state), visible=True), gr.Timer(active=True), {"code": opened.code, "token": opened.token},
-            gr.Accordion(visible=False))
+            gr.Accordion(visible=False), join_screen(opened.code, address), "", "")
 
 
 NOT_TEACHER = "This teacher link is not valid"
 
 
-def resume_class(code: str, token: str):
+def resume_class(code: str, token: str, address: str = ""):
     """The teacher link opened again: this page becomes the class's teacher and shows the class's step. A link whose
     token is not the class's says so (in the join box, which a page with a class code opens) and the page stays a
     student's. Outputs: teacher, teacher info, teacher box, counts, timer, teacher section, student info, join box,
-    then the lesson view (`_show`)."""
+    then the lesson view (`_show`), the join screen and who has not answered."""
     if not token:
-        return _skips(8 + 10)
+        return _skips(8 + 10 + 2)
     try:
         state = _store().teacher_state(code, token)
+        missing = _missing(state, code, token)
     except (ClassError, Error) as err:
         said = f"**{NOT_TEACHER}** ({esc(_message(err))}). To join this class as a student, type a nickname."
-        return _skips(8 + 10, i1=said, i5=gr.Accordion(visible=False), i6=said, i7=gr.Accordion(open=True))
-    mine = {"code": state.code, "token": token, "counts": dict(state.counts)}
+        return _skips(8 + 10 + 2, i1=said, i5=gr.Accordion(visible=False), i6=said, i7=gr.Accordion(open=True))
+    mine = {"code": state.code, "token": token, "counts": dict(state.counts), "students": state.students}
     return (mine, _teacher_text(state), gr.Column(visible=True), gr.Plot(_chart(state), visible=True),
             gr.Timer(active=True), gr.Accordion(open=True, visible=True), gr.skip(), gr.Accordion(visible=False),
-            *_show(state, None))
+            *_show(state, None), join_screen(state.code, address), missing)
 
 
 def _teacher(mine: dict | None) -> tuple[str, str]:
@@ -376,7 +423,7 @@ def reveal_class(mine: dict | None, large: bool = False):
         return _skips(6, i2=_said(err))
     q = _question(state.lesson, state.step, state.input)
     return ({**mine, "counts": dict(state.counts)}, _chart(state, large), _teacher_text(state),
-            f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation)
+            f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", phone(q.reveal(None)), q.explanation)
 
 
 def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
@@ -386,48 +433,81 @@ def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
 
 
 def next_step(mine: dict | None, title: str, step: Any, text: str):
-    """The class and this page move to the lesson's next step (it stays on the last one)."""
+    """The class and this page move to the lesson's next step (it stays on the last one). Outputs: teacher, counts,
+    teacher info, the step, who has not answered."""
     number = _lessons()._number(title)
     s = min(int(step or 1) + 1, len(_lessons().LESSONS[number - 1].steps))
     try:
         state = _advance(mine, number, s, text)
+        missing = _missing(state, *_teacher(mine))
     except (ClassError, Error) as err:
-        return _skips(4, i2=_said(err))
-    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state), s
+        return _skips(5, i2=_said(err))
+    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state), s, missing
 
 
 def move_class(mine: dict | None, title: str, step: Any, text: str):
-    """The class moves to the lesson and step this page shows."""
+    """The class moves to the lesson and step this page shows. Outputs: teacher, counts, teacher info, who has not
+    answered."""
     try:
         number, s, _ = _step_of(title, step, text)
         state = _advance(mine, number, s, text)
+        missing = _missing(state, *_teacher(mine))
     except (ClassError, Error) as err:
-        return _skips(3, i2=_said(err))
-    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state)
+        return _skips(4, i2=_said(err))
+    return {**mine, "counts": dict(state.counts)}, _chart(state), _teacher_text(state), missing
+
+
+def reask_class(mine: dict | None, large: bool = False):
+    """Ask the class's step again: its answers are cleared for the whole class and its reveal undone (students'
+    pages show the question again and may send a new prediction), and this page's reveal is cleared. Outputs:
+    teacher, counts, teacher info, said, the revealed figure, explanation, who has not answered."""
+    try:
+        code, token = _teacher(mine)
+        state = _store().reask(code, token)
+        missing = _missing(state, code, token)
+    except (ClassError, Error) as err:
+        return _skips(7, i2=_said(err))
+    return ({**mine, "counts": dict(state.counts)}, _chart(state, large),
+            _teacher_text(state) + "\n\n**Asked again:** the step's answers are cleared; the room answers anew.",
+            "", None, "", missing)
+
+
+def _summary(code: str, token: str) -> str:
+    return f"### Per question, class `{esc(code)}`\n\n" + summary_table(_store().summary(code, token))
 
 
 def export_class(mine: dict | None):
-    """Outputs: the CSV file, teacher info (only on a refusal)."""
+    """Outputs: the answers' CSV file, teacher info (only on a refusal), the per-question summary's CSV file, the
+    summary as a table on the page."""
     try:
         code, token = _teacher(mine)
-        text = _store().export_csv(code, token)
+        store = _store()
+        answers, summary = store.export_csv(code, token), store.summary_csv(code, token)
+        table = _summary(code, token)
     except (ClassError, Error) as err:
-        return _skips(2, i1=_said(err))
+        return _skips(4, i1=_said(err))
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
-    path = DOWNLOADS / f"class-{code}-{uuid.uuid4().hex[:8]}.csv"
-    path.write_text(text, encoding="utf-8")
-    return gr.File(value=str(path), visible=True), gr.skip()
+    tag = uuid.uuid4().hex[:8]
+    path, per_question = DOWNLOADS / f"class-{code}-{tag}.csv", DOWNLOADS / f"class-{code}-summary-{tag}.csv"
+    path.write_text(answers, encoding="utf-8")
+    per_question.write_text(summary, encoding="utf-8")
+    return (gr.File(value=str(path), visible=True), gr.skip(), gr.File(value=str(per_question), visible=True),
+            table)
 
 
 def close_class(mine: dict | None):
+    """Close the class; its per-question summary stays on this page (the class can no longer be read). Outputs:
+    teacher, token, teacher info, teacher box, timer, counts, the kept link, the summary."""
     try:
         code, token = _teacher(mine)
+        table = _summary(code, token)
         _store().close(code, token)
     except (ClassError, Error) as err:
-        return _skips(7, i2=_said(err))
+        return _skips(8, i2=_said(err))
     said = (f"The class `{code}` is closed: students can no longer join or answer, and its answers are deleted when "
-            "the next class is opened.")
-    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False), {}
+            "the next class is opened. Its summary per question is below (download the CSV before closing to keep "
+            "it).")
+    return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False), {}, table
 
 
 # ------------------------------------------------------------------------------------------------ students
@@ -438,7 +518,8 @@ def _show(state: ClassState, progress: dict | None) -> tuple:
     steps = len(lessons.LESSONS[state.lesson - 1].steps)
     return (_title(state.lesson), state.input, gr.update(value=state.step, maximum=steps),
             lessons._where(state.lesson, state.step, progress), q.text,
-            gr.update(value=q.before, visible=q.before is not None), gr.update(choices=q.choices, value=None), "", None,
+            gr.update(value=phone(q.before), visible=q.before is not None), gr.update(choices=q.choices, value=None),
+            "", None,
             "")
 
 
@@ -514,18 +595,19 @@ def choice_changed(me: dict | None, choice: str | None):
 
 
 def teacher_tick(mine: dict | None, large: bool = False):
-    """Every `TICK_S` on the teacher's page: the counts, redrawn only when they changed. Outputs: teacher, counts,
-    teacher_info, the timer."""
+    """Every `TICK_S` on the teacher's page: the counts and who has not answered, redrawn only when they changed.
+    Outputs: teacher, counts, teacher_info, the timer, who has not answered."""
     if not mine:
-        return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False), gr.skip()
     try:
         state = _store().teacher_state(mine["code"], mine["token"])
+        if state.counts == mine.get("counts") and state.students == mine.get("students"):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        missing = _missing(state, mine["code"], mine["token"])
     except (ClassError, Error) as err:
-        return None, gr.skip(), _said(err), gr.Timer(active=False)
-    if state.counts == mine.get("counts") and state.students == mine.get("students"):
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return None, gr.skip(), _said(err), gr.Timer(active=False), gr.skip()
     return ({**mine, "counts": dict(state.counts), "students": state.students}, _chart(state, large),
-            _teacher_text(state), gr.skip())
+            _teacher_text(state), gr.skip(), missing)
 
 
 def scored(progress: dict | None, lesson: int, step: int, right: bool) -> dict:
@@ -539,7 +621,8 @@ def scored(progress: dict | None, lesson: int, step: int, right: bool) -> dict:
 
 def student_tick(me: dict | None, progress: dict | None):
     """Every `FOLLOW_S` on a student's page: follow the class to its step; show the reveal once the teacher has
-    revealed (with this student's own answer marked, and scored in the page's score line). Outputs: student,
+    revealed (with this student's own answer marked, and scored in the page's score line); show the question afresh
+    when the teacher asks the step again. Outputs: student,
     student_info, check, send, the timer, then the lesson view (`_show`: lesson, input, step, where, prompt, before,
     choices, said, shown, explanation), then the score kept in the browser."""
     skip = gr.skip()
@@ -557,6 +640,12 @@ def student_tick(me: dict | None, progress: dict | None):
         out[1] = _student_text(state, name, answered)
         out[3] = gr.Button(interactive=not answered)
         out[5:15] = _show(state, progress)
+    elif (me.get("revealed") and not state.revealed) or (me.get("answer") and not answered):  # asked again
+        out[0] = {**me, "revealed": False, "answer": None}
+        out[1] = (_student_text(state, name, None) + " **The teacher asks this step again:** your earlier answer is "
+                  "cleared; send a new prediction.")
+        out[3] = gr.Button(interactive=True)
+        out[5:15] = _show(state, progress)
     elif state.revealed and not me["revealed"]:  # the teacher revealed: show it with this student's answer
         q = _question(state.lesson, state.step, state.input)
         out[0] = {**me, "revealed": True, "answer": answered}
@@ -569,5 +658,5 @@ def student_tick(me: dict | None, progress: dict | None):
             out[15] = progress
         else:
             words = f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
-        out[12], out[13], out[14] = words, q.reveal(answered), q.explanation
+        out[12], out[13], out[14] = words, phone(q.reveal(answered)), q.explanation
     return tuple(out)

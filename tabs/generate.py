@@ -172,7 +172,8 @@ def build() -> Permalink:
                               scale=1)
 
     # the State last: not an API parameter (Gradio fills it), so API clients see the same inputs
-    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, run_layer(), head, view, pooling,
+    layer_asked = run_layer()
+    inputs = [prompt, new_tokens, model, strategy, temperature, top_k, top_p, seed, layer_asked, head, view, pooling,
               state, chat]  # chat after the State: the API's last input (the State is not one)
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
@@ -205,7 +206,19 @@ def build() -> Permalink:
     return Permalink({"text": prompt, "model": model, "tokens": new_tokens, "strategy": strategy,
                       "temperature": temperature, "topk": top_k, "topp": top_p, "seed": seed, "show": view,
                       "pool": pooling, "chat": chat}, steps,
-                     after={"layer": layer, "head": head, "step": step}, state=state, limits=link_limits)
+                     after={"layer": layer, "head": head, "step": step}, state=state, limits=link_limits,
+                     preset={"layer": layer_asked, "head": head}, finish=linked_step)
+
+
+def linked_step(asked: dict, inputs: list, out: tuple) -> tuple:
+    """A link's replay step drawn with the run's figures (the first the page shows), at the layer and head the run
+    drew; a step the result lacks keeps the whole text (the check after the run says so)."""
+    state = out[6]
+    text = asked.get("step", "")
+    if not (text.isdigit() and int(text) in link_limits(state)["step"]) or int(text) == 0:
+        return out
+    html, cand, attn = draw_generation(state, int(text), inputs[8], inputs[9], inputs[10], inputs[11])
+    return (*out[:2], html, cand, attn, *out[5:])
 
 
 # ------------------------------------------------------------------------------------------------ handlers

@@ -23,7 +23,7 @@ from tabs.common import DOWNLOADS, Error
 from tabs.course.course import LESSONS, _number, _where, guarded, question
 from tabs.course.engine import model_key, verdict, with_model
 from tabs.permalink import Permalink, chain
-from viz.common import esc
+from viz.common import esc, phone
 
 TITLE = "Lessons"
 MODEL_CHOICES = ["gpt-tiny", "smollm2"]  # the keys of the lessons' `models` (tabs/course/induction.py: MODELS)
@@ -126,7 +126,8 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
     except Error as err:
         return (*cleared(f"**{esc(LESSONS[number - 1].title)}** · step {step}: {err.message}"),
                 gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
-    return (_where(number, step, progress), q.text, gr.update(value=q.before, visible=q.before is not None),
+    before = gr.update(value=phone(q.before), visible=q.before is not None)
+    return (_where(number, step, progress), q.text, before,
             gr.update(choices=q.choices, value=None), "", None, "",
             gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
 
@@ -146,7 +147,7 @@ def answer_step(title: str, step: int, text: str, answer: str | None, progress: 
     got = dict(progress.get(str(number), {}))
     got.setdefault(str(step), right)  # the first answer counts
     progress[str(number)] = got
-    return _where(number, int(step), progress), words, q.reveal(answer), q.explanation, progress
+    return _where(number, int(step), progress), words, phone(q.reveal(answer)), q.explanation, progress
 
 
 def export_lesson(title: str, text: str, progress: dict | None) -> str:

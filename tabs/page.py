@@ -86,6 +86,36 @@ JS = """() => {
     }
     box.append(bar);
   };
+  // A figure with a phone layout (viz.common.phone: layout.meta.atlas_phone) in a box narrower than its threshold
+  // is drawn again in its phone layout at the box's width (once per figure sent, again when the box's width
+  // changes); a box that grows past the threshold (a phone turned sideways) gets the figure as it was sent back.
+  const drawn = new WeakSet();  // the phone layouts this script drew (a figure Gradio draws again is not one)
+  const phone = (plot) => {
+    const spec = plot.layout && plot.layout.meta && plot.layout.meta.atlas_phone;
+    const box = plot.parentElement;
+    if (!spec || !plot._fullLayout || !window.Plotly || !box || box.clientWidth === 0) return;
+    const narrow = box.clientWidth < spec.narrow, mine = drawn.has(plot.layout);
+    if (mine && !narrow) {  // wide again: the figure as sent
+      window.Plotly.newPlot(plot, plot._atlasWide.data, plot._atlasWide.layout, plot._context);
+      return;
+    }
+    if (!narrow || (mine && Math.abs(plot._atlasPhoneWidth - box.clientWidth) < 4)) return;
+    if (!mine) plot._atlasWide = {data: plot.data, layout: plot.layout};
+    // drawn anew (Plotly fails to redraw from the wide layout at a phone's width), the template and meta kept
+    const wide = plot._atlasWide;
+    const layout = Object.assign({}, spec.layout, {width: box.clientWidth, template: wide.layout.template,
+                                                   meta: wide.layout.meta});
+    const data = wide.data.map((t, i) => spec.traces[i] ? Object.assign({}, t, spec.traces[i]) : t);
+    drawn.add(layout);
+    plot._atlasPhoneWidth = box.clientWidth;
+    window._atlasPhoned = (window._atlasPhoned || 0) + 1;  // how many times (tests: once per figure and width)
+    window.Plotly.newPlot(plot, data, layout, plot._context);
+  };
+  let resized = null;
+  window.addEventListener('resize', () => {
+    clearTimeout(resized);
+    resized = setTimeout(() => document.querySelectorAll('.js-plotly-plot').forEach(phone), 250);
+  });
   // A new attempt (any button pressed outside a toast) closes the toasts of earlier ones, so errors neither stack
   // ("Error (2)") nor stay after the request that follows them has worked.
   document.addEventListener('click', (ev) => {
@@ -110,6 +140,6 @@ JS = """() => {
   history.replaceState = (...args) => { replaceState(...args); rebase(); };
   new MutationObserver(() => {
     bind();
-    document.querySelectorAll('.js-plotly-plot').forEach(exportBar);
+    document.querySelectorAll('.js-plotly-plot').forEach((plot) => { exportBar(plot); phone(plot); });
   }).observe(document.body, {childList: true, subtree: true});
 }"""

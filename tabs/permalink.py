@@ -14,10 +14,11 @@ A tab's ``build()`` returns a `Permalink` that says what its link holds (docs/AR
 
 `wire` (called once by app.py) adds the page-load event that reads ``gr.Request.query_params``, selects the tab,
 sets its controls and starts its run, and for every tab an event that writes the query string again (only values
-that differ from the defaults; no ``tab`` for the first tab, which a query without one means) whenever a declared
-control changes or the tab is chosen; a hidden box carries it to ``history.replaceState``. Anything unknown or not
-allowed falls back to its default with a notice at the top of the page, never an error. The pure functions
-(`read_query`, `check_after`, `write_query`) are tested on their own.
+that differ from the defaults, never an empty one; no ``tab`` for the first tab, which a query without one means)
+whenever a declared control changes or the tab is chosen; a hidden box carries it to ``history.replaceState``.
+Anything unknown or not allowed falls back to its default with a notice at the top of the page, never an error; an
+empty value is ignored. A link's run draws the linked view first (``preset``, ``finish``). The pure functions
+(`read_query`, `check_after`, `write_query`, `preset_run`) are tested on their own.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ class Permalink:
     limits: Callable[[Any], dict[str, Container]] | None = None  # kept state -> the values each after-key may take
     leave_out: Callable[[dict[str, str]], Iterable[str]] | None = None  # a link's keys -> those the address bar must
     # not show (the Lessons tab's teacher token in the presenter view: the projected page's address is public)
+    # The linked view is the first one drawn (issue 61, item 5): the after-keys the run's first step can take as its
+    # own inputs (key -> that input: the hidden run layer, the head) are handed to it when a link gives them, and
+    # ``finish(asked, inputs, outputs)`` (the after-keys' texts, the inputs the step ran with, its outputs) redraws
+    # what the run cannot take
+    # (Generate's replay step, Vision's clicked patch) before anything is drawn. A value the run refuses falls back
+    # to the run with the defaults; the after-keys are then refused with the notice, as before.
+    preset: dict[str, Any] = field(default_factory=dict)
+    finish: Callable[[dict[str, str], list, tuple], tuple] | None = None
+    link_run: list[tuple] | None = None  # the steps a link runs, when they differ from the button's (``run``)
 
 
 def one_of(control: Any, choices: Callable[[], Iterable[str]]) -> Field:
@@ -210,6 +220,8 @@ def read_query(query: Mapping[str, str], links: Mapping[str, Permalink | None]) 
     link = links[tab] or Permalink({})
     values, pending, refused, messages, unknown = {}, {}, [], [], 0
     for key, text in query.items():
+        if text == "" and (key in link.fields or key in link.after):  # an empty value says nothing: ignored
+            continue
         if key in link.fields:
             try:
                 values[key] = read_value(link.fields[key], text)
@@ -254,7 +266,7 @@ def write_query(tab: str, link: Permalink | None, values: list[Any], first: str 
     after = set(link.after) if link and ran else set()
     for (key, control), value in zip(controls.items(), values, strict=True):
         text = write_value(control, value)
-        if text is not None and (key in after or text != default_text(control)):
+        if text and (key in after or text != default_text(control)):  # never an empty value (Vision's `patch=`)
             parts[key] = text
     for key in (link.leave_out(dict(parts)) if link and link.leave_out else ()):
         parts.pop(key, None)
@@ -313,11 +325,61 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
         if link and link.at_load:  # drawn at every page load, after the link's values are set
             chain(loaded.then, link.run)
         elif key in starts:
-            done = chain(starts[key].change, link.run)
+            done = chain(starts[key].change, linked_steps(link, starts[key]))
             if link.after:
                 done.then(_after(link), [starts[key], link.state],
                           [*(component_of(c) for c in link.after.values()), notice_box], api_name=False,
                           show_progress="hidden", **FAST)
+
+
+def linked_steps(link: Permalink, start: Any) -> list[tuple]:
+    """The steps a link runs: the tab's own (``link_run`` or ``run``), the first one taking the link's after-keys
+    where it can (``preset``, ``finish``), so the first figures drawn are the linked view's."""
+    steps = list(link.link_run or link.run)
+    if not steps or not (link.preset or link.finish):
+        return steps
+    fn, inputs, outputs, *options = steps[0]
+    if options and options[0].get("batch"):  # a batch function takes lists: left as it is
+        return steps
+    where = {key: inputs.index(component_of(c)) for key, c in link.preset.items()}
+    steps[0] = (preset_run(fn, where, link.finish), [start, *inputs], outputs, *options)
+    return steps
+
+
+def preset_run(fn: Callable, where: dict[str, int], finish: Callable | None = None) -> Callable:
+    """``fn`` with a first input more, the link's start (`wire`): its after-keys' texts replace the inputs at
+    ``where`` (key -> position; a number when the text is a whole number), then ``finish`` redraws the rest. If the
+    run refuses a linked value (a layer the model does not have) it runs again with its own inputs, and the link's
+    check after the run refuses the key with the notice."""
+    import functools
+    import inspect
+
+    def first(start: dict | None, *args: Any) -> Any:
+        asked = dict((start or {}).get("pending") or {})
+        given = list(args)
+        for key, i in where.items():
+            text = asked.get(key)
+            if text is not None:
+                given[i] = int(text) if text.lstrip("-").isdigit() and isinstance(args[i], (int, float)) else text
+        try:
+            out = fn(*given)
+        except gr.Error:
+            if given == list(args):
+                raise
+            given = list(args)
+            out = fn(*given)
+        if finish is not None and asked:
+            try:
+                out = finish(asked, given, out)
+            except (gr.Error, ValueError, LookupError):  # left to the check after the run (its notice)
+                pass
+        return out
+
+    signature = inspect.signature(fn)  # Gradio reads it for gr.Progress and gr.Request: kept, one input before
+    start = inspect.Parameter("start", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    functools.update_wrapper(first, fn)
+    first.__signature__ = signature.replace(parameters=[start, *signature.parameters.values()])
+    return first
 
 
 def _writer(key: str, link: Permalink | None, first: str, stateful: bool = False) -> Callable:

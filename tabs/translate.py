@@ -31,7 +31,7 @@ from tabs.common import (
     save_npz,
     stats_figure,
 )
-from tabs.permalink import Permalink, chain
+from tabs.permalink import Field, Permalink, chain
 from tabs.sections import compare as compare_section
 from tabs.sections import qk, why
 from tabs.sections import text as text_section
@@ -72,6 +72,9 @@ def build() -> Permalink:
     notice = gr.Markdown()
     # a text of several sentences is translated sentence by sentence; the figures show the one picked here
     shown = gr.Dropdown([], value=None, label="sentence the figures show", visible=False, interactive=True)
+    # its number ("": the first), which a permalink carries (the picker's choices come with each run); hidden by CSS
+    sentence = gr.Textbox(elem_id="translate-sentence", elem_classes=["atlas-hidden"], show_label=False,
+                          container=False, max_length=4)
     which = gr.State("")  # "sentence 2 of 5", the figures' title prefix
     with gr.Row():
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
@@ -91,7 +94,8 @@ def build() -> Permalink:
     align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
     tree = gr.Plot(label="beam-search tree")
     download = gr.File(label="attention arrays (.npz)")
-    inputs = [text, beam, kind, run_layer(), head, view, model]  # model last: API callers' positions stay
+    layer_asked = run_layer()
+    inputs = [text, beam, kind, layer_asked, head, view, model]  # model last: API callers' positions stay
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
     steps = [(translate, inputs, outputs),
@@ -103,15 +107,49 @@ def build() -> Permalink:
                     {"batch": True, "max_batch_size": BATCH_MAX, "concurrency_limit": 1})
     chain(run.click, steps, api_name="translate", **batch_events("translate"))
     chain(text.submit, steps, **batch_events("translate"))
+    # a link's run: the figures of the sentence it names are the first drawn, at the link's layer and head
+    link_steps = [(translate_linked, [*inputs, sentence], [*outputs, which]),
+                  (sentence_picker, [text, sentence], [shown, which], {"show_progress": "hidden"}),
+                  (why_controls_for, [text, shown, model], [source, *why_controls], {"show_progress": "hidden"}),
+                  qk_section.follow]
     for control in (kind, layer, head, view):
         control.change(draw_translation, [state, kind, layer, head, view, which], [attn, stats], api_name=False,
                        show_progress="hidden", **FAST)
+    shown.change(sentence_number, [shown], [sentence], api_name=False, show_progress="hidden", **FAST)
     shown.input(show_sentence, [text, shown, beam, kind, head, view, model],
                 [notice, attn, stats, tree, align, state, download, layer, head, which], api_name=False).then(
         lambda t, sh, m: why_controls_for(t, sh, m), [text, shown, model], [source, *why_controls], api_name=False,
         show_progress="hidden")
-    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view, "model": model}, steps,
-                     after={"layer": layer, "head": head}, state=state, limits=link_limits)
+    return Permalink({"text": text, "beam": beam, "kind": kind, "show": view, "model": model,
+                      "sentence": Field(sentence, read=read_sentence, write=lambda v: v or None)}, steps,
+                     after={"layer": layer, "head": head}, state=state, limits=link_limits,
+                     preset={"layer": layer_asked, "head": head}, link_run=link_steps)
+
+
+def read_sentence(text: str) -> str:
+    """A link's ``sentence``: the number of the sentence the figures show (2 … 99; 1 is the default)."""
+    if not (text.isascii() and text.isdigit() and 2 <= int(text) <= 99):
+        raise ValueError
+    return str(int(text))
+
+
+def sentence_number(picked: str | None) -> str:
+    """The picked sentence's number for the link ("" for the first, which the link leaves out)."""
+    number = str(picked or "").split(" · ")[0]
+    return number if number.isdigit() and number != "1" else ""
+
+
+def translate_linked(text: str, beam_size: int, kind: str, layer: int, head: str, view: str, model_name: str,
+                     number: str = ""):
+    """A link's Translate: the whole text translated, and the figures of the sentence the link names (its
+    ``number``; the first when it has no such sentence) drawn at once. Outputs: translate's, then "sentence k of n"."""
+    out = translate(text, beam_size, kind, layer, head, view, model_name)
+    parts = sentences_of(read_text(text))
+    if len(parts) < 2:
+        return (*out, "")
+    if not (str(number).isdigit() and 1 < int(number) <= len(parts)):
+        return (*out, f"sentence 1 of {len(parts)}")
+    return (out[0], *show_sentence(text, str(number), beam_size, kind, head, view, model_name, layer))
 
 
 def link_limits(result) -> dict:
@@ -168,18 +206,20 @@ def sentences_of(text: str) -> list[str]:
     return [s.strip() for s in SENTENCE_END.split(text) if s.strip()] or [text]
 
 
-def sentence_picker(text: str):
-    """The picker of the sentence the figures show: one choice per sentence, visible when there are several."""
+def sentence_picker(text: str, number: str = ""):
+    """The picker of the sentence the figures show: one choice per sentence, visible when there are several; a
+    link's ``number`` picks that sentence (whose figures `translate_linked` drew)."""
     parts = sentences_of(read_text(text)) if (text or "").strip() else []
     choices = [f"{i} · {s[:70]}{'…' if len(s) > 70 else ''}" for i, s in enumerate(parts, 1)]
     many = len(choices) > 1
-    return (gr.update(choices=choices, value=choices[0] if many else None, visible=many),
-            f"sentence 1 of {len(choices)}" if many else "")
+    k = int(number) - 1 if str(number or "").isdigit() and 0 < int(number) <= len(choices) else 0
+    return (gr.update(choices=choices, value=choices[k] if many else None, visible=many),
+            f"sentence {k + 1} of {len(choices)}" if many else "")
 
 
 @on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
 def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross", head: str = "mean",
-                  view: str = "heatmap", model_name: str = MODEL):
+                  view: str = "heatmap", model_name: str = MODEL, layer: int = -1):
     """The figures of the picked sentence (the translation itself stays): that sentence translated alone, as the
     whole text's translation translated it."""
     parts = sentences_of(read_text(text))
@@ -194,7 +234,7 @@ def show_sentence(text: str, picked: str, beam_size: int = 5, kind: str = "cross
     which = f"sentence {i + 1} of {len(parts)}"
     result = model.translate(parts[i], beam_size=beam)
     out = _translated(model, parts[i], beam, f"The figures show {which}: “{esc(parts[i])}” → “{esc(result.text)}”.",
-                      result, kind, -1, head, view, which)
+                      result, kind, layer, head, view, which)
     return (*out[1:], which)
 
 

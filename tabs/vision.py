@@ -105,7 +105,8 @@ def build() -> Permalink:
     distance = gr.Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
-    steps = [(classify_image, [image, model, top_k, run_layer(), head, view, explanation, target],
+    layer_asked = run_layer()
+    steps = [(classify_image, [image, model, top_k, layer_asked, head, view, explanation, target],
               [probs, overlay, heads, query, distance, seen, notice, state, download, layer, head, explained]),
              (lambda: "", None, [patch], {"show_progress": "hidden"}),  # a new image: the centre patch again
              (deletion_plot, [state, explanation], [curve])]
@@ -130,7 +131,19 @@ def build() -> Permalink:
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,
-                     after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits)
+                     after={"layer": layer, "head": head, "patch": patch}, state=state, limits=link_limits,
+                     preset={"layer": layer_asked, "head": head}, finish=linked_patch,
+                     link_run=[steps[0], *steps[2:]])  # a link keeps its patch (the button's run clears it)
+
+
+def linked_patch(asked: dict, inputs: list, out: tuple) -> tuple:
+    """A link's clicked patch drawn with the run's figures (the first the page shows), at the layer and head the run
+    drew; a patch the result lacks keeps the centre's (the check after the run says so)."""
+    state = out[7]
+    if "patch" not in asked or asked["patch"] not in link_limits(state)["patch"]:
+        return out
+    query, state = show_patch(state, inputs[3], inputs[4], asked["patch"])
+    return (*out[:3], query, *out[4:7], state, *out[8:])
 
 
 def class_choices(model: str) -> list[tuple[str, str]]:

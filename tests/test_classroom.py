@@ -73,7 +73,7 @@ def test_migrations_build_exactly_the_declared_schema(url: str) -> None:
     cr.migrate(engine)
     cr.migrate(engine)  # a second start changes nothing
     with engine.connect() as conn:
-        assert conn.execute(sa.text("select version_num from alembic_version")).scalar_one() == "0001"
+        assert conn.execute(sa.text("select version_num from alembic_version")).scalar_one() == "0002"
         diff = compare_metadata(MigrationContext.configure(conn), cr.metadata)
     engine.dispose()
     assert diff == []
@@ -198,7 +198,8 @@ def test_a_forged_teacher_token_can_do_nothing(store: cr.ClassStore) -> None:
     forged = [o.token[:-1] + ("A" if o.token[-1] != "A" else "B"), "", None, other.token, j.token, "x" * 10_000]
     for token in forged:
         for act, args in ((store.reveal, ()), (store.close, ()), (store.export_csv, ()), (store.teacher_state, ()),
-                          (store.advance, (1, 1, ["a", "b"], "a"))):
+                          (store.advance, (1, 1, ["a", "b"], "a")), (store.missing, ()), (store.reask, ()),
+                          (store.summary, ()), (store.summary_csv, ())):
             with pytest.raises(cr.ClassError, match="Only the teacher link"):
                 act(o.code, token, *args)
     state = store.teacher_state(o.code, o.token)
@@ -366,3 +367,85 @@ def test_ended_classes_are_deleted_with_their_students_and_answers(store: cr.Cla
     clock.now += 1  # the second class's day is over
     assert store.purge() >= 1 and rows() == (1, 1, 0)
     assert store.state(kept.code).students == 1
+
+
+# ------------------------------------------------------------------------------------- what teachers asked for
+def test_who_has_not_answered_is_the_teachers_alone(store: cr.ClassStore) -> None:
+    """Issue 61, item 11: the teacher sees the nicknames of the joined students without an answer to the current
+    step (in the order they joined); a new step starts with everybody missing again."""
+    o = opened(store)
+    ann, bob, cy = (store.join(o.code, name, "ip") for name in ("ann", "bob", "cy"))
+    assert store.missing(o.code, o.token) == ["ann", "bob", "cy"]
+    store.answer(bob.token, 4, 2, "t1")
+    assert store.missing(o.code, o.token) == ["ann", "cy"]
+    store.answer(ann.token, 4, 2, "t2")
+    store.answer(cy.token, 4, 2, "t0")
+    assert store.missing(o.code, o.token) == []
+    store.advance(o.code, o.token, 4, 3, ["a", "b"], "a", "0")
+    assert store.missing(o.code, o.token) == ["ann", "bob", "cy"]
+    other = opened(store)  # another class's students are not this class's
+    store.join(other.code, "dee", "ip")
+    assert store.missing(o.code, o.token) == ["ann", "bob", "cy"] and store.missing(other.code, other.token) == ["dee"]
+
+
+def test_a_step_asked_again_clears_its_answers_for_the_class(store: cr.ClassStore) -> None:
+    """Issue 61, item 11: re-asking a step deletes the class's answers to it and its reveal; students answer again
+    (their first answer to the step was refused a second time before); other steps and classes keep theirs."""
+    o, other = opened(store), opened(store)
+    ann, bob = store.join(o.code, "ann", "ip"), store.join(o.code, "bob", "ip")
+    dee = store.join(other.code, "dee", "ip")
+    store.answer(dee.token, 4, 2, "t0")
+    store.answer(ann.token, 4, 2, "t0")
+    store.answer(bob.token, 4, 2, "t2")
+    store.reveal(o.code, o.token)
+    with pytest.raises(cr.ClassError, match="revealed"):
+        store.answer(ann.token, 4, 2, "t2")
+    again = store.reask(o.code, o.token)
+    assert not again.revealed and again.answered == 0 and again.counts == {c: 0 for c in CHOICES}
+    assert store.state(o.code).answer is None  # the room loses the answer again until the next reveal
+    assert store.answer(ann.token, 4, 2, "t2") == "t2"  # answered anew
+    assert store.state(o.code).counts == {"t0": 0, "t1": 0, "t2": 1, "t3": 0}
+    assert store.state(other.code).answered == 1  # another class is not touched
+    assert store.missing(o.code, o.token) == ["bob"]
+
+
+def test_the_summary_per_question_counts_every_step_asked(store: cr.ClassStore) -> None:
+    """Issue 61, item 11: after class, per step: answered, correct, and how many chose each choice (choices nobody
+    chose included), in the teacher's view and as CSV."""
+    o = opened(store)
+    names = ["ann", "bob", "cy", "dee"]
+    joined = [store.join(o.code, n, "ip") for n in names]
+    for j, pick in zip(joined, ["t2", "t2", "t0", "t3"], strict=True):
+        store.answer(j.token, 4, 2, pick)
+    store.advance(o.code, o.token, 4, 3, ["a", "=cmd", "c"], "=cmd", "0")
+    for j, pick in zip(joined[:3], ["=cmd", "a", "=cmd"], strict=True):
+        store.answer(j.token, 4, 3, pick)
+    store.advance(o.code, o.token, 5, 1, ["x", "y"], "y", "")  # asked, nobody answered yet
+    first, second, third = store.summary(o.code, o.token)
+    assert (first.lesson, first.step, first.answered, first.correct) == (4, 2, 4, 2)
+    assert first.counts == {"t0": 1, "t1": 0, "t2": 2, "t3": 1} and first.answer == "t2"
+    assert (second.answered, second.correct, second.counts) == (3, 2, {"a": 1, "=cmd": 2, "c": 0})
+    assert (third.lesson, third.step, third.answered, third.correct) == (5, 1, 0, 0)
+    store.advance(o.code, o.token, 4, 2, CHOICES, "t2", "0")  # back to the first step: the same question
+    store.reask(o.code, o.token)
+    store.answer(joined[0].token, 4, 2, "t1")
+    again = store.summary(o.code, o.token)
+    assert [(q.lesson, q.step) for q in again] == [(4, 2), (4, 3), (5, 1)]  # the order first asked
+    assert (again[0].answered, again[0].correct, again[0].asks) == (1, 0, 2)
+    rows = list(csv.reader(io.StringIO(store.summary_csv(o.code, o.token))))
+    assert rows[0] == ["lesson", "step", "choice", "right", "chosen_by", "answered", "correct", "asked"]
+    assert ["4", "3", "'=cmd", "1", "2", "3", "2", "1"] in rows  # a formula-like choice is quoted
+    assert ["4", "2", "t1", "0", "1", "1", "0", "2"] in rows and len(rows) == 1 + 4 + 3 + 2
+
+
+def test_the_same_step_with_another_input_starts_afresh(store: cr.ClassStore) -> None:
+    """A class moved to a step it answered before, but on another input (other choices, another answer): the old
+    answers were to other choices, so they go and the room answers the new question."""
+    o = opened(store)
+    ann = store.join(o.code, "ann", "ip")
+    store.answer(ann.token, 4, 2, "t2")
+    store.advance(o.code, o.token, 4, 2, ["u0", "u1"], "u1", "7")
+    assert store.state(o.code).counts == {"u0": 0, "u1": 0}
+    assert store.answer(ann.token, 4, 2, "u1") == "u1"
+    (only,) = store.summary(o.code, o.token)
+    assert only.choices == ("u0", "u1") and (only.answered, only.correct) == (1, 1)

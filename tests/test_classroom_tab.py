@@ -241,3 +241,101 @@ def test_the_join_limit_counts_the_right_address(monkeypatch) -> None:
     assert tc._client(request) == "203.0.113.7"
     assert tc._client(SimpleNamespace(client=SimpleNamespace(host="10.1.1.1"), headers={})) == "10.1.1.1"
     assert tc._client(None) == ""
+
+
+# ------------------------------------------------------------------------- what teachers asked for (issue 61, 11)
+def _decode_qr(svg: str) -> str:
+    """The text of an inline SVG QR code, read back by OpenCV's QR decoder (a reference implementation): the SVG's
+    module squares rasterised at 8 px a module, then decoded."""
+    import re
+
+    import cv2
+    import numpy as np
+
+    side = int(re.search(r'viewBox="0 0 (\d+) (\d+)"', svg).group(1))
+    scale = 8
+    image = np.full((side * scale, side * scale), 255, np.uint8)
+    for x0, y0, x1, y1 in re.findall(r"M(\d+),(\d+)H(\d+)V(\d+)H\d+z", svg):
+        image[int(y0) * scale:int(y1) * scale, int(x0) * scale:int(x1) * scale] = 0
+    text, _, _ = cv2.QRCodeDetector().detectAndDecode(image)
+    return text
+
+
+def test_the_projected_screen_has_a_qr_code_and_a_very_large_join_code() -> None:
+    opened = tc.open_class(TITLE, 1, "", "http://127.0.0.1:7860/")
+    code, room = opened[2], opened[9]
+    assert f'<div class="atlas-join-code">{code}</div>' in room
+    assert _decode_qr(room) == f"http://127.0.0.1:7860/?tab=lessons&class={code}"
+    assert opened[1] not in room  # the teacher's token is never in what the room sees
+    resumed = tc.resume_class(code, opened[1], "https://atlas.example.org/app/")
+    assert _decode_qr(resumed[18]) == f"https://atlas.example.org/app/?tab=lessons&class={code}"
+    # an address that is not the app's own http(s) page gets no QR code, only the code and where to type it
+    for address in ("", "javascript:alert(1)", "http://x/\"><script>", "file:///etc/passwd"):
+        room = tc.open_class(TITLE, 1, "", address)[9]
+        assert "<svg" not in room and "<script" not in room and "Join a class" in room
+    assert "font-size: clamp(4rem" in tc.PRESENT_CSS  # very large in the presenter view
+
+
+def test_the_teacher_sees_who_has_not_answered_and_the_room_does_not() -> None:
+    opened = tc.open_class(TITLE, 1, "")
+    teacher, code = opened[0], opened[2]
+    q = lessons.question(1, 1, "")
+    pages = [tc.join_class(code, name, None)[0] for name in ("ann", "<b>bob</b>", "cy")]
+    polled = tc.teacher_tick(teacher)
+    assert "Not answered yet (3 of 3):** ann, &lt;b&gt;bob&lt;/b&gt;, cy" in polled[4]
+    tc.send_answer(pages[1], q.choices[0])
+    polled = tc.teacher_tick(polled[0])
+    assert "Not answered yet (2 of 3):** ann, cy" in polled[4]
+    for me in (pages[0], pages[2]):
+        tc.send_answer(me, q.choices[1])
+    polled = tc.teacher_tick(polled[0])
+    assert "Everybody has answered" in polled[4]
+    assert "ann" not in _texts(tc.student_tick(pages[2], None))  # a student's page never names another
+    assert "#class-missing {display: none" in tc.PRESENT_CSS  # nor does the projected presenter view
+    moved = tc.next_step(teacher, TITLE, 1, "")
+    assert "Not answered yet (3 of 3)" in moved[4]  # a new step: nobody has answered it
+
+
+def test_a_step_asked_again_lets_the_room_answer_anew() -> None:
+    opened = tc.open_class(TITLE, 1, "")
+    teacher, code = opened[0], opened[2]
+    q = lessons.question(1, 1, "")
+    me = tc.send_answer(tc.join_class(code, "ann", None)[0], q.choices[0])[1]
+    tc.reveal_class(teacher)
+    me = tc.student_tick(me, None)[0]
+    assert me["revealed"] is True
+    again = tc.reask_class(teacher)
+    assert _counts(again[1]) == {c: 0 for c in q.choices} and "Asked again" in again[2]
+    assert again[3:6] == ("", None, "") and "Not answered yet (1 of 1)" in again[6]  # the teacher's reveal cleared
+    page = tc.student_tick(me, None)
+    assert page[0]["revealed"] is False and page[0]["answer"] is None and page[3].interactive is True
+    assert "asks this step again" in page[1] and page[13] is None and page[11]["value"] is None
+    sent = tc.send_answer(page[0], q.choices[1])
+    assert sent[1]["answer"] == q.choices[1]  # a new answer is taken (a second one was refused before)
+    assert "Only the teacher link" in tc.reask_class({"code": code, "token": "forged"})[2]
+
+
+def test_the_summary_per_question_in_the_teacher_view_and_the_csv() -> None:
+    import csv
+    from pathlib import Path
+
+    opened = tc.open_class(TITLE, 1, "")
+    teacher, code = opened[0], opened[2]
+    q1, q2 = lessons.question(1, 1, ""), lessons.question(1, 2, "")
+    pages = [tc.join_class(code, name, None)[0] for name in ("ann", "bob", "cy")]
+    wrong1 = next(c for c in q1.choices if c != q1.answer)
+    for me, pick in zip(pages, [q1.answer, q1.answer, wrong1], strict=True):
+        tc.send_answer(me, pick)
+    tc.next_step(teacher, TITLE, 1, "")
+    tc.send_answer(tc.student_tick(pages[0], None)[0], q2.answer)
+    exported = tc.export_class(teacher)
+    rows = list(csv.reader(Path(exported[2].value["path"]).open(encoding="utf-8")))
+    assert rows[0] == ["lesson", "step", "choice", "right", "chosen_by", "answered", "correct", "asked"]
+    step1 = {r[2]: r for r in rows[1:] if r[:2] == ["1", "1"]}
+    assert set(step1) == set(q1.choices)
+    assert step1[q1.answer][3:7] == ["1", "2", "3", "2"] and step1[wrong1][3:5] == ["0", "1"]
+    assert [r[5:7] for r in rows[1:] if r[:2] == ["1", "2"]][0] == ["1", "1"]
+    table = exported[3]
+    assert "| 1 · 1 | 3 | 2 (67%) |" in table and "| 1 · 2 | 1 | 1 (100%) |" in table
+    closed = tc.close_class(teacher)
+    assert closed[7] == table  # the summary stays on the page once the class is closed

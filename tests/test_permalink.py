@@ -108,8 +108,8 @@ def test_a_link_runs_the_tab_only_when_it_gives_its_keys(links) -> None:
 
 HOSTILE = {
     "text": ["x" * (MAX_TEXT_CHARS + 1), "a\x00b", "\u202eevil", "\ud800"],
-    "model": ["../../etc/passwd", "/etc/passwd", "gpt-tiny/../../x", "GPT-TINY", ""],
-    "tokens": ["999", "0", "1e9", "nan", "inf", "-3", "2.5", "0x10", "", "٣"],
+    "model": ["../../etc/passwd", "/etc/passwd", "gpt-tiny/../../x", "GPT-TINY"],
+    "tokens": ["999", "0", "1e9", "nan", "inf", "-3", "2.5", "0x10", "٣"],
     "temperature": ["0.07", "99", "-1", "1e-3"],
     "seed": ["-1", str(2**64), "1.5", "abc", "9" * 40],
     "strategy": ["beam", "greedy; drop table"],
@@ -128,7 +128,7 @@ def test_hostile_values_fall_back_with_a_notice_that_does_not_repeat_them(links,
 
 
 def test_odd_but_harmless_text_and_exact_limits_are_taken(links) -> None:
-    for text in ["Zwei Hunde rennen 🐕🐕", "数字 ١٢٣ ﷽", "tab\tand\nnewline", "x" * MAX_TEXT_CHARS, ""]:
+    for text in ["Zwei Hunde rennen 🐕🐕", "数字 ١٢٣ ﷽", "tab\tand\nnewline", "x" * MAX_TEXT_CHARS]:
         assert pl.read_query({"tab": "generate", "text": text}, links).values == {"text": text}
     asked = pl.read_query({"tab": "generate", "tokens": "64", "temperature": "0.7", "seed": str(2**64 - 1),
                            "topp": "1"}, links)
@@ -217,3 +217,72 @@ def test_the_app_restores_at_one_page_load_and_writes_every_tab(links) -> None:
     writers = [d for d in deps if any(t[1] == "select" for t in d["targets"]) and d["trigger_mode"] == "always_last"]
     assert len(writers) == len(app.TABS)
     assert all(d["api_visibility"] == "private" for d in loads + writers)  # UI-only: no API endpoint
+
+
+def test_empty_values_are_never_written_and_ignored_when_read(links) -> None:
+    """Issue 61, item 5: Vision wrote an empty ``patch=`` into its own link once it had run (an after-key is written
+    at any value) and then refused it with a notice when the link opened. An empty value is never written, and one
+    in a link says nothing: ignored, without a notice."""
+    vision = links["vision"]
+    values = [pl.component_of(c).value for c in vision.fields.values()]
+    query = query_of(pl.write_query("vision", vision, [*values, 1, "mean", ""], ran=True))
+    assert "patch" not in query and query["layer"] == "1"
+    assert all(v != "" for v in query.values())
+    for key, link in links.items():  # no tab writes an empty value, whatever its controls hold
+        if link:
+            controls = {**link.fields, **link.after}
+            empty = ["" if isinstance(pl.component_of(c), gr.Textbox) else pl.component_of(c).value
+                     for c in controls.values()]
+            assert "=&" not in pl.write_query(key, link, empty, ran=True) + "&", key
+    asked = pl.read_query({"tab": "vision", "image": "sneaker", "patch": "", "layer": "0", "model": ""}, links)
+    assert asked.pending == {"layer": "0"} and asked.values == {"image": EXAMPLE_NAMES["sneaker"]}
+    assert not asked.refused and not asked.messages and not asked.unknown
+    assert pl.notice(asked.refused, asked.messages, asked.unknown) == ""
+
+
+def test_translate_links_carry_the_sentence_the_figures_show(links) -> None:
+    """Issue 61, item 5: the sentence picked under a translation of several sentences was not in the link."""
+    from tabs.translate import sentence_number, sentence_picker
+
+    translate = links["translate"]
+    assert "sentence" in translate.fields
+    fields = {name: pl.component_of(c).value for name, c in translate.fields.items()}
+    fields["sentence"] = sentence_number("2 · Two men are talking .")
+    query = query_of(pl.write_query("translate", translate, [*fields.values(), 0, "1"], ran=True))
+    assert query["sentence"] == "2"
+    assert pl.read_query(query, links).values["sentence"] == "2"
+    assert sentence_number("1 · A dog runs .") == "" and sentence_number(None) == ""  # the first stays out
+    for bad in ("0", "1", "-2", "x", "2.0", "100"):
+        assert pl.read_query({"sentence": bad}, links).refused == ("sentence",), bad
+    shown, which = sentence_picker("A dog runs . Two men are talking . A cat sleeps .", "2")
+    assert shown["value"].startswith("2 · Two men") and which == "sentence 2 of 3"
+    assert sentence_picker("A dog runs . Two men talk .", "9")[1] == "sentence 1 of 2"  # no such sentence: the first
+
+
+def test_a_link_hands_its_layer_and_head_to_the_run(links) -> None:
+    """Issue 61, item 5: a link's run drew the default view (the last layer, mean of heads) before the link's layer
+    and head were set. The run's first step now takes them as inputs; a value the run refuses runs the defaults."""
+    calls = []
+
+    def run(text, layer=-1, head="mean"):
+        calls.append((text, layer, head))
+        if layer not in (-1, 0, 1) or head not in ("mean", "0", "1"):
+            raise gr.Error("no such layer or head")
+        return f"{text}: layer {layer}, head {head}", {"layer": layer}
+
+    first = pl.preset_run(run, {"layer": 1, "head": 2})
+    assert first({"pending": {"layer": "0", "head": "1"}}, "a", -1, "mean") == ("a: layer 0, head 1", {"layer": 0})
+    assert first({"pending": {}}, "b", -1, "mean")[0] == "b: layer -1, head mean"
+    assert first(None, "c", -1, "mean")[0] == "c: layer -1, head mean"
+    calls.clear()
+    assert first({"pending": {"layer": "7"}}, "d", -1, "mean")[0] == "d: layer -1, head mean"  # refused: defaults
+    assert calls == [("d", 7, "mean"), ("d", -1, "mean")]
+    finished = pl.preset_run(run, {"layer": 1}, lambda asked, given, out: (out[0] + f" + step {asked['step']}",
+                                                                           out[1]))
+    assert finished({"pending": {"layer": "1", "step": "3"}}, "e", -1, "mean")[0] == "e: layer 1, head mean + step 3"
+    # every tab with a layer in its link presets it, into the input its first step reads
+    for key in ("translate", "classify", "generate", "vision"):
+        link = links[key]
+        assert set(link.preset) == {"layer", "head"}, key
+        inputs = (link.link_run or link.run)[0][1]
+        assert all(pl.component_of(c) in inputs for c in link.preset.values()), key

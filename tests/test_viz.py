@@ -425,3 +425,79 @@ def test_heatmaps_side_by_side_share_one_colour_range() -> None:
         == pytest.approx(0.3)
     with pytest.raises(ValueError, match="as many"):
         va.heatmaps_side_by_side([a, b], [TOKENS[:5]], ["A", "B"], title="t")
+
+
+# ------------------------------------------------------------------------------------ phones (issue 61, item 6)
+def _phone_checks(fig, width: int = 340) -> None:
+    """A figure's phone layout is readable at a phone's width: every colour bar horizontal under the plot and no
+    wider than it; no dense axis with more tick labels than fit one every PHONE_TICK_PX px; subplots at most two to
+    a row, inside the figure and apart; the title's plain lines short enough for the width."""
+    from viz.common import PHONE_TICK_PX, apply_phone, phone
+
+    wide = fig.to_plotly_json()
+    narrow = apply_phone(phone(fig))
+    assert fig.to_plotly_json()["data"] == wide["data"]  # wider screens keep the figure as it was
+    lay = narrow.layout
+    assert lay.height and lay.margin.l <= 10 and lay.margin.r <= 10
+    for t in narrow.data:
+        bar = t.colorbar if t.type == "heatmap" else None
+        if bar is not None and t.showscale is not False and t.type == "heatmap":
+            assert bar.orientation == "h" and bar.yref == "container" and bar.len <= 0.8, t.name
+            assert bar.y * lay.height < lay.margin.b  # within the bottom margin, under the plot
+    axes = [k for k in lay.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    domain = {a: tuple(lay[a].domain or (0, 1)) for a in axes}
+    cols = {domain[a] for a in axes if a.startswith("x")}
+    assert len(cols) <= 2
+    for a in axes:
+        axis = lay[a]
+        length = (domain[a][1] - domain[a][0]) * (width if a.startswith("x") else lay.height)
+        if axis.tickvals is not None:
+            assert len(axis.tickvals) <= length / PHONE_TICK_PX + 3, a
+        assert 0 <= domain[a][0] < domain[a][1] <= 1
+    ys = sorted({domain[a] for a in axes if a.startswith("y")})
+    assert all(a[1] <= b[0] for a, b in zip(ys, ys[1:], strict=False))  # rows do not overlap
+    for line in (lay.title.text or "").split("<br>"):
+        assert "<" in line or len(line) <= width / 7.5 + 1, line
+
+
+def test_phone_layout_of_a_dense_map_and_of_subplots() -> None:
+    """Issue 61, item 6: at 390 px the revealed figure was a postage stamp with overlapping labels and a colour bar
+    wider than the map. A 61-token map keeps about one label every 15 px; eight subplots go two to a row."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from viz.attention import heatmap_fig
+    from viz.common import apply_phone, phone
+
+    rng = np.random.default_rng(0)
+    w = rng.random((61, 61)).astype(np.float32)
+    tokens = [f"tok{i}" for i in range(61)]
+    fig = heatmap_fig(w / w.sum(-1, keepdims=True), tokens, tokens,
+                      title="A long title that would be cut at the right edge of a phone screen").build()
+    _phone_checks(fig)
+    narrow = apply_phone(phone(fig))
+    assert len(narrow.layout.xaxis.tickvals or []) < 61 or narrow.layout.xaxis.nticks
+    assert "<br>" in narrow.layout.title.text
+    grid = make_subplots(2, 4, subplot_titles=[f"step {i}" for i in range(8)])
+    for i in range(8):
+        grid.add_trace(go.Heatmap(z=rng.random((6, 6)), showscale=i in (3, 7), texttemplate="%{z:.2f}"),
+                       row=1 + i // 4, col=1 + i % 4)
+    grid.update_layout(height=700, title="Every step")
+    _phone_checks(grid)
+    narrow = apply_phone(phone(grid))
+    titles = {a.text: (a.x, a.y) for a in narrow.layout.annotations}
+    assert titles["step 0"][0] < 0.5 < titles["step 1"][0] and titles["step 2"][1] < titles["step 0"][1]
+    assert all(t.textfont.size == 7 for t in narrow.data)  # 6 numbers in a cell a sixth of ~140 px: small type
+    assert phone(None) is None
+
+
+def test_phone_layout_of_every_lesson_figure() -> None:
+    """The lessons' figures (those that draw without a trained model) keep their phone layout readable."""
+    from tabs import lessons
+
+    for number in (1, 2, 3):
+        for step in range(1, len(lessons.LESSONS[number - 1].steps) + 1):
+            q = lessons.question(number, step)
+            _phone_checks(q.reveal(q.choices[0]))
+            if q.before is not None:
+                _phone_checks(q.before)

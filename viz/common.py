@@ -14,7 +14,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -493,3 +493,163 @@ def _png_uri(shape: tuple[int, ...], data: bytes) -> str:
 def rect_path(x0: float, y0: float, x1: float, y1: float) -> str:
     """SVG path of one rectangle (several can be joined into one layout shape)."""
     return f"M{x0:g},{y0:g}H{x1:g}V{y1:g}H{x0:g}Z"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Phones: the same figure laid out for a narrow screen
+
+
+PHONE_WIDTH = 340  # px: the figure's width on a 390 px phone (the page's padding taken off)
+PHONE_NARROW = 600  # px: a figure box narrower than this gets the phone layout (tabs/page.py's script)
+PHONE_GAP = 64  # px of each horizontal colour bar under the plot (its bar, ticks and title)
+PHONE_TICK_PX = 15  # px between two tick labels of a dense axis on a phone
+
+
+def _axis_names(layout: dict, letter: str) -> list[str]:
+    return sorted((k for k in layout if re.fullmatch(fr"{letter}axis\d*", k)), key=lambda k: int(k[5:] or 1))
+
+
+def _dense_ticks(axis: dict, length_px: float) -> dict:
+    """Updates thinning an axis's tick labels to one every PHONE_TICK_PX (every k-th label kept, the first one
+    included), and its font to 9 px; {} when the labels fit."""
+    keep = max(3, int(length_px // PHONE_TICK_PX))
+    vals, text = axis.get("tickvals"), axis.get("ticktext")
+    if vals is not None and len(vals) > keep:
+        k = -(-len(vals) // keep)
+        return {"tickvals": list(vals)[::k], "ticktext": list(text)[::k] if text is not None else None,
+                "tickfont.size": 9}
+    if axis.get("showticklabels", True) is not False and vals is None:
+        return {"nticks": keep, "tickfont.size": 9}
+    return {}
+
+
+def _wrap_title(title: str, width: int) -> str:
+    """A title's plain lines (no markup) wrapped at spaces to the phone's width (14 px type: ~7.5 px a character)."""
+    import textwrap
+
+    chars = max(20, int(width / 7.5))
+    lines = []
+    for line in title.split("<br>"):
+        lines.extend([line] if "<" in line or len(line) <= chars else textwrap.wrap(line, chars))
+    return "<br>".join(lines)
+
+
+def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
+    """``fig`` with its phone layout attached (``layout.meta.atlas_phone``), which the page's script applies when
+    the figure's box is narrower than `PHONE_NARROW` px (tabs/page.py): the figure takes the box's width; subplots
+    side by side go two to a row; each colour bar lies horizontal under the plot (it stood beside a map it was wider
+    than); a dense axis keeps one tick label every `PHONE_TICK_PX` px; a map with square cells is as tall as it is
+    wide. The figure itself is unchanged for wider screens. Returns ``fig``."""
+    if fig is None:
+        return fig
+    layout = fig.layout.to_plotly_json()
+    data = [t.to_plotly_json() for t in fig.data]
+    updates: dict[str, Any] = {"font.size": 11, "title.font.size": 14}  # the page's script sets the box's width
+    margin = {**TEMPLATE["layout"]["margin"], **(layout.get("margin") or {})}
+    top = min(int(margin.get("t", 70)), 90)
+    title = (layout.get("title") or {}).get("text") or ""
+    wrapped = _wrap_title(title, width)
+    if wrapped != title:  # a long title is wrapped rather than cut at the phone's edge
+        updates["title.text"] = wrapped
+        top += 18 * (wrapped.count("<br>") - title.count("<br>"))
+    left, right = 8, 8  # tick labels push the margins out as they need (automargin)
+    xs, ys = _axis_names(layout, "x"), _axis_names(layout, "y")
+    cols = sorted({tuple(layout[x].get("domain", (0, 1))) for x in xs}) or [(0, 1)]
+    rows = sorted({tuple(layout[y].get("domain", (0, 1))) for y in ys}, reverse=True) or [(0, 1)]
+    per_row = 2 if len(cols) > 1 else 1
+    cells = len(cols) * len(rows) if len(xs) > 1 else 1
+    new_rows = -(-cells // per_row)
+    plot_w = width - left - right - 40 * per_row  # the y tick labels of each column
+    cell_w = plot_w / per_row
+    square = any(layout.get(y, {}).get("scaleanchor") for y in ys)
+    cell_h = cell_w if (square or per_row > 1) else 260
+    if square and data:  # a map with square cells: as tall as its grid's shape over the width
+        z = next((t.get("z") for t in data if t.get("z") is not None), None)
+        shape = np.shape(z) if z is not None else ()
+        if len(shape) >= 2 and shape[1]:
+            cell_h = cell_w * shape[0] / shape[1]
+    titled = bool(layout.get("annotations")) and new_rows > 1
+    gap = 84 if titled else 40  # subplot titles (annotations over each subplot), tick labels and axis titles
+    bars = [i for i, t in enumerate(data) if t.get("type") in ("heatmap", "contour", "histogram2d") and
+            t.get("showscale", True) is not False and "coloraxis" not in t]
+    bars += [i for i, t in enumerate(data) if t.get("type") not in ("heatmap", "contour", "histogram2d") and
+             t.get("marker", {}).get("showscale")]
+    labels_below = 70 if any(layout[x].get("showticklabels", True) is not False for x in xs) else 10
+    bottom = labels_below + PHONE_GAP * len(bars)
+    plot_h = new_rows * cell_h + (new_rows - 1) * gap
+    height = int(top + plot_h + bottom + (24 if titled else 0))
+    updates.update({"height": height, "margin.l": left, "margin.r": right, "margin.t": top, "margin.b": bottom})
+    if len(xs) > 1:  # the subplots, in reading order, two to a row
+        order = sorted(zip(xs, ys, strict=False), key=lambda a: (-layout[a[1]].get("domain", (0, 1))[1],
+                                                                  layout[a[0]].get("domain", (0, 1))[0]))
+        moved = {}
+        for k, (x, y) in enumerate(order):
+            r, c = divmod(k, per_row)
+            x0, x1 = c / per_row + (0.08 if c else 0), (c + 1) / per_row - (0.02 if c + 1 < per_row else 0)
+            y1 = 1 - (r * (cell_h + gap)) / plot_h
+            y0 = max(0.0, y1 - cell_h / plot_h)
+            old_x, old_y = layout[x].get("domain", (0, 1)), layout[y].get("domain", (0, 1))
+            moved[(round((old_x[0] + old_x[1]) / 2, 4), round(old_y[1], 4))] = ((x0 + x1) / 2, y1)
+            updates[f"{x}.domain"], updates[f"{y}.domain"] = [x0, x1], [y0, y1]
+        for i, a in enumerate(layout.get("annotations") or []):  # subplot titles follow their subplot
+            where = moved.get((round(float(a.get("x", -1)), 4), round(float(a.get("y", -1)), 4)))
+            if where is not None and a.get("xref", "paper") == "paper":
+                updates[f"annotations[{i}].x"], updates[f"annotations[{i}].y"] = where
+                updates[f"annotations[{i}].font.size"] = 10
+    for x in xs:
+        for key, value in _dense_ticks(layout[x], cell_w).items():
+            updates[f"{x}.{key}"] = value
+        if layout[x].get("tickangle") is not None:
+            updates[f"{x}.tickangle"] = -90
+    for y in ys:
+        for key, value in _dense_ticks(layout[y], cell_h).items():
+            updates[f"{y}.{key}"] = value
+    data_update: dict[str, list] = {}
+    for n, i in enumerate(bars):  # each colour bar horizontal, under the plot, one band each from the bottom up
+        key = "colorbar" if data[i].get("type") in ("heatmap", "contour", "histogram2d") else "marker.colorbar"
+        bar = {"orientation": "h", "x": 0.5, "xanchor": "center", "xref": "container", "yref": "container",
+               "yanchor": "bottom", "y": (6 + n * PHONE_GAP) / height, "len": 0.8, "lenmode": "fraction",
+               "thickness": 10, "title.side": "bottom", "title.font.size": 11, "tickfont.size": 9,
+               "ticklabelposition": "outside top"}  # ticks above the bar, its title under it: nothing overlaps
+        for attr, value in bar.items():
+            data_update.setdefault(f"{key}.{attr}", [None] * len(bars))[n] = value
+    # the whole phone layout and each colour bar's trace patch: the page draws the figure anew with them (a redraw
+    # from the wide layout fails in Plotly when vertical colour bars leave no room at a phone's width)
+    narrow = go.Figure(fig)
+    for key, value in updates.items():
+        narrow.layout[key] = value
+    patches: dict[str, dict] = {}
+    for key, values in data_update.items():
+        for i, value in zip(bars, values, strict=True):
+            narrow.data[i][key] = value
+    for i in bars:
+        t = narrow.data[i].to_plotly_json()
+        patches[str(i)] = {"colorbar": t["colorbar"]} if "colorbar" in t else {"marker": t["marker"]}
+    for i, t in enumerate(data):  # numbers written in the cells: smaller, or none where a cell is too narrow
+        z = t.get("z")
+        if t.get("type") == "heatmap" and (t.get("texttemplate") or t.get("text") is not None) and z is not None:
+            cell = cell_w / max(1, np.shape(z)[-1])
+            if cell < 18:
+                patches.setdefault(str(i), {})["texttemplate"] = ""
+                patches[str(i)]["text"] = None
+            elif cell < 36:
+                patches.setdefault(str(i), {})["textfont"] = {**(t.get("textfont") or {}), "size": 7}
+    wide = narrow.layout.to_plotly_json()
+    wide.pop("meta", None)
+    wide.pop("template", None)  # the figure's own template stays (the page keeps it)
+    meta = layout.get("meta") if isinstance(layout.get("meta"), dict) else {}
+    fig.update_layout(meta={**meta, "atlas_phone": {"narrow": PHONE_NARROW, "layout": wide, "traces": patches}})
+    return fig
+
+
+def apply_phone(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` as the page's script draws it on a phone (its `phone` layout and colour-bar patches), for
+    tests and screenshots in Python."""
+    out = go.Figure(fig)
+    spec = (out.layout.meta or {}).get("atlas_phone")
+    if not spec:
+        return out
+    out.update_layout(spec["layout"])
+    for i, patch in spec["traces"].items():
+        out.data[int(i)].update(patch)
+    return out

@@ -183,3 +183,70 @@ def test_a_phone_joins_with_mistakes_said_on_the_page(browser, app_url: str) -> 
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) -> None:
+    """Issue 61, item 11: the projected screen shows a QR code of the join link and the join code in very large type;
+    the teacher's own screen (not the presenter view) names who has not answered; a step asked again lets a student
+    answer anew; the summary per question is shown and downloaded."""
+    from tests.test_classroom_tab import _decode_qr
+
+    q = lessons.question(1, 1, "")
+    contexts = []
+    try:
+        ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
+        contexts.append(ctx)
+        teacher.get_by_text("A class at once: teach a class").click()
+        teacher.get_by_role("button", name="Open a class on the step shown below").click()
+        info = teacher.locator("#class-teacher-info")
+        expect(info).to_contain_text("Join code", timeout=30_000)
+        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        room = teacher.locator("#class-room")
+        expect(room.locator(".atlas-join-code")).to_have_text(code, timeout=30_000)
+        assert _decode_qr(room.locator("svg").evaluate("(e) => e.outerHTML")) == f"{app_url}?tab=lessons&class={code}"
+
+        pages = []
+        for name in ("ann", "bob"):
+            ctx, page = _new_page(browser, f"{app_url}?tab=lessons&class={code}", width=390)
+            contexts.append(ctx)
+            page.get_by_label("your nickname (only the teacher sees it)").fill(name)
+            page.get_by_role("button", name="Join the class").click()
+            expect(page.locator("#class-student-info")).to_contain_text(f"as {name}", timeout=30_000)
+            pages.append(page)
+        missing = teacher.locator("#class-missing")
+        expect(missing).to_contain_text("Not answered yet (2 of 2): ann, bob", timeout=30_000)
+        wrong = next(c for c in q.choices if c != q.answer)
+        pages[0].get_by_label(wrong, exact=True).check()
+        pages[0].get_by_role("button", name="Send my prediction to the class").click()
+        expect(missing).to_contain_text("Not answered yet (1 of 2): bob", timeout=30_000)
+
+        teacher.get_by_label("presenter view (large type for a projector)").check()
+        teacher.wait_for_function("() => document.body.classList.contains('atlas-present')", timeout=30_000)
+        expect(missing).to_be_hidden()  # nicknames stay off the projected screen
+        size = teacher.evaluate(
+            "() => parseFloat(getComputedStyle(document.querySelector('.atlas-join-code')).fontSize)")
+        assert size >= 64, size  # very large: read from the back of the room
+        qr = room.locator("svg").bounding_box()
+        assert qr["width"] >= 200 and qr["height"] >= 200, qr
+
+        teacher.get_by_role("button", name="Reveal to the class").click()
+        expect(pages[0].get_by_text("not quite").first).to_be_visible(timeout=30_000)
+        teacher.get_by_role("button", name="Ask this step again").click()
+        expect(info).to_contain_text("Asked again", timeout=30_000)
+        expect(pages[0].locator("#class-student-info")).to_contain_text("asks this step again", timeout=30_000)
+        pages[0].get_by_label(q.answer, exact=True).check()
+        send = pages[0].get_by_role("button", name="Send my prediction to the class")
+        expect(send).to_be_enabled()
+        send.click()
+        expect(pages[0].locator("#class-student-info")).to_contain_text(f"your prediction {q.answer} is in",
+                                                                        timeout=30_000)
+        teacher.get_by_label("presenter view (large type for a projector)").uncheck()
+        teacher.get_by_role("button", name="Download the answers and the summary (CSV)").click()
+        summary = teacher.locator("#class-summary")
+        expect(summary).to_contain_text("1 · 1 (asked 2×)", timeout=30_000)
+        expect(summary).to_contain_text(f"{q.answer}: 1")
+        for p in (teacher, *pages):
+            assert p.js_errors == []
+    finally:
+        for ctx in contexts:
+            ctx.close()

@@ -52,13 +52,38 @@ def _link(page, *parts: str, timeout: float = 30) -> str:
     return page.url
 
 
+# Records, from the page's first script on, each drawn figure's titles as they change (figure number -> titles in
+# the order drawn), so a test can tell whether the linked view was the first one drawn (issue 61, item 5).
+RECORDER = """(() => {
+  const ids = new WeakMap(); let next = 0; window.__atlasDrawn = {};
+  setInterval(() => {
+    for (const e of document.querySelectorAll('div[role=tabpanel] .js-plotly-plot')) {
+      if (e.offsetParent === null || !e._fullLayout || !e.querySelector('.main-svg .subplot, .main-svg .trace'))
+        continue;
+      if (!ids.has(e)) ids.set(e, next++);
+      const seen = (window.__atlasDrawn[ids.get(e)] ||= []);
+      const title = (e._fullLayout.title && e._fullLayout.title.text) || '';
+      if (seen[seen.length - 1] !== title) seen.push(title);
+    }
+  }, 20);
+})();"""
+
+
+def stray_views(page) -> list[str]:
+    """The titles a figure of the page showed before the one it shows now: the views drawn before the linked one."""
+    drawn = page.evaluate("() => window.__atlasDrawn || {}")
+    return [t for titles in drawn.values() for t in titles[:-1]]
+
+
 @pytest.fixture()
 def opened(browser):
-    """Open a URL in a fresh browser context (nothing shared with the page that made the link)."""
+    """Open a URL in a fresh browser context (nothing shared with the page that made the link), recording what each
+    figure draws from the first moment (``stray_views``)."""
     contexts = []
 
     def open_url(url: str):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context.add_init_script(RECORDER)
         contexts.append(context)
         page = context.new_page()
         page.js_errors = []
@@ -101,7 +126,9 @@ def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None
     _same_figures(again, expected)
     assert again.locator(".atlas-generation").inner_text() == shown
     assert _panel(again).get_by_label("prompt").input_value() == "Two dogs are running on the"
-    assert again.url == url  # the restored view writes the same link
+    # the restored view writes the same link (once the link's controls are set after the run, which drew the view)
+    again.wait_for_function("(url) => location.href === url", arg=url, timeout=30_000)
+    assert stray_views(again) == []  # the linked layer, head and replay step are the first view drawn
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -124,6 +151,7 @@ def test_a_layer_zero_link_reopens_at_layer_zero(page, opened, tab: str, button:
     again = opened(url)
     _expect_tab(again, tab)
     _same_figures(again, expected)
+    assert stray_views(again) == []  # not "layer 1 · mean of heads" first (it was, for about 3 s)
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -149,6 +177,8 @@ def test_vision_link_restores_the_example_and_the_clicked_patch(page, opened) ->
     _expect_tab(again, "Vision")
     _same_figures(again, expected)
     assert any(t.startswith("Patch r5c1") for t in titles(again))
+    assert stray_views(again) == []  # the clicked patch first, not the centre's
+    assert "patch=&" not in url + "&" and "could not be restored" not in again.inner_text("body")
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -169,6 +199,7 @@ def test_classify_link_restores_the_explanation(page, opened) -> None:
     _same_figures(again, expected)
     expect(again.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
     assert again.locator(".atlas-highlight").inner_html() == colours
+    assert stray_views(again) == []
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -240,3 +271,58 @@ def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_c
     for choice in lessons.question(4, 2, "3").choices:
         expect(_panel(again)).to_contain_text(choice, timeout=30_000)
     assert again.js_errors == [] and page.js_errors == []
+
+
+def test_translate_link_restores_the_sentence_the_figures_show(page, opened) -> None:
+    """Issue 61, item 5: the sentence picked under a translation of several sentences was not in the link, which
+    reopened on the first sentence's figures."""
+    open_tab(page, "Translate")
+    panel = _panel(page)
+    panel.get_by_label("English sentence").fill("A dog runs on the grass . Two men are talking in the street .")
+    panel.get_by_role("button", name="Translate", exact=True).click()
+    wait_for_plots(page, 2, timeout=120_000)
+    _wait_for_title(page, "Sentence 1 of 2")
+    _pick(page, "sentence the figures show", "2 · Two men are talking in the street .")
+    _wait_for_title(page, "Sentence 2 of 2")
+    box = panel.get_by_label("number input for layer (0 = first)").first
+    box.fill("0")
+    box.press("Enter")
+    _wait_for_title(page, "Sentence 2 of 2 · Cross-attention (target → source) · layer 0")
+    url = _link(page, "sentence=2", "layer=0")
+    expected = figures(page)
+
+    again = opened(url)
+    _expect_tab(again, "Translate")
+    _same_figures(again, expected)
+    expect(_panel(again).get_by_label("sentence the figures show")).to_have_value(
+        "2 · Two men are talking in the street .", timeout=30_000)
+    assert stray_views(again) == []  # the second sentence at layer 0 is the first view drawn
+    assert page.js_errors == [] and again.js_errors == []
+
+
+@pytest.mark.parametrize("tab,control,value,key", [
+    ("Swin windows", "window size", "2", "window=2"),
+    ("Attention playground", "sequence length (tokens)", "9", "tokens=9"),
+    ("Positional encoding", "RoPE dimension pair", "3", "pair=3"),
+])
+def test_the_tabs_drawn_at_load_reopen_their_link(page, opened, tab: str, control: str, value: str,
+                                                  key: str) -> None:
+    """The tabs that draw without a model: a changed control is in the link, and the link draws the same figures."""
+    open_tab(page, tab)
+    wait_for_plots(page, 2)
+    before = figures(page)
+    box = _panel(page).get_by_label(f"number input for {control}").first
+    box.fill(value)
+    box.press("Enter")
+    url = _link(page, f"tab={pl_key(tab)}", key)
+    expected = figures(page)
+    assert expected != before
+
+    again = opened(url)
+    _expect_tab(again, tab)
+    _same_figures(again, expected)
+    assert page.js_errors == [] and again.js_errors == []
+
+
+def pl_key(tab: str) -> str:
+    return {"Swin windows": "swin", "Attention playground": "playground", "Positional encoding": "positional"}[tab]

@@ -493,3 +493,65 @@ def test_a_paragraph_keeps_every_sentence_and_the_picker_draws_each(page) -> Non
     expect(panel).to_contain_text("The figures show sentence 2 of 3", timeout=30_000)
     assert not any(t.startswith("Sentence 1 of 3") for t in titles(page))
     assert page.js_errors == []
+
+
+# The revealed figure of a lesson as drawn: its box, plot area, colour bars and tick labels (a pair of labels of one
+# axis drawn over each other counts).
+_REVEALED = """() => { const e = document.querySelector('#lessons-revealed .js-plotly-plot');
+  const box = e.parentElement.getBoundingClientRect(), fig = e.getBoundingClientRect();
+  const bars = [...e.querySelectorAll('.colorbar')].map(c => c.querySelector('.cbfills, rect.cbbg')
+    .getBoundingClientRect()).map(r => [r.width, r.height]);
+  const areas = [...e.querySelectorAll('.subplot .bg, .nsewdrag')].map(r => r.getBoundingClientRect().width);
+  const overlaps = [];
+  for (const axis of e.querySelectorAll('.xtick, .ytick').length ? ['xtick', 'ytick'] : []) {
+    for (const layer of e.querySelectorAll('.' + axis.slice(0, 1) + 'axislayer-above')) {
+      const r = [...layer.querySelectorAll('.' + axis + ' text')].map(t => t.getBoundingClientRect())
+        .filter(b => b.width > 0);
+      r.forEach((a, i) => r.slice(i + 1).forEach(b => {
+        if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+          overlaps.push(axis); }));
+    }
+  }
+  return {box: box.width, figure: fig.width, widest: Math.max(...areas), bars, overlaps,
+          horizontal: e._fullData.filter(t => t.showscale).every(t => t.colorbar.orientation === 'h')}; }"""
+
+
+@pytest.mark.parametrize("lesson,step,share", [(1, 1, 0.35), (4, 2, 0.6)])  # eight subplots two to a row; one map
+def test_a_revealed_figure_is_readable_on_a_phone(page, app_url, tiny_checkpoints, monkeypatch, lesson: int,
+                                                  step: int, share: float) -> None:
+    """Issue 61, item 6: at 390 px the revealed figure was a postage stamp with overlapping tick labels and a colour
+    bar wider than the map. On a phone it now takes the box's width, its colour bars lie under the map (horizontal,
+    no wider than the plot), and no two tick labels or titles of it are drawn over each other."""
+    from tabs import lessons
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.goto(app_url + "?tab=lessons", wait_until="domcontentloaded")  # a phone's tab bar folds the tabs away
+    panel = _panel(page)
+    _pick(page, "lesson", lessons.LESSONS[lesson - 1].title)
+    panel.get_by_role("button", name="Start the lesson").click()
+    expect(panel).to_contain_text("step 1 of", timeout=60_000)
+    for k in range(2, step + 1):
+        panel.get_by_role("button", name="next step →").click()
+        expect(panel).to_contain_text(f"step {k} of", timeout=60_000)
+    q = lessons.question(lesson, step)
+    panel.get_by_role("radio", name=q.choices[0], exact=True).check()
+    panel.get_by_role("button", name="Check my prediction").click()
+    page.wait_for_function("""() => { const e = document.querySelector('#lessons-revealed .js-plotly-plot');
+        return e && e._fullLayout && e._atlasPhoneWidth; }""", timeout=60_000)
+    page.wait_for_timeout(1000)
+    drawn = page.evaluate(_REVEALED)
+    assert drawn["figure"] <= drawn["box"] + 1 and drawn["figure"] >= drawn["box"] - 2, drawn  # the box's width
+    assert drawn["widest"] >= share * drawn["box"], drawn  # a plot area, not a postage stamp
+    assert drawn["horizontal"] and drawn["bars"], drawn
+    assert all(w <= drawn["figure"] and w > h for w, h in drawn["bars"]), drawn
+    assert drawn["overlaps"] == [], drawn
+    assert overlapping_labels(page) == [] and clipped_figures(page) == []
+    width = "() => document.querySelector('#lessons-revealed .js-plotly-plot')._fullLayout.width"
+    page.set_viewport_size({"width": 1200, "height": 900})  # turned sideways or a wider window: the figure as sent
+    page.wait_for_function(f"() => ({width})() > 600", timeout=10_000)
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.wait_for_function(f"() => ({width})() < 400", timeout=10_000)
+    assert page.evaluate("() => window._atlasPhoned") <= 6  # drawn once per figure and width, never in a loop
+    assert page.js_errors == []
