@@ -103,9 +103,10 @@ def build() -> Permalink:
     token_out = [answer, verdict, looked, relevance, read, state]
     # a run draws its own defaults (the sharpest word, the last layers: another model's may be fewer); the sliders
     # follow, and a link sets them after the run
-    first = gr.Number(0, visible=False, precision=0)
-    steps = [(describe, [image, model, prompt, tokens, first, query, run_layer(), run_layer(), head, run_layer(),
-                         run_layer()],
+    first, lo_asked, hi_asked, lens_asked, tower_asked = gr.Number(0, visible=False, precision=0), *(
+        run_layer() for _ in range(4))
+    steps = [(describe, [image, model, prompt, tokens, first, query, lo_asked, hi_asked, head, lens_asked,
+                         tower_asked],
               [answer, notice, verdict, looked, relevance, read, lens, sink, sink_text, seen, tower, tower_heads,
                download, state, step, lo, hi, head, lens_layer, tower_layer]),
              (lambda: "", None, [patch], {"show_progress": "hidden"})]  # a new image: the centre patch again
@@ -115,8 +116,8 @@ def build() -> Permalink:
     for control in (lo, hi):
         control.change(redraw_sinks, [state, lo, hi], [sink], api_name=False, show_progress="hidden")
     lens_layer.change(redraw_lens, [state, lens_layer], [lens, state], api_name=False, show_progress="hidden")
-    tower_layer.change(redraw_tower, [state, tower_layer, patch], [tower, tower_heads], api_name=False,
-                       show_progress="hidden")
+    tower_layer.change(relayer_tower, [state, tower_layer], [tower, tower_heads], api_name=False,
+                       show_progress="hidden")  # the patch drawn stays (kept in the state)
     seen.select(on_seen_click, [state], [patch], api_name=False)
     patch.change(redraw_tower, [state, tower_layer, patch], [tower, tower_heads], api_name=False,
                  show_progress="hidden")
@@ -124,7 +125,20 @@ def build() -> Permalink:
                       "prompt": Field(prompt, read=prompt_text, write=lambda v: v or None), "tokens": tokens,
                       "as": query}, steps,
                      after={"step": step, "from": lo, "to": hi, "head": head, "lens": lens_layer,
-                            "tower": tower_layer, "patch": patch}, state=state, limits=link_limits)
+                            "tower": tower_layer, "patch": patch}, state=state, limits=link_limits,
+                     # a link's view is the first drawn: its word, layers, head, lens and tower layer go into the run,
+                     # its patch is drawn with it (and not cleared after, as a new image's is)
+                     preset={"step": first, "from": lo_asked, "to": hi_asked, "head": head, "lens": lens_asked,
+                             "tower": tower_asked}, finish=linked_patch, link_run=steps[:1])
+
+
+def linked_patch(asked: dict, inputs: list, out: tuple) -> tuple:
+    """A link's tower patch drawn with the run's figures, at the tower layer the run drew."""
+    text = asked.get("patch", "")
+    if not text:
+        return out
+    tower_fig, heads_fig = redraw_tower(out[13], out[19]["value"], text)
+    return (*out[:10], tower_fig, heads_fig, *out[12:])
 
 
 # --------------------------------------------------------------------------------------------- links
@@ -400,12 +414,21 @@ def on_seen_click(state: dict | None, evt: gr.SelectData) -> str:
 
 
 def redraw_tower(state: dict | None, layer: int, patch: str):
+    """The tower's figures for a patch ("row,col"; empty or anything else: the centre), which the state keeps."""
     if not state:
         return None, None
-    r = state["result"]
-    rows, cols = _tower_grid(r)
+    rows, cols = _tower_grid(state["result"])
     try:
         query = tuple(index(v, n, "patch", fit=True) for v, n in zip(patch.split(","), (rows, cols), strict=True))
     except (ValueError, Error):  # "" (a new image) or anything else: the centre patch
         query = (rows // 2, cols // 2)
-    return draw_tower(r, int(layer), query)
+    state["patch"] = query
+    return draw_tower(state["result"], int(layer), query)
+
+
+def relayer_tower(state: dict | None, layer: int):
+    """Another tower layer, at the patch drawn last."""
+    if not state:
+        return None, None
+    rows, cols = _tower_grid(state["result"])
+    return draw_tower(state["result"], int(layer), state.get("patch") or (rows // 2, cols // 2))
