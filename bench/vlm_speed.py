@@ -20,7 +20,8 @@ of ``--repeats``; the sizes are the first arm's too), each arm's runs and sizes,
 (tiles, tower and connector: ``tower_s_*``, timed once after), how far bfloat16 moves the image features (relative
 error) and whether the answer stays the same, the CPU seconds of each arm's fastest run (``cpu_s_*``: the work, which
 a busy machine stretches less than the wall time), the load time, the sequence's size, the machine's load average
-before and after.
+before and after, and ``gemm_gflops_float32`` / ``gemm_gflops_bfloat16``: how fast this machine multiplies one of
+the tower's largest matrices right after (the ceiling: 12 tiles' tower is about 2.1 TFLOP of matrix products).
 """
 
 from __future__ import annotations
@@ -88,6 +89,23 @@ def picture(width: int, height: int):
     return Image.fromarray(np.clip(img + rng.normal(0, 20, img.shape), 0, 255).astype(np.uint8))
 
 
+def gemm_rate(dtype, shape: dict, repeats: int = 3) -> float:
+    """GFLOP/s of one of the tower's largest matrix products on this machine now (12 tiles' tokens × width ×
+    MLP width, the first MLP layer's): the ceiling the tower's time is set against."""
+    import torch
+    import torch.nn.functional as F
+
+    v = shape["vision"]
+    rows = 12 * (v["image_size"] // v["patch_size"]) ** 2
+    x, w = torch.randn(rows, v["hidden_size"], dtype=dtype), torch.randn(v["intermediate_size"], v["hidden_size"],
+                                                                          dtype=dtype)
+    F.linear(x, w)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        F.linear(x, w)
+    return round(2 * rows * v["hidden_size"] * v["intermediate_size"] * repeats / (time.perf_counter() - t0) / 1e9, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--new-tokens", type=int, default=20)
@@ -146,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 features[arm] = model.features(model.layout(image).pixels, need_weights=True)[0]
             tower[arm] = time.perf_counter() - t0
     r = first
+    gemm = {f"gemm_gflops_{name}": gemm_rate(dtype, shape) for name, dtype in (("float32", torch.float32),
+                                                                                ("bfloat16", torch.bfloat16))}
     result = {
         "bench": "vlm_speed", "shape": "small" if args.small else "SmolVLM-256M", "params_m": round(params / 1e6, 1),
         "image": [width, height], "seen": list(r.image.shape[:2][::-1]), "tiles": int(r.image_cells[:, 0].max()) + 1,
@@ -159,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "vision_attention_mb": round(r.vision_attention.nbytes / 2**20, 1), "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "load_avg_before": round(load_before[0], 2),
         "load_avg_after": round(os.getloadavg()[0], 2)}
+    result.update(gemm)
     result["tiles_image_tokens_sequence"] = sizes
     if {"float32", "bf16-tiles"} <= set(arms):  # what bfloat16 tiles change: the features, and the answer?
         a, b = features["float32"], features["bf16-tiles"]

@@ -275,13 +275,7 @@ class HFVLM(nn.Module):
             logits = out.logits
         all_ids = ids + new
         t = len(all_ids)
-        dtype = np.float16 if t > limits.LONG_TOKENS else np.float32
-        weights = np.zeros((len(rows), rows[0][0].size(0), t, t), dtype)
-        for layer, blocks in enumerate(rows):
-            i = 0
-            for w in blocks:  # (H, rows, S): causal, each block fills the left S columns of its rows
-                weights[layer, :, i:i + w.size(1), :w.size(2)] = w.float().cpu().numpy()
-                i += w.size(1)
+        weights = assemble(rows, t, torch.float16 if t > limits.LONG_TOKENS else torch.float32)
         labels = [self.piece(i) for i in all_ids]
         for p, label in zip(positions, layout.labels):
             labels[p] = label
@@ -418,9 +412,7 @@ class Llava(HFVLM):
         if self.config.select == "default":  # the first token dropped, as transformers drops it
             chosen = [h[:, 1:] for h in chosen]
         x = self.projector(torch.cat(chosen, dim=-1))
-        weights = torch.stack([w[0] for w in attention]).float() if need_weights else None
-        if weights is not None and weights.size(-1) > limits.LONG_TOKENS:
-            weights = weights.half()
+        weights = stack_weights(attention) if need_weights else None
         return x.reshape(-1, x.size(-1)), weights
 
     def fallback_prompt(self, question: str) -> str:
@@ -568,9 +560,7 @@ class Idefics3(HFVLM):
         x = self.projector(x.float())
         weights = None
         if need_weights:
-            weights = torch.stack([w[0] for w in attention]).float()
-            if weights.size(-1) > limits.LONG_TOKENS:
-                weights = weights.half()
+            weights = stack_weights(attention)
         return x.reshape(-1, x.size(-1)), weights
 
     def fallback_prompt(self, question: str) -> str:
@@ -578,6 +568,26 @@ class Idefics3(HFVLM):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def assemble(rows: list[list[Tensor]], t: int, dtype: torch.dtype) -> np.ndarray:
+    """Each layer's attention blocks (H, rows, S) — the prompt's square, then one row per new token — laid into one
+    (layers, H, t, t) array of ``dtype``, zeros above the diagonal. Each block is written once, cast on the way
+    (torch's copy: no float32 copy of a half-precision block, no per-layer temporaries)."""
+    out = torch.zeros((len(rows), rows[0][0].size(0), t, t), dtype=dtype)
+    for layer, blocks in enumerate(rows):
+        i = 0
+        for w in blocks:  # causal: each block fills the left S columns of its rows
+            out[layer, :, i:i + w.size(1), :w.size(2)].copy_(w)
+            i += w.size(1)
+    return out.numpy()
+
+
+def stack_weights(attention: list[Tensor]) -> Tensor:
+    """The tower's attention of the first image, every block (blocks, H, N, N): float32, or float16 over more than
+    ``limits.LONG_TOKENS`` tokens (each block cast as it is stacked: no float32 copy of the whole stack first)."""
+    dtype = torch.float16 if attention[0].size(-1) > limits.LONG_TOKENS else torch.float32
+    return torch.stack([w[0].to(dtype) for w in attention])
+
+
 def normalise(t: Tensor, spec: dict[str, Any]) -> Tensor:
     """uint8 (…, C, H, W) -> float32 rescaled and normalised as the image processor's settings say."""
     x = t.to(torch.float32)
