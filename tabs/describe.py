@@ -122,7 +122,7 @@ def build() -> Permalink:
     patch.change(redraw_tower, [state, tower_layer, patch], [tower, tower_heads], api_name=False,
                  show_progress="hidden")
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model,
-                      "prompt": Field(prompt, read=prompt_text, write=lambda v: v or None), "tokens": tokens,
+                      "prompt": Field(prompt, read=read_text, write=lambda v: v or None), "tokens": tokens,
                       "as": query}, steps,
                      after={"step": step, "from": lo, "to": hi, "head": head, "lens": lens_layer,
                             "tower": tower_layer, "patch": patch}, state=state, limits=link_limits,
@@ -159,10 +159,6 @@ def example_name(path: str | None) -> str | None:
     return stem if any(Path(p).stem == stem and Path(p).name == Path(path).name for p in EXAMPLE_SCENES) else "upload"
 
 
-def prompt_text(text: str) -> str:
-    return read_text(text)
-
-
 def link_limits(state: dict) -> dict:
     r = state["result"]
     layers, heads = r.attention.shape[:2]
@@ -196,7 +192,7 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     layers, heads = r.attention.shape[:2]
     lo = index(layer_from, layers, "from layer")
     hi = index(layer_to, layers, "to layer")
-    state = {"result": r, "model": model, "relevance": {}, "lens": None, "sinks": None}
+    state = {"result": r, "model": model, "relevance": {}, "lens": None, "sinks": None, "patch": None}
     k = _step(r, step)
     token = draw_token(state, k, query, lo, hi, head)
     lens_at = index(lens_layer, layers + 1, "lens layer")
