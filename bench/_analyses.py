@@ -141,9 +141,21 @@ def _mamba(model: nn.Module, quick: bool) -> dict[str, np.ndarray]:
             "logit_lens": lens.top_probs, "logit_lens_target": lens.target_probs}
 
 
+def _vlm(model: nn.Module, quick: bool) -> dict[str, np.ndarray]:
+    """What the Image + text tab shows for a vision-language model: the answer, the language model's and the tower's
+    attention, the relevance of each new token and the logit lens on the image tokens."""
+    img = _image(model)
+    r = model.describe(img, model.chat_prompt("describe the image ."), max_new_tokens=4)
+    ids, probs = model.image_lens(r)
+    queries = list(range(r.prompt_len - 1, len(r.ids) - 1))
+    return {"describe_ids": np.array(r.ids), "describe_attention": r.attention,
+            "describe_vision_attention": r.vision_attention, "image_relevance": model.image_relevance(r, queries),
+            "image_lens_ids": ids, "image_lens_probs": probs}
+
+
 RUNNERS: dict[str, Callable[[nn.Module, bool], dict[str, np.ndarray]]] = {
     "GPT": _gpt, "Mamba": _mamba, "TextClassifier": _classifier, "BertClassifier": _classifier,
-    "Translator": _translator, "ViT": _vision, "Swin": _vision}
+    "Translator": _translator, "ViT": _vision, "Swin": _vision, "VLM": _vlm, "Llava": _vlm, "Idefics3": _vlm}
 
 
 def run_all(model: nn.Module, quick: bool = False) -> dict[str, np.ndarray]:
