@@ -147,7 +147,11 @@ def test_the_device_path_keeps_a_fraction_and_makes_arrays_on_request(tab, pair)
     path = tab.attention_npz(device)
     with np.load(path) as got:
         np.testing.assert_allclose(got["attention"].astype(np.float32), whole.astype(np.float32), atol=1e-3)
-        assert list(got["tokens"]) == dense["result"].tokens
+        from models.inputs.tokenizer import raw_piece  # the .npz: the pieces as the tokenizer spells them, and read
+
+        assert list(got["tokens"]) == [raw_piece(t) for t in dense["result"].tokens]
+        readable = got["tokens_readable"] if "tokens_readable" in got.files else got["tokens"]  # byte-level only
+        assert list(readable) == dense["result"].tokens
 
 
 def test_the_answer_says_where_the_attention_is_and_writes_no_arrays_unasked(tab, monkeypatch) -> None:
