@@ -29,8 +29,11 @@ def links() -> dict[str, pl.Permalink | None]:
 def other_value(control):
     """A value the control accepts that is not its default (None: the control has nothing else to offer)."""
     c = pl.component_of(control)
-    if isinstance(control, pl.Field):  # Vision's image: an example, by name
-        return EXAMPLE_NAMES["sneaker"] if isinstance(c, gr.File) else None
+    if isinstance(control, pl.Field):  # an image: one of the tab's own examples (Vision's, or a scene), by name
+        from tabs.describe import EXAMPLE_SCENES
+
+        examples = (EXAMPLE_NAMES["sneaker"], EXAMPLE_SCENES[3]) if isinstance(c, gr.File) else ()
+        return next((p for p in examples if control.write(p) not in (None, "upload")), None)
     if isinstance(c, gr.Checkbox):
         return not c.value
     if isinstance(c, (gr.Radio, gr.Dropdown)):
@@ -63,9 +66,9 @@ def test_every_tab_round_trips_its_view(links) -> None:
         values = {name: other_value(c) for name, c in link.fields.items()}
         values = {name: v for name, v in values.items() if v is not None}
         shown = [values.get(name, pl.component_of(c).value) for name, c in link.fields.items()]
-        after = ["1", "0", "1"][: len(link.after)]  # a layer, a head, a replay step (or a patch, below)
+        after = ["1", "0", "1", *["1"] * len(link.after)][: len(link.after)]  # a layer, a head, a step, ...
         after_values = [int(v) if isinstance(pl.component_of(c), gr.Slider) else v
-                        for v, c in zip(after, link.after.values(), strict=False)]
+                        for v, c in zip(after, link.after.values(), strict=True)]
         if "patch" in link.after:
             after_values[list(link.after).index("patch")] = "2,5"
         query = pl.write_query(key, link, [*shown, *after_values])

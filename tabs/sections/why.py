@@ -70,8 +70,8 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
     cell = gr.Textbox(elem_id=f"{tab}-why-cell", elem_classes=["atlas-hidden"], show_label=False, container=False)
     # A click on a model-view thumbnail writes "layer,head,n" here: that head opens as a heatmap (its cells then split)
     thumb = gr.Textbox(elem_id=f"{tab}-open-head", elem_classes=["atlas-hidden"], show_label=False, container=False)
-    thumb.change(open_head, [thumb], [layer, head, shown[0]], api_name=False, show_progress="hidden",
-                 **FAST)
+    if shown:  # the first control of what the figure draws is its view
+        thumb.change(open_head, [thumb], [layer, head, shown[0]], api_name=False, show_progress="hidden", **FAST)
 
     def run_state(st, lay, hd, q, k):
         return explain(sequence, st, lay, hd, q, k)
