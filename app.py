@@ -48,7 +48,8 @@ def build_demo() -> gr.Blocks:
                     "and move through layers and heads.")
         link_notice = gr.Markdown(visible=False, elem_classes=["notice"])  # what a permalink could not restore
         items = {}
-        with gr.Tabs() as tabs:
+        # every tab stays in the bar, on a second row where the page is narrow (the default menu hid some behind "…")
+        with gr.Tabs(overflow_behavior="wrap") as tabs:
             for tab in TABS:
                 key = permalink.tab_key(tab)
                 with gr.Tab(tab.TITLE, id=key) as item:
