@@ -1,4 +1,4 @@
-"""Lessons: predict, then reveal. Nine short lessons over the real models and the existing figures; every
+"""Lessons: predict, then reveal. Ten short lessons over the real models and the existing figures; every
 question makes the student commit to a prediction before the figure appears, and every verdict is computed from
 the model's numbers on the lesson's current input (change the input and the answer follows).
 
