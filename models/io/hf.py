@@ -97,9 +97,9 @@ def is_hf_folder(folder: Path) -> bool:
     return isinstance(meta, dict) and "model_type" in meta and "format" not in meta
 
 
-def load_hf(folder: str | Path) -> Any:
-    """The model of a Hugging Face folder as the project's own class, in eval mode, with its tokenizer."""
-    folder = Path(folder)
+def _read_config(folder: Path) -> tuple[Path, dict, str, Any]:
+    """(config.json's path, its contents, its model_type, the registered family) of a Hugging Face folder, or a
+    CheckpointError in words."""
     config_path = folder / "config.json"
     try:
         hf = json.loads(config_path.read_text(encoding="utf-8"))
@@ -110,6 +110,13 @@ def load_hf(folder: str | Path) -> Any:
     if family is None:
         raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
                                            f"{', '.join(registry.hf_types())})")
+    return config_path, hf, kind, family
+
+
+def load_hf(folder: str | Path) -> Any:
+    """The model of a Hugging Face folder as the project's own class, in eval mode, with its tokenizer."""
+    folder = Path(folder)
+    config_path, hf, kind, family = _read_config(folder)
     state = _weights(folder)
     try:
         model = family.hf_reader(kind)(hf, state, config_path)
@@ -229,16 +236,7 @@ def check_folder(folder: str | Path) -> bool:
     import torch
 
     folder = Path(folder)
-    config_path = folder / "config.json"
-    try:
-        hf = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise CheckpointError(config_path, f"unreadable: {err}") from None
-    kind = hf.get("model_type")
-    family = registry.by_model_type(kind) if isinstance(kind, str) else None
-    if family is None:
-        raise CheckpointError(config_path, f"model_type {kind!r} is not supported here (supported: "
-                                           f"{', '.join(registry.hf_types())})")
+    config_path, hf, kind, family = _read_config(folder)
     state = header_state(folder)
     try:
         with torch.device("meta"):
