@@ -32,6 +32,16 @@ from models.outputs import AttentionMap, GenerationResult, GenerationStep
 
 CANDIDATES = 5  # the model's most likely next tokens recorded at each step (temperature 1)
 
+
+def candidates(probs: Tensor, piece: Callable[[int], str], choice: int | None = None) -> tuple[int, GenerationStep]:
+    """One step's record: the CANDIDATES most likely next tokens of ``probs`` (V,) and ``choice`` (None: the most
+    likely) as a GenerationStep, and the choice. Every generator's steps are recorded by it."""
+    top = torch.topk(probs, min(CANDIDATES, probs.numel()))
+    top_i, top_v = top.indices.cpu(), top.values.cpu()
+    choice = int(top_i[0]) if choice is None else int(choice)
+    return choice, GenerationStep([piece(int(i)) for i in top_i], top_v.numpy().astype(np.float32), piece(choice),
+                                  float(probs[choice]))
+
 # advance(token, position, last): run the token just chosen at that position; the logits (V,) after it, or None
 # when it is the last one (a generator may still run it, for its attention rows)
 Advance = Callable[[int, int, bool], "Tensor | None"]
@@ -83,16 +93,10 @@ class Decoding:
         """One step from the logits (V,) after the last token, on any device: the model's top candidates, the
         choice, its surprisal; finished at the end-of-sequence token or the last new token."""
         scores = logits.float()
-        probs = torch.softmax(scores, -1)
-        top = torch.topk(probs, min(CANDIDATES, probs.numel()))
-        top_i, top_v = top.indices.cpu(), top.values.cpu()
-        if self.strategy == "greedy":
-            choice = int(top_i[0])
-        else:
-            choice = sample(scores.cpu(), self.temperature, self.top_k, self.top_p, self.generator)
-        piece = self.model.piece
-        self.steps.append(GenerationStep([piece(i) for i in top_i], top_v.numpy().astype(np.float32), piece(choice),
-                                         float(probs[choice])))
+        sampled = None if self.strategy == "greedy" else sample(scores.cpu(), self.temperature, self.top_k,
+                                                                   self.top_p, self.generator)
+        choice, step = candidates(torch.softmax(scores, -1), self.model.piece, sampled)
+        self.steps.append(step)
         self.surprisal[len(self.ids)] = -float(torch.log_softmax(scores, -1)[choice])
         self.ids.append(choice)
         self.finished = choice == self.model.eos_id() or len(self.steps) == self.new

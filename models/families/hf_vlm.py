@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from models import limits
 from models.blocks.attention import Intervention, KVCache, LayerEdit, MultiHeadAttention
 from models.blocks.layers import ACTIVATIONS
+from models.blocks.loop import candidates
 from models.outputs import DescribeResult, GenerationStep
 
 IMAGE = "<image>"
@@ -259,12 +260,8 @@ class HFVLM(nn.Module):
         steps: list[GenerationStep] = []
         eos = set(self.config.eos_ids)
         for k in range(max_new_tokens):
-            probs = F.softmax(logits[0, -1].float(), dim=-1)
-            top = torch.topk(probs, min(5, probs.numel()))
-            token = int(top.indices[0])
-            steps.append(GenerationStep([self.piece(i) for i in top.indices.tolist()],
-                                        top.values.cpu().numpy().astype(np.float32), self.piece(token),
-                                        float(top.values[0])))
+            token, step = candidates(F.softmax(logits[0, -1].float(), dim=-1), self.piece)
+            steps.append(step)
             new.append(token)
             last = token in eos or k == max_new_tokens - 1
             out = self.lm(torch.tensor([[token]], device=device), caches, need_weights=True, last_only=True)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks.attention import KVCache
+from models.blocks.loop import candidates
 from models.blocks.positional import sinusoidal_table
 from models.families.gpt import GPT, GPTConfig
 from models.families.vit import EncoderBlock, ViTConfig
@@ -211,12 +212,8 @@ class VLM(nn.Module):
         new: list[int] = []
         steps: list[GenerationStep] = []
         for _ in range(max_new_tokens):
-            probs = F.softmax(logits[0, -1].float(), dim=-1)
-            top = torch.topk(probs, min(5, probs.numel()))
-            token = int(top.indices[0])
-            steps.append(GenerationStep([self.piece(i) for i in top.indices.tolist()],
-                                        top.values.cpu().numpy().astype(np.float32), self.piece(token),
-                                        float(top.values[0])))
+            token, step = candidates(F.softmax(logits[0, -1].float(), dim=-1), self.piece)
+            steps.append(step)
             new.append(token)
             if token == c.eos_id or len(new) == max_new_tokens:
                 break
