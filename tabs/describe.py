@@ -6,13 +6,14 @@ what the image tokens read as (the logit lens), the visual sinks, and the vision
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
 from models import limits
-from serving import catalogue
+from serving import catalogue, results
 from tabs.common import (
     Error,
     get_model,
@@ -50,6 +51,8 @@ PROMPTS = ["describe the image .", "what is at the top left ?", "what is in the 
            "where is the sandal ?"]
 QUERIES = {"while choosing it": "choose", "the word itself": "self"}  # which row of attention speaks for a word
 MAX_NEW = 40
+NO_RESULT = ("Describe an image first. (A long answer's attention is let go when newer long results need the "
+             "server's memory: run it again.)")
 SHOWN_SIDE = 320  # pixels of the clickable "what the model saw" image
 
 
@@ -192,7 +195,13 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     layers, heads = r.attention.shape[:2]
     lo = index(layer_from, layers, "from layer")
     hi = index(layer_to, layers, "to layer")
-    state = {"result": r, "model": model, "relevance": {}, "lens": None, "sinks": None, "patch": None}
+    long = len(r.ids) > limits.LONG_TOKENS
+    if long:  # a tiled image (SmolVLM: 925 tokens) keeps its attention in float16, as Generate's long inputs do
+        r = dataclasses.replace(r, attention=r.attention.astype(np.float16, copy=False),
+                                vision_attention=r.vision_attention.astype(np.float16, copy=False))
+    state = results.Kept(result=r, model=model, relevance={}, lens=None, sinks=None, patch=None)
+    if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
+        results.LONG_RESULTS.keep(state, r.attention.nbytes + r.vision_attention.nbytes)
     k = _step(r, step)
     token = draw_token(state, k, query, lo, hi, head)
     lens_at = index(lens_layer, layers + 1, "lens layer")
@@ -201,11 +210,9 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     t_layer = index(tower_layer, max(1, t_layers), "tower layer")
     rows, cols = _tower_grid(r)
     tower_fig, heads_fig = draw_tower(r, t_layer, (rows // 2, cols // 2))
-    # a long sequence (a tiled image: SmolVLM's 832 image tokens) keeps its arrays in float16, as Generate does
-    half = (lambda a: a.astype(np.float16)) if len(r.ids) > limits.LONG_TOKENS else (lambda a: a)  # noqa: E731
-    npz = save_npz("describe", ids=np.asarray(r.ids), tokens=np.asarray(r.tokens), attention=half(r.attention),
+    npz = save_npz("describe", ids=np.asarray(r.ids), tokens=np.asarray(r.tokens), attention=r.attention,
                    image_positions=r.image_positions, image_cells=r.image_cells, image_boxes=r.image_boxes,
-                   image=r.image, vision_attention=half(r.vision_attention),
+                   image=r.image, vision_attention=r.vision_attention,
                    relevance=np.stack([state["relevance"][q] for q in sorted(state["relevance"])]),
                    relevance_queries=np.asarray(sorted(state["relevance"])))
     lo_u = gr.update(maximum=layers - 1, value=lo)
@@ -313,8 +320,18 @@ def answer_text(r, k: int) -> str:
     return f"*{_esc(prompt)}* → {' '.join(words) or '(no new token)'}"
 
 
-def redraw_token(state: dict | None, step: int, query: str, lo: int, hi: int, head: str):
+def kept(state: dict | None) -> bool:
+    """Whether there is a result to redraw: False before the first run; a long result let go since (its state
+    emptied by serving.results) raises NO_RESULT, so a moved slider says why nothing changes."""
+    if state is None:
+        return False
     if not state:
+        raise Error(NO_RESULT)
+    return True
+
+
+def redraw_token(state: dict | None, step: int, query: str, lo: int, hi: int, head: str):
+    if not kept(state):
         return (gr.update(),) * 5 + (state,)
     return draw_token(state, _step(state["result"], step), query, lo, hi, head)
 
@@ -339,7 +356,7 @@ def draw_sinks(r, found, lo: int, hi: int):
 
 
 def redraw_sinks(state: dict | None, lo: int, hi: int):
-    if not state:
+    if not kept(state):
         return gr.update()
     return draw_sinks(state["result"], sinks_of(state), lo, hi)
 
@@ -364,7 +381,7 @@ def draw_lens(state: dict, layer: int):
 
 
 def redraw_lens(state: dict | None, layer: int):
-    if not state:
+    if not kept(state):
         return gr.update(), state
     return draw_lens(state, int(layer)), state
 
@@ -398,7 +415,7 @@ def draw_tower(r, layer: int, patch: tuple[int, int]):
 
 
 def on_seen_click(state: dict | None, evt: gr.SelectData) -> str:
-    if not state:
+    if not kept(state):
         return ""
     r = state["result"]
     image = _seen(r)
@@ -411,7 +428,7 @@ def on_seen_click(state: dict | None, evt: gr.SelectData) -> str:
 
 def redraw_tower(state: dict | None, layer: int, patch: str):
     """The tower's figures for a patch ("row,col"; empty or anything else: the centre), which the state keeps."""
-    if not state:
+    if not kept(state):
         return None, None
     rows, cols = _tower_grid(state["result"])
     try:
@@ -424,7 +441,7 @@ def redraw_tower(state: dict | None, layer: int, patch: str):
 
 def relayer_tower(state: dict | None, layer: int):
     """Another tower layer, at the patch drawn last."""
-    if not state:
+    if not kept(state):
         return None, None
     rows, cols = _tower_grid(state["result"])
     return draw_tower(state["result"], int(layer), state.get("patch") or (rows // 2, cols // 2))

@@ -200,6 +200,37 @@ def test_the_handler_draws_the_models_numbers(vlm) -> None:
     np.testing.assert_allclose(z.ravel(), r.attention[1, 2, r.prompt_len + 2, r.image_positions], rtol=1e-5)
 
 
+def test_long_answers_are_kept_in_float16_under_the_servers_cap(vlm, monkeypatch) -> None:
+    """A long answer (a tiled SmolVLM image: 925 tokens) is kept in float16 and counted with Generate's long results
+    (ATLAS_LONG_KEEP_MB): a newer one lets the oldest go, and a redraw of the one let go says so in words."""
+    from models import limits
+    from serving import results
+    from tabs import describe as tab
+    from tabs.common import Error
+
+    monkeypatch.setattr(limits, "LONG_TOKENS", 8)  # the own model's answers count as long
+    args = ("describe the image .", 6, 1, "while choosing it", 2, 3, "mean")
+    first = tab.describe(tab.EXAMPLE_SCENES[0], tab.MODEL, *args)[13]
+    r = first["result"]
+    size = r.attention.nbytes + r.vision_attention.nbytes
+    assert r.attention.dtype == r.vision_attention.dtype == np.float16
+    monkeypatch.setattr(results, "LONG_RESULTS", results.LongResults(1.5 * size / 2**20))
+    first = tab.describe(tab.EXAMPLE_SCENES[0], tab.MODEL, *args)[13]
+    assert results.LONG_RESULTS.total() == size
+    out = tab.describe(tab.EXAMPLE_SCENES[1], tab.MODEL, *args)
+    second = out[13]
+    assert not first and second and results.LONG_RESULTS.total() == size
+    with pytest.raises(Error, match="Describe an image first"):
+        tab.redraw_token(first, 1, "while choosing it", 2, 3, "mean")
+    with pytest.raises(Error, match="Describe an image first"):
+        tab.redraw_lens(first, 1)
+    assert tab.redraw_token(None, 1, "while choosing it", 2, 3, "mean")[0] is not None  # before any run: no error
+    r = second["result"]
+    again = tab.redraw_token(second, 1, "the word itself", 1, 1, "0")
+    z, _, _ = _drawn_cells(again[2])
+    np.testing.assert_allclose(z.ravel(), r.attention[1, 0, r.prompt_len, r.image_positions], rtol=1e-3)
+
+
 @pytest.mark.parametrize("args, message", [
     ((None,), "upload an image"),
     (("SCENE", "no-such-model"), "Unknown model"),
