@@ -94,6 +94,8 @@ def build() -> Permalink:
     gr.Markdown("### The vision tower\nClick a patch of the image to see where it looks inside the tower.")
     with gr.Row():
         tower_layer = gr.Slider(0, 2, value=2, step=1, label="tower layer")
+        tile = gr.Dropdown([], label="which tile the tower reads", visible=False,
+                           info="a tiled image: each tile goes through the tower on its own")
     with gr.Row():
         seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
                         width=SHOWN_SIDE, elem_id="describe-seen")
@@ -111,7 +113,7 @@ def build() -> Permalink:
     steps = [(describe, [image, model, prompt, tokens, first, query, lo_asked, hi_asked, head, lens_asked,
                          tower_asked],
               [answer, notice, verdict, looked, relevance, read, lens, sink, sink_text, seen, tower, tower_heads,
-               download, state, step, lo, hi, head, lens_layer, tower_layer]),
+               download, state, step, lo, hi, head, lens_layer, tower_layer, tile]),
              (lambda: "", None, [patch], {"show_progress": "hidden"})]  # a new image: the centre patch again
     chain(run.click, steps, api_name="describe")
     for control in (step, query, lo, hi, head):
@@ -121,6 +123,7 @@ def build() -> Permalink:
     lens_layer.change(redraw_lens, [state, lens_layer], [lens, state], api_name=False, show_progress="hidden")
     tower_layer.change(relayer_tower, [state, tower_layer], [tower, tower_heads], api_name=False,
                        show_progress="hidden")  # the patch drawn stays (kept in the state)
+    tile.input(retile_tower, [state, tile, tower_layer], [seen, tower, tower_heads], api_name=False)
     seen.select(on_seen_click, [state], [patch], api_name=False)
     patch.change(redraw_tower, [state, tower_layer, patch], [tower, tower_heads], api_name=False,
                  show_progress="hidden")
@@ -128,20 +131,26 @@ def build() -> Permalink:
                       "prompt": Field(prompt, read=read_text, write=lambda v: v or None), "tokens": tokens,
                       "as": query}, steps,
                      after={"step": step, "from": lo, "to": hi, "head": head, "lens": lens_layer,
-                            "tower": tower_layer, "patch": patch}, state=state, limits=link_limits,
+                            "tower": tower_layer,
+                            # a tile other than the one the tower is shown for first (the global view)
+                            "tile": Field(tile, read=str, write=lambda v: v if v and v.startswith("tile ") else None),
+                            "patch": patch}, state=state, limits=link_limits,
                      # a link's view is the first drawn: its word, layers, head, lens and tower layer go into the run,
-                     # its patch is drawn with it (and not cleared after, as a new image's is)
+                     # its tile and patch are drawn with it (the patch not cleared after, as a new image's is)
                      preset={"step": first, "from": lo_asked, "to": hi_asked, "head": head, "lens": lens_asked,
                              "tower": tower_asked}, finish=linked_patch, link_run=steps[:1])
 
 
 def linked_patch(asked: dict, inputs: list, out: tuple) -> tuple:
-    """A link's tower patch drawn with the run's figures, at the tower layer the run drew."""
-    text = asked.get("patch", "")
-    if not text:
+    """A link's tower tile and patch drawn with the run's figures, at the tower layer the run drew."""
+    state, name = out[13], asked.get("tile", "")
+    seen = out[9]
+    if name in tile_names(state["result"]):
+        seen = enlarge(choose_tile(state, name), SHOWN_SIDE)
+    elif not asked.get("patch"):
         return out
-    tower_fig, heads_fig = redraw_tower(out[13], out[19]["value"], text)
-    return (*out[:10], tower_fig, heads_fig, *out[12:])
+    tower_fig, heads_fig = redraw_tower(state, out[19]["value"], asked.get("patch", ""))
+    return (*out[:9], seen, tower_fig, heads_fig, *out[12:20], {**out[20], "value": state["tile_name"]})
 
 
 # --------------------------------------------------------------------------------------------- links
@@ -168,7 +177,7 @@ def link_limits(state: dict) -> dict:
     rows, cols = _tower_grid(r)
     return {"step": range(0, _new(r) + 1), "from": range(layers), "to": range(layers),
             "head": head_choices(heads), "lens": range(layers + 1), "tower": range(max(1, len(r.vision_attention))),
-            "patch": {f"{i},{j}" for i in range(rows) for j in range(cols)}}
+            "patch": {f"{i},{j}" for i in range(rows) for j in range(cols)}, "tile": tile_names(r)}
 
 
 # --------------------------------------------------------------------------------------------- handlers
@@ -199,7 +208,10 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     if long:  # a tiled image (SmolVLM: 925 tokens) keeps its attention in float16, as Generate's long inputs do
         r = dataclasses.replace(r, attention=r.attention.astype(np.float16, copy=False),
                                 vision_attention=r.vision_attention.astype(np.float16, copy=False))
-    state = results.Kept(result=r, model=model, relevance={}, lens=None, sinks=None, patch=None)
+    names = tile_names(r)
+    shown = next(name for name, k in names.items() if k == r.vision_tile)
+    state = results.Kept(result=r, model=model, relevance={}, lens=None, sinks=None, patch=None,
+                         towers={r.vision_tile: r.vision_attention}, tile=r.vision_tile, tile_name=shown)
     if long:  # all sessions' long results together stay under ATLAS_LONG_KEEP_MB: the oldest are let go
         results.LONG_RESULTS.keep(state, r.attention.nbytes + r.vision_attention.nbytes)
     k = _step(r, step)
@@ -209,7 +221,7 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     t_layers = len(r.vision_attention)
     t_layer = index(tower_layer, max(1, t_layers), "tower layer")
     rows, cols = _tower_grid(r)
-    tower_fig, heads_fig = draw_tower(r, t_layer, (rows // 2, cols // 2))
+    tower_fig, heads_fig = draw_tower(state, t_layer, (rows // 2, cols // 2))
     npz = save_npz("describe", ids=np.asarray(r.ids), tokens=np.asarray(r.tokens), attention=r.attention,
                    image_positions=r.image_positions, image_cells=r.image_cells, image_boxes=r.image_boxes,
                    image=r.image, vision_attention=r.vision_attention,
@@ -222,8 +234,10 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     found = sinks_of(state)
     answer, verdict, looked, relevance, read, state = token
     return (answer, r.notice, verdict, looked, relevance, read, lens_fig, draw_sinks(r, found, lo, hi),
-            _esc(found.text(r)), enlarge(_seen(r), SHOWN_SIDE), tower_fig, heads_fig, npz, state, step_u, lo_u, hi_u,
-            head_u, gr.update(maximum=layers, value=lens_at), gr.update(maximum=max(0, t_layers - 1), value=t_layer))
+            _esc(found.text(r)), enlarge(_seen(r, r.vision_tile), SHOWN_SIDE), tower_fig, heads_fig, npz, state, step_u,
+            lo_u, hi_u, head_u, gr.update(maximum=layers, value=lens_at),
+            gr.update(maximum=max(0, t_layers - 1), value=t_layer),
+            gr.update(choices=list(names), value=shown, visible=len(names) > 1))
 
 
 def _new(r) -> int:
@@ -387,30 +401,62 @@ def redraw_lens(state: dict | None, layer: int):
 
 
 def _tower_grid(r) -> tuple[int, int]:
-    """The tower's patch rows and columns over the tile it saw (its attention is over one tile's patches)."""
+    """The tower's patch rows and columns over one tile (its attention is over one tile's patches)."""
     return tuple(r.vision_grid) if r.vision_grid[0] else r.grid
 
 
-def _seen(r) -> np.ndarray:
-    """The pixels of the tile the tower's attention is about (the whole image for one tile or a global view)."""
-    tile = (r.image_cells[:, 0] == r.vision_tile) & (r.image_cells[:, 1] >= 0)
-    b = r.image_boxes[tile] if tile.any() else r.image_boxes
+def tile_names(r) -> dict[str, int]:
+    """The tiles the tower reads, by the name the tab lists them under -> their index in ``image_cells[:, 0]``: one
+    "whole image", or "tile 1" ... (row by row) and the "global view" over them (Idefics3)."""
+    tiles = np.unique(r.image_cells[r.image_cells[:, 1] >= 0, 0])
+    if len(tiles) == 1:
+        return {"whole image": int(tiles[0])}
+    names = {}
+    for k in tiles:
+        first = int(np.flatnonzero(r.image_cells[:, 0] == k)[0])
+        glob = "global" in r.tokens[int(r.image_positions[first])]
+        names["global view" if glob else f"tile {len(names) + 1}"] = int(k)
+    return names
+
+
+def _seen(r, tile: int) -> np.ndarray:
+    """The pixels of one tile (the whole image for one tile or a global view)."""
+    mine = (r.image_cells[:, 0] == tile) & (r.image_cells[:, 1] >= 0)
+    b = r.image_boxes[mine] if mine.any() else r.image_boxes
     return r.image[b[:, 1].min():b[:, 3].max(), b[:, 0].min():b[:, 2].max()]
 
 
-def draw_tower(r, layer: int, patch: tuple[int, int]):
-    """The tower's attention from one patch (mean of heads) and every head's, over its tile's pixels (a class token
-    before the patches is left out of the map)."""
-    if not len(r.vision_attention):
+def choose_tile(state: dict, name: str) -> np.ndarray:
+    """Make tile ``name`` the one the tower views draw, its attention computed on first use (the model's
+    ``tower_attention``) and kept; returns its pixels."""
+    r = state["result"]
+    k = tile_names(r).get(name)
+    if k is None:
+        raise Error(f"This image has no {name!r}; pick one of {', '.join(tile_names(r))}.")
+    if k not in state["towers"]:
+        w = get_model(state["model"]).tower_attention(r, k)
+        state["towers"][k] = w.astype(r.vision_attention.dtype, copy=False)
+    state["tile"], state["tile_name"] = k, name
+    return _seen(r, k)
+
+
+def draw_tower(state: dict, layer: int, patch: tuple[int, int]):
+    """The tower's attention from one patch (mean of heads) and every head's, over the chosen tile's pixels (a class
+    token before the patches is left out of the map)."""
+    r = state["result"]
+    weights = state["towers"][state["tile"]]
+    if not len(weights):
         return None, None
     grid, k = _tower_grid(r), r.vision_prefix
-    w = r.vision_attention[int(np.clip(layer, 0, len(r.vision_attention) - 1))]  # (H, k + M, k + M)
+    w = weights[int(np.clip(layer, 0, len(weights) - 1))].astype(np.float32)  # (H, k + M, k + M)
     row = k + patch[0] * grid[1] + patch[1]
-    image = _seen(r)
+    image = _seen(r, state["tile"])
+    where = "" if len(tile_names(r)) == 1 else f" · {state['tile_name']}"
     one = vi.query_patch_attention(image, w.mean(axis=0)[row, k:], grid, patch,
-                                   title=f"Tower layer {layer}: patch r{patch[0]}c{patch[1]} → patches · mean of heads")
+                                   title=f"Tower layer {layer}{where}: patch r{patch[0]}c{patch[1]} → patches · "
+                                   "mean of heads")
     every = vi.image_attention_grid(image, w[:, row, k:], grid, titles=[f"head {h}" for h in range(w.shape[0])],
-                                    title=f"Tower layer {layer}: patch r{patch[0]}c{patch[1]}, every head")
+                                    title=f"Tower layer {layer}{where}: patch r{patch[0]}c{patch[1]}, every head")
     return one, every
 
 
@@ -418,7 +464,7 @@ def on_seen_click(state: dict | None, evt: gr.SelectData) -> str:
     if not kept(state):
         return ""
     r = state["result"]
-    image = _seen(r)
+    image = _seen(r, state["tile"])
     scale = enlarge(image, SHOWN_SIDE).shape[0] / image.shape[0]
     rows, cols = _tower_grid(r)
     row = int(np.clip(evt.index[1] / scale / image.shape[0] * rows, 0, rows - 1))
@@ -436,7 +482,7 @@ def redraw_tower(state: dict | None, layer: int, patch: str):
     except (ValueError, Error):  # "" (a new image) or anything else: the centre patch
         query = (rows // 2, cols // 2)
     state["patch"] = query
-    return draw_tower(state["result"], int(layer), query)
+    return draw_tower(state, int(layer), query)
 
 
 def relayer_tower(state: dict | None, layer: int):
@@ -444,4 +490,13 @@ def relayer_tower(state: dict | None, layer: int):
     if not kept(state):
         return None, None
     rows, cols = _tower_grid(state["result"])
-    return draw_tower(state["result"], int(layer), state.get("patch") or (rows // 2, cols // 2))
+    return draw_tower(state, int(layer), state.get("patch") or (rows // 2, cols // 2))
+
+
+def retile_tower(state: dict | None, name: str, layer: int):
+    """Another tile through the tower: (its pixels to click, the tower's figures at the patch drawn last; every tile
+    has the same patch grid)."""
+    if not kept(state):
+        return None, None, None
+    seen = choose_tile(state, name)
+    return (enlarge(seen, SHOWN_SIDE), *relayer_tower(state, layer))

@@ -184,6 +184,7 @@ def test_the_handler_draws_the_models_numbers(vlm) -> None:
     out = tab.describe(scene, tab.MODEL, "describe the image .", 16, 3, "while choosing it", 2, 3, "mean")
     answer, state = out[0], out[13]
     r = state["result"]
+    assert out[20]["visible"] is False and out[20]["choices"] == ["whole image"]  # one tile: no tile picker
     assert "**[" in answer and r.tokens[r.prompt_len + 2] in answer
     expected = r.attention[2:4, :, r.prompt_len + 1][:, :, r.image_positions].mean(0).mean(0)
     z, _, _ = _drawn_cells(out[3])
@@ -290,3 +291,37 @@ def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, mo
     assert isinstance(models.load(folder), type(tab.get_model(name)))
     tower = out[10].to_dict()["layout"]["title"]["text"]
     assert tower.startswith("Tower layer") and out[11] is not None
+
+
+def test_a_tiled_image_shows_the_tower_of_each_tile(hf_folders, monkeypatch) -> None:
+    """A tiled Idefics3 image lists its tiles and the global view; picking a tile draws that tile's tower attention
+    (the model's ``tower_attention``) over that tile's pixels, at the patch drawn last, and a link reopens it."""
+    from serving import catalogue, store
+    from tabs import describe as tab
+
+    folder = hf_folders.get("idefics3").path
+    monkeypatch.setitem(catalogue.CONFIGURED, "idefics3", catalogue.Configured(folder, "describe"))
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    out = tab.describe(tab.EXAMPLE_SCENES[1], "idefics3", "what is this?", 2, 1, "while choosing it", -1, -1,
+                       "mean")
+    state, picker = out[13], out[20]
+    r = state["result"]
+    names = tab.tile_names(r)
+    assert picker["visible"] and picker["value"] == "global view" and list(names) == picker["choices"]
+    assert names["global view"] == r.vision_tile and len(names) == len(np.unique(r.image_cells[:, 0])) > 2
+    tab.redraw_tower(state, 1, "1,2")
+    seen, one, every = tab.retile_tower(state, "tile 2", 1)
+    k = names["tile 2"]
+    w = tab.get_model("idefics3").tower_attention(r, k)[1]
+    grid = r.vision_grid
+    z = next(t for t in one.to_dict()["data"] if t["type"] == "heatmap")["z"]
+    np.testing.assert_allclose(_array(z).ravel(), w.mean(0)[1 * grid[1] + 2], rtol=1e-5)
+    assert "tile 2" in one.to_dict()["layout"]["title"]["text"]
+    mine = r.image_boxes[r.image_cells[:, 0] == k]
+    assert seen.shape[:2] == tab.enlarge(r.image[mine[:, 1].min():mine[:, 3].max(),
+                                                 mine[:, 0].min():mine[:, 2].max()], tab.SHOWN_SIDE).shape[:2]
+    linked = tab.linked_patch({"tile": "tile 2", "patch": "1,2"}, [], out)
+    assert linked[20]["value"] == "tile 2"
+    np.testing.assert_allclose(_array(next(t for t in linked[10].to_dict()["data"] if t["type"] == "heatmap")["z"]),
+                               _array(z))
+    assert "tile 2" in tab.link_limits(state)["tile"]

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from models.io.checkpoint import CheckpointError
-from tests.vlm_parity import PROMPT, images, theirs, tile_pixels
+from tests.vlm_parity import PROMPT, images, theirs, tile_pixels, tower_attention
 
 FAMILIES = ("llava", "idefics3")
 
@@ -139,6 +139,24 @@ def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
                                                  "<image>no placeholder here")["input_ids"][0].tolist()
     with pytest.raises(ValueError, match="exactly once"):
         ours.describe(images()[0], "<image><image>", max_new_tokens=1)
+
+
+def test_every_tiles_tower_attention_is_transformers(hf_folders) -> None:
+    """``tower_attention(r, tile)`` (the Image + text tab's tile picker) for each tile of a 2 × 2 Idefics3 layout and
+    its global view equals transformers' tower on that tile's pixel values, within 1e-4; the global view's is the one
+    ``describe`` returned."""
+    built = hf_folders.get("idefics3")
+    image = images()[0]
+    r = built.model.describe(image, PROMPT, max_new_tokens=1)
+    inputs = theirs(built.ref.multimodal, image)
+    tiles = len(tile_pixels(inputs))
+    assert tiles == 5 and len(np.unique(r.image_cells[:, 0])) == tiles
+    for k in range(tiles):
+        got = built.model.tower_attention(r, k)
+        np.testing.assert_allclose(got, tower_attention(built.ref.model, inputs, k), atol=1e-4)
+    np.testing.assert_array_equal(got, r.vision_attention)
+    with pytest.raises(ValueError, match="not one of"):
+        built.model.tower_attention(r, tiles)
 
 
 def test_bf16_tiles_keep_the_global_view_exact(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,13 +48,14 @@ def tile_pixels(inputs: Any) -> torch.Tensor:
     return pv[0] if pv.dim() == 5 else pv
 
 
-def tower_attention(hf: Any, inputs: Any) -> np.ndarray:
-    """transformers' tower attention (layers, heads, N, N): LLaVA's image, Idefics3's global view (the last tile)."""
+def tower_attention(hf: Any, inputs: Any, tile: int = -1) -> np.ndarray:
+    """transformers' tower attention (layers, heads, N, N): LLaVA's image, one tile of Idefics3's (the last: the global
+    view)."""
     with torch.no_grad():
         if hasattr(hf.model, "vision_tower"):
             out = hf.model.vision_tower(inputs["pixel_values"], output_attentions=True)
         else:
-            pv = tile_pixels(inputs)[-1:]
+            pv = tile_pixels(inputs)[tile:][:1]
             side = pv.size(-1) // hf.config.vision_config.patch_size
             out = hf.model.vision_model(pixel_values=pv, output_attentions=True,
                                         patch_attention_mask=torch.ones(1, side, side, dtype=torch.bool))

@@ -343,6 +343,17 @@ class HFVLM(nn.Module):
         return result
 
     @torch.no_grad()
+    def tower_attention(self, r: DescribeResult, tile: int) -> np.ndarray:
+        """The tower's attention, every block, over tile ``tile`` (``r.image_cells[:, 0]``) of the image the model
+        saw: (blocks, heads, prefix + P, prefix + P), as ``describe`` gives it for ``r.vision_tile``."""
+        layout = self.relayout(np.asarray(r.image))
+        if not 0 <= int(tile) < len(layout.pixels):
+            raise ValueError(f"tile {tile} is not one of the image's 0–{len(layout.pixels) - 1}")
+        pixels = layout.pixels[int(tile):int(tile) + 1].to(next(self.parameters()).device)
+        _, attention = self.tower(pixels, need_weights=True)
+        return stack_weights(attention).float().cpu().numpy()
+
+    @torch.no_grad()
     def image_lens(self, r: DescribeResult) -> tuple[np.ndarray, np.ndarray]:
         """The logit lens on the image tokens (nostalgebraist 2020; Neo et al. 2024): at each layer's residual stream
         (0 = the embeddings, L = after the last block), the top token of the final norm and the output projection.
