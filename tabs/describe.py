@@ -433,9 +433,11 @@ def choose_tile(state: dict, name: str) -> np.ndarray:
     k = tile_names(r).get(name)
     if k is None:
         raise Error(f"This image has no {name!r}; pick one of {', '.join(tile_names(r))}.")
-    if k not in state["towers"]:
+    if k not in state["towers"]:  # kept beside the one describe returned, in place of the tile picked before
         w = get_model(state["model"]).tower_attention(r, k)
-        state["towers"][k] = w.astype(r.vision_attention.dtype, copy=False)
+        state["towers"] = {r.vision_tile: r.vision_attention, k: w.astype(r.vision_attention.dtype, copy=False)}
+        if len(r.ids) > limits.LONG_TOKENS:  # counted with the answer under ATLAS_LONG_KEEP_MB
+            results.LONG_RESULTS.keep(state, r.attention.nbytes + sum(a.nbytes for a in state["towers"].values()))
     state["tile"], state["tile_name"] = k, name
     return _seen(r, k)
 

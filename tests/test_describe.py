@@ -320,6 +320,8 @@ def test_a_tiled_image_shows_the_tower_of_each_tile(hf_folders, monkeypatch) -> 
     mine = r.image_boxes[r.image_cells[:, 0] == k]
     assert seen.shape[:2] == tab.enlarge(r.image[mine[:, 1].min():mine[:, 3].max(),
                                                  mine[:, 0].min():mine[:, 2].max()], tab.SHOWN_SIDE).shape[:2]
+    tab.retile_tower(state, "tile 3", 1)
+    assert sorted(state["towers"]) == sorted([r.vision_tile, names["tile 3"]])  # one picked tile kept at a time
     linked = tab.linked_patch({"tile": "tile 2", "patch": "1,2"}, [], out)
     assert linked[20]["value"] == "tile 2"
     np.testing.assert_allclose(_array(next(t for t in linked[10].to_dict()["data"] if t["type"] == "heatmap")["z"]),
