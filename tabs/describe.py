@@ -7,6 +7,7 @@ what the image tokens read as (the logit lens), the visual sinks, and the vision
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -324,14 +325,30 @@ def _group_note(r) -> str:
     return note
 
 
+# a special of the prompt's layout or chat template, not a word of the question (<fake_token_around_image>,
+# <row_1_col_1>, <|im_start|>, <s>); and pieces that only break lines
+LAYOUT_TOKEN = re.compile(r"<[^<>\s]+>|[↵\s]+")
+
+
 def answer_text(r, k: int) -> str:
-    """The question and the answer, the chosen word marked."""
-    prompt = " ".join(t for t in r.tokens[len(r.image_positions):r.prompt_len] if t not in ("<s>",))
-    words = []
-    for i, t in enumerate(r.tokens[r.prompt_len:], 1):
-        t = _esc(t)
-        words.append(f"**[{t}]**" if i == k else t)
-    return f"*{_esc(prompt)}* → {' '.join(words) or '(no new token)'}"
+    """The question (the prompt's text without the image tokens and the layout's specials) and the answer, the chosen
+    word marked; pieces that mark a space ("▁", as models.inputs.tokenizer.readable_piece shows one) are joined into
+    the words they spell, whole words (the built-in model's) with spaces."""
+    image = {int(p) for p in r.image_positions}
+    spaced = any(t.startswith("▁") for t in r.tokens)
+    join = "".join if spaced else " ".join
+
+    def show(t: str) -> str:
+        return _esc(t.replace("▁", " ") if spaced else t)
+
+    shown = [(" " if spaced else "") if i in image or LAYOUT_TOKEN.fullmatch(t) else show(t)
+             for i, t in enumerate(r.tokens[:r.prompt_len])]
+    question = re.sub(r"\s+", " ", join(t for t in shown if t)).strip()
+    words = [show(t) for t in r.tokens[r.prompt_len:]]
+    if 0 < k <= len(words):
+        w = words[k - 1]
+        words[k - 1] = w[:len(w) - len(w.lstrip())] + f"**[{w.strip()}]**"
+    return f"*{question}* → {join(words).strip() or '(no new token)'}"
 
 
 def kept(state: dict | None) -> bool:

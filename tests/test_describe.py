@@ -278,6 +278,8 @@ def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, mo
     r = out[13]["result"]
     drawn = tab._groups(r)[0]
     assert not any(c in t for t in r.tokens for c in "ĠĊ")  # byte-level pieces as people read them (issue 61 item 7)
+    question = out[0].split("→")[0]  # the question as asked: no image tokens, tile markers or template specials
+    assert "what is this?" in question and not any(m in question for m in ("‹", "fake_token", "↵"))
     tiles = r.image_cells[drawn, 0]
     assert (r.image_cells[drawn, 1] >= 0).all() and len(set(tiles)) == tiles.max() + 1  # every tile, no global view
     q = r.prompt_len - 1
