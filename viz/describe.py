@@ -127,7 +127,7 @@ def text_attention(tokens: Sequence[str], values: np.ndarray, *, title: str, ima
     if image_share is not None:
         title += (f"<br><sup>the image tokens take {image_share:.0%} of this row, "
                   f"the text tokens {1 - image_share:.0%}</sup>")
-    base_layout(fig, title, width=max(560, 34 * len(v) + 120), height=400)
+    base_layout(fig, title, height=400)  # the row's width: a long chat prompt's labels thin out, never cut off
     fig.update_xaxes(type="category", tickangle=-60, categoryorder="array", categoryarray=labels)
     fig.update_yaxes(title=dict(text=WEIGHT_LABEL), rangemode="tozero")
     return fig.build()
