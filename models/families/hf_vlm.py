@@ -829,6 +829,14 @@ class Qwen25VL(HFVLM):
     def expand(self, text: str, layout: VLMLayout) -> str:
         return text.replace(QWEN_IMAGE, QWEN_IMAGE * len(layout.cells))
 
+    def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
+        ids, positions = super().encode(text, layout)
+        video = self.config.processor.get("video_token_id")
+        if video is not None and video in ids:
+            raise ValueError("video inputs are not supported: the prompt holds the video placeholder "
+                             f"{self.tokenizer.id_to_token(int(video))} (one image is read)")
+        return ids, positions
+
     def features(self, pixels: Tensor, need_weights: bool = False, grid: tuple[int, int] = (0, 0)
                  ) -> tuple[Tensor, Tensor | None]:
         """The image tokens (N, D) of patches on a (rows, cols) patch ``grid`` and, with need_weights, the tower's

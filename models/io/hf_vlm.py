@@ -438,7 +438,8 @@ def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: P
     if v["hidden_act"] not in ACTIVATIONS:
         raise CheckpointError(where, f"vision tower activation {v['hidden_act']!r} is not supported")
     tower = QwenTowerConfig(patch=int(v["patch_size"]), temporal=int(v["temporal_patch_size"]),
-                            channels=int(v["in_channels"]), dim=int(v["hidden_size"]), depth=int(v["depth"]),
+                            channels=int(v.get("in_chans", v["in_channels"])), dim=int(v["hidden_size"]),
+                            depth=int(v["depth"]),
                             heads=int(v["num_heads"]), mlp_dim=int(v["intermediate_size"]), act=v["hidden_act"],
                             merge=int(v["spatial_merge_size"]), window=int(v["window_size"]),
                             full_blocks=tuple(int(i) for i in v["fullatt_block_indexes"]),
@@ -455,6 +456,7 @@ def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: P
                                      f"{text['hidden_size']}")
     text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
     spec = _qwen_processor(folder, where, tower)
+    spec["video_token_id"] = int(hf.get("video_token_id", 151656))  # refused in a prompt: images only
     tower_state, lm_state, _ = _split_state(state, ("model.visual.", "visual."), ("model.language_model.", "model."),
                                             ("lm_head.weight",), ())
     if not text["tie_word_embeddings"] and "lm_head.weight" not in lm_state:
