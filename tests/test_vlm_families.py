@@ -431,3 +431,28 @@ def test_qwen_reads_the_hubs_folder_layout(hf_folders, tmp_path: Path) -> None:
         a, b = hub.describe(image, prompt, max_new_tokens=4), built.model.describe(image, prompt, max_new_tokens=4)
         assert a.ids == b.ids
         np.testing.assert_array_equal(a.attention, b.attention)
+
+
+def test_qwen_caps_image_tokens_as_the_processors_max_pixels_does(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image over the app's cap on image tokens is read with a smaller pixel budget, exactly as the processor reads
+    it with that ``max_pixels`` (its ids, pixels and greedy answer), and the notice says so; over the tower-attention
+    budget the tower's attention is left out (the tab's tower view is off), said so, and the answer is unchanged."""
+    built = hf_folders.get("qwen2_5_vl")
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    image, prompt = images()[0], prompt_of(ours)
+    full = ours.describe(image, prompt, max_new_tokens=4)
+    assert len(full.image_positions) == 54 and "image tokens" not in full.notice
+    monkeypatch.setattr(ours, "max_image_tokens", 20)
+    r = ours.describe(image, prompt, max_new_tokens=4)
+    assert len(r.image_positions) == 15 and r.image.shape[:2] == (24, 40)
+    assert "40×24 pixels (15 image tokens), not the 72×48" in r.notice and "at most 20 image tokens" in r.notice
+    inputs = proc(images=image, text=prompt, return_tensors="pt", size={"shortest_edge": 256, "longest_edge": 20 * 64})
+    np.testing.assert_allclose(ours.layout(image).pixels.numpy(), inputs["pixel_values"].numpy(), atol=1e-5)
+    with torch.no_grad():
+        want = hf.generate(**inputs, max_new_tokens=4, do_sample=False)[0].tolist()
+    assert r.ids == want
+    monkeypatch.setattr(ours, "tower_cells", 1000)
+    bare = ours.describe(image, prompt, max_new_tokens=4)
+    assert bare.vision_attention.size == 0 and "tower's attention is not kept" in bare.notice
+    assert bare.ids == r.ids  # the tower's fused path (no weights) moves the features by float rounding alone
+    np.testing.assert_allclose(bare.attention, r.attention, atol=1e-6)

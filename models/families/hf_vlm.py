@@ -790,6 +790,12 @@ class Qwen25VL(HFVLM):
     placeholder = QWEN_IMAGE
     image_prompt = QWEN_IMAGE_PROMPT
     tower_class = QwenTower
+    # the app's caps, where the processor's pixel budget would go past what it serves: at most this many image tokens
+    # (an image over it is read with a smaller max_pixels, as the processor's own max_pixels setting reads it, and
+    # said so; None: the processor's budget alone), and the tower's attention kept only while blocks × heads × P²
+    # (P patches) stays within tower_cells (float16 above LONG_TOKENS: 512 MB); over it the tower view is off, said so
+    max_image_tokens: int | None = 1024
+    tower_cells: int = 1 << 28
 
     def layout(self, image: Any) -> VLMLayout:
         from torchvision.transforms import InterpolationMode
@@ -799,12 +805,31 @@ class Qwen25VL(HFVLM):
 
         spec = self.config.processor
         img, notice = open_image(image)
+        notes = [notice]
         t = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.uint8).copy()).permute(2, 0, 1)
-        h, w = smart_resize(t.shape[1], t.shape[2], spec["factor"], spec["min_pixels"], spec["max_pixels"])
+        f, budget = spec["factor"], spec["max_pixels"]
+        h, w = smart_resize(t.shape[1], t.shape[2], f, spec["min_pixels"], budget)
+        cap = self.max_image_tokens
+        if cap is not None and (h // f) * (w // f) > cap:
+            was = (w, h)
+            budget = cap * f * f
+            h, w = smart_resize(t.shape[1], t.shape[2], f, min(spec["min_pixels"], budget), budget)
+            notes.append(f"The image was read at {w}×{h} pixels ({(h // f) * (w // f)} image tokens), not the "
+                         f"{was[0]}×{was[1]} its processor would choose: at most {cap} image tokens are served "
+                         f"(max_pixels {budget}).")
         t = TF.resize(t, [h, w], interpolation=InterpolationMode(spec["interpolation"]), antialias=True)
         lay = self.relayout(t.permute(1, 2, 0).numpy().copy())
-        lay.notice = notice
+        if not self.keeps_tower_attention(lay):
+            c = self.config.tower
+            notes.append(f"The tower's attention is not kept for this image ({lay.vision_grid[0] * lay.vision_grid[1]}"
+                         f" patches × {c.depth} blocks × {c.heads} heads is over this server's budget): a smaller "
+                         "image shows it.")
+        lay.notice = " ".join(filter(None, notes))
         return lay
+
+    def keeps_tower_attention(self, layout: VLMLayout) -> bool:
+        c, (gh, gw) = self.config.tower, layout.vision_grid
+        return c.depth * c.heads * (gh * gw) ** 2 <= self.tower_cells
 
     def relayout(self, seen: np.ndarray) -> VLMLayout:
         c, spec = self.config.tower, self.config.processor
@@ -855,7 +880,8 @@ class Qwen25VL(HFVLM):
 
     def image_features(self, layout: VLMLayout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         device = next(self.parameters()).device
-        return self.features(layout.pixels.to(device), need_weights, layout.vision_grid)
+        keep = need_weights and self.keeps_tower_attention(layout)
+        return self.features(layout.pixels.to(device), keep, layout.vision_grid)
 
     def rope_positions(self, ids: list[int], layout: VLMLayout) -> Tensor:
         """transformers' ``get_rope_index`` for one image: text tokens count on by one (all three ids equal); the
