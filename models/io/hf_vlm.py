@@ -1,4 +1,5 @@
-"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``; issue 63).
+"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``, ``qwen2_5_vl``;
+issue 63).
 
 A folder holds config.json (``vision_config`` and ``text_config`` inside), model.safetensors, tokenizer.json, the
 image processor's settings (preprocessor_config.json, or the ``image_processor`` of transformers 5's
@@ -16,6 +17,15 @@ than "default" and "full", feature layers out of range, projector activations ou
 ``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose image-token count
 disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers' fractional position
 ids for partial tiles), a pixel shuffle that does not divide the grid.
+
+Qwen2.5-VL (``qwen2_5_vl``) has its own tower (``visual.`` or ``model.visual.``: the Conv3d patch embedding, blocks,
+the merger) and a Qwen2 LM (``model.`` or ``model.language_model.``) with M-RoPE, read by
+``models.io.hf_decoders.qwen2_mrope_from_state``; transformers 5's nested ``text_config`` or the Hub's top-level text
+settings with ``rope_scaling: {"type": "mrope"}``; Qwen2VLImageProcessor's pixel budget (``size`` or ``min_pixels`` /
+``max_pixels``). Refused in words: rope types other than the default and M-RoPE, sections that do not split a head's
+frequency pairs, a sliding-window LM, a vision rope other than axial, windows under one merged token, an image
+processor whose patch, merge or frame size differs from the tower's, a merger width that is not the LM's; a prompt
+holding the video placeholder is refused by the model (images only).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from models import registry
 from models.io.checkpoint import CheckpointError
@@ -465,7 +475,7 @@ def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: P
     config = HFVLMConfig(kind="qwen2_5_vl", tower=tower, image_token_id=int(hf.get("image_token_id", 151655)),
                          text_type="qwen2", processor=spec, chat_template=_chat_template(folder),
                          specials=_specials(folder), eos_ids=_eos_ids(folder, hf, text), scale_factor=tower.merge)
-    model = Qwen25VL(config, nn_identity(), lm)
+    model = Qwen25VL(config, nn.Identity(), lm)  # no projector: the merger ends the tower
     t = tower_state
     ours = {"tower.patch_embed.weight": t["patch_embed.proj.weight"].reshape(tower.dim, -1),
             "tower.merger_norm.weight": t["merger.ln_q.weight"],
@@ -481,10 +491,3 @@ def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: P
     except KeyError as err:
         raise CheckpointError(where, f"the tower's weights lack {err}") from None
     return _attach(_load(model, ours, where, "Qwen2.5-VL"), folder)
-
-
-def nn_identity() -> Any:
-    """The projector slot of ``HFVLM``: Qwen2.5-VL's merger is part of its tower."""
-    from torch import nn
-
-    return nn.Identity()
