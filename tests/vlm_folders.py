@@ -1,11 +1,12 @@
-"""Random-weight vision-language folders written by transformers itself (test-only): LLaVA and Idefics3 / SmolVLM.
+"""Random-weight vision-language folders written by transformers itself (test-only): LLaVA, Idefics3 / SmolVLM and
+Qwen2.5-VL.
 
 Each writer saves a folder as a user would bring one: config.json and model.safetensors from the model class, the
 processor (image processor, tokenizer with the image placeholder and, for Idefics3, the tile-position tokens, the
 chat template) from the processor class; it returns transformers' model (eval, eager attention) and processor. The
 sizes are tiny and deliberately unusual: grouped-query attention, RoPE bases other than 10 000, CLIP's class token
 dropped or kept, a list of feature layers concatenated, a SigLIP tower, tiles of 32 pixels in 4-pixel patches with a
-pixel shuffle of 2.
+pixel shuffle of 2; Qwen2.5-VL's window attention with windows cut by the image's edge, M-RoPE over uneven sections.
 """
 
 from __future__ import annotations
