@@ -163,6 +163,9 @@ register(Family("llava", "models.families.hf_vlm", "Llava", "HFVLMConfig", (),
                 (("llava", "models.io.hf_vlm:llava_from_state"),), tabs=("describe",), text=True))
 register(Family("idefics3", "models.families.hf_vlm", "Idefics3", "HFVLMConfig", (),
                 (("idefics3", "models.io.hf_vlm:idefics3_from_state"),), tabs=("describe",), text=True))
+# Qwen2.5-VL: its own tower (window attention, 2D rotary, the 2 × 2 merger) and a Qwen2 LM with M-RoPE
+register(Family("qwen2_5_vl", "models.families.hf_vlm", "Qwen25VL", "HFVLMConfig", (),
+                (("qwen2_5_vl", "models.io.hf_vlm:qwen2_5_vl_from_state"),), tabs=("describe",), text=True))
 
 
 def by_model_name(name: str) -> Family | None:

@@ -67,6 +67,9 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     # SmolVLM-256M (idefics3: a SigLIP tower over 512-pixel tiles, SmolLM2's LLaMA): model.safetensors, tokenizer.json,
     # preprocessor_config.json, processor_config.json and chat_template.json on main; it answers on a CPU
     ("describe", "HuggingFaceTB/SmolVLM-256M-Instruct", None),
+    # Qwen2.5-VL 3B (qwen2_5_vl: 3.75 B parameters, 7.5 GB of bfloat16 safetensors in two shards, about 15 GB in
+    # float32 once loaded): over the default ATLAS_MAX_PARAMS, so it is refused in words until that is raised
+    ("describe", "Qwen/Qwen2.5-VL-3B-Instruct", None),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "openai-community/gpt2": "gpt", "HuggingFaceTB/SmolLM2-135M": "gpt", "Qwen/Qwen2.5-0.5B": "gpt",
@@ -75,7 +78,8 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "bert",
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
                        "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5",
-                       "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3"}
+                       "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3",
+                       "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl"}
 # Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}

@@ -155,6 +155,11 @@ CASES: tuple[Case, ...] = (
     # no splitting: the global view alone
     Case("idefics3-global", "idefics3", "vlm", _vlm(vlm_folders.idefics3_folder, split=False),
          {"splits": False}),
+    # Qwen2.5-VL: dynamic resolution (one image over its pixel budget), window and full attention in the tower, the
+    # 2 × 2 merger, M-RoPE over uneven sections, grouped-query heads, untied output
+    Case("qwen2_5_vl", "qwen2_5_vl", "vlm", _vlm(vlm_folders.qwen2_5_vl_folder),
+         {"config.tower.full_blocks": (1,), "config.tower.window_tokens": 2, "lm.config.mrope_section": (1, 2, 3),
+          "lm.config.kv_heads": 2, "lm.config.tie_embeddings": False}),
 )
 
 WRITERS: dict[str, list[Case]] = {}

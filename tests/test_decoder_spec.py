@@ -146,3 +146,35 @@ def test_what_each_fast_runner_computes_is_recorded() -> None:
     assert computed["ondevice"] == ["parallel-residual", "partial-rotary", "neox", "gpt2", "qk-norm", "geglu",
                                     "experts"]
     assert "parallel-residual" not in computed["walk"] and "partial-rotary" not in computed["walk"]
+
+
+def test_mrope_is_refused_by_every_fast_runner_and_the_plain_path_answers() -> None:
+    """M-RoPE (Qwen2.5-VL's LM: ``mrope_section``) on a real model: no fast runner computes it, so each refuses it by
+    name and the serving entry points give the plain path's answer. On text alone (every position id the same on the
+    three axes) M-RoPE is plain RoPE, so the plain path equals the same weights without it; with image-like position
+    ids (rows and columns) it does not, so a runner that ignored the field would give a wrong number."""
+    model = tiny(mrope_section=(1, 1, 2), rope_layout="half")
+    assert model.spec.blocks[0].mrope_section == (1, 1, 2)
+    for runner, knows in RUNNERS.items():
+        why = refusal(model.spec, knows, runner)
+        assert (why is None) == (runner == "plain"), runner
+        if why:
+            assert "mrope_section" in why
+    assert fastgen.refusal(model) and ondevice.refusal(model) and lockstep.refusal(model)
+    with pytest.raises(ValueError, match="mrope_section"):
+        ondevice.generate(model, PROMPT, max_new_tokens=4)
+    with pytest.raises(ValueError, match="mrope_section"):
+        walk.plan(model, PROMPT)
+    want = model.generate(PROMPT, max_new_tokens=6)
+    assert_same(fastgen.generate(model, PROMPT, max_new_tokens=6), want)
+    assert_same(lockstep.generate_many(model, [GenerateRequest(PROMPT, 6), GenerateRequest(PROMPT, 6)])[0], want)
+    plain = tiny(rope_layout="half")
+    plain.load_state_dict(model.state_dict())
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, rtol=0, atol=1e-5)
+        t = len(PROMPT)
+        grid = torch.stack([torch.zeros(t, dtype=torch.long), torch.arange(t) // 3, torch.arange(t) % 3])
+        assert (model(ids, positions=grid).logits - plain(ids).logits).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="M-RoPE"):
+        plain(ids, positions=grid)

@@ -85,6 +85,23 @@ def test_a_tiled_layout_with_a_global_view_is_drawn_tile_by_tile() -> None:
     assert _hot_pixels(fig) == (64, 0, 96, 32)
 
 
+@pytest.mark.parametrize("token", [0, 14, 53])
+def test_qwen_merged_blocks_on_a_non_square_image_light_their_pixels(hf_folders, token: int) -> None:
+    """Qwen2.5-VL's layout of a 72 × 48 image (what its processor resized a picture to): 4-pixel patches merged
+    2 × 2, so 9 × 6 image tokens of 8 × 8 pixels, row-major; a one-hot on token k lights exactly the block at row
+    k // 9, column k % 9, and the tower's patch grid is 18 × 12."""
+    lay = hf_folders.get("qwen2_5_vl").model.relayout(np.zeros((48, 72, 3), np.uint8))
+    assert lay.grid == (6, 9) and lay.vision_grid == (12, 18) and len(lay.cells) == 54
+    r, c = divmod(token, 9)
+    assert tuple(lay.cells[token]) == (0, r, c) and tuple(lay.boxes[token]) == (8 * c, 8 * r, 8 * c + 8, 8 * r + 8)
+    values = np.zeros(54)
+    values[token] = 1.0
+    fig = vd.image_overlay(lay.image, values, lay.boxes, title="t")
+    assert _hot_pixels(fig) == tuple(lay.boxes[token])
+    z, _, dx = _drawn_cells(fig)
+    assert z.shape == (6, 9) and dx == 8
+
+
 def test_a_resized_crop_whose_boxes_are_finer_than_the_cap_is_sampled_at_centres() -> None:
     """A 3×3 grid over a 301-pixel image (boxes of 100 and 101 pixels: gcd 1) is drawn at ≤ MAX_CELLS cells a side,
     each cell taking the token at its centre pixel."""
@@ -262,11 +279,12 @@ def test_the_bench_reports_latency_and_figure_size(capsys) -> None:
     assert 0 < line["largest_figure_kb"] < 2048
 
 
-@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3"])
+@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3", "qwen2_5_vl"])
 def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, monkeypatch) -> None:
-    """The handler over a configured LLaVA (a crop; with CLIP's class token under "full") and a tiled Idefics3
-    folder: the attention overlay holds the model's own row for the drawn tokens (the tiles, not the global view
-    over them, nor a class token), each at its box's pixels, and the tower's figure is its tile's."""
+    """The handler over a configured LLaVA (a crop; with CLIP's class token under "full"), a tiled Idefics3 and a
+    Qwen2.5-VL folder (its merged 2 × 2 blocks at the resolution its processor chose): the attention overlay holds
+    the model's own row for the drawn tokens (the tiles, not the global view over them, nor a class token), each at
+    its box's pixels, and the tower's figure is its tile's."""
     import models
     from serving import catalogue, store
     from tabs import describe as tab

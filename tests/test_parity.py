@@ -13,8 +13,9 @@ transformers by the comparison of their kind, within 1e-4:
   cross-attention of the chosen output;
 - vision: the pixels from each side's own preprocessing, the class probabilities, and every layer's attention (ViT,
   DeiT) or every block's window attention with transformers' window and shift (Swin);
-- vision-language (LLaVA, Idefics3): for a wide and a tall image, the tower's pixels, the prompt's ids and image
-  positions, greedy ids, every layer's attention of the language model and of the tower (tests/vlm_parity.py).
+- vision-language (LLaVA, Idefics3, Qwen2.5-VL): for a wide and a tall image, the tower's pixels, the prompt's ids
+  and image positions, greedy ids, every layer's attention of the language model and of the tower
+  (tests/vlm_parity.py).
 
 A registered model_type without a folder FAILS here by name ("no random-weight folder to check model_type X"), so a
 family cannot be registered unchecked; a case naming a model_type nobody reads fails too.

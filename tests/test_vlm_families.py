@@ -1,4 +1,5 @@
-"""LLaVA and Idefics3 / SmolVLM (models/families/hf_vlm.py, models/io/hf_vlm.py) against transformers on random weights.
+"""LLaVA, Idefics3 / SmolVLM and Qwen2.5-VL (models/families/hf_vlm.py, models/io/hf_vlm.py) against transformers on
+random weights.
 
 The parity of every folder (two images each: pixels, prompt layout and image positions, greedy ids, the language
 model's and the tower's attention) runs in tests/test_parity.py (kind "vlm", tests/vlm_parity.py); here the rest of the
@@ -12,7 +13,7 @@ interface the Image + text tab calls, each against a reference:
 - the overlay: a white square on black covering exactly one image token's pixels in the image the model saw; the
   token whose tower input (transformers' own ``pixel_values``) is brightest is found, and ``r.to_pixels`` of a one-hot
   on it lights exactly that square (a LLaVA crop, each tile of a 2 × 2 Idefics3 layout, and the global view's cell
-  covering it);
+  covering it, Qwen2.5-VL's merged 2 × 2 patch blocks on an image its processor resized to 0.8 of its size);
 - fail-closed: unknown settings planted in a folder are refused in words.
 """
 
@@ -27,9 +28,9 @@ import pytest
 import torch
 
 from models.io.checkpoint import CheckpointError
-from tests.vlm_parity import PROMPT, images, theirs, tile_pixels, tower_attention
+from tests.vlm_parity import PROMPT, full_sequence_inputs, images, prompt_of, theirs, tile_pixels, tower_attention
 
-FAMILIES = ("llava", "idefics3")
+FAMILIES = ("llava", "idefics3", "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,15 +42,31 @@ def one_thread():
 
 
 def _projector(hf):
+    if hasattr(hf.model, "visual"):  # Qwen2.5-VL: the merger ends its tower
+        return hf.model.visual.merger
     return hf.model.multi_modal_projector if hasattr(hf.model, "multi_modal_projector") else hf.model.connector
+
+
+def _image_order(hf, inputs) -> torch.Tensor:
+    """Where each image token's features are in the projector's output: Qwen2.5-VL's merger runs on its window
+    order, which transformers undoes after it (``reverse_indices``); the others' are in token order."""
+    n = int(inputs["input_ids"].eq(hf.config.image_token_id).sum())
+    if not hasattr(hf.model, "visual"):
+        return torch.arange(n)
+    from transformers.vision_utils import get_vision_window_index
+
+    vc = hf.config.vision_config
+    window_index, _ = get_vision_window_index(inputs["image_grid_thw"], vc.spatial_merge_size, vc.window_size,
+                                              vc.patch_size)
+    return torch.argsort(window_index)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None:
     built = hf_folders.get(name)
     hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
-    image = images()[0]
-    r = ours.describe(image, PROMPT, max_new_tokens=4)
+    image, prompt = images()[0], prompt_of(ours)
+    r = ours.describe(image, prompt, max_new_tokens=4)
     queries = [r.prompt_len - 1, r.prompt_len + 1, int(r.image_positions[-1]) + 2]
     got = ours.image_relevance(r, queries)
     assert got.shape == (len(queries), len(r.image_positions)) and got.dtype == np.float32
@@ -60,8 +77,9 @@ def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None
         leaf.append(out.detach().clone().requires_grad_(True))
         return leaf[-1]
 
-    inputs = theirs(proc, image)
-    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    inputs = theirs(proc, image, prompt)
+    extra = full_sequence_inputs(inputs, len(r.ids))
+    order = _image_order(hf, inputs)
     handle = _projector(hf).register_forward_hook(as_leaf)
     try:
         logits = hf(input_ids=torch.tensor([r.ids]), **extra).logits[0]
@@ -70,7 +88,7 @@ def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None
     logp = torch.log_softmax(logits.double(), -1)
     for k, q in enumerate(queries):
         (g,) = torch.autograd.grad(logp[q, r.ids[q + 1]], leaf[0], retain_graph=True)
-        want = (g * leaf[0]).sum(-1).reshape(-1).detach().float().numpy()
+        want = (g * leaf[0]).sum(-1).reshape(-1)[order].detach().float().numpy()
         assert np.abs(want).max() > 1e-3  # the image matters to this token
         np.testing.assert_allclose(got[k], want, atol=1e-4 * max(1.0, float(np.abs(want).max())))
     with pytest.raises(ValueError, match="no next token"):
@@ -81,13 +99,13 @@ def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None
 def test_image_lens_is_transformers_hidden_states(hf_folders, name: str) -> None:
     built = hf_folders.get(name)
     hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
-    image = images()[1]
-    r = ours.describe(image, PROMPT, max_new_tokens=3)
+    image, prompt = images()[1], prompt_of(ours)
+    r = ours.describe(image, prompt, max_new_tokens=3)
     ids, probs = ours.image_lens(r)
     layers = ours.lm.config.n_layers
     assert ids.shape == probs.shape == (layers + 1, len(r.image_positions))
-    inputs = theirs(proc, image)
-    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    inputs = theirs(proc, image, prompt)
+    extra = full_sequence_inputs(inputs, len(r.ids))
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor([r.ids]), output_hidden_states=True, **extra)
         lm = hf.model.language_model if hasattr(hf.model, "language_model") else hf.model.text_model
@@ -110,19 +128,19 @@ def test_chat_prompt_is_the_processors(hf_folders, name: str, monkeypatch: pytes
     question = "What colour is the disc?"
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     want = proc.apply_chat_template(messages, add_generation_prompt=True)
-    assert ours.chat_prompt(question) == want and want.count("<image>") == 1
+    assert ours.chat_prompt(question) == want and want.count(ours.placeholder) == 1
     r = ours.describe(images()[0], want, max_new_tokens=2)  # the tab's prompt runs as the processor's
     assert r.ids[: r.prompt_len] == theirs(proc, images()[0], want)["input_ids"][0].tolist()
     monkeypatch.setattr(ours.config, "chat_template", "")
     plain = ours.chat_prompt(question)
-    assert plain.count("<image>") == 1 and question in plain and plain != want
+    assert plain.count(ours.placeholder) == 1 and question in plain and plain != want
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
     built = hf_folders.get(name)
     ours = built.model
-    r = ours.describe(images()[1], PROMPT, max_new_tokens=5)
+    r = ours.describe(images()[1], prompt_of(ours), max_new_tokens=5)
     t = len(r.ids)
     assert r.attention.dtype == np.float32 and len(r.tokens) == t and len(r.steps) == t - r.prompt_len
     np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
@@ -134,11 +152,11 @@ def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
     assert np.all((b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]))
     assert r.image_attention(t - 1).shape == (len(r.image_positions),)
     bare = ours.describe(images()[0], "no placeholder here", max_new_tokens=1)  # the image put first, said so
-    assert "no <image>" in bare.notice
+    assert f"no {ours.placeholder}" in bare.notice
     assert bare.ids[: bare.prompt_len] == theirs(built.ref.multimodal, images()[0],
-                                                 "<image>no placeholder here")["input_ids"][0].tolist()
+                                                 ours.image_prompt + "no placeholder here")["input_ids"][0].tolist()
     with pytest.raises(ValueError, match="exactly once"):
-        ours.describe(images()[0], "<image><image>", max_new_tokens=1)
+        ours.describe(images()[0], ours.placeholder * 2, max_new_tokens=1)
 
 
 def test_every_tiles_tower_attention_is_transformers(hf_folders) -> None:
@@ -157,6 +175,11 @@ def test_every_tiles_tower_attention_is_transformers(hf_folders) -> None:
     np.testing.assert_array_equal(got, r.vision_attention)
     with pytest.raises(ValueError, match="not one of"):
         built.model.tower_attention(r, tiles)
+    qwen = hf_folders.get("qwen2_5_vl").model  # one image, no tiles: tile 0 is what describe returned
+    r = qwen.describe(image, prompt_of(qwen), max_new_tokens=1)
+    np.testing.assert_allclose(qwen.tower_attention(r, 0), r.vision_attention, atol=1e-6)
+    with pytest.raises(ValueError, match="not one of"):
+        qwen.tower_attention(r, 1)
 
 
 def test_bf16_tiles_keep_the_global_view_exact(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,6 +290,34 @@ def test_overlay_idefics3_tiles(hf_folders, tile: int) -> None:
     assert hot[white].all() and hot.sum() == (2 * cell) ** 2
 
 
+def test_overlay_qwen_merged_blocks(hf_folders) -> None:
+    """A 90 × 60 picture: the processor's pixel budget (3500) resizes it to 72 × 48 (0.8 of each side, whole 8-pixel
+    merge blocks: 9 × 6 image tokens of 2 × 2 patches). A white square over the upload's pixels (50, 20)–(60, 30) is
+    token (row 2, column 5) of transformers' own tower input, whose box in the image the model saw is (40, 16)–(48, 24):
+    the same pixels of the upload scaled by 0.8; ``r.to_pixels`` of a one-hot on it lights exactly that box, and the
+    picture's bright pixels all fall in it."""
+    built = hf_folders.get("qwen2_5_vl")
+    ours, proc = built.model, built.ref.multimodal
+    upload = _square(60, 90, (50, 20, 60, 30))
+    prompt = prompt_of(ours)
+    inputs = theirs(proc, upload, prompt)
+    _, gh, gw = inputs["image_grid_thw"][0].tolist()
+    assert (gh, gw) == (12, 18)  # 48 × 72 pixels of 4-pixel patches
+    m = ours.config.tower.merge
+    per_token = inputs["pixel_values"].reshape(gh * gw // (m * m), -1).mean(-1)  # a merge block's patches in a row
+    row, col = divmod(int(per_token.argmax()), gw // m)
+    assert (row, col) == (2, 5)
+    r = ours.describe(upload, prompt, max_new_tokens=1)
+    assert r.image.shape == (48, 72, 3) and r.grid == (6, 9) and r.vision_grid == (12, 18)
+    token = int(np.flatnonzero((r.image_cells[:, 1] == row) & (r.image_cells[:, 2] == col))[0])
+    assert tuple(r.image_boxes[token]) == (40, 16, 48, 24)
+    sy, sx = 60 / r.image.shape[0], 90 / r.image.shape[1]  # the box on the upload: the white square
+    assert (40 * sx, 16 * sy, 48 * sx, 24 * sy) == (50, 20, 60, 30)
+    hot = _hot(r, token)
+    bright = r.image.min(-1) > 128
+    assert hot.sum() == 8 * 8 and bright.sum() >= 6 * 6 and hot[bright].all()
+
+
 # ------------------------------------------------------------------------------------------------ fail closed
 def _planted(hf_folders, name: str, tmp_path: Path, config: dict | None = None, processor: dict | None = None,
              vision: dict | None = None, text: dict | None = None) -> Path:
@@ -307,6 +358,18 @@ def _planted(hf_folders, name: str, tmp_path: Path, config: dict | None = None, 
      "tiles of 48 pixels for a tower of 32"),
     ("idefics3", dict(processor={"image_seq_len": 10}), "lays out 10 image tokens per tile, the model makes 16"),
     ("idefics3", dict(processor={"image_processor": {"resample": 5}}), "image resampling 5 is not supported"),
+    ("qwen2_5_vl", dict(text={"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "mrope_section": [1, 2, 3]}}),
+     "rope type 'yarn' is not supported"),
+    ("qwen2_5_vl", dict(text={"rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 3]}}),
+     "mrope_section \\[2, 2, 3\\] does not split the 6 frequency pairs"),
+    ("qwen2_5_vl", dict(text={"use_sliding_window": True}), "sliding-window attention"),
+    ("qwen2_5_vl", dict(vision={"window_size": 4}), "a window of 4 pixels is under one merged token"),
+    ("qwen2_5_vl", dict(vision={"rope_parameters": {"rope_type": "yarn"}}), "vision rope type 'yarn'"),
+    ("qwen2_5_vl", dict(vision={"out_hidden_size": 40}), "the merger gives 40 features"),
+    ("qwen2_5_vl", dict(processor={"image_processor": {"patch_size": 8}}),
+     "the image processor's patch_size is 8, the tower's 4"),
+    ("qwen2_5_vl", dict(processor={"image_processor": {"image_processor_type": "SiglipImageProcessor"}}),
+     "image processor 'SiglipImageProcessor' is not supported"),
 ])
 def test_unknown_settings_are_refused_in_words(hf_folders, tmp_path: Path, name: str, planted: dict,
                                                 words: str) -> None:
@@ -322,7 +385,10 @@ def test_registered_for_the_describe_tab() -> None:
     from serving import catalogue
 
     names = [f.name for f in registry.by_tab("describe")]
-    assert {"llava", "idefics3"} <= set(names)
+    assert {"llava", "idefics3", "qwen2_5_vl"} <= set(names)
+    assert registry.by_model_type("qwen2_5_vl").name == "qwen2_5_vl"
+    assert "Qwen/Qwen2.5-VL-3B-Instruct" in catalogue.downloadable("describe")
+    assert catalogue.family("Qwen/Qwen2.5-VL-3B-Instruct").name == "qwen2_5_vl"
     assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
     assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
@@ -347,3 +413,69 @@ def test_speed_bench_runs_at_a_small_size(capsys: pytest.CaptureFixture) -> None
     assert 1 <= last["new_tokens"] <= 3 and last["seconds"] == last["seconds_float32"] >= 0
     assert last["seconds_bf16-tiles"] >= 0 and 0 < last["bf16_feature_rel_err"] < 0.05  # bfloat16 moves them a little
     assert last["tiles_image_tokens_sequence"]["global-view"][:2] == [1, 4]  # no tiles: the global view alone
+
+
+def test_qwen_refuses_a_video_placeholder_in_words(hf_folders) -> None:
+    """Images only: a prompt with the video placeholder is refused in words (transformers would need video frames)."""
+    ours = hf_folders.get("qwen2_5_vl").model
+    with pytest.raises(ValueError, match="video inputs are not supported"):
+        ours.describe(images()[0], prompt_of(ours) + "<|vision_start|><|video_pad|><|vision_end|>", max_new_tokens=1)
+
+
+def test_qwen_reads_the_hubs_folder_layout(hf_folders, tmp_path: Path) -> None:
+    """The Hub's Qwen2.5-VL folders predate transformers 5's layout: the text settings at the top level of config.json
+    with ``rope_scaling: {"type": "mrope", "mrope_section": …}``, the tower's channels as ``in_chans``, and
+    preprocessor_config.json naming ``Qwen2_5_VLImageProcessor`` with ``min_pixels`` / ``max_pixels``. The same weights
+    written that way answer exactly as the transformers 5 folder does."""
+    import models
+
+    built = hf_folders.get("qwen2_5_vl")
+    folder = tmp_path / "hub-layout"
+    shutil.copytree(built.path, folder)
+    c = json.loads((folder / "config.json").read_text())
+    text = c.pop("text_config")
+    rope = text.pop("rope_parameters")
+    c.update({k: v for k, v in text.items() if k != "model_type"})
+    c["rope_theta"] = rope["rope_theta"]
+    c["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    c["vision_config"]["in_chans"] = c["vision_config"].pop("in_channels")
+    (folder / "config.json").write_text(json.dumps(c))
+    p = json.loads((folder / "processor_config.json").read_text())
+    pre = p.pop("image_processor")
+    size = pre.pop("size")
+    pre.update(image_processor_type="Qwen2_5_VLImageProcessor", min_pixels=size["shortest_edge"],
+               max_pixels=size["longest_edge"])
+    (folder / "preprocessor_config.json").write_text(json.dumps(pre))
+    (folder / "processor_config.json").write_text(json.dumps(p))
+    hub = models.load(str(folder))
+    assert hub.lm.config.mrope_section == (1, 2, 3) and hub.config.processor == built.model.config.processor
+    prompt = prompt_of(hub)
+    for image in images():
+        a, b = hub.describe(image, prompt, max_new_tokens=4), built.model.describe(image, prompt, max_new_tokens=4)
+        assert a.ids == b.ids
+        np.testing.assert_array_equal(a.attention, b.attention)
+
+
+def test_qwen_caps_image_tokens_as_the_processors_max_pixels_does(hf_folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image over the app's cap on image tokens is read with a smaller pixel budget, exactly as the processor reads
+    it with that ``max_pixels`` (its ids, pixels and greedy answer), and the notice says so; over the tower-attention
+    budget the tower's attention is left out (the tab's tower view is off), said so, and the answer is unchanged."""
+    built = hf_folders.get("qwen2_5_vl")
+    hf, ours, proc = built.ref.model, built.model, built.ref.multimodal
+    image, prompt = images()[0], prompt_of(ours)
+    full = ours.describe(image, prompt, max_new_tokens=4)
+    assert len(full.image_positions) == 54 and "image tokens" not in full.notice
+    monkeypatch.setattr(ours, "max_image_tokens", 20)
+    r = ours.describe(image, prompt, max_new_tokens=4)
+    assert len(r.image_positions) == 15 and r.image.shape[:2] == (24, 40)
+    assert "40×24 pixels (15 image tokens), not the 72×48" in r.notice and "at most 20 image tokens" in r.notice
+    inputs = proc(images=image, text=prompt, return_tensors="pt", size={"shortest_edge": 256, "longest_edge": 20 * 64})
+    np.testing.assert_allclose(ours.layout(image).pixels.numpy(), inputs["pixel_values"].numpy(), atol=1e-5)
+    with torch.no_grad():
+        want = hf.generate(**inputs, max_new_tokens=4, do_sample=False)[0].tolist()
+    assert r.ids == want
+    monkeypatch.setattr(ours, "tower_cells", 1000)
+    bare = ours.describe(image, prompt, max_new_tokens=4)
+    assert bare.vision_attention.size == 0 and "tower's attention is not kept" in bare.notice
+    assert bare.ids == r.ids  # the tower's fused path (no weights) moves the features by float rounding alone
+    np.testing.assert_allclose(bare.attention, r.attention, atol=1e-6)

@@ -1,11 +1,12 @@
-"""Random-weight vision-language folders written by transformers itself (test-only): LLaVA and Idefics3 / SmolVLM.
+"""Random-weight vision-language folders written by transformers itself (test-only): LLaVA, Idefics3 / SmolVLM and
+Qwen2.5-VL.
 
 Each writer saves a folder as a user would bring one: config.json and model.safetensors from the model class, the
 processor (image processor, tokenizer with the image placeholder and, for Idefics3, the tile-position tokens, the
 chat template) from the processor class; it returns transformers' model (eval, eager attention) and processor. The
 sizes are tiny and deliberately unusual: grouped-query attention, RoPE bases other than 10 000, CLIP's class token
 dropped or kept, a list of feature layers concatenated, a SigLIP tower, tiles of 32 pixels in 4-pixel patches with a
-pixel shuffle of 2.
+pixel shuffle of 2; Qwen2.5-VL's window attention with windows cut by the image's edge, M-RoPE over uneven sections.
 """
 
 from __future__ import annotations
@@ -126,5 +127,60 @@ def idefics3_folder(folder: Path, seed: int = 0, longest: int = 64, split: bool 
                                                  image_mean=[0.5, 0.45, 0.4], image_std=[0.5, 0.55, 0.6])
     processor = transformers.Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=16,
                                                chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+# ---------------------------------------------------------------------------------------------------- Qwen2.5-VL
+QWEN_TOKENS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
+QWEN_IMAGE = "<|image_pad|>"
+# Qwen2.5-VL's chat template, shortened (a default system turn, content parts: the image in its vision markers)
+QWEN_TEMPLATE = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+                 "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+                 "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+                 "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}{% endif %}{% endfor %}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def qwen2_5_vl_folder(folder: Path, seed: int = 2, max_pixels: int = 3500, **overrides: Any) -> tuple[Any, Any]:
+    """A random ``Qwen2_5_VLForConditionalGeneration``: a tower of 4-pixel patches (two frames each, as the real
+    one's), 2D rotary, RMSNorm, a gated SiLU MLP, window attention (windows of 2 × 2 merged tokens, 16 pixels) on
+    blocks 0 and 2 and full attention on block 1, the 2 × 2 patch merger; a Qwen2 LM with M-RoPE over sections
+    (1, 2, 3) of its 6 frequency pairs and untied output. The image processor resizes to multiples of 8 pixels with at
+    most ``max_pixels`` (the tall test image goes over it, the wide one does not). Returns (model, processor)."""
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, [QWEN_IMAGE, *QWEN_TOKENS])
+    tok.image_token = QWEN_IMAGE
+    tok.video_token = "<|video_pad|>"
+    ids = {t: tok.convert_tokens_to_ids(t) for t in (QWEN_IMAGE, *QWEN_TOKENS)}
+    vision = dict(depth=3, hidden_size=32, intermediate_size=40, num_heads=4, in_channels=3, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=48,
+                  fullatt_block_indexes=[1], initializer_range=0.1, rope_parameters={"rope_type": "axial",
+                                                                                     "rope_theta": 300.0})
+    text = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0, eos_token_id=0,
+                pad_token_id=0, initializer_range=0.1,
+                rope_parameters={"rope_type": "default", "rope_theta": 700.0, "mrope_section": [1, 2, 3]})
+    cfg = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text, image_token_id=ids[QWEN_IMAGE],
+                                        video_token_id=ids["<|video_pad|>"],
+                                        vision_start_token_id=ids["<|vision_start|>"],
+                                        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
+                                        **overrides)
+    cfg._attn_implementation = "eager"
+    for sub in (cfg.vision_config, cfg.text_config):
+        sub._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    _perturb(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    images = transformers.Qwen2VLImageProcessor(size={"shortest_edge": 8 * 8 * 4, "longest_edge": max_pixels},
+                                                patch_size=4, merge_size=2, temporal_patch_size=2, resample=3,
+                                                image_mean=[0.48, 0.46, 0.41], image_std=[0.27, 0.26, 0.28])
+    videos = transformers.Qwen2VLVideoProcessor(patch_size=4, merge_size=2, temporal_patch_size=2)
+    processor = transformers.Qwen2_5_VLProcessor(image_processor=images, tokenizer=tok, video_processor=videos,
+                                                 chat_template=QWEN_TEMPLATE)
     processor.save_pretrained(folder)
     return model, processor

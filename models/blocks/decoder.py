@@ -44,6 +44,9 @@ class BlockSpec:
     rotary_dim: int = 0  # dimensions each head rotates (= d_head for "full", 0 for "none")
     rope_layout: str = "interleaved"  # pairs (2i, 2i+1), or "half": (i, i + rotary_dim/2)
     local_rope: bool = False  # rotates by the model's second (local) RoPE table (Gemma 3's sliding layers)
+    mrope_section: tuple[int, ...] = ()  # M-RoPE (Qwen2-VL, Wang et al. 2024, §2.1): the rotary frequency pairs split
+    # into sections turned by the temporal, height and width position ids in turn (the sizes, summing to rotary_dim/2);
+    # the positions are (3, T), an image token's its frame, row and column. (): the one position of plain RoPE
     qk_norm: bool = False  # per-head RMSNorm of queries and keys, before RoPE (Qwen3, Gemma 3)
     window: int = 0  # a sliding window: query i sees keys i - window < j <= i; 0: every earlier key
     attn_scale: float = 0.0  # the score scale; 0: 1/sqrt(d_head)
@@ -107,6 +110,16 @@ def zero(v: Any) -> bool:
 def scale(v: Any) -> bool:
     """A float >= 0 (0 = the default)."""
     return type(v) in (int, float) and v >= 0
+
+
+def empty(v: Any) -> bool:
+    """() only: a tuple-valued switch the runner does not implement, left at its default."""
+    return type(v) is tuple and v == ()
+
+
+def sections(v: Any) -> bool:
+    """A tuple of whole numbers > 0 (or (), the default)."""
+    return type(v) is tuple and all(type(x) is int and x > 0 for x in v)
 
 
 def one_of(*values: str) -> frozenset:

@@ -78,6 +78,17 @@ def rope_angles(n_positions: int, d_head: int, base: float = 10000.0, offset: in
     return (pos[:, None] * theta[None, :]).float()
 
 
+def mrope_angles(positions: Tensor, d_head: int, base: float, sections: tuple[int, ...]) -> Tensor:
+    """M-RoPE's angles (Qwen2-VL, Wang et al. 2024, §2.1): positions (3, T), a token's temporal, height and width ids
+    (a text token: its one position three times, which is plain RoPE) -> (T, d_head // 2). Frequency pair i belongs
+    to section k of ``sections`` (sizes in order, summing to d_head / 2) and turns by position ids[k mod 3] · θ_i,
+    θ_i = base^(-2i/d) (transformers' ``mrope_section`` split, computed in float32 as it does)."""
+    theta = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))  # (d/2,)
+    axis = torch.cat([torch.full((n,), k % 3, dtype=torch.long) for k, n in enumerate(sections)]).to(positions.device)
+    pos = positions.float()[axis]  # (d/2, T): each pair's own position id row
+    return pos.transpose(0, 1) * theta.to(positions.device)[None, :]
+
+
 ROPE_LAYOUTS = ("interleaved", "half")
 
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models import limits
-from models.blocks.decoder import Knows, count, flag, off, one_of, spec_of, zero
+from models.blocks.decoder import Knows, count, empty, flag, off, one_of, spec_of, zero
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding
@@ -66,7 +66,8 @@ KNOWS: Knows = {
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
     "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": zero,
-    "experts_per_token": zero}
+    "experts_per_token": zero,
+    "mrope_section": empty}
 
 
 def refusal(model) -> str | None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from models import limits
-from models.blocks.decoder import Knows, count, flag, one_of, scale, spec_of
+from models.blocks.decoder import Knows, count, empty, flag, one_of, scale, spec_of
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding, full_surprisal
@@ -48,7 +48,8 @@ KNOWS: Knows = {
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
     "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count}
+    "experts_per_token": count,
+    "mrope_section": empty}
 
 
 def refusal(model) -> str | None:

@@ -48,10 +48,10 @@ from models.blocks.attention import (
     enter_layer,
     restrict_keys,
 )
-from models.blocks.decoder import BlockSpec, DecoderSpec, Knows, count, flag, one_of, refusal, scale
+from models.blocks.decoder import BlockSpec, DecoderSpec, Knows, count, flag, one_of, refusal, scale, sections
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding, full_surprisal
-from models.blocks.positional import ROPE_LAYOUTS, apply_rope, rope_angles
+from models.blocks.positional import ROPE_LAYOUTS, apply_rope, mrope_angles, rope_angles
 from models.outputs import GenerationResult, LogitLens
 
 RECIPES = ("llama", "gpt2", "neox")
@@ -95,10 +95,13 @@ class GPTConfig:
     experts_per_token: int = 2  # top-k experts the router picks per token
     parallel_residual: bool = False  # x + attn(n1 x) + ff(n2 x), both from the same x (GPT-J, GPT-NeoX)
     rotary_dim: int = 0  # RoPE on the first rotary_dim dimensions of each head only (NeoX, Phi-3 partial); 0 = all
+    mrope_section: tuple[int, ...] = ()  # M-RoPE (Qwen2.5-VL's LM): the frequency pairs turned by the temporal,
+    # height and width positions in turn (sizes summing to d_head / 2); () = plain RoPE over one position per token
     # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
-        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token", "parallel_residual", "rotary_dim")
+        "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token", "parallel_residual", "rotary_dim",
+        "mrope_section")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -119,6 +122,11 @@ class GPTConfig:
             raise ValueError(f"experts_per_token must be in 1..{self.n_experts}, got {self.experts_per_token}")
         if self.rotary_dim and (self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.d_head):
             raise ValueError(f"rotary_dim must be even and at most d_head={self.d_head}, got {self.rotary_dim}")
+        self.mrope_section = tuple(self.mrope_section)  # a list from config.json
+        if self.mrope_section and (sum(self.mrope_section) != self.rotary_width // 2 or self.recipe == "gpt2"
+                                   or any(x < 1 for x in self.mrope_section)):
+            raise ValueError(f"mrope_section {list(self.mrope_section)} must split the {self.rotary_width // 2} "
+                             "rotary frequency pairs of a head (sizes > 0 summing to them)")
 
     def is_local(self, layer: int) -> bool:
         """Whether ``layer`` attends through the sliding window (a local layer)."""
@@ -135,7 +143,8 @@ class GPTConfig:
             norm="layernorm" if layernorm else "rmsnorm", sandwich=self.sandwich_norm,
             qkv_bias=layernorm or self.qkv_bias, o_bias=layernorm,
             rope=rope, rotary_dim=0 if rope == "none" else self.rotary_width, rope_layout=self.rope_layout,
-            local_rope=self.is_local(layer) and bool(self.local_rope_base), qk_norm=self.qk_norm,
+            local_rope=self.is_local(layer) and bool(self.local_rope_base), mrope_section=self.mrope_section,
+            qk_norm=self.qk_norm,
             window=self.sliding_window if self.is_local(layer) else 0, attn_scale=float(self.attn_scale),
             ff="experts" if self.n_experts else "mlp" if layernorm else "gated",
             ff_act="gelu_tanh" if self.recipe == "gpt2" else self.ff_act, ff_bias=layernorm,
@@ -193,7 +202,8 @@ PLAIN: Knows = {
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
     "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count}
+    "experts_per_token": count,
+    "mrope_section": sections}
 
 
 class CausalSelfAttention(nn.Module):
@@ -352,13 +362,18 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
                 head_mask: Tensor | None = None, keep_hidden: bool = False,
-                edit: Intervention | None = None, last_only: bool = False) -> Forward:
+                edit: Intervention | None = None, last_only: bool = False, positions: Tensor | None = None) -> Forward:
         """ids (B, T), the tokens after any already in ``caches`` (one KVCache per layer, appended to).
+        positions: M-RoPE's (3, T) temporal, height and width position ids of these tokens (``mrope_section``; a
+        vision-language model's image tokens: models/families/hf_vlm.py); None: the plain start..start+T−1 on all three.
         head_mask: (layers, heads), 1 keeps a head and 0 switches its output off. edit: per-layer patches
         and forbidden keys (``models.blocks.attention.Intervention``); with ``edit.record`` the result's ``heads``
         holds each layer's per-head outputs. last_only: logits of the last position only (B, 1, V)."""
         c, t = self.config, ids.size(1)
         start = caches[0].length if caches else 0
+        if positions is not None and (not c.mrope_section or tuple(positions.shape) != (3, t)):
+            raise ValueError(f"position ids {tuple(positions.shape)} are for M-RoPE (3, {t}) and this model's "
+                             f"mrope_section is {list(c.mrope_section)}")
         if start + t > c.max_len:
             raise ValueError(f"{start + t} tokens exceed the model's {c.max_len} positions")
         x = self.embed(ids)
@@ -367,6 +382,10 @@ class GPT(nn.Module):
         angles = local = None
         if self.positions is not None:
             x = x + self.positions(torch.arange(start, start + t, device=ids.device))
+        elif c.mrope_section:  # Qwen2-VL's M-RoPE: each frequency pair turned by its section's position id
+            if positions is None:
+                positions = torch.arange(start, start + t, device=ids.device).expand(3, t)
+            angles = mrope_angles(positions, c.rotary_width, c.rope_base, c.mrope_section)
         else:
             angles = self.angles[start : start + t]
             if c.local_rope_base:

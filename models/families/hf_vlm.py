@@ -136,6 +136,9 @@ class VLMLayout:
     rows: int = 0  # Idefics3: tile rows and columns (0, 0: the global view alone)
     cols: int = 0
     notice: str = ""
+    grid: tuple[int, int] = (0, 0)  # image-token rows, cols where they vary with the image (Qwen2.5-VL); (0, 0): the
+    # family's fixed ``token_grid``
+    vision_grid: tuple[int, int] = (0, 0)  # the tower's patch rows, cols where they vary; (0, 0): the tower's grid
 
 
 @dataclass
@@ -162,13 +165,17 @@ class HFVLMConfig:
 
 
 class HFVLM(nn.Module):
-    """A vision tower, a projector and the project's GPT; what LLaVA and Idefics3 share."""
+    """A vision tower, a projector and the project's GPT; what LLaVA, Idefics3 and Qwen2.5-VL share."""
+
+    placeholder = IMAGE  # the image token of the prompt, which the processor expands
+    image_prompt = IMAGE  # what goes before a prompt that has no placeholder (Qwen2.5-VL: the placeholder in markers)
+    tower_class: Any = Tower
 
     def __init__(self, config: HFVLMConfig, projector: nn.Module, lm: Any) -> None:
         super().__init__()
         config.d_model, config.n_layers, config.n_heads = lm.config.d_model, lm.config.n_layers, lm.config.n_heads
         self.config = config
-        self.tower = Tower(config.tower)
+        self.tower = self.tower_class(config.tower)
         self.projector = projector
         self.lm = lm
         self.tokenizer: Any = None  # a tokenizers.Tokenizer (models/io/hf_vlm.py)
@@ -192,6 +199,16 @@ class HFVLM(nn.Module):
     def fallback_prompt(self, question: str) -> str:  # pragma: no cover
         raise NotImplementedError
 
+    def image_features(self, layout: VLMLayout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """The image tokens (N, D) of a layout and, with need_weights, the tower's attention (``features``)."""
+        device = next(self.parameters()).device
+        return self.features(layout.pixels.to(device), need_weights=need_weights)
+
+    def rope_positions(self, ids: list[int], layout: VLMLayout) -> Tensor | None:
+        """The language model's position ids of ``ids`` where they are not 0..T−1 (Qwen2.5-VL's M-RoPE: (3, T));
+        None: the plain ones."""
+        return None
+
     # ------------------------------------------------------------------------------------------------ shared
     def piece(self, i: int) -> str:
         """Token i as people read it (byte-level pieces decoded, the raw piece on ``.raw``: models.inputs.tokenizer)."""
@@ -207,14 +224,15 @@ class HFVLM(nn.Module):
     def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
         """The prompt's ids as the processor gives them (the placeholder expanded, the tokenizer's specials), and
         where the image tokens are."""
-        if text.count(IMAGE) > 1:
-            raise ValueError(f"the prompt must hold the image placeholder {IMAGE} exactly once (it holds it "
-                             f"{text.count(IMAGE)} times): one image is read")
+        mark = self.placeholder
+        if text.count(mark) > 1:
+            raise ValueError(f"the prompt must hold the image placeholder {mark} exactly once (it holds it "
+                             f"{text.count(mark)} times): one image is read")
         ids = list(self.tokenizer.encode(self.expand(text, layout), add_special_tokens=True).ids)
         positions = np.flatnonzero(np.asarray(ids) == self.config.image_token_id).astype(np.int64)
         if len(positions) != len(layout.cells):
             raise ValueError(f"the prompt holds {len(positions)} image tokens where the image gives "
-                             f"{len(layout.cells)} (an {IMAGE} in the text beside the placeholder?)")
+                             f"{len(layout.cells)} (an {mark} in the text beside the placeholder?)")
         return ids, positions
 
     def embed(self, ids: list[int], positions: np.ndarray, features: Tensor) -> Intervention:
@@ -238,9 +256,9 @@ class HFVLM(nn.Module):
             raise ValueError("max_new_tokens must be at least 0")
         layout = self.layout(image)
         notice = [layout.notice]
-        if IMAGE not in text:  # the processor would refuse it; the image goes first, as the chat templates put it
-            text = IMAGE + text
-            notice.append(f"The prompt had no {IMAGE}: the image was put before it.")
+        if self.placeholder not in text:  # the processor would refuse it; the image goes first, as chat templates do
+            text = self.image_prompt + text
+            notice.append(f"The prompt had no {self.placeholder}: the image was put before it.")
         ids, positions = self.encode(text, layout)
         limit = self.context_limit()
         if len(ids) >= limit:
@@ -250,10 +268,12 @@ class HFVLM(nn.Module):
             notice.append(f"At most {limit - len(ids)} new tokens fit in {limit} positions.")
             max_new_tokens = limit - len(ids)
         device = next(self.parameters()).device
-        features, vision = self.features(layout.pixels.to(device), need_weights=True)
+        features, vision = self.image_features(layout, need_weights=True)
         caches = [KVCache() for _ in self.lm.blocks]
+        at = self.rope_positions(ids, layout)  # M-RoPE's (3, T), or None
         out = self.lm(torch.tensor([ids], device=device), caches, need_weights=True,
-                      edit=self.embed(ids, positions, features), last_only=True)
+                      edit=self.embed(ids, positions, features), last_only=True,
+                      positions=None if at is None else at.to(device))
         rows = [[w[0]] for w in out.attention]
         logits = out.logits
         new: list[int] = []
@@ -264,7 +284,9 @@ class HFVLM(nn.Module):
             steps.append(step)
             new.append(token)
             last = token in eos or k == max_new_tokens - 1
-            out = self.lm(torch.tensor([[token]], device=device), caches, need_weights=True, last_only=True)
+            at = self.rope_positions(ids + new, layout)  # the new token's (transformers' rope_deltas continue it)
+            out = self.lm(torch.tensor([[token]], device=device), caches, need_weights=True, last_only=True,
+                          positions=None if at is None else at[:, -1:].to(device))
             for r, w in zip(rows, out.attention):  # the new token's own row (the last one's logits unused)
                 r.append(w[0])
             if last:
@@ -280,10 +302,13 @@ class HFVLM(nn.Module):
         return DescribeResult(
             text=self.tokenizer.decode(shown, skip_special_tokens=True), ids=all_ids, tokens=labels,
             prompt_len=len(ids), attention=weights, image_positions=positions, image_cells=layout.cells,
-            image_boxes=layout.boxes, image=layout.image, grid=(self.token_grid, self.token_grid),
+            image_boxes=layout.boxes, image=layout.image,
+            grid=layout.grid if layout.grid[0] else (self.token_grid, self.token_grid),
             vision_attention=vision.cpu().numpy() if vision is not None else np.zeros((0, 0, 0, 0), np.float32),
             steps=steps, notice=" ".join(filter(None, notice)), vision_prefix=self.tower.prefix,
-            vision_grid=(self.config.tower.grid, self.config.tower.grid), vision_tile=int(layout.cells[-1, 0]))
+            vision_grid=layout.vision_grid if layout.vision_grid[0] else (self.config.tower.grid,
+                                                                         self.config.tower.grid),
+            vision_tile=int(layout.cells[-1, 0]))
 
     @property
     def token_grid(self) -> int:
@@ -317,13 +342,15 @@ class HFVLM(nn.Module):
         layout = self.relayout(np.asarray(r.image))
         device = next(self.parameters()).device
         with torch.no_grad():
-            features, _ = self.features(layout.pixels.to(device))
+            features, _ = self.image_features(layout)
         if len(features) != len(r.image_positions):
             raise ValueError(f"{len(r.image_positions)} image positions for {len(features)} image features")
         features = features.detach().clone().requires_grad_(grad)
+        at = self.rope_positions(list(r.ids), layout)
         with torch.set_grad_enabled(grad):
             out = self.lm(torch.tensor([list(r.ids)], device=device), keep_hidden=keep_hidden,
-                          edit=self.embed(list(r.ids), np.asarray(r.image_positions), features))
+                          edit=self.embed(list(r.ids), np.asarray(r.image_positions), features),
+                          positions=None if at is None else at.to(device))
         return out, features
 
     def image_relevance(self, r: DescribeResult, queries: list[int]) -> np.ndarray:
@@ -638,3 +665,284 @@ def whole_tiles_size(height: int, width: int, tile: int) -> tuple[int, int]:
         height = math.ceil(height / tile) * tile
         width = math.ceil(int(height * ratio) / tile) * tile
     return height, width
+
+
+# ------------------------------------------------------------------------------------------------ Qwen2.5-VL
+QWEN_IMAGE = "<|image_pad|>"
+QWEN_IMAGE_PROMPT = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass
+class QwenTowerConfig:
+    """Qwen2.5-VL's vision transformer (Bai et al. 2025, §2.1): any image size in whole merge blocks of patches."""
+
+    patch: int = 14
+    temporal: int = 2  # frames per patch (an image is its one frame repeated)
+    channels: int = 3
+    dim: int = 1280
+    depth: int = 32
+    heads: int = 16
+    mlp_dim: int = 3420
+    act: str = "silu"  # the gated MLP's activation (an ACTIVATIONS name)
+    merge: int = 2  # each merge × merge block of patches becomes one image token
+    window: int = 112  # window attention's side in pixels (window // merge // patch merged tokens a side)
+    full_blocks: tuple[int, ...] = (7, 15, 23, 31)  # blocks with full attention; the others attend within windows
+    out_dim: int = 2048  # the language model's width
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    @property
+    def window_tokens(self) -> int:
+        """Merged tokens a side of one attention window."""
+        return self.window // self.merge // self.patch
+
+    @property
+    def patch_dim(self) -> int:
+        return self.channels * self.temporal * self.patch * self.patch
+
+
+class QwenTowerBlock(nn.Module):
+    """x + proj(attn(RMSNorm x)) with 2D rotary q and k, then x + down(act(gate ·) ⊙ up ·) of RMSNorm x."""
+
+    def __init__(self, c: QwenTowerConfig) -> None:
+        super().__init__()
+        from models.families.gpt import RMSNorm
+
+        self.c = c
+        self.norm1, self.norm2 = RMSNorm(c.dim, c.norm_eps), RMSNorm(c.dim, c.norm_eps)
+        self.qkv, self.proj = nn.Linear(c.dim, 3 * c.dim), nn.Linear(c.dim, c.dim)
+        self.gate_proj, self.up_proj = nn.Linear(c.dim, c.mlp_dim), nn.Linear(c.dim, c.mlp_dim)
+        self.down_proj = nn.Linear(c.mlp_dim, c.dim)
+        self.act = ACTIVATIONS[c.act]
+
+    def forward(self, x: Tensor, angles: Tensor, mask: Tensor | None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (N, D) in the processor's patch order; angles (N, d_head / 2); mask (N, N) True where a patch may look
+        (None: every patch)."""
+        from models.blocks.attention import attend
+        from models.blocks.positional import apply_rope
+
+        n, c = x.size(0), self.c
+        q, k, v = self.qkv(self.norm1(x)).view(n, 3, c.heads, -1).permute(1, 2, 0, 3)  # each (H, N, d)
+        q, k = apply_rope(q.float(), angles, "half").to(q.dtype), apply_rope(k.float(), angles, "half").to(k.dtype)
+        out, w = attend(q[None], k[None], v[None], mask, need_weights=need_weights)  # (1, H, N, d)
+        x = x + self.proj(out[0].transpose(0, 1).reshape(n, c.dim))
+        h = self.norm2(x)
+        return x + self.down_proj(self.act(self.gate_proj(h)) * self.up_proj(h)), None if w is None else w[0]
+
+
+class QwenTower(nn.Module):
+    """Patches (N, C·T·p·p) in the processor's order -> (tokens (N / merge², out_dim), attention per block).
+
+    The processor lays the patches out merge block by merge block (each block's merge² patches row-major, the
+    blocks row-major). transformers runs the blocks on the patches reordered window by window and splits the
+    sequence at the window boundaries; attention does not depend on the order of its tokens (the rotary angles go
+    with each patch), so here the patches keep the processor's order and a window block attends under a mask that
+    keeps the patches of its own window (the same windows: window_tokens × window_tokens merged tokens from the top
+    left, the last ones cut by the image's edge). The merger (RMSNorm, each block's merge² patches side by side,
+    Linear, GELU, Linear) then reads each merge block's patches, as transformers' does after undoing its reordering.
+    """
+
+    def __init__(self, c: QwenTowerConfig) -> None:
+        super().__init__()
+        from models.families.gpt import RMSNorm
+
+        self.config = c
+        self.patch_embed = nn.Linear(c.patch_dim, c.dim, bias=False)  # the Conv3d over (C, T, p, p), flattened
+        self.blocks = nn.ModuleList(QwenTowerBlock(c) for _ in range(c.depth))
+        self.merger_norm = RMSNorm(c.dim, 1e-6)
+        width = c.dim * c.merge * c.merge
+        self.merger_fc1, self.merger_fc2 = nn.Linear(width, width), nn.Linear(width, c.out_dim)
+        self.prefix = 0  # no class token
+
+    def patch_ids(self, rows: int, cols: int) -> tuple[Tensor, Tensor]:
+        """The (row, column) of each patch of a rows × cols grid in the processor's order."""
+        m = self.config.merge
+        r, q = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        shape = (rows // m, m, cols // m, m)
+        return r.reshape(shape).transpose(1, 2).flatten(), q.reshape(shape).transpose(1, 2).flatten()
+
+    def angles(self, r: Tensor, q: Tensor) -> Tensor:
+        """2D rotary (Su et al. 2021, one axis each half): the first quarter of each head's frequencies turned by the
+        patch row, the next by its column (θ over d_head / 2, as transformers' axial rope): (N, d_head / 2)."""
+        c = self.config
+        half = c.dim // c.heads // 2
+        theta = 1.0 / (c.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))  # (d_head / 4,)
+        return torch.cat([r.float()[:, None] * theta, q.float()[:, None] * theta], dim=-1)
+
+    def windows(self, r: Tensor, q: Tensor) -> Tensor:
+        """(N, N) True where two patches share an attention window."""
+        side = self.config.merge * self.config.window_tokens  # patches a window side
+        wid = (r // side) * (int(q.max()) // side + 1) + q // side
+        return wid[:, None] == wid[None, :]
+
+    def forward(self, patches: Tensor, rows: int, cols: int,
+                need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        c = self.config
+        r, q = self.patch_ids(rows, cols)
+        angles = self.angles(r, q).to(patches.device)
+        local = self.windows(r, q).to(patches.device)
+        x = self.patch_embed(patches)
+        attention = []
+        for i, block in enumerate(self.blocks):
+            x, w = block(x, angles, None if i in c.full_blocks else local, need_weights)
+            if w is not None:
+                attention.append(w)
+        x = self.merger_norm(x).reshape(-1, c.dim * c.merge * c.merge)
+        return self.merger_fc2(F.gelu(self.merger_fc1(x))), attention
+
+
+class Qwen25VL(HFVLM):
+    """Qwen2.5-VL: the image resized to whole merge blocks of patches within a pixel budget (``smart_resize``), read
+    at that resolution (no tiles), each merge × merge block of patches one image token; the language model's
+    M-RoPE gives an image token its row and column (and frame) as position ids, the text after it positions that
+    continue from the image's largest one (transformers' ``get_rope_index``)."""
+
+    placeholder = QWEN_IMAGE
+    image_prompt = QWEN_IMAGE_PROMPT
+    tower_class = QwenTower
+    # the app's caps, where the processor's pixel budget would go past what it serves: at most this many image tokens
+    # (an image over it is read with a smaller max_pixels, as the processor's own max_pixels setting reads it, and
+    # said so; None: the processor's budget alone), and the tower's attention kept only while blocks × heads × P²
+    # (P patches) stays within tower_cells (float16 above LONG_TOKENS: 512 MB); over it the tower view is off, said so
+    max_image_tokens: int | None = 1024
+    tower_cells: int = 1 << 28
+
+    def layout(self, image: Any) -> VLMLayout:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional as TF
+
+        from models.inputs.images import open_image, to_rgb
+
+        spec = self.config.processor
+        img, notice = open_image(image)
+        notes = [notice]
+        t = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.uint8).copy()).permute(2, 0, 1)
+        f, budget = spec["factor"], spec["max_pixels"]
+        h, w = smart_resize(t.shape[1], t.shape[2], f, spec["min_pixels"], budget)
+        cap = self.max_image_tokens
+        if cap is not None and (h // f) * (w // f) > cap:
+            was = (w, h)
+            budget = cap * f * f
+            h, w = smart_resize(t.shape[1], t.shape[2], f, min(spec["min_pixels"], budget), budget)
+            notes.append(f"The image was read at {w}×{h} pixels ({(h // f) * (w // f)} image tokens), not the "
+                         f"{was[0]}×{was[1]} its processor would choose: at most {cap} image tokens are served "
+                         f"(max_pixels {budget}).")
+        t = TF.resize(t, [h, w], interpolation=InterpolationMode(spec["interpolation"]), antialias=True)
+        lay = self.relayout(t.permute(1, 2, 0).numpy().copy())
+        if not self.keeps_tower_attention(lay):
+            c = self.config.tower
+            notes.append(f"The tower's attention is not kept for this image ({lay.vision_grid[0] * lay.vision_grid[1]}"
+                         f" patches × {c.depth} blocks × {c.heads} heads is over this server's budget): a smaller "
+                         "image shows it.")
+        lay.notice = " ".join(filter(None, notes))
+        return lay
+
+    def keeps_tower_attention(self, layout: VLMLayout) -> bool:
+        c, (gh, gw) = self.config.tower, layout.vision_grid
+        return c.depth * c.heads * (gh * gw) ** 2 <= self.tower_cells
+
+    def relayout(self, seen: np.ndarray) -> VLMLayout:
+        c, spec = self.config.tower, self.config.processor
+        h, w = seen.shape[:2]
+        f = spec["factor"]
+        if h % f or w % f:
+            raise ValueError(f"the image the model saw ({w}×{h}) is not whole {f}-pixel merge blocks")
+        x = normalise(torch.from_numpy(np.ascontiguousarray(seen)).permute(2, 0, 1), spec)  # (C, H, W)
+        gh, gw, m, p = h // c.patch, w // c.patch, c.merge, c.patch
+        # the processor's patchify: (C, H, W) -> merge blocks row-major, their patches row-major, each (C, T, p, p)
+        x = x.reshape(c.channels, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+        x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, c.temporal, -1, -1)  # the one frame, temporal times
+        pixels = x.reshape(gh * gw, c.patch_dim)
+        mh, mw = gh // m, gw // m
+        rows, cols = np.divmod(np.arange(mh * mw), mw)
+        cells = np.stack([np.zeros_like(rows), rows, cols], 1)
+        boxes = np.stack([cols * f, rows * f, (cols + 1) * f, (rows + 1) * f], 1)
+        labels = [f"<image r{a}c{b}>" for a, b in zip(rows, cols)]
+        return VLMLayout(pixels, seen, cells.astype(np.int64), boxes.astype(np.int64), labels, grid=(mh, mw),
+                         vision_grid=(gh, gw))
+
+    def expand(self, text: str, layout: VLMLayout) -> str:
+        return text.replace(QWEN_IMAGE, QWEN_IMAGE * len(layout.cells))
+
+    def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
+        ids, positions = super().encode(text, layout)
+        video = self.config.processor.get("video_token_id")
+        if video is not None and video in ids:
+            raise ValueError("video inputs are not supported: the prompt holds the video placeholder "
+                             f"{self.tokenizer.id_to_token(int(video))} (one image is read)")
+        return ids, positions
+
+    def features(self, pixels: Tensor, need_weights: bool = False, grid: tuple[int, int] = (0, 0)
+                 ) -> tuple[Tensor, Tensor | None]:
+        """The image tokens (N, D) of patches on a (rows, cols) patch ``grid`` and, with need_weights, the tower's
+        attention of every block (blocks, H, P, P) over the patches row-major on that grid (the processor's
+        merge-block order undone), so it reads as any tower's."""
+        gh, gw = grid
+        if gh * gw != len(pixels):
+            raise ValueError(f"{len(pixels)} patches for a {gh} × {gw} patch grid")
+        x, attention = self.tower(pixels, gh, gw, need_weights)
+        weights = None
+        if need_weights:
+            r, q = self.tower.patch_ids(gh, gw)
+            order = torch.argsort(r * gw + q).to(pixels.device)  # row-major patch -> its place in the processor's
+            weights = stack_weights([w[:, order][:, :, order][None] for w in attention])
+        return x, weights
+
+    def image_features(self, layout: VLMLayout, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        device = next(self.parameters()).device
+        keep = need_weights and self.keeps_tower_attention(layout)
+        return self.features(layout.pixels.to(device), keep, layout.vision_grid)
+
+    @torch.no_grad()
+    def tower_attention(self, r: DescribeResult, tile: int) -> np.ndarray:
+        """The tower's attention over the one image (tile 0), as ``describe`` gives it (or refused in words where the
+        image is too large to keep it)."""
+        if int(tile) != 0:
+            raise ValueError(f"tile {tile} is not one of the image's 0–0: Qwen2.5-VL reads the image whole")
+        _, weights = self.image_features(self.relayout(np.asarray(r.image)), need_weights=True)
+        if weights is None:
+            raise ValueError("the image is too large to keep the tower's attention (see the notice)")
+        return weights.float().cpu().numpy()
+
+    def rope_positions(self, ids: list[int], layout: VLMLayout) -> Tensor:
+        """transformers' ``get_rope_index`` for one image: text tokens count on by one (all three ids equal); the
+        image's tokens take (start, start + row, start + column), start the position after the text before it; the
+        text after it continues from start + max(rows, cols)."""
+        mh, mw = layout.grid
+        out = torch.zeros(3, len(ids), dtype=torch.long)
+        image = np.asarray(ids) == self.config.image_token_id
+        at, k = 0, 0
+        while k < len(ids):
+            if not image[k]:
+                out[:, k] = at
+                at, k = at + 1, k + 1
+                continue
+            n = mh * mw
+            rows, cols = np.divmod(np.arange(n), mw)
+            out[0, k:k + n] = at
+            out[1, k:k + n] = torch.as_tensor(rows) + at
+            out[2, k:k + n] = torch.as_tensor(cols) + at
+            at, k = at + max(mh, mw), k + n
+        return out
+
+    def fallback_prompt(self, question: str) -> str:
+        return (f"<|im_start|>user\n{QWEN_IMAGE_PROMPT}{question}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's dynamic resolution (Wang et al. 2024, §2.1; transformers' ``smart_resize``): both sides rounded to
+    multiples of ``factor`` (patch × merge), then scaled, aspect kept, to within [min_pixels, max_pixels]."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"the image's aspect ratio ({max(height, width) / min(height, width):.0f}:1) is over the "
+                         "200:1 this model reads")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar

@@ -127,13 +127,15 @@ def _build(config: Any, ours: dict[str, Tensor], where: Path, name: str) -> Any:
     return load_gpt(config, ours, where, name)
 
 
-def _llama_like(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str, kind: str, name: str) -> Any:
-    """qwen2, qwen3 and mistral: LLaMA's tensor names, plus q/k/v biases (qwen2) or q/k norms (qwen3)."""
+def _llama_like(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str, kind: str, name: str,
+                **switches: Any) -> Any:
+    """qwen2, qwen3 and mistral: LLaMA's tensor names, plus q/k/v biases (qwen2) or q/k norms (qwen3); ``switches``:
+    more GPTConfig settings a caller read (Qwen2.5-VL's M-RoPE sections)."""
     where = Path(where)
     bias = kind == "qwen2" or bool(hf.get("attention_bias"))  # Qwen2 always; the others where the config says
     qk_norm = kind == "qwen3"
     config = _config(hf, where, kind, rope_base=_rope(hf, where), qkv_bias=bias, qk_norm=qk_norm,
-                     ff_act=_act(hf, where, {"silu": "silu"}))
+                     ff_act=_act(hf, where, {"silu": "silu"}), **switches)
     s = {k.removeprefix("model."): v for k, v in state.items()}
     ours = _common(s, config, state)
     for i in range(config.n_layers):
@@ -148,6 +150,13 @@ def _llama_like(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str,
 def qwen2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
     """Qwen2 / Qwen2.5 causal LM (q/k/v biases)."""
     return _llama_like(hf, state, where, "qwen2", "Qwen2")
+
+
+def qwen2_mrope_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str,
+                           sections: tuple[int, ...]) -> Any:
+    """Qwen2.5-VL's language model (models/io/hf_vlm.py): Qwen2 with M-RoPE over ``sections`` of each head's
+    frequency pairs (``rope_parameters`` already read to the default rotation there)."""
+    return _llama_like(hf, state, where, "qwen2", "Qwen2.5-VL's language model", mrope_section=tuple(sections))
 
 
 def qwen3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:

@@ -1,4 +1,5 @@
-"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``; issue 63).
+"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``, ``qwen2_5_vl``;
+issue 63).
 
 A folder holds config.json (``vision_config`` and ``text_config`` inside), model.safetensors, tokenizer.json, the
 image processor's settings (preprocessor_config.json, or the ``image_processor`` of transformers 5's
@@ -16,6 +17,15 @@ than "default" and "full", feature layers out of range, projector activations ou
 ``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose image-token count
 disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers' fractional position
 ids for partial tiles), a pixel shuffle that does not divide the grid.
+
+Qwen2.5-VL (``qwen2_5_vl``) has its own tower (``visual.`` or ``model.visual.``: the Conv3d patch embedding, blocks,
+the merger) and a Qwen2 LM (``model.`` or ``model.language_model.``) with M-RoPE, read by
+``models.io.hf_decoders.qwen2_mrope_from_state``; transformers 5's nested ``text_config`` or the Hub's top-level text
+settings with ``rope_scaling: {"type": "mrope"}``; Qwen2VLImageProcessor's pixel budget (``size`` or ``min_pixels`` /
+``max_pixels``). Refused in words: rope types other than the default and M-RoPE, sections that do not split a head's
+frequency pairs, a sliding-window LM, a vision rope other than axial, windows under one merged token, an image
+processor whose patch, merge or frame size differs from the tower's, a merger width that is not the LM's; a prompt
+holding the video placeholder is refused by the model (images only).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from models import registry
 from models.io.checkpoint import CheckpointError
@@ -339,3 +349,145 @@ def idefics3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pat
     ours = _tower_state({f"vision_model.{k}": v for k, v in tower_state.items()}, tower)
     ours["projector.proj.weight"] = proj_state["modality_projection.proj.weight"]
     return _attach(_load(model, ours, where, "Idefics3"), folder)
+
+
+# ------------------------------------------------------------------------------------------------ Qwen2.5-VL
+QWEN_PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2_5_VLImageProcessor")  # the second: the Hub's older name
+# transformers' defaults (Qwen2VLImageProcessor, Qwen2_5_VLVisionConfig, Qwen2_5_VLTextConfig) where a file is silent
+QWEN_PROCESSOR_DEFAULTS: dict[str, Any] = dict(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280},
+                                               resample=3, image_mean=CLIP_MEAN, image_std=CLIP_STD, patch_size=14,
+                                               temporal_patch_size=2, merge_size=2)
+QWEN_VISION_DEFAULTS: dict[str, Any] = dict(depth=32, hidden_size=3584, hidden_act="silu", intermediate_size=3420,
+                                            num_heads=16, in_channels=3, patch_size=14, spatial_merge_size=2,
+                                            temporal_patch_size=2, window_size=112, out_hidden_size=3584,
+                                            fullatt_block_indexes=[7, 15, 23, 31])
+QWEN_TEXT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps", "use_sliding_window",
+                  "sliding_window", "max_window_layers", "layer_types", "rope_parameters", "rope_scaling",
+                  "rope_theta", "bos_token_id", "eos_token_id", "tie_word_embeddings", "attention_dropout")
+QWEN_TEXT_DEFAULTS: dict[str, Any] = dict(vocab_size=152064, hidden_size=8192, intermediate_size=29568,
+                                          num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                          max_position_embeddings=32768, rms_norm_eps=1e-5)
+
+
+def _qwen_text(hf: dict[str, Any], where: Path) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """(the text config as a ``qwen2`` one, its M-RoPE sections). transformers 5 nests it in ``text_config``; the
+    Hub's folders keep it at the top level with ``rope_scaling: {"type": "mrope", "mrope_section": …}``."""
+    text = dict(hf.get("text_config") or {k: hf[k] for k in QWEN_TEXT_KEYS if k in hf})
+    text = {**QWEN_TEXT_DEFAULTS, **text}
+    rope = {**(text.pop("rope_scaling", None) or {}), **(text.pop("rope_parameters", None) or {})}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "mrope"):
+        raise CheckpointError(where, f"rope type {kind!r} is not supported (M-RoPE over the default rotation only)")
+    sections = rope.get("mrope_section", [16, 24, 24])
+    if not isinstance(sections, list) or not sections or any(not isinstance(x, int) or x < 1 for x in sections):
+        raise CheckpointError(where, f"mrope_section {sections!r} is not a list of sizes")
+    if text.get("use_sliding_window"):
+        raise CheckpointError(where, "sliding-window attention in the language model is not supported (transformers "
+                                     "does not run it outside flash attention either)")
+    theta = rope.get("rope_theta") or text.get("rope_theta") or 1000000.0
+    extra = {k: v for k, v in rope.items() if k not in ("rope_type", "type", "rope_theta", "mrope_section")}
+    if extra:
+        raise CheckpointError(where, f"rope settings {sorted(extra)} are not supported")
+    text.update(model_type="qwen2", rope_theta=float(theta), use_sliding_window=False)
+    text.pop("layer_types", None)
+    d_half = int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"])) // 2
+    if sum(sections) != d_half:
+        raise CheckpointError(where, f"mrope_section {sections} does not split the {d_half} frequency pairs of a head")
+    return text, tuple(sections)
+
+
+def _qwen_processor(folder: Path, where: Path, tower: Any) -> dict[str, Any]:
+    pre = _json(folder / "preprocessor_config.json") or _json(folder / "processor_config.json").get(
+        "image_processor") or {}
+    if not pre:
+        raise CheckpointError(folder / "preprocessor_config.json", "no image processor settings in the folder")
+    kind = str(pre.get("image_processor_type", "")).removesuffix("Fast").removesuffix("Pil")
+    if kind not in QWEN_PROCESSORS:
+        raise CheckpointError(where, f"image processor {kind or 'of no type'!r} is not supported "
+                                     f"({', '.join(QWEN_PROCESSORS)})")
+    pre = {**QWEN_PROCESSOR_DEFAULTS, **pre}
+    size = dict(pre.get("size") or {})
+    for key, name in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):  # they override size
+        if pre.get(key) is not None:
+            size[name] = pre[key]
+    if not pre.get("do_resize", True):
+        raise CheckpointError(where, "an image processor without resizing (do_resize false) is not supported")
+    if not size.get("shortest_edge") or not size.get("longest_edge"):
+        raise CheckpointError(where, f"image processor size {size!r} needs shortest_edge and longest_edge (the pixel "
+                                     "budget)")
+    for key, ours in (("patch_size", tower.patch), ("merge_size", tower.merge),
+                      ("temporal_patch_size", tower.temporal)):
+        if int(pre[key]) != ours:
+            raise CheckpointError(where, f"the image processor's {key} is {pre[key]}, the tower's {ours}")
+    resample = pre.get("resample", 3)
+    if resample not in (0, 2, 3):
+        raise CheckpointError(where, f"image resampling {resample!r} is not supported (nearest, bilinear, bicubic)")
+    normalise = pre.get("do_normalize", True)
+    return {"factor": tower.patch * tower.merge, "min_pixels": int(size["shortest_edge"]),
+            "max_pixels": int(size["longest_edge"]), "interpolation": _RESAMPLE[resample],
+            "rescale": float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) else None,
+            "mean": [float(v) for v in pre["image_mean"]] if normalise else None,
+            "std": [float(v) for v in pre["image_std"]] if normalise else None}
+
+
+def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``Qwen2_5_VLForConditionalGeneration`` config and weights -> ``models.families.hf_vlm.Qwen25VL`` with its
+    tokenizer, dynamic-resolution preprocessing and chat template. Images only: video inputs (the tower reads them,
+    the reader does not) are refused where asked for (a prompt's video placeholder is plain text here)."""
+    from models.blocks.layers import ACTIVATIONS
+    from models.families.hf_vlm import HFVLMConfig, Qwen25VL, QwenTowerConfig
+    from models.io.hf_decoders import qwen2_mrope_from_state
+
+    where = Path(where)
+    folder = where.parent
+    v = {**QWEN_VISION_DEFAULTS, **(hf.get("vision_config") or {})}
+    vrope = v.get("rope_parameters") or {}
+    if vrope.get("rope_type", "axial") != "axial":
+        raise CheckpointError(where, f"vision rope type {vrope.get('rope_type')!r} is not supported (axial)")
+    if v["hidden_act"] not in ACTIVATIONS:
+        raise CheckpointError(where, f"vision tower activation {v['hidden_act']!r} is not supported")
+    tower = QwenTowerConfig(patch=int(v["patch_size"]), temporal=int(v["temporal_patch_size"]),
+                            channels=int(v.get("in_chans", v["in_channels"])), dim=int(v["hidden_size"]),
+                            depth=int(v["depth"]),
+                            heads=int(v["num_heads"]), mlp_dim=int(v["intermediate_size"]), act=v["hidden_act"],
+                            merge=int(v["spatial_merge_size"]), window=int(v["window_size"]),
+                            full_blocks=tuple(int(i) for i in v["fullatt_block_indexes"]),
+                            out_dim=int(v["out_hidden_size"]), rope_theta=float(vrope.get("rope_theta", 10000.0)))
+    if tower.window_tokens < 1:
+        raise CheckpointError(where, f"a window of {tower.window} pixels is under one merged token "
+                                     f"({tower.merge * tower.patch} pixels)")
+    if tower.dim % tower.heads or (tower.dim // tower.heads) % 4:
+        raise CheckpointError(where, f"tower heads of {tower.dim / tower.heads:g} dimensions cannot be split into "
+                                     "the row and column rotations")
+    text, sections = _qwen_text(hf, where)
+    if int(text["hidden_size"]) != tower.out_dim:
+        raise CheckpointError(where, f"the merger gives {tower.out_dim} features, the language model reads "
+                                     f"{text['hidden_size']}")
+    text["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    spec = _qwen_processor(folder, where, tower)
+    spec["video_token_id"] = int(hf.get("video_token_id", 151656))  # refused in a prompt: images only
+    tower_state, lm_state, _ = _split_state(state, ("model.visual.", "visual."), ("model.language_model.", "model."),
+                                            ("lm_head.weight",), ())
+    if not text["tie_word_embeddings"] and "lm_head.weight" not in lm_state:
+        raise CheckpointError(where, "the config says the output projection is its own, and the folder has none")
+    lm = qwen2_mrope_from_state(text, lm_state, where, sections)
+    config = HFVLMConfig(kind="qwen2_5_vl", tower=tower, image_token_id=int(hf.get("image_token_id", 151655)),
+                         text_type="qwen2", processor=spec, chat_template=_chat_template(folder),
+                         specials=_specials(folder), eos_ids=_eos_ids(folder, hf, text), scale_factor=tower.merge)
+    model = Qwen25VL(config, nn.Identity(), lm)  # no projector: the merger ends the tower
+    t = tower_state
+    ours = {"tower.patch_embed.weight": t["patch_embed.proj.weight"].reshape(tower.dim, -1),
+            "tower.merger_norm.weight": t["merger.ln_q.weight"],
+            "tower.merger_fc1.weight": t["merger.mlp.0.weight"], "tower.merger_fc1.bias": t["merger.mlp.0.bias"],
+            "tower.merger_fc2.weight": t["merger.mlp.2.weight"], "tower.merger_fc2.bias": t["merger.mlp.2.bias"]}
+    names = ("norm1.weight", "norm2.weight", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+             "attn.proj.bias", "mlp.gate_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias",
+             "mlp.down_proj.weight", "mlp.down_proj.bias")
+    try:
+        for i in range(tower.depth):
+            for name in names:
+                ours[f"tower.blocks.{i}.{name.removeprefix('attn.').removeprefix('mlp.')}"] = t[f"blocks.{i}.{name}"]
+    except KeyError as err:
+        raise CheckpointError(where, f"the tower's weights lack {err}") from None
+    return _attach(_load(model, ours, where, "Qwen2.5-VL"), folder)
