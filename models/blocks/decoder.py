@@ -62,6 +62,9 @@ class DecoderSpec:
     positions: str = "rope"  # "rope" (in the blocks) or "learned" (absolute position embeddings, GPT-2)
     embed_scale: float = 0.0  # token embeddings multiplied by it (Gemma: sqrt(d_model)); 0: not scaled
     final_softcap: float = 0.0  # output logits z -> cap * tanh(z / cap) (Gemma 2/3); 0: none
+    prefix_lm: bool = False  # a prefix LM (Raffel et al. 2020, §3.2.1; PaliGemma, Beyer et al. 2024): the prompt
+    # attends bidirectionally, query i < P seeing every key j < P, the rest causally; P is the forward's ``prefix``
+    # (GPT.generate: the whole prompt, as PaliGemma's processor marks it)
     blocks: tuple[BlockSpec, ...] = ()
 
     def items(self) -> Iterator[tuple[str, int | None, Any]]:
