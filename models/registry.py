@@ -164,6 +164,8 @@ register(Family("llava", "models.families.hf_vlm", "Llava", "HFVLMConfig", (),
                 (("llava", "models.io.hf_vlm:llava_from_state"),), tabs=("describe",), text=True))
 register(Family("idefics3", "models.families.hf_vlm", "Idefics3", "HFVLMConfig", (),
                 (("idefics3", "models.io.hf_vlm:idefics3_from_state"),), tabs=("describe",), text=True))
+register(Family("paligemma", "models.families.hf_vlm", "PaliGemma", "HFVLMConfig", (),
+                (("paligemma", "models.io.hf_vlm:paligemma_from_state"),), tabs=("describe",), text=True))
 
 
 def by_model_name(name: str) -> Family | None:

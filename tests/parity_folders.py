@@ -155,6 +155,12 @@ CASES: tuple[Case, ...] = (
     # no splitting: the global view alone
     Case("idefics3-global", "idefics3", "vlm", _vlm(vlm_folders.idefics3_folder, split=False),
          {"splits": False}),
+    # a Gemma prefix LM (the prompt read both ways), SigLIP through its final LayerNorm, one Linear; an untied output
+    # (a tied random Gemma repeats its last token: the √d-scaled embedding dominates; tests/test_vlm_families.py
+    # checks the tied folder's logits and attention)
+    Case("paligemma", "paligemma", "vlm", _vlm(vlm_folders.paligemma_folder, seed=2, tied=False),
+         {"config.select": "full", "tower.prefix": 0, "lm.config.prefix_lm": True, "lm.spec.prefix_lm": True,
+          "lm.config.tie_embeddings": False, "lm.config.d_head": 16, "lm.config.kv_heads": 3}),
 )
 
 WRITERS: dict[str, list[Case]] = {}

@@ -11,7 +11,10 @@ model (eager attention):
 - greedy ids equal to transformers' ``generate``;
 - the language model's attention, every layer, over the whole sequence (prompt and new tokens) within 1e-4 of
   transformers' forward over the same ids;
-- the tower's attention within 1e-4 (LLaVA: its one image; Idefics3: the global view, which ``describe`` returns).
+- the tower's attention within 1e-4 (LLaVA, PaliGemma: its one image; Idefics3: the global view, which ``describe``
+  returns);
+- PaliGemma: its prompt read both ways (attention above the diagonal inside the prompt, transformers' too), the new
+  tokens causally.
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ def images() -> list[Any]:
 
 def theirs(processor: Any, image: Any, text: str = PROMPT) -> Any:
     return processor(images=image, text=text, return_tensors="pt")
+
+
+def forward_extra(inputs: Any, t: int) -> dict[str, Any]:
+    """The processor's inputs besides the ids, for transformers' forward over ``t`` ids (the prompt and new tokens):
+    PaliGemma's token_type_ids go on with 1 (the causal suffix, as its ``generate`` marks new tokens), its training
+    labels are left out."""
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "labels")}
+    if "token_type_ids" in extra:
+        types = extra["token_type_ids"]
+        extra["token_type_ids"] = torch.cat([types, types.new_ones((1, t - types.size(1)))], 1)
+    return extra
 
 
 def tile_pixels(inputs: Any) -> torch.Tensor:
@@ -78,9 +92,8 @@ def compare(hf: Any, processor: Any, ours: Any) -> None:
             want = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
         assert r.ids == want, (r.ids[len(prompt):], want[len(prompt):])
         assert len(set(r.ids[len(prompt):])) > 1  # the random model does not just repeat one token
-        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
         with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([r.ids]), output_attentions=True, **extra)
+            ref = hf(input_ids=torch.tensor([r.ids]), output_attentions=True, **forward_extra(inputs, len(r.ids)))
         att = torch.stack(ref.attentions, 1)[0].numpy()  # (layers, heads, T, T)
         assert r.attention.shape == att.shape == (ours.lm.config.n_layers, ours.lm.config.n_heads, len(r.ids),
                                                   len(r.ids))
@@ -92,5 +105,9 @@ def compare(hf: Any, processor: Any, ours: Any) -> None:
         assert r.vision_grid == (side, side) and vision.shape[-1] == r.vision_prefix + side * side
         assert r.vision_tile == r.image_cells[-1, 0] == len(tile_pixels(inputs)) - 1  # the global view: the last
         layouts.add((r.image.shape, len(r.image_positions)))
+        prefix = ours.lm.config.prefix_lm
+        above = np.triu(np.ones((r.prompt_len, r.prompt_len), bool), 1)
+        assert (r.attention[:, :, : r.prompt_len, : r.prompt_len][..., above] > 0).all() == prefix
+        assert np.all(np.triu(r.attention[:, :, r.prompt_len:], r.prompt_len + 1) == 0)  # new tokens: causal
     if ours.config.kind == "idefics3" and ours.config.processor["split"]:  # 2 × 2 and 2 × 1 tiles
         assert len(layouts) == 2, layouts
