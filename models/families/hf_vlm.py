@@ -264,6 +264,9 @@ class HFVLM(nn.Module):
         features, vision = self.features(layout.pixels.to(device), need_weights=True)
         caches = [KVCache() for _ in self.lm.blocks]
         prefix = self.prefix(len(ids))
+        if prefix:
+            notice.append("The image and the prompt attend to one another both ways (a prefix LM, as PaliGemma "
+                          "reads its prompt); the new words attend causally.")
         out = self.lm(torch.tensor([ids], device=device), caches, need_weights=True,
                       edit=self.embed(ids, positions, features), last_only=True, prefix=prefix)
         rows = [[w[0]] for w in out.attention]
