@@ -378,6 +378,9 @@ def test_registered_for_the_describe_tab() -> None:
     assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
     assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
+    assert "google/paligemma-3b-mix-224" in catalogue.downloadable("describe")
+    assert catalogue.family("google/paligemma-3b-mix-224").name == "paligemma"
+    assert "google/paligemma-3b-mix-224" in catalogue.GATED
     from models.io.hub import parse_entry
 
     assert parse_entry("describe:HuggingFaceTB/SmolVLM-500M-Instruct") == (
