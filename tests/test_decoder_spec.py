@@ -114,6 +114,7 @@ SWITCHES = {
     "final-softcap": dict(final_softcap=2.0),
     "geglu": dict(ff_act="gelu_tanh"),
     "experts": dict(n_experts=4, experts_per_token=2),
+    "attn-softcap": dict(attn_softcap=2.0),  # Gemma 2
     "prefix-lm": dict(prefix_lm=True),  # PaliGemma's language model: its prompt attends both ways
 }
 
@@ -142,7 +143,8 @@ def test_what_each_fast_runner_computes_is_recorded() -> None:
     """Which switches each fast runner computes itself, so that a change in what it knows is a decision."""
     computed = {name: [s for s in SWITCHES if refusal(tiny(**SWITCHES[s]).spec, knows, name) is None]
                 for name, knows in RUNNERS.items()}
-    assert computed["plain"] == list(SWITCHES) and computed["lockstep"] == list(SWITCHES)[:-1]  # not a prefix LM
+    assert computed["plain"] == list(SWITCHES)
+    assert computed["lockstep"] == [s for s in SWITCHES if s != "prefix-lm"]  # a prefix LM is not causal
     assert computed["fastgen"] == ["parallel-residual", "partial-rotary", "neox", "gpt2", "qk-norm", "geglu"]
     assert computed["ondevice"] == ["parallel-residual", "partial-rotary", "neox", "gpt2", "qk-norm", "geglu",
                                     "experts"]

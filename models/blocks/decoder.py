@@ -47,6 +47,7 @@ class BlockSpec:
     qk_norm: bool = False  # per-head RMSNorm of queries and keys, before RoPE (Qwen3, Gemma 3)
     window: int = 0  # a sliding window: query i sees keys i - window < j <= i; 0: every earlier key
     attn_scale: float = 0.0  # the score scale; 0: 1/sqrt(d_head)
+    attn_softcap: float = 0.0  # scaled scores z -> cap * tanh(z / cap) before the mask and softmax (Gemma 2); 0: none
     # the feed-forward
     ff: str = "gated"  # "gated": down(act(gate x) * up x); "mlp": down(act(up x)); "experts": a router over gated
     ff_act: str = "silu"  # models.blocks.layers.ACTIVATIONS name

@@ -65,8 +65,8 @@ KNOWS: Knows = {
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
-    "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": zero,
-    "experts_per_token": zero}
+    "attn_softcap": zero, "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": zero, "experts_per_token": zero}
 
 
 def refusal(model) -> str | None:

@@ -96,11 +96,12 @@ class GPTConfig:
     parallel_residual: bool = False  # x + attn(n1 x) + ff(n2 x), both from the same x (GPT-J, GPT-NeoX)
     rotary_dim: int = 0  # RoPE on the first rotary_dim dimensions of each head only (NeoX, Phi-3 partial); 0 = all
     prefix_lm: bool = False  # the prompt attends bidirectionally (PaliGemma's language model; DecoderSpec.prefix_lm)
+    attn_softcap: float = 0.0  # attention scores z -> cap·tanh(z/cap) before the softmax (Gemma 2); 0 = none
     # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
         "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token", "parallel_residual", "rotary_dim",
-        "prefix_lm")
+        "prefix_lm", "attn_softcap")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -139,6 +140,7 @@ class GPTConfig:
             rope=rope, rotary_dim=0 if rope == "none" else self.rotary_width, rope_layout=self.rope_layout,
             local_rope=self.is_local(layer) and bool(self.local_rope_base), qk_norm=self.qk_norm,
             window=self.sliding_window if self.is_local(layer) else 0, attn_scale=float(self.attn_scale),
+            attn_softcap=float(self.attn_softcap),
             ff="experts" if self.n_experts else "mlp" if layernorm else "gated",
             ff_act="gelu_tanh" if self.recipe == "gpt2" else self.ff_act, ff_bias=layernorm,
             experts=self.n_experts, experts_per_token=self.experts_per_token if self.n_experts else 0)
@@ -195,8 +197,8 @@ PLAIN: Knows = {
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count}
+    "attn_softcap": scale, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count}
 
 
 class CausalSelfAttention(nn.Module):
@@ -243,7 +245,8 @@ class CausalSelfAttention(nn.Module):
         if spec.attn_scale:  # attend divides by √d_head: a query rescaled first gives the family's own scale
             q = q * (spec.attn_scale * math.sqrt(c.d_head))
         # grouped-query attention inside: query head h reads key/value head h // (n_heads / kv_heads)
-        out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0)
+        out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0,
+                              softcap=spec.attn_softcap)  # Gemma 2's soft-capped scores (0: none)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
             out = out * head_mask.to(out.dtype)[None, :, None, None]
         out = edit_heads(out, edit)  # (B, H, T, d): patched heads, recorded outputs

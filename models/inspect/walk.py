@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import registry
-from models.blocks.decoder import Knows, count, flag, off, one_of, refusal, scale
+from models.blocks.decoder import Knows, count, flag, off, one_of, refusal, scale, zero
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope
 from models.io.bigmodel import execution_device, weight
@@ -140,8 +140,8 @@ GPT_KNOWS: Knows = {
     "residual": one_of("sequential"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count}
+    "attn_softcap": zero, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count}
 
 
 def gpt(model: nn.Module, x: Tensor) -> Plan:
