@@ -71,7 +71,7 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     # task prompts: "caption en", "answer en …", "detect …"): 2.9 B parameters in three float32 shards (11.7 GB),
     # tokenizer.json and preprocessor_config.json on main. Gated (HF_TOKEN and its licence accepted) and over the
     # default ATLAS_MAX_PARAMS (500 M): a machine with about 16 GB of memory sets ATLAS_MAX_PARAMS=3B. PaliGemma 2
-    # (Gemma 2: attention soft-capping) is refused in words.
+    # folders read too (describe:google/paligemma2-3b-mix-224 in the configuration).
     ("describe", "google/paligemma-3b-mix-224", None),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched

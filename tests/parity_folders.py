@@ -161,6 +161,12 @@ CASES: tuple[Case, ...] = (
     Case("paligemma", "paligemma", "vlm", _vlm(vlm_folders.paligemma_folder, seed=2, tied=False),
          {"config.select": "full", "tower.prefix": 0, "lm.config.prefix_lm": True, "lm.spec.prefix_lm": True,
           "lm.config.tie_embeddings": False, "lm.config.d_head": 16, "lm.config.kv_heads": 3}),
+    # PaliGemma 2: Gemma 2 (attention soft-capping, sandwich norms, a 24-token window on layers 0 and 2 shorter than the
+    # prompt, which the prefix still reads whole)
+    Case("paligemma-gemma2", "paligemma", "vlm", _vlm(vlm_folders.paligemma_folder, seed=2, tied=False, text="gemma2"),
+         {"config.text_type": "gemma2", "lm.config.prefix_lm": True, "lm.config.attn_softcap": 3.0,
+          "lm.config.sliding_window": 24, "lm.config.layer_types": ("sliding", "full", "sliding"),
+          "lm.config.sandwich_norm": True}),
 )
 
 WRITERS: dict[str, list[Case]] = {}

@@ -248,7 +248,7 @@ def test_the_bench_reports_latency_and_figure_size(capsys) -> None:
     assert 0 < line["largest_figure_kb"] < 2048
 
 
-@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3", "paligemma"])
+@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3", "paligemma", "paligemma-gemma2"])
 def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, monkeypatch) -> None:
     """The handler over a configured LLaVA (a crop; with CLIP's class token under "full"), a tiled Idefics3 and a
     PaliGemma (one resized square, its prompt read both ways) folder: the attention overlay holds the model's own row

@@ -33,7 +33,7 @@ import torch
 from models.io.checkpoint import CheckpointError
 from tests.vlm_parity import PROMPT, forward_extra, images, theirs, tile_pixels
 
-FAMILIES = ("llava", "idefics3", "paligemma")
+FAMILIES = ("llava", "idefics3", "paligemma", "paligemma-gemma2")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,9 +94,13 @@ def test_image_lens_is_transformers_hidden_states(hf_folders, name: str) -> None
         ref = hf(input_ids=torch.tensor([r.ids]), output_hidden_states=True, **extra)
         lm = hf.model.language_model if hasattr(hf.model, "language_model") else hf.model.text_model
         pos = torch.as_tensor(r.image_positions)
+        cap = getattr(hf.config.get_text_config(), "final_logit_softcapping", None)
         for layer in range(layers + 1):
             if layer < layers:  # the residual stream entering block `layer`, through the final norm and head
-                p = torch.softmax(hf.lm_head(lm.norm(ref.hidden_states[layer][0, pos])), -1)
+                logits = hf.lm_head(lm.norm(ref.hidden_states[layer][0, pos]))
+                if cap:  # and Gemma 2's final soft-capping, as transformers' own logits
+                    logits = torch.tanh(logits / cap) * cap
+                p = torch.softmax(logits, -1)
             else:  # after the last block: the model's own logits
                 p = torch.softmax(ref.logits[0, pos], -1)
             top = p.max(-1)
@@ -131,7 +135,7 @@ def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
     p = r.prompt_len
     assert np.all(np.triu(r.attention[:, :, p:], p + 1) == 0)  # the new tokens: causal
     prompt = r.attention[:, :, :p, :p]  # the prompt: causal, or read both ways by a prefix LM (PaliGemma)
-    assert np.all(np.triu(prompt, 1) == 0) != (name == "paligemma") == (prompt[..., 0, -1] > 0).all()
+    assert np.all(np.triu(prompt, 1) == 0) != name.startswith("paligemma") == (prompt[..., 0, -1] > 0).all()
     assert all(r.tokens[p].startswith("<image") for p in r.image_positions)
     h, w = r.image.shape[:2]
     b = r.image_boxes
@@ -349,8 +353,8 @@ def _planted(hf_folders, name: str, tmp_path: Path, config: dict | None = None, 
      "tiles of 48 pixels for a tower of 32"),
     ("idefics3", dict(processor={"image_seq_len": 10}), "lays out 10 image tokens per tile, the model makes 16"),
     ("idefics3", dict(processor={"image_processor": {"resample": 5}}), "image resampling 5 is not supported"),
-    ("paligemma", dict(text={"model_type": "gemma2"}), "PaliGemma 2 \\(a Gemma 2 language model\\) is not supported"),
-    ("paligemma", dict(text={"model_type": "llama"}), "language model 'llama' is not supported here \\(gemma\\)"),
+    ("paligemma", dict(text={"model_type": "llama"}),
+     "language model 'llama' is not supported here \\(gemma, gemma2\\)"),
     ("paligemma", dict(config={"projection_dim": 40}), "the projector gives 40 features, the language model reads 48"),
     ("paligemma", dict(config={"image_token_index": 5000}), "the image token 5000 is outside"),
     ("paligemma", dict(vision={"model_type": "clip_vision_model"}), "no class token"),

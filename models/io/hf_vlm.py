@@ -11,16 +11,15 @@ transformers 5's own PaliGemma folders) do (``vision_tower.``, ``language_model.
 ``multi_modal_projector.``).
 
 The language model is read by the registry's reader of the text config's model_type (``llama``, ``qwen2``,
-``mistral``; PaliGemma's ``gemma``, as a prefix LM: ``models.families.gpt.GPT``).
+``mistral``; PaliGemma's ``gemma`` or PaliGemma 2's ``gemma2``, as a prefix LM: ``models.families.gpt.GPT``).
  Sub-configs that list only what differs from transformers' defaults (the
 older Hub configs do) are completed with those defaults, stated below. Everything this reader does not implement is
 refused in words (a CheckpointError), never guessed: other towers or text models, feature-select strategies other
 than "default" and "full", feature layers out of range, projector activations outside
 ``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose image-token count
 disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers' fractional position
-ids for partial tiles), a pixel shuffle that does not divide the grid, PaliGemma 2's Gemma 2 (its attention
-soft-capping is not implemented), a PaliGemma projection wider or narrower than the language model, an image token
-outside the vocabulary.
+ids for partial tiles), a pixel shuffle that does not divide the grid, a PaliGemma language model other than Gemma
+or Gemma 2, a PaliGemma projection wider or narrower than the language model, an image token outside the vocabulary.
 """
 
 from __future__ import annotations
@@ -50,6 +49,11 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": dict(vocab_size=257152, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
                   num_attention_heads=8, num_key_value_heads=1, head_dim=256, hidden_act="gelu_pytorch_tanh",
                   max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0),
+    # Gemma2Config's (PaliGemma 2's text config lists most of them itself)
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_act="gelu_pytorch_tanh",
+                   max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=256,
+                   sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
 }
 # PaliGemmaConfig's SigLIP defaults (paligemma-3b's vision_config does not say its image size)
 PALIGEMMA_TOWER = dict(hidden_size=1152, intermediate_size=4096, num_hidden_layers=27, num_attention_heads=16,
@@ -226,10 +230,11 @@ def _language_model(hf: dict[str, Any], lm_state: dict[str, Tensor], where: Path
     text["tie_word_embeddings"] = tied
     if not tied and "lm_head.weight" not in lm_state:
         raise CheckpointError(where, "the config says the output projection is its own, and the folder has none")
-    if kind == "gemma":  # PaliGemma's: its prompt attends both ways (use_bidirectional_attention, set or defaulted)
-        from models.io.hf_decoders import gemma_from_state
+    if kind in ("gemma", "gemma2"):  # PaliGemma's (1, 2): its prompt attends both ways (use_bidirectional_attention)
+        from models.io.hf_decoders import gemma2_from_state, gemma_from_state
 
-        return gemma_from_state(text, lm_state, where, prefix_lm=True), text
+        reader = gemma_from_state if kind == "gemma" else gemma2_from_state
+        return reader(text, lm_state, where, prefix_lm=True), text
     family = registry.by_model_type(kind)
     assert family is not None
     lm = family.hf_reader(kind)(text, lm_state, where)
@@ -361,7 +366,7 @@ def idefics3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pat
 
 # ------------------------------------------------------------------------------------------------ PaliGemma
 def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
-    """``PaliGemmaForConditionalGeneration`` (PaliGemma 1: a SigLIP tower, one Linear, Gemma) ->
+    """``PaliGemmaForConditionalGeneration`` (a SigLIP tower, one Linear, Gemma (PaliGemma 1) or Gemma 2 (2)) ->
     ``models.families.hf_vlm.PaliGemma`` with its tokenizer and image preprocessing."""
     from torch import nn
 
@@ -371,9 +376,6 @@ def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pa
     where = Path(where)
     folder = where.parent
     text_type = (hf.get("text_config") or {}).get("model_type", "gemma")
-    if text_type == "gemma2":
-        raise CheckpointError(where, "PaliGemma 2 (a Gemma 2 language model) is not supported: Gemma 2's attention "
-                                     "soft-capping is not implemented here (PaliGemma 1, with Gemma, is)")
     vision = {**PALIGEMMA_TOWER, **(hf.get("vision_config") or {})}
     tower = _tower_config({**vision, "model_type": vision.get("model_type", "siglip_vision_model")}, where,
                           post_norm=True)
@@ -399,7 +401,7 @@ def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pa
     tower_state, lm_state, proj_state = _split_state(
         state, ("model.vision_tower.", "vision_tower."), ("model.language_model.", "language_model.model."),
         ("lm_head.weight", "language_model.lm_head.weight"), ("model.multi_modal_projector.", "multi_modal_projector."))
-    lm, text = _language_model(hf, lm_state, where, ("gemma",))
+    lm, text = _language_model(hf, lm_state, where, ("gemma", "gemma2"))
     width = int(hf.get("projection_dim", vision.get("projection_dim", 2048)))
     if width != lm.config.d_model:
         raise CheckpointError(where, f"the projector gives {width} features, the language model reads "
@@ -408,7 +410,7 @@ def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pa
     if not 0 <= image_token < lm.config.vocab_size:
         raise CheckpointError(where, f"the image token {image_token} is outside the {lm.config.vocab_size}-token "
                                      "vocabulary (transformers then embeds it as the padding id; not implemented)")
-    config = HFVLMConfig(kind="paligemma", tower=tower, image_token_id=image_token, text_type="gemma",
+    config = HFVLMConfig(kind="paligemma", tower=tower, image_token_id=image_token, text_type=text_type,
                          feature_layers=(-1,), select="full", projector_act="", processor=spec,
                          chat_template=_chat_template(folder), specials=specials, eos_ids=_eos_ids(folder, hf, text))
     model = PaliGemma(config, nn.Linear(tower.dim, width), lm)
