@@ -140,6 +140,8 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                  ("qwen3", "models.io.hf_decoders:qwen3_from_state"),
                  ("mistral", "models.io.hf_decoders:mistral_from_state"),
                  ("phi3", "models.io.hf_decoders:phi3_from_state"),
+                 ("gemma", "models.io.hf_decoders:gemma_from_state"),
+                 ("gemma2", "models.io.hf_decoders:gemma2_from_state"),
                  ("gemma3_text", "models.io.hf_decoders:gemma3_from_state"),
                  ("mixtral", "models.io.hf_decoders:mixtral_from_state"),
                  ("gpt_neox", "models.io.hf_decoders:gpt_neox_from_state")),
@@ -166,6 +168,8 @@ register(Family("idefics3", "models.families.hf_vlm", "Idefics3", "HFVLMConfig",
 # Qwen2.5-VL: its own tower (window attention, 2D rotary, the 2 × 2 merger) and a Qwen2 LM with M-RoPE
 register(Family("qwen2_5_vl", "models.families.hf_vlm", "Qwen25VL", "HFVLMConfig", (),
                 (("qwen2_5_vl", "models.io.hf_vlm:qwen2_5_vl_from_state"),), tabs=("describe",), text=True))
+register(Family("paligemma", "models.families.hf_vlm", "PaliGemma", "HFVLMConfig", (),
+                (("paligemma", "models.io.hf_vlm:paligemma_from_state"),), tabs=("describe",), text=True))
 
 
 def by_model_name(name: str) -> Family | None:

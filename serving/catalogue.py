@@ -70,6 +70,12 @@ DOWNLOADABLE = {repo: Configured(None, kind, repo, revision) for kind, repo, rev
     # Qwen2.5-VL 3B (qwen2_5_vl: 3.75 B parameters, 7.5 GB of bfloat16 safetensors in two shards, about 15 GB in
     # float32 once loaded): over the default ATLAS_MAX_PARAMS, so it is refused in words until that is raised
     ("describe", "Qwen/Qwen2.5-VL-3B-Instruct", None),
+    # PaliGemma 1 "mix" (paligemma: SigLIP-So400m at 224 pixels, 256 image tokens, Gemma 2B as a prefix LM; answers
+    # task prompts: "caption en", "answer en …", "detect …"): 2.9 B parameters in three float32 shards (11.7 GB),
+    # tokenizer.json and preprocessor_config.json on main. Gated (HF_TOKEN and its licence accepted) and over the
+    # default ATLAS_MAX_PARAMS (500 M): a machine with about 16 GB of memory sets ATLAS_MAX_PARAMS=3B. PaliGemma 2
+    # folders read too (describe:google/paligemma2-3b-mix-224 in the configuration).
+    ("describe", "google/paligemma-3b-mix-224", None),
 )}
 DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what each Hub model is, unfetched
                        "openai-community/gpt2": "gpt", "HuggingFaceTB/SmolLM2-135M": "gpt", "Qwen/Qwen2.5-0.5B": "gpt",
@@ -79,12 +85,13 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
                        "cardiffnlp/twitter-roberta-base-sentiment-latest": "bert",
                        "Helsinki-NLP/opus-mt-en-de": "translator", "google-t5/t5-small": "t5",
                        "HuggingFaceTB/SmolVLM-256M-Instruct": "idefics3",
-                       "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl"}
+                       "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl", "google/paligemma-3b-mix-224": "paligemma"}
 # Real pretrained decoders that an installed package ships as a GGUF file (models.io.gguf.PACKAGED): offered in Generate
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
 REAL_LM = "SmolLM2-135M-Instruct (real, 4-bit)"  # the real pretrained LM the lessons offer beside gpt-tiny
-GATED = frozenset({"google/gemma-3-270m"})  # the Hub asks for a licence acceptance and a token (HF_TOKEN)
+# the Hub asks for a licence acceptance and a token (HF_TOKEN)
+GATED = frozenset({"google/gemma-3-270m", "google/paligemma-3b-mix-224"})
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
 CHECK_PROBLEMS: list[str] = []  # the folders check_configured refused after start-up: the page's notice
 

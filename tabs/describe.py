@@ -1,8 +1,8 @@
 """Image + text: a vision-language model answers a question about an image, and every generated token shows where it
 looked (its attention over the image, beside gradient relevance, and how far the two agree), what it read of the text,
 what the image tokens read as (the logit lens), the visual sinks, and the vision tower's own attention
-(`checkpoints/vlm-fashion`; configured LLaVA, Idefics3 / SmolVLM and Qwen2.5-VL folders). The readings are
-`models.inspect.looking`, the figures `viz.describe`."""
+(`checkpoints/vlm-fashion`; configured LLaVA, Idefics3 / SmolVLM, PaliGemma and Qwen2.5-VL folders). The readings
+are `models.inspect.looking`, the figures `viz.describe`."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ the image tokens that take attention whatever is asked (*visual sinks*), and the
 
 The built-in model is small and trained here on scenes of 2–4 Fashion-MNIST items (64×64 pixels, 8×8 patches,
 34 words): ask it to *describe the image*, *what is at the top left?* or *where is the bag?*. Its pointing game on
-held-out scenes (README): attention 0.93, relevance 0.90. LLaVA, Idefics3 / SmolVLM and Qwen2.5-VL folders can be
-configured."""
+held-out scenes (README): attention 0.93, relevance 0.90. LLaVA, Idefics3 / SmolVLM, PaliGemma and Qwen2.5-VL
+folders can be configured (PaliGemma takes task prompts such as *caption en* or *answer en what is this?*)."""
 MODEL = catalogue.SHIPPED["describe"][0]
 SCENES = Path(__file__).resolve().parent.parent / "examples" / "scenes"
 EXAMPLE_SCENES = sorted(str(p) for p in SCENES.glob("scene_*.png"))

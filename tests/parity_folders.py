@@ -160,6 +160,18 @@ CASES: tuple[Case, ...] = (
     Case("qwen2_5_vl", "qwen2_5_vl", "vlm", _vlm(vlm_folders.qwen2_5_vl_folder),
          {"config.tower.full_blocks": (1,), "config.tower.window_tokens": 2, "lm.config.mrope_section": (1, 2, 3),
           "lm.config.kv_heads": 2, "lm.config.tie_embeddings": False}),
+    # a Gemma prefix LM (the prompt read both ways), SigLIP through its final LayerNorm, one Linear; an untied output
+    # (a tied random Gemma repeats its last token: the √d-scaled embedding dominates; tests/test_vlm_families.py
+    # checks the tied folder's logits and attention)
+    Case("paligemma", "paligemma", "vlm", _vlm(vlm_folders.paligemma_folder, seed=2, tied=False),
+         {"config.select": "full", "tower.prefix": 0, "lm.config.prefix_lm": True, "lm.spec.prefix_lm": True,
+          "lm.config.tie_embeddings": False, "lm.config.d_head": 16, "lm.config.kv_heads": 3}),
+    # PaliGemma 2: Gemma 2 (attention soft-capping, sandwich norms, a 24-token window on layers 0 and 2 shorter than the
+    # prompt, which the prefix still reads whole)
+    Case("paligemma-gemma2", "paligemma", "vlm", _vlm(vlm_folders.paligemma_folder, seed=2, tied=False, text="gemma2"),
+         {"config.text_type": "gemma2", "lm.config.prefix_lm": True, "lm.config.attn_softcap": 3.0,
+          "lm.config.sliding_window": 24, "lm.config.layer_types": ("sliding", "full", "sliding"),
+          "lm.config.sandwich_norm": True}),
 )
 
 WRITERS: dict[str, list[Case]] = {}

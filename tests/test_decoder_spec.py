@@ -114,6 +114,8 @@ SWITCHES = {
     "final-softcap": dict(final_softcap=2.0),
     "geglu": dict(ff_act="gelu_tanh"),
     "experts": dict(n_experts=4, experts_per_token=2),
+    "attn-softcap": dict(attn_softcap=2.0),  # Gemma 2
+    "prefix-lm": dict(prefix_lm=True),  # PaliGemma's language model: its prompt attends both ways
 }
 
 
@@ -141,7 +143,8 @@ def test_what_each_fast_runner_computes_is_recorded() -> None:
     """Which switches each fast runner computes itself, so that a change in what it knows is a decision."""
     computed = {name: [s for s in SWITCHES if refusal(tiny(**SWITCHES[s]).spec, knows, name) is None]
                 for name, knows in RUNNERS.items()}
-    assert computed["plain"] == list(SWITCHES) and computed["lockstep"] == list(SWITCHES)
+    assert computed["plain"] == list(SWITCHES)
+    assert computed["lockstep"] == [s for s in SWITCHES if s != "prefix-lm"]  # a prefix LM is not causal
     assert computed["fastgen"] == ["parallel-residual", "partial-rotary", "neox", "gpt2", "qk-norm", "geglu"]
     assert computed["ondevice"] == ["parallel-residual", "partial-rotary", "neox", "gpt2", "qk-norm", "geglu",
                                     "experts"]
@@ -178,3 +181,35 @@ def test_mrope_is_refused_by_every_fast_runner_and_the_plain_path_answers() -> N
         assert (model(ids, positions=grid).logits - plain(ids).logits).abs().max() > 1e-3
     with pytest.raises(ValueError, match="M-RoPE"):
         plain(ids, positions=grid)
+
+
+def test_a_prefix_lm_reads_its_prompt_both_ways_and_every_fast_runner_refuses_it() -> None:
+    """``prefix_lm`` (PaliGemma): the plain path's prompt rows see the later prompt tokens (its attention has weight
+    above the diagonal inside the prompt, none after it), the prefix changes the answer, a causal model refuses a
+    prefix, and every fast runner refuses the switch in words, so the request gets the plain path's answer."""
+    model = tiny(prefix_lm=True)
+    causal = tiny()
+    assert model.spec.prefix_lm and not causal.spec.prefix_lm
+    got = model.generate(PROMPT, max_new_tokens=6)
+    w = got.attention["decoder"].weights  # (L, H, T, T)
+    p = len(PROMPT)
+    above = np.triu_indices(p, 1)
+    assert (w[:, :, :p, :p][:, :, above[0], above[1]] > 1e-4).all()  # every prompt row reads every prompt key
+    assert np.all(np.triu(w[:, :, p:], p + 1) == 0)  # the new tokens: causal
+    with torch.no_grad():  # the same weights read causally answer otherwise
+        causal.load_state_dict(model.state_dict())
+        same = causal(torch.tensor([PROMPT]), need_weights=True)
+        open_ = model(torch.tensor([PROMPT]), need_weights=True, prefix=p)
+    np.testing.assert_allclose(open_.attention[0][0].numpy(), w[0, :, :p, :p], atol=1e-6)
+    assert not torch.allclose(same.logits, open_.logits, atol=1e-3)
+    with pytest.raises(ValueError, match="causal model"):
+        causal(torch.tensor([PROMPT]), prefix=3)
+    for runner, knows in RUNNERS.items():
+        why = refusal(model.spec, knows, runner)
+        assert (why is None) == (runner == "plain"), runner
+        assert runner == "plain" or "prefix_lm=True" in why
+    assert fastgen.refusal(model) and ondevice.refusal(model) and lockstep.refusal(model)
+    assert_same(fastgen.generate(model, PROMPT, max_new_tokens=6), got)
+    assert_same(lockstep.generate_many(model, [GenerateRequest(PROMPT, 6), GenerateRequest(PROMPT, 6)])[0], got)
+    with pytest.raises(ValueError, match="prefix_lm"):
+        walk.plan(model, PROMPT)

@@ -102,6 +102,24 @@ def test_qwen_merged_blocks_on_a_non_square_image_light_their_pixels(hf_folders,
     assert z.shape == (6, 9) and dx == 8
 
 
+@pytest.mark.parametrize("token", [0, 17, 48])
+def test_paligemma_one_hot_attention_lights_its_cell_of_the_resized_square(hf_folders, token: int) -> None:
+    """PaliGemma's layout (one square resized to the tower's 28 pixels, 7 × 7 tokens of 4 pixels, no tiles, no class
+    token): a model whose attention from the last word goes all to one image token draws its hot cell on exactly that
+    token's pixels of the image the model saw, which the upload's pixels fill (squeezed, not cropped)."""
+    ours = hf_folders.get("paligemma").model
+    r = ours.describe(np.full((30, 70, 3), 90, np.uint8), "caption en", max_new_tokens=2)
+    n, t = len(r.image_positions), len(r.ids)
+    assert r.image.shape == (28, 28, 3) and (r.image == 90).all() and n == 49 and set(r.image_cells[:, 0]) == {0}
+    w = np.zeros((1, 1, t, t), np.float32)
+    w[0, 0, -1, r.image_positions[token]] = 1.0  # the last word looks at one image token
+    planted = _result(w, n, r.image_boxes, r.image_cells, shape=r.image.shape)
+    fig = vd.image_overlay(r.image, looking.image_row(planted, t - 1, (0, 0)), r.image_boxes, title="t")
+    row, col = divmod(token, 7)
+    assert tuple(r.image_cells[token]) == (0, row, col)
+    assert _hot_pixels(fig) == (4 * col, 4 * row, 4 * col + 4, 4 * row + 4)
+
+
 def test_a_resized_crop_whose_boxes_are_finer_than_the_cap_is_sampled_at_centres() -> None:
     """A 3×3 grid over a 301-pixel image (boxes of 100 and 101 pixels: gcd 1) is drawn at ≤ MAX_CELLS cells a side,
     each cell taking the token at its centre pixel."""
@@ -279,12 +297,14 @@ def test_the_bench_reports_latency_and_figure_size(capsys) -> None:
     assert 0 < line["largest_figure_kb"] < 2048
 
 
-@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3", "qwen2_5_vl"])
+@pytest.mark.parametrize("name", ["llava", "llava-full-mistral", "idefics3", "paligemma", "paligemma-gemma2",
+                                  "qwen2_5_vl"])
 def test_the_tab_draws_each_family_on_the_right_pixels(hf_folders, name: str, monkeypatch) -> None:
-    """The handler over a configured LLaVA (a crop; with CLIP's class token under "full"), a tiled Idefics3 and a
-    Qwen2.5-VL folder (its merged 2 × 2 blocks at the resolution its processor chose): the attention overlay holds
-    the model's own row for the drawn tokens (the tiles, not the global view over them, nor a class token), each at
-    its box's pixels, and the tower's figure is its tile's."""
+    """The handler over a configured LLaVA (a crop; with CLIP's class token under "full"), a tiled Idefics3, a
+    PaliGemma (one resized square, its prompt read both ways) and a Qwen2.5-VL folder (its merged 2 × 2 blocks at the
+    resolution its processor chose): the attention overlay holds the model's own row for the drawn tokens (the tiles,
+    not the global view over them, nor a class token), each at its box's pixels, and the tower's figure is its
+    tile's."""
     import models
     from serving import catalogue, store
     from tabs import describe as tab

@@ -15,7 +15,7 @@ from models import registry
 # family -> its tiny checkpoint among tests/tiny.py's (None: built here)
 TINY = {"translator": "translator-en-de", "classifier": "sst2", "bert": "minilm-sst2", "gpt": "gpt-tiny",
         "vit": "vit-fashion", "swin": "swin-fashion", "deit": None, "deberta": None, "mamba": None, "t5": None,
-        "vlm": None, "llava": None, "idefics3": None, "qwen2_5_vl": None}
+        "vlm": None, "llava": None, "idefics3": None, "qwen2_5_vl": None, "paligemma": None}
 
 
 def tiny_deit(folder: Path) -> Path:
@@ -111,9 +111,17 @@ def tiny_qwen2_5_vl(folder: Path) -> Path:
     return folder
 
 
+def tiny_paligemma(folder: Path) -> Path:
+    """A random PaliGemma Hugging Face folder written by transformers (tests/vlm_folders.py)."""
+    from tests.vlm_folders import paligemma_folder
+
+    paligemma_folder(folder)
+    return folder
+
+
 # families whose tiny model is built here
 BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm,
-         "llava": tiny_llava, "idefics3": tiny_idefics3, "qwen2_5_vl": tiny_qwen2_5_vl}
+         "llava": tiny_llava, "idefics3": tiny_idefics3, "qwen2_5_vl": tiny_qwen2_5_vl, "paligemma": tiny_paligemma}
 
 
 def entry_point(model, tab: str):

@@ -1,5 +1,5 @@
-"""LLaVA, Idefics3 / SmolVLM and Qwen2.5-VL (models/families/hf_vlm.py, models/io/hf_vlm.py) against transformers on
-random weights.
+"""LLaVA, Idefics3 / SmolVLM, PaliGemma and Qwen2.5-VL (models/families/hf_vlm.py, models/io/hf_vlm.py) against
+transformers on random weights.
 
 The parity of every folder (two images each: pixels, prompt layout and image positions, greedy ids, the language
 model's and the tower's attention) runs in tests/test_parity.py (kind "vlm", tests/vlm_parity.py); here the rest of the
@@ -9,11 +9,15 @@ interface the Image + text tab calls, each against a reference:
   transformers' model (its projector's output made the leaf);
 - ``image_lens``: the top token and its probability at every layer equal transformers' hidden states read through
   its final norm and output projection;
-- ``chat_prompt``: the processor's own ``apply_chat_template``; the plain fallback without a template;
+- ``chat_prompt``: the processor's own ``apply_chat_template``; the plain fallback without a template (PaliGemma has
+  none: its prompt is the processor's own layout of a question without a placeholder);
+- PaliGemma's prefix LM: the prompt rows of ``r.attention`` reach the later prompt tokens, as transformers' do; a tied
+  folder's logits and attention equal transformers';
 - the overlay: a white square on black covering exactly one image token's pixels in the image the model saw; the
   token whose tower input (transformers' own ``pixel_values``) is brightest is found, and ``r.to_pixels`` of a one-hot
-  on it lights exactly that square (a LLaVA crop, each tile of a 2 × 2 Idefics3 layout, and the global view's cell
-  covering it, Qwen2.5-VL's merged 2 × 2 patch blocks on an image its processor resized to 0.8 of its size);
+  on it lights exactly that square (a LLaVA crop, PaliGemma's resized square, each tile of a 2 × 2 Idefics3 layout,
+  and the global view's cell covering it, Qwen2.5-VL's merged 2 × 2 patch blocks on an image its processor resized
+  to 0.8 of its size);
 - fail-closed: unknown settings planted in a folder are refused in words.
 """
 
@@ -28,9 +32,9 @@ import pytest
 import torch
 
 from models.io.checkpoint import CheckpointError
-from tests.vlm_parity import PROMPT, full_sequence_inputs, images, prompt_of, theirs, tile_pixels, tower_attention
+from tests.vlm_parity import PROMPT, forward_extra, images, prompt_of, theirs, tile_pixels, tower_attention
 
-FAMILIES = ("llava", "idefics3", "qwen2_5_vl")
+FAMILIES = ("llava", "idefics3", "paligemma", "paligemma-gemma2", "qwen2_5_vl")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,7 +82,7 @@ def test_image_relevance_is_transformers_gradient(hf_folders, name: str) -> None
         return leaf[-1]
 
     inputs = theirs(proc, image, prompt)
-    extra = full_sequence_inputs(inputs, len(r.ids))
+    extra = forward_extra(inputs, len(r.ids))
     order = _image_order(hf, inputs)
     handle = _projector(hf).register_forward_hook(as_leaf)
     try:
@@ -105,14 +109,18 @@ def test_image_lens_is_transformers_hidden_states(hf_folders, name: str) -> None
     layers = ours.lm.config.n_layers
     assert ids.shape == probs.shape == (layers + 1, len(r.image_positions))
     inputs = theirs(proc, image, prompt)
-    extra = full_sequence_inputs(inputs, len(r.ids))
+    extra = forward_extra(inputs, len(r.ids))
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor([r.ids]), output_hidden_states=True, **extra)
         lm = hf.model.language_model if hasattr(hf.model, "language_model") else hf.model.text_model
         pos = torch.as_tensor(r.image_positions)
+        cap = getattr(hf.config.get_text_config(), "final_logit_softcapping", None)
         for layer in range(layers + 1):
             if layer < layers:  # the residual stream entering block `layer`, through the final norm and head
-                p = torch.softmax(hf.lm_head(lm.norm(ref.hidden_states[layer][0, pos])), -1)
+                logits = hf.lm_head(lm.norm(ref.hidden_states[layer][0, pos]))
+                if cap:  # and Gemma 2's final soft-capping, as transformers' own logits
+                    logits = torch.tanh(logits / cap) * cap
+                p = torch.softmax(logits, -1)
             else:  # after the last block: the model's own logits
                 p = torch.softmax(ref.logits[0, pos], -1)
             top = p.max(-1)
@@ -121,7 +129,7 @@ def test_image_lens_is_transformers_hidden_states(hf_folders, name: str) -> None
     assert len(np.unique(ids)) > 1
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", ["llava", "idefics3"])
 def test_chat_prompt_is_the_processors(hf_folders, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     built = hf_folders.get(name)
     ours, proc = built.model, built.ref.multimodal
@@ -144,7 +152,10 @@ def test_describe_result_is_well_formed(hf_folders, name: str) -> None:
     t = len(r.ids)
     assert r.attention.dtype == np.float32 and len(r.tokens) == t and len(r.steps) == t - r.prompt_len
     np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
-    assert np.all(np.triu(r.attention, 1) == 0)  # causal
+    p = r.prompt_len
+    assert np.all(np.triu(r.attention[:, :, p:], p + 1) == 0)  # the new tokens: causal
+    prompt = r.attention[:, :, :p, :p]  # the prompt: causal, or read both ways by a prefix LM (PaliGemma)
+    assert np.all(np.triu(prompt, 1) == 0) != name.startswith("paligemma") == (prompt[..., 0, -1] > 0).all()
     assert all(r.tokens[p].startswith("<image") for p in r.image_positions)
     h, w = r.image.shape[:2]
     b = r.image_boxes
@@ -214,6 +225,40 @@ def test_global_view_alone_is_the_processors_without_splitting(hf_folders, monke
     assert r.ids == want and r.prompt_len == inputs["input_ids"].size(1)
 
 
+def test_paligemma_chat_prompt_is_the_processors_own_layout(hf_folders) -> None:
+    """PaliGemma has no chat template: ``chat_prompt`` gives the image and the question, which ``describe`` lays out
+    exactly as the processor lays out a question given without a placeholder (``<image>``·n, ``<bos>``, the text,
+    ``\\n``, no second ``<bos>`` from the tokenizer's own template)."""
+    built = hf_folders.get("paligemma")
+    ours, proc = built.model, built.ref.multimodal
+    question = "caption en"
+    assert ours.config.chat_template == "" and ours.chat_prompt(question) == "<image>caption en"
+    r = ours.describe(images()[0], ours.chat_prompt(question), max_new_tokens=2)
+    want = proc(images=images()[0], text=question, return_tensors="pt")["input_ids"][0].tolist()
+    assert r.ids[: r.prompt_len] == want
+    bos = proc.tokenizer.convert_tokens_to_ids("<bos>")
+    assert want.count(bos) == 1 and want.index(bos) == len(r.image_positions) == 49
+
+
+def test_paligemma_tied_folder_is_transformers(hf_folders, tmp_path: Path) -> None:
+    """Real PaliGemma ties its output to the embeddings: a tied folder (whose random model repeats one token, so the
+    parity case is untied) gives transformers' logits and every layer's attention over the prompt and new tokens."""
+    import models
+    from tests.vlm_folders import paligemma_folder
+
+    hf, proc = paligemma_folder(tmp_path / "tied", seed=1, tied=True)
+    ours = models.load(str(tmp_path / "tied"))
+    assert ours.lm.config.tie_embeddings and ours.lm.lm_head.weight is ours.lm.embed.weight
+    image = images()[1]
+    r = ours.describe(image, PROMPT, max_new_tokens=3)
+    extra = forward_extra(theirs(proc, image), len(r.ids))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([r.ids]), output_attentions=True, **extra)
+        out, _ = ours._forward_seen(r)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(r.attention, torch.stack(ref.attentions, 1)[0].numpy(), atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------ the overlay
 def _square(h: int, w: int, box: tuple[int, int, int, int]):
     from PIL import Image
@@ -261,6 +306,27 @@ def test_overlay_llava_crop(hf_folders) -> None:
     white = r.image.min(-1) == 255
     assert white.sum() == patch * patch and np.array_equal(hot, white)
     np.testing.assert_array_equal(r.image, np.asarray(upload)[:, 8:38])  # the crop the model saw
+
+
+def test_overlay_paligemma_resized_square(hf_folders) -> None:
+    """A 84 × 56 picture is squeezed to the tower's 28 × 28 (no crop): a white block over the picture's cells (2, 3)
+    of a 7 × 7 grid (12 × 8 pixels each) becomes the seen image's 4 × 4 token (2, 3), where transformers' own pixel
+    values are brightest; a one-hot on that token lights exactly its box."""
+    built = hf_folders.get("paligemma")
+    ours, proc = built.model, built.ref.multimodal
+    patch = ours.config.tower.patch
+    upload = _square(56, 84, (3 * 12, 2 * 8, 4 * 12, 3 * 8))
+    pixels = tile_pixels(theirs(proc, upload))
+    assert pixels.shape[-2:] == (28, 28) and _brightest(pixels, 0, patch) == (2, 3)
+    r = ours.describe(upload, PROMPT, max_new_tokens=1)
+    assert r.image.shape == (28, 28, 3) and len(r.image_positions) == 49 and set(r.image_cells[:, 0]) == {0}
+    token = int(np.flatnonzero((r.image_cells[:, 1] == 2) & (r.image_cells[:, 2] == 3))[0])
+    hot = _hot(r, token)
+    box = np.zeros((28, 28), bool)
+    box[2 * patch:3 * patch, 3 * patch:4 * patch] = True
+    assert np.array_equal(hot, box)
+    seen = r.image.mean(-1)
+    assert seen[box].mean() > seen[~box].max() - 1  # the block the model saw is where the hot cell is drawn
 
 
 @pytest.mark.parametrize("tile", [0, 1, 2, 3])
@@ -370,6 +436,15 @@ def _planted(hf_folders, name: str, tmp_path: Path, config: dict | None = None, 
      "the image processor's patch_size is 8, the tower's 4"),
     ("qwen2_5_vl", dict(processor={"image_processor": {"image_processor_type": "SiglipImageProcessor"}}),
      "image processor 'SiglipImageProcessor' is not supported"),
+    ("paligemma", dict(text={"model_type": "llama"}),
+     "language model 'llama' is not supported here \\(gemma, gemma2\\)"),
+    ("paligemma", dict(config={"projection_dim": 40}), "the projector gives 40 features, the language model reads 48"),
+    ("paligemma", dict(config={"image_token_index": 5000}), "the image token 5000 is outside"),
+    ("paligemma", dict(vision={"model_type": "clip_vision_model"}), "no class token"),
+    ("paligemma", dict(processor={"image_processor": {"image_seq_length": 50}}),
+     "lays out 50 image tokens, the model makes 49"),
+    ("paligemma", dict(processor={"image_processor": {"size": {"height": 24, "width": 24}}}),
+     "the image processor gives \\[24, 24\\]"),
 ])
 def test_unknown_settings_are_refused_in_words(hf_folders, tmp_path: Path, name: str, planted: dict,
                                                 words: str) -> None:
@@ -385,13 +460,17 @@ def test_registered_for_the_describe_tab() -> None:
     from serving import catalogue
 
     names = [f.name for f in registry.by_tab("describe")]
-    assert {"llava", "idefics3", "qwen2_5_vl"} <= set(names)
+    assert {"llava", "idefics3", "qwen2_5_vl", "paligemma"} <= set(names)
     assert registry.by_model_type("qwen2_5_vl").name == "qwen2_5_vl"
+    assert registry.by_model_type("paligemma").name == "paligemma"
     assert "Qwen/Qwen2.5-VL-3B-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("Qwen/Qwen2.5-VL-3B-Instruct").name == "qwen2_5_vl"
     assert registry.by_model_type("llava").name == "llava" and registry.by_model_type("idefics3").name == "idefics3"
     assert "HuggingFaceTB/SmolVLM-256M-Instruct" in catalogue.downloadable("describe")
     assert catalogue.family("HuggingFaceTB/SmolVLM-256M-Instruct").name == "idefics3"
+    assert "google/paligemma-3b-mix-224" in catalogue.downloadable("describe")
+    assert catalogue.family("google/paligemma-3b-mix-224").name == "paligemma"
+    assert "google/paligemma-3b-mix-224" in catalogue.GATED
     from models.io.hub import parse_entry
 
     assert parse_entry("describe:HuggingFaceTB/SmolVLM-500M-Instruct") == (

@@ -26,6 +26,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                             tie_word_embeddings=False)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_theta=3000.0, tie_word_embeddings=False,
                                                    sliding_window=5, original_max_position_embeddings=96)),
+    # Gemma 1 (PaliGemma's language model): heads of 16 over a width of 48, one key/value head per three queries
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16, rope_theta=400.0, tie_word_embeddings=False,
+                                                      hidden_act="gelu_pytorch_tanh")),
+    # Gemma 2 (PaliGemma 2's): attention soft-capping low enough to bite, a window shorter than the input on layers 0
+    # and 2, sandwich norms, query_pre_attn_scalar, final soft-capping
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=20,
+                                                         attn_logit_softcapping=3.0, final_logit_softcapping=20.0,
+                                                         rope_theta=600.0, tie_word_embeddings=False)),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         query_pre_attn_scalar=24, final_logit_softcapping=30.0, attn_logit_softcapping=None,

@@ -184,3 +184,66 @@ def qwen2_5_vl_folder(folder: Path, seed: int = 2, max_pixels: int = 3500, **ove
                                                  chat_template=QWEN_TEMPLATE)
     processor.save_pretrained(folder)
     return model, processor
+
+
+PALIGEMMA_VOCAB = 1480  # the borrowed tokenizer, <image> and <bos>, the processor's 1,152 <locNNNN>/<segNNN> pieces
+
+
+def paligemma_folder(folder: Path, seed: int = 0, tied: bool = True, text: str = "gemma",
+                     **overrides: Any) -> tuple[Any, Any]:
+    """A random ``PaliGemmaForConditionalGeneration``: a SigLIP tower over 28-pixel images in 4-pixel patches (7 × 7 =
+    49 image tokens, its final LayerNorm), a one-Linear projector, a Gemma LM (heads of 16 over a width of 48, grouped
+    key/value heads) whose prompt attends bidirectionally; the image processor resizes to 28 × 28 (bicubic, no crop),
+    and the processor lays the prompt out as ``<image>``·49, ``<bos>``, the text, ``\\n``. ``text="gemma2"``:
+    PaliGemma 2's Gemma 2 (sandwich norms, attention soft-capped at 3, a window of 24 tokens on layers 0 and 2, shorter
+    than the prompt, which still reads itself whole). Returns (model, processor)."""
+    import torch
+    import transformers
+
+    from tests.tiny_families import borrowed_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    borrowed_tokenizer(folder)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token="<bos>",
+                                               eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    vc = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                                         num_attention_heads=4, image_size=28, patch_size=4, initializer_range=0.1,
+                                         vision_use_head=False)
+    images = transformers.SiglipImageProcessor(size={"height": 28, "width": 28}, resample=3,
+                                               image_mean=[0.5, 0.45, 0.4], image_std=[0.5, 0.55, 0.6])
+    images.image_seq_length = 49
+    processor = transformers.PaliGemmaProcessor(image_processor=images, tokenizer=tok)
+    common = dict(vocab_size=PALIGEMMA_VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=3, head_dim=16, max_position_embeddings=512,
+                  rope_theta=400.0, initializer_range=0.1, bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=tied)
+    if text == "gemma2":
+        tc = transformers.Gemma2Config(**common, sliding_window=24, query_pre_attn_scalar=20,
+                                       attn_logit_softcapping=3.0, final_logit_softcapping=20.0)
+    else:
+        tc = transformers.GemmaConfig(**common)
+    cfg = transformers.PaliGemmaConfig(vision_config=vc, text_config=tc, projection_dim=48, hidden_size=48,
+                                       vocab_size=PALIGEMMA_VOCAB, tie_word_embeddings=tied,
+                                       image_token_index=processor.image_token_id, **overrides)
+    cfg._attn_implementation = "eager"
+    for sub in (cfg.vision_config, cfg.text_config):
+        sub._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.PaliGemmaForConditionalGeneration(cfg).eval()
+    _perturb(model)
+    model.save_pretrained(folder, safe_serialization=True)
+    processor.save_pretrained(folder)
+    _bos_template(folder / "tokenizer.json", "<bos>")
+    return model, processor
+
+
+def _bos_template(path: Path, bos: str) -> None:
+    """Make the saved tokenizer.json put ``bos`` first, as Gemma's own does (the PaliGemma processor switches that
+    off and places ``<bos>`` itself: a reader that kept the tokenizer's would put it twice)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tok = Tokenizer.from_file(str(path))
+    b = tok.token_to_id(bos)
+    tok.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, b)])
+    tok.save(str(path))

@@ -12,9 +12,11 @@ model (eager attention):
 - greedy ids equal to transformers' ``generate``;
 - the language model's attention, every layer, over the whole sequence (prompt and new tokens) within 1e-4 of
   transformers' forward over the same ids;
-- the tower's attention within 1e-4 (LLaVA: its one image; Idefics3: the global view, which ``describe`` returns;
-  Qwen2.5-VL: every block, window and full, over all the patches, which transformers does not return: its eager
-  attention's weights are recorded per window and laid back onto the patch grid, ``qwen_tower_attention``).
+- the tower's attention within 1e-4 (LLaVA, PaliGemma: its one image; Idefics3: the global view, which ``describe``
+  returns; Qwen2.5-VL: every block, window and full, over all the patches, which transformers does not return: its
+  eager attention's weights are recorded per window and laid back onto the patch grid, ``qwen_tower_attention``);
+- PaliGemma: its prompt read both ways (attention above the diagonal inside the prompt, transformers' too), the new
+  tokens causally.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ def images() -> list[Any]:
 
 def theirs(processor: Any, image: Any, text: str = PROMPT) -> Any:
     return processor(images=image, text=text, return_tensors="pt")
+
+
+def forward_extra(inputs: Any, t: int) -> dict[str, Any]:
+    """The processor's inputs besides the ids, for transformers' forward over ``t`` ids (the prompt and new tokens):
+    PaliGemma's token_type_ids go on with 1 (the causal suffix, as its ``generate`` marks new tokens), its training
+    labels are left out; Qwen2.5-VL's mm_token_type_ids go on with 0 (text), so its get_rope_index positions the new
+    tokens as its generate did."""
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "labels")}
+    for key, value in (("token_type_ids", 1), ("mm_token_type_ids", 0)):
+        if key in extra:
+            types = extra[key]
+            extra[key] = torch.cat([types, types.new_full((1, t - types.size(1)), value)], 1)
+    return extra
 
 
 def tile_pixels(inputs: Any) -> torch.Tensor:
@@ -140,9 +155,8 @@ def compare(hf: Any, processor: Any, ours: Any) -> None:
             want = hf.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
         assert r.ids == want, (r.ids[len(prompt):], want[len(prompt):])
         assert len(set(r.ids[len(prompt):])) > 1  # the random model does not just repeat one token
-        extra = full_sequence_inputs(inputs, len(r.ids))
         with torch.no_grad():
-            ref = hf(input_ids=torch.tensor([r.ids]), output_attentions=True, **extra)
+            ref = hf(input_ids=torch.tensor([r.ids]), output_attentions=True, **forward_extra(inputs, len(r.ids)))
         att = torch.stack(ref.attentions, 1)[0].numpy()  # (layers, heads, T, T)
         assert r.attention.shape == att.shape == (ours.lm.config.n_layers, ours.lm.config.n_heads, len(r.ids),
                                                   len(r.ids))
@@ -162,16 +176,9 @@ def compare(hf: Any, processor: Any, ours: Any) -> None:
             assert r.vision_grid == (side, side) and vision.shape[-1] == r.vision_prefix + side * side
             assert r.vision_tile == r.image_cells[-1, 0] == len(tile_pixels(inputs)) - 1  # the global view: the last
         layouts.add((r.image.shape, len(r.image_positions)))
+        prefix = ours.lm.config.prefix_lm
+        above = np.triu(np.ones((r.prompt_len, r.prompt_len), bool), 1)
+        assert (r.attention[:, :, : r.prompt_len, : r.prompt_len][..., above] > 0).all() == prefix
+        assert np.all(np.triu(r.attention[:, :, r.prompt_len:], r.prompt_len + 1) == 0)  # new tokens: causal
     if qwen or (ours.config.kind == "idefics3" and ours.config.processor["split"]):  # two resolutions, two layouts
         assert len(layouts) == 2, layouts
-
-
-def full_sequence_inputs(inputs: Any, t: int) -> dict[str, Any]:
-    """The processor's inputs besides the ids, for a forward over ``t`` tokens (the prompt and the new ones):
-    Qwen2.5-VL's token types (0: text) run on past the prompt, so transformers' get_rope_index positions the new
-    tokens as its generate did."""
-    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    if "mm_token_type_ids" in extra:
-        types = extra["mm_token_type_ids"]
-        extra["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, t - types.size(1))], 1)
-    return extra

@@ -18,12 +18,13 @@ from torch import Tensor, nn
 
 def scaled_dot_product(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
-    scale: float | None = None,
+    scale: float | None = None, softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """softmax(QKᵀ/√d_k + bias, masked) · V (Vaswani et al. 2017, eq. 1).
 
     q: (..., T, d), k: (..., S, d), v: (..., S, d_v); mask: bool broadcastable to (..., T, S), True keeps;
     bias: additive, broadcastable to (..., T, S) (relative position bias, Swin's −100 shift mask).
+    softcap: scaled scores z -> softcap · tanh(z / softcap) before the bias and the mask (Gemma 2); 0: none.
     Returns (out (..., T, d_v), weights (..., T, S)). A row whose keys are all masked gets zeros
     instead of NaN. Half-precision q and k are scored in float32 and the weights returned in float32 (A·V then in
     the values' dtype, as transformers' eager attention).
@@ -33,6 +34,8 @@ def scaled_dot_product(
     if half:  # scores, softmax and the returned weights in float32 whatever the weights' dtype (ATLAS_DTYPE)
         q, k = q.float(), k.float()
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -196,7 +199,7 @@ def edit_heads(out: Tensor, edit: LayerEdit | None) -> Tensor:
 
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None,
-    need_weights: bool = False, dropout: float = 0.0, scale: float | None = None,
+    need_weights: bool = False, dropout: float = 0.0, scale: float | None = None, softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention over per-head q (B, H, T, d), k and v (B, H_kv, S, d): (out (B, H, T, d), weights or None).
 
@@ -205,16 +208,17 @@ def attend(
     ``F.scaled_dot_product_attention`` (training and plain inference), with the bias and the mask folded into one
     additive mask. A row whose keys are all masked gives zeros on both paths. With fewer key/value heads than query
     heads (grouped-query attention, Ainslie et al. 2023) query head h reads key/value head h // (H / H_kv).
-    ``scale`` multiplies QKᵀ (None: 1/√d; T5 scores unscaled, 1.0).
+    ``scale`` multiplies QKᵀ (None: 1/√d; T5 scores unscaled, 1.0). ``softcap`` (Gemma 2's attention soft-capping)
+    takes the explicit path whether or not the weights are asked for (the fused kernel has no such step).
     """
     if k.size(-3) != q.size(-3):
         group = q.size(-3) // k.size(-3)
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    if need_weights:
-        out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias, scale=scale)
+    if need_weights or softcap:
+        out, weights = scaled_dot_product(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap)
         if dropout > 0:  # dropout on the attention probabilities (Vaswani et al. 2017, §5.4)
             out = F.dropout(weights, dropout, training=True) @ v
-        return out, weights
+        return out, weights if need_weights else None
     attn_mask: Tensor | None = mask
     if bias is not None:  # one additive mask: bias where allowed, −inf where masked
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))

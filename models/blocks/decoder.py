@@ -50,6 +50,7 @@ class BlockSpec:
     qk_norm: bool = False  # per-head RMSNorm of queries and keys, before RoPE (Qwen3, Gemma 3)
     window: int = 0  # a sliding window: query i sees keys i - window < j <= i; 0: every earlier key
     attn_scale: float = 0.0  # the score scale; 0: 1/sqrt(d_head)
+    attn_softcap: float = 0.0  # scaled scores z -> cap * tanh(z / cap) before the mask and softmax (Gemma 2); 0: none
     # the feed-forward
     ff: str = "gated"  # "gated": down(act(gate x) * up x); "mlp": down(act(up x)); "experts": a router over gated
     ff_act: str = "silu"  # models.blocks.layers.ACTIVATIONS name
@@ -65,6 +66,9 @@ class DecoderSpec:
     positions: str = "rope"  # "rope" (in the blocks) or "learned" (absolute position embeddings, GPT-2)
     embed_scale: float = 0.0  # token embeddings multiplied by it (Gemma: sqrt(d_model)); 0: not scaled
     final_softcap: float = 0.0  # output logits z -> cap * tanh(z / cap) (Gemma 2/3); 0: none
+    prefix_lm: bool = False  # a prefix LM (Raffel et al. 2020, §3.2.1; PaliGemma, Beyer et al. 2024): the prompt
+    # attends bidirectionally, query i < P seeing every key j < P, the rest causally; P is the forward's ``prefix``
+    # (GPT.generate: the whole prompt, as PaliGemma's processor marks it)
     blocks: tuple[BlockSpec, ...] = ()
 
     def items(self) -> Iterator[tuple[str, int | None, Any]]:

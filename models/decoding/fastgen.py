@@ -61,12 +61,12 @@ FF_PARTS = frozenset({"up", "gate", "down"})
 # What this module's loop computes, field by field of the block description (models/blocks/decoder.py); anything
 # else is refused and decoded by model.generate.
 KNOWS: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero,
+    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero, "prefix_lm": off,
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
-    "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": zero,
-    "experts_per_token": zero,
+    "attn_softcap": zero, "ff": one_of("gated", "mlp"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": zero, "experts_per_token": zero,
     "mrope_section": empty}
 
 

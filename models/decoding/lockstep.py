@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from models import limits
-from models.blocks.decoder import Knows, count, empty, flag, one_of, scale, spec_of
+from models.blocks.decoder import Knows, count, empty, flag, off, one_of, scale, spec_of
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding, full_surprisal
@@ -43,12 +43,12 @@ MAX_ROWS = 32  # rows decoded together
 # What decoding rows together keeps exact: every block GPT.forward runs whose attention is causal (the padding after a
 # row's end is never read) and whose every part treats each token by itself (norms, feed-forwards, routers).
 KNOWS: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale, "prefix_lm": off,
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count,
+    "attn_softcap": scale, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count,
     "mrope_section": empty}
 
 

@@ -61,12 +61,12 @@ POOL_CELLS = 64  # pooled tiles: at most this many cells a side, as the app's mo
 # What ``_Run`` computes, field by field of the block description (models/blocks/decoder.py): the norms and the
 # feed-forward (any kind, experts too) through their own modules; anything else is refused (``supports``).
 KNOWS: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero,
+    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero, "prefix_lm": off,
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count,
+    "attn_softcap": zero, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count,
     "mrope_section": empty}
 
 

@@ -97,11 +97,13 @@ class GPTConfig:
     rotary_dim: int = 0  # RoPE on the first rotary_dim dimensions of each head only (NeoX, Phi-3 partial); 0 = all
     mrope_section: tuple[int, ...] = ()  # M-RoPE (Qwen2.5-VL's LM): the frequency pairs turned by the temporal,
     # height and width positions in turn (sizes summing to d_head / 2); () = plain RoPE over one position per token
+    prefix_lm: bool = False  # the prompt attends bidirectionally (PaliGemma's language model; DecoderSpec.prefix_lm)
+    attn_softcap: float = 0.0  # attention scores z -> cap·tanh(z/cap) before the softmax (Gemma 2); 0 = none
     # the switches above, absent from configs saved before them (models.io.checkpoint.config_from_dict: defaults apply)
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "head_dim", "qk_norm", "sliding_window", "layer_types", "local_rope_base", "embed_scale", "sandwich_norm",
         "attn_scale", "final_softcap", "ff_act", "n_experts", "experts_per_token", "parallel_residual", "rotary_dim",
-        "mrope_section")
+        "mrope_section", "prefix_lm", "attn_softcap")
 
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
@@ -146,6 +148,7 @@ class GPTConfig:
             local_rope=self.is_local(layer) and bool(self.local_rope_base), mrope_section=self.mrope_section,
             qk_norm=self.qk_norm,
             window=self.sliding_window if self.is_local(layer) else 0, attn_scale=float(self.attn_scale),
+            attn_softcap=float(self.attn_softcap),
             ff="experts" if self.n_experts else "mlp" if layernorm else "gated",
             ff_act="gelu_tanh" if self.recipe == "gpt2" else self.ff_act, ff_bias=layernorm,
             experts=self.n_experts, experts_per_token=self.experts_per_token if self.n_experts else 0)
@@ -154,6 +157,7 @@ class GPTConfig:
         """The whole decoder's description, which every runner reads (models/blocks/decoder.py)."""
         return DecoderSpec(positions="learned" if self.recipe == "gpt2" else "rope",
                            embed_scale=float(self.embed_scale), final_softcap=float(self.final_softcap),
+                           prefix_lm=bool(self.prefix_lm),
                            blocks=tuple(self.block_spec(i) for i in range(self.n_layers)))
 
     @property
@@ -197,12 +201,12 @@ class RMSNorm(nn.Module):
 # What the plain path computes: every value of every field of models/blocks/decoder.py's description that the modules
 # below implement. GPT refuses a description with anything else (fails closed, as every runner).
 PLAIN: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale, "prefix_lm": flag,
     "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count,
+    "attn_softcap": scale, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count,
     "mrope_section": sections}
 
 
@@ -223,8 +227,10 @@ class CausalSelfAttention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(c.d_head, c.norm_eps), RMSNorm(c.d_head, c.norm_eps)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
-                head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys."""
+                head_mask: Tensor | None, edit: LayerEdit | None = None,
+                prefix: int = 0) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, D) -> (out (B, T, D), weights (B, H, T, S) or None); S = cached + T keys. prefix: the first
+        ``prefix`` positions attend to one another both ways (a prefix LM, ``DecoderSpec.prefix_lm``)."""
         c, (b, t, _) = self.c, x.shape
         q = self.q_proj(x).view(b, t, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d)
         k = self.k_proj(x).view(b, t, c.kv_heads, c.d_head).transpose(1, 2)  # (B, Hkv, T, d)
@@ -242,11 +248,14 @@ class CausalSelfAttention(nn.Module):
         mask = causal_mask(t, s, device=x.device) if t > 1 else None  # one new token sees every key
         if self.window and s > self.window:  # a local layer: the band i − w < j ≤ i (Beltagy et al. 2020)
             mask = window_mask(t, s, self.window, x.device)
+        if prefix > s - t:  # a query inside the prefix: it also sees the prefix's later keys (PaliGemma's
+            mask = prefix_mask(mask, t, s, prefix, x.device)  # block_sequence_ids "or" the causal or banded mask)
         mask = restrict_keys(mask, edit, t, s, x.device)  # keys a head may not attend to (sink ablation)
         if spec.attn_scale:  # attend divides by √d_head: a query rescaled first gives the family's own scale
             q = q * (spec.attn_scale * math.sqrt(c.d_head))
         # grouped-query attention inside: query head h reads key/value head h // (n_heads / kv_heads)
-        out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0)
+        out, weights = attend(q, k, v, mask, need_weights=need_weights, dropout=c.dropout if self.training else 0.0,
+                              softcap=spec.attn_softcap)  # Gemma 2's soft-capped scores (0: none)
         if head_mask is not None:  # (H,): 0 switches a head's output off (ablation)
             out = out * head_mask.to(out.dtype)[None, :, None, None]
         out = edit_heads(out, edit)  # (B, H, T, d): patched heads, recorded outputs
@@ -291,8 +300,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, angles: Tensor | None, cache: KVCache | None, need_weights: bool,
-                head_mask: Tensor | None, edit: LayerEdit | None = None) -> tuple[Tensor, Tensor | None]:
-        a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask, edit)
+                head_mask: Tensor | None, edit: LayerEdit | None = None,
+                prefix: int = 0) -> tuple[Tensor, Tensor | None]:
+        a, weights = self.attn(self.norm1(x), angles, cache, need_weights, head_mask, edit, prefix)
         a = self.attn_output(a)
         f = self.ff(self.ff_input(x, a))
         return x + a + self.drop(self.post_ff_norm(f) if self.spec.sandwich else f), weights
@@ -362,14 +372,19 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
                 head_mask: Tensor | None = None, keep_hidden: bool = False,
-                edit: Intervention | None = None, last_only: bool = False, positions: Tensor | None = None) -> Forward:
+                edit: Intervention | None = None, last_only: bool = False, positions: Tensor | None = None,
+                prefix: int = 0) -> Forward:
         """ids (B, T), the tokens after any already in ``caches`` (one KVCache per layer, appended to).
         positions: M-RoPE's (3, T) temporal, height and width position ids of these tokens (``mrope_section``; a
         vision-language model's image tokens: models/families/hf_vlm.py); None: the plain start..start+T−1 on all three.
         head_mask: (layers, heads), 1 keeps a head and 0 switches its output off. edit: per-layer patches
         and forbidden keys (``models.blocks.attention.Intervention``); with ``edit.record`` the result's ``heads``
-        holds each layer's per-head outputs. last_only: logits of the last position only (B, 1, V)."""
+        holds each layer's per-head outputs. last_only: logits of the last position only (B, 1, V).
+        prefix: a prefix LM's (``spec.prefix_lm``) bidirectional part, positions 0..prefix-1 counted from the start
+        of the sequence (cached tokens included); 0 (causal) for every other model."""
         c, t = self.config, ids.size(1)
+        if prefix and not c.prefix_lm:
+            raise ValueError("a bidirectional prefix was given to a causal model (spec.prefix_lm is off)")
         start = caches[0].length if caches else 0
         if positions is not None and (not c.mrope_section or tuple(positions.shape) != (3, t)):
             raise ValueError(f"position ids {tuple(positions.shape)} are for M-RoPE (3, {t}) and this model's "
@@ -399,7 +414,7 @@ class GPT(nn.Module):
                 hidden.append(x)
             x, w = block(x, local if block.spec.local_rope else angles,
                          caches[i] if caches else None, need_weights,
-                         None if head_mask is None else head_mask[i], edits[i])
+                         None if head_mask is None else head_mask[i], edits[i], prefix)
             if w is not None:  # a long input's weights are kept in half precision (limits.LONG_TOKENS)
                 attention.append(w if w.shape[-1] <= limits.LONG_TOKENS else w.to(torch.float16))
         if keep_hidden:
@@ -463,12 +478,14 @@ class GPT(nn.Module):
         self.eval()
         device = self.embed.weight.device
         caches = [KVCache() for _ in self.blocks]
+        prefix = len(run.ids) if self.config.prefix_lm else 0  # a prefix LM reads its whole prompt both ways
 
         def advance(token: int, pos: int, last: bool) -> Tensor | None:  # the KV cache grows by one token
-            return None if last else self(torch.tensor([[token]], device=device), caches).logits[0, -1]
+            return None if last else self(torch.tensor([[token]], device=device), caches, prefix=prefix).logits[0, -1]
 
-        run.run(self(torch.tensor([run.ids], device=device), caches, last_only=True).logits[0, -1], advance)
-        full = self(torch.tensor([run.ids], device=device), need_weights=True)
+        run.run(self(torch.tensor([run.ids], device=device), caches, last_only=True, prefix=prefix).logits[0, -1],
+                advance)
+        full = self(torch.tensor([run.ids], device=device), need_weights=True, prefix=prefix)
         self.train(was_training)
         return run.result(attention_array(full.attention), full_surprisal(full.logits[0], run.ids))  # (L, H, T, T)
 
@@ -573,6 +590,17 @@ def window_mask(t: int, s: int, window: int, device: torch.device | str | None =
     i = torch.arange(t, device=device)[:, None] + (s - t)
     j = torch.arange(s, device=device)[None, :]
     return (j <= i) & (j > i - window)
+
+
+def prefix_mask(mask: Tensor | None, t: int, s: int, prefix: int,
+                device: torch.device | str | None = None) -> Tensor:
+    """``mask`` (T, S; None: every key) with the prefix block opened: query i < prefix also sees every key j < prefix
+    (a prefix LM; transformers' blockwise overlay "or" its causal or sliding mask). The T queries are the last T of
+    S positions."""
+    i = torch.arange(t, device=device)[:, None] + (s - t)
+    j = torch.arange(s, device=device)[None, :]
+    both = (i < prefix) & (j < prefix)
+    return both if mask is None else mask | both
 
 
 def attention_array(attention: list[Tensor]) -> np.ndarray:

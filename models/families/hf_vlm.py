@@ -1,6 +1,7 @@
-"""Hugging Face vision-language models: LLaVA (``llava``) and Idefics3 / SmolVLM v1 (``idefics3``) (issue 63).
+"""Hugging Face vision-language models: LLaVA (``llava``), Idefics3 / SmolVLM v1 (``idefics3``) and PaliGemma
+(``paligemma``) (issue 63).
 
-Both are a vision tower feeding a decoder (docs/ARCHITECTURE.md §12):
+Each is a vision tower feeding a decoder (docs/ARCHITECTURE.md §12):
 
 - the tower (``Tower``) is a ViT encoder as CLIP (Radford et al. 2021: a class token, a LayerNorm before the blocks,
   no patch bias, quick GELU) or SigLIP (Zhai et al. 2023: no class token, a patch bias, tanh GELU, a final LayerNorm)
@@ -11,13 +12,21 @@ Both are a vision tower feeding a decoder (docs/ARCHITECTURE.md §12):
 - Idefics3 (Laurençon et al. 2024; SmolVLM, Marafioti et al. 2025) splits the image into tiles plus a global view,
   reads each through the tower (its final LayerNorm applied), merges each s × s block of patch tokens into one token
   (the pixel shuffle: s² · width features) and projects it linearly;
+- PaliGemma (Beyer et al. 2024) resizes the image to the tower's square (no crop), reads SigLIP's last hidden state
+  through its final LayerNorm and maps each token through one Linear; its Gemma language model is a prefix LM: the
+  image tokens and the prompt attend to one another both ways, the generated tokens causally
+  (``DecoderSpec.prefix_lm``, which every fast runner refuses). transformers 5.24 scatters the projector's output
+  unscaled into the embeddings after Gemma's √d scaling of the text tokens (the 1/√d of older versions is gone), and
+  counts positions from 1, which changes no RoPE score (they depend on differences of positions only);
 - the language model is ``models.families.gpt.GPT``, read by the registry's reader of the text config's model_type
-  (LLaMA, Qwen2, Mistral); the image tokens' embeddings replace those of the placeholder ids before its first block
-  (``models.blocks.attention.LayerEdit``), as transformers' ``masked_scatter`` does.
+  (LLaMA, Qwen2, Mistral; Gemma for PaliGemma); the image tokens' embeddings replace those of the placeholder ids
+  before its first block (``models.blocks.attention.LayerEdit``), as transformers' ``masked_scatter`` does.
 
 The prompt is laid out as the folder's processor lays it out: LLaVA's ``<image>`` repeated once per image token;
 Idefics3's per tile ``<fake_token_around_image><row_r_col_c>`` and the tile's tokens, a newline after each row of
-tiles, then ``\\n<fake_token_around_image><global-img>``, the global view's tokens and ``<fake_token_around_image>``.
+tiles, then ``\\n<fake_token_around_image><global-img>``, the global view's tokens and ``<fake_token_around_image>``;
+PaliGemma's the text up to ``<image>`` (repeated once per image token), ``<bos>``, the rest of the text and ``\\n``,
+tokenised without the tokenizer's own specials.
 The images are prepared as the folder's image processor prepares them (models/inputs/images.py's torchvision v2
 operations on the uint8 image, as transformers' torchvision image processors run them).
 
@@ -145,7 +154,7 @@ class VLMLayout:
 class HFVLMConfig:
     """What the reader found in the folder (models/io/hf_vlm.py)."""
 
-    kind: str  # "llava" or "idefics3"
+    kind: str  # "llava", "idefics3" or "paligemma"
     tower: TowerConfig
     image_token_id: int
     text_type: str  # the language model's model_type
@@ -165,11 +174,12 @@ class HFVLMConfig:
 
 
 class HFVLM(nn.Module):
-    """A vision tower, a projector and the project's GPT; what LLaVA, Idefics3 and Qwen2.5-VL share."""
+    """A vision tower, a projector and the project's GPT; what LLaVA, Idefics3, PaliGemma and Qwen2.5-VL share."""
 
     placeholder = IMAGE  # the image token of the prompt, which the processor expands
     image_prompt = IMAGE  # what goes before a prompt that has no placeholder (Qwen2.5-VL: the placeholder in markers)
     tower_class: Any = Tower
+    tokenizer_specials = True  # whether the tokenizer adds its own specials (PaliGemma's processor places <bos>)
 
     def __init__(self, config: HFVLMConfig, projector: nn.Module, lm: Any) -> None:
         super().__init__()
@@ -228,7 +238,7 @@ class HFVLM(nn.Module):
         if text.count(mark) > 1:
             raise ValueError(f"the prompt must hold the image placeholder {mark} exactly once (it holds it "
                              f"{text.count(mark)} times): one image is read")
-        ids = list(self.tokenizer.encode(self.expand(text, layout), add_special_tokens=True).ids)
+        ids = list(self.tokenizer.encode(self.expand(text, layout), add_special_tokens=self.tokenizer_specials).ids)
         positions = np.flatnonzero(np.asarray(ids) == self.config.image_token_id).astype(np.int64)
         if len(positions) != len(layout.cells):
             raise ValueError(f"the prompt holds {len(positions)} image tokens where the image gives "
@@ -271,9 +281,13 @@ class HFVLM(nn.Module):
         features, vision = self.image_features(layout, need_weights=True)
         caches = [KVCache() for _ in self.lm.blocks]
         at = self.rope_positions(ids, layout)  # M-RoPE's (3, T), or None
+        prefix = self.prefix(len(ids))
+        if prefix:
+            notice.append("The image and the prompt attend to one another both ways (a prefix LM, as PaliGemma "
+                          "reads its prompt); the new words attend causally.")
         out = self.lm(torch.tensor([ids], device=device), caches, need_weights=True,
                       edit=self.embed(ids, positions, features), last_only=True,
-                      positions=None if at is None else at.to(device))
+                      positions=None if at is None else at.to(device), prefix=prefix)
         rows = [[w[0]] for w in out.attention]
         logits = out.logits
         new: list[int] = []
@@ -286,7 +300,7 @@ class HFVLM(nn.Module):
             last = token in eos or k == max_new_tokens - 1
             at = self.rope_positions(ids + new, layout)  # the new token's (transformers' rope_deltas continue it)
             out = self.lm(torch.tensor([[token]], device=device), caches, need_weights=True, last_only=True,
-                          positions=None if at is None else at[:, -1:].to(device))
+                          positions=None if at is None else at[:, -1:].to(device), prefix=prefix)
             for r, w in zip(rows, out.attention):  # the new token's own row (the last one's logits unused)
                 r.append(w[0])
             if last:
@@ -309,6 +323,11 @@ class HFVLM(nn.Module):
             vision_grid=layout.vision_grid if layout.vision_grid[0] else (self.config.tower.grid,
                                                                          self.config.tower.grid),
             vision_tile=int(layout.cells[-1, 0]))
+
+    def prefix(self, prompt_len: int) -> int:
+        """The positions that attend both ways: a prefix LM's whole prompt (PaliGemma's processor marks every prompt
+        token as prefix, token_type_ids 0), else none (causal)."""
+        return prompt_len if self.lm.config.prefix_lm else 0
 
     @property
     def token_grid(self) -> int:
@@ -350,7 +369,7 @@ class HFVLM(nn.Module):
         with torch.set_grad_enabled(grad):
             out = self.lm(torch.tensor([list(r.ids)], device=device), keep_hidden=keep_hidden,
                           edit=self.embed(list(r.ids), np.asarray(r.image_positions), features),
-                          positions=None if at is None else at.to(device))
+                          positions=None if at is None else at.to(device), prefix=self.prefix(r.prompt_len))
         return out, features
 
     def image_relevance(self, r: DescribeResult, queries: list[int]) -> np.ndarray:
@@ -600,6 +619,31 @@ class Idefics3(HFVLM):
 
     def fallback_prompt(self, question: str) -> str:
         return f"User:{IMAGE}{question}<end_of_utterance>\nAssistant:"
+
+
+# ------------------------------------------------------------------------------------------------ PaliGemma
+class PaliGemma(Llava):
+    """PaliGemma: LLaVA's one resized square (SigLIP: no class token, every patch an image token), the tower's final
+    LayerNorm and one Linear; the prompt laid out as its processor lays it out, read both ways by the Gemma LM."""
+
+    tokenizer_specials = False  # the processor turns the tokenizer's <bos> off and places it after the image
+
+    def expand(self, text: str, layout: VLMLayout) -> str:
+        """PaliGemmaProcessor: the text up to the (last) placeholder, ``<bos>``, the rest, ``\\n``; then each
+        placeholder as the image's tokens."""
+        end = text.rfind(IMAGE) + len(IMAGE)
+        text = text[:end] + self.config.specials["bos_token"] + text[end:] + "\n"
+        return text.replace(IMAGE, IMAGE * len(layout.cells))
+
+    def features(self, pixels: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        hidden, attention = self.tower(pixels, need_weights)
+        x = self.projector(self.tower.post_norm(hidden[-1]))  # SigLIP's last_hidden_state, projected
+        weights = stack_weights(attention) if need_weights else None
+        return x.reshape(-1, x.size(-1)), weights
+
+    def fallback_prompt(self, question: str) -> str:
+        """PaliGemma has no chat template: the image, then the task prompt ("caption en", "answer en …")."""
+        return f"{IMAGE}{question}"
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models import registry
-from models.blocks.decoder import Knows, count, empty, flag, one_of, refusal, scale
+from models.blocks.decoder import Knows, count, empty, flag, off, one_of, refusal, scale, zero
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope
 from models.io.bigmodel import execution_device, weight
@@ -136,12 +136,12 @@ class Plan:
 # residual (the feed-forward reading the block's input, not the stream after the attention) and partial rotary (the
 # score split's "rotation removed" parts assume every dimension turns) are not walked yet: the split says so.
 GPT_KNOWS: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale,
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale, "prefix_lm": off,
     "residual": one_of("sequential"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full"), "rotary_dim": count,
     "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
-    "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag, "experts": count,
-    "experts_per_token": count,
+    "attn_softcap": zero, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "experts": count, "experts_per_token": count,
     "mrope_section": empty}
 
 

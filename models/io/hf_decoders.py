@@ -19,6 +19,16 @@ few switches of ``GPTConfig`` turned on, and a weight map; none needs a class of
   replaced Gemma 2's attention soft-capping by the q/k norms (Gemma Team 2025, §2), and transformers' Gemma 3 keeps
   the field without using it, so applying it would differ from the model as trained.
 
+- ``gemma`` (Gemma 1; PaliGemma's language model): embeddings scaled by √d_model, RMSNorm as x̂·(1 + w), GeGLU (tanh
+  GELU; the legacy ``hidden_act="gelu"`` means it too, as transformers reads it), a ``head_dim`` of its own, scores
+  scaled by head_dim^−½ (the default of a head that wide); no sandwich norms, q/k norms, windows or soft-capping
+  (Gemma Team 2024). A config with ``use_bidirectional_attention`` (an encoder) is refused; PaliGemma's reader
+  (models/io/hf_vlm.py) turns on the prefix LM its processor asks for instead.
+- ``gemma2`` (Gemma 2; PaliGemma 2's language model): Gemma's embeddings, norms and GeGLU, with Gemma 3's sandwich
+  norms, query_pre_attn_scalar, local (sliding) and global layers alternating, the final logit soft-capping, and the
+  attention soft-capping Gemma 3 dropped: each scaled score z becomes cap·tanh(z/cap) before the mask and softmax
+  (``attn_softcap``, on the explicit attention path; the fast runners refuse it).
+
 - ``phi3`` with a ``partial_rotary_factor`` (Phi-4-mini: 0.75): RoPE over the first dimensions of each head only
   (``rotary_dim``);
 - ``gpt_neox`` (GPT-NeoX, Pythia): LayerNorm with biases, biases on every projection, q, k and v fused per head
@@ -61,6 +71,8 @@ def _layer_types(hf: dict[str, Any], n: int, kind: str) -> tuple[int, tuple[str,
     elif kind in ("qwen2", "qwen3"):
         start = int(hf.get("max_window_layers", n))
         named = tuple("sliding" if i >= start else "full" for i in range(n))
+    elif kind == "gemma2":  # every other layer local, the first one too
+        named = tuple("sliding" if (i + 1) % 2 else "full" for i in range(n))
     elif kind == "gemma3_text":
         pattern = int(hf.get("sliding_window_pattern", 6))
         named = tuple("sliding" if (i + 1) % pattern else "full" for i in range(n))
@@ -225,6 +237,74 @@ def mixtral_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path
     return _build(config, ours, where, "Mixtral")
 
 
+def _plus_one(t: Tensor) -> Tensor:
+    """Gemma's RMSNorm computes x̂·(1 + w): the stored w + 1, so the project's RMSNorm (x̂·g) computes it."""
+    return t.float() + 1.0
+
+
+def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
+                     prefix_lm: bool = False) -> Any:
+    """Gemma 1 causal LM (``GemmaForCausalLM``): see the module docstring. ``prefix_lm``: PaliGemma's language model,
+    whose prompt attends bidirectionally (``DecoderSpec.prefix_lm``)."""
+    import math
+
+    where = Path(where)
+    if hf.get("use_bidirectional_attention") and not prefix_lm:
+        raise CheckpointError(where, "bidirectional Gemma (an encoder) is not a causal language model")
+    if hf.get("attention_bias"):
+        raise CheckpointError(where, "attention biases are not supported for gemma")
+    d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or d // heads)
+    act = hf.get("hidden_act") or hf.get("hidden_activation") or "gelu_pytorch_tanh"
+    config = _config({**hf, "head_dim": head_dim, "hidden_act": act}, where, "gemma", tie=True,
+                     rope_base=_rope(hf, where), embed_scale=math.sqrt(d),
+                     prefix_lm=prefix_lm,
+                     ff_act=_act({"hidden_act": act}, where, {"gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                                                              "gelu_tanh": "gelu_tanh"}))
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours = _common(s, config, state)
+    ours["norm.weight"] = _plus_one(ours["norm.weight"])
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        ours[o + "norm1.weight"] = _plus_one(s[h + "input_layernorm.weight"])
+        ours[o + "norm2.weight"] = _plus_one(s[h + "post_attention_layernorm.weight"])
+        _attention(s, h, o, ours, False, False)
+        _mlp(s, h, o, ours)
+    return _build(config, ours, where, "Gemma")
+
+
+def gemma2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
+                      prefix_lm: bool = False) -> Any:
+    """Gemma 2 causal LM (``Gemma2ForCausalLM``): see the module docstring. ``prefix_lm``: PaliGemma 2's."""
+    import math
+
+    where = Path(where)
+    if hf.get("use_bidirectional_attention") and not prefix_lm:
+        raise CheckpointError(where, "bidirectional Gemma 2 (an encoder) is not a causal language model")
+    if hf.get("attention_bias"):
+        raise CheckpointError(where, "attention biases are not supported for gemma2")
+    act = hf.get("hidden_act") or hf.get("hidden_activation") or "gelu_pytorch_tanh"
+    softcap = hf.get("attn_logit_softcapping", 50.0)  # absent: Gemma2Config's default; null: none
+    final = hf.get("final_logit_softcapping", 30.0)
+    config = _config({**hf, "sliding_window": hf.get("sliding_window", 4096)}, where, "gemma2", tie=True,
+                     rope_base=_rope(hf, where), embed_scale=math.sqrt(int(hf["hidden_size"])), sandwich_norm=True,
+                     attn_scale=float(hf.get("query_pre_attn_scalar") or 256) ** -0.5,
+                     attn_softcap=float(softcap or 0.0), final_softcap=float(final or 0.0), prefix_lm=prefix_lm,
+                     ff_act=_act({"hidden_act": act}, where, {"gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                                                              "gelu_tanh": "gelu_tanh"}))
+    s = {k.removeprefix("model."): v for k, v in state.items()}
+    ours = _common(s, config, state)
+    ours["norm.weight"] = _plus_one(ours["norm.weight"])
+    for i in range(config.n_layers):
+        h, o = f"layers.{i}.", f"blocks.{i}."
+        for a, b in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
+                     ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_ff_norm")):
+            ours[o + f"{b}.weight"] = _plus_one(s[h + f"{a}.weight"])
+        _attention(s, h, o, ours, False, False)
+        _mlp(s, h, o, ours)
+    return _build(config, ours, where, "Gemma 2")
+
+
 def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
     """Gemma 3 text model (``Gemma3ForCausalLM``): see the module docstring for what differs from LLaMA."""
     import math
@@ -249,10 +329,7 @@ def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
                      final_softcap=float(hf.get("final_logit_softcapping") or 0.0),
                      ff_act=_act(hf, where, {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}))
     s = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in state.items()}
-
-    def plus_one(t: Tensor) -> Tensor:  # Gemma's RMSNorm computes x̂·(1 + w)
-        return t.float() + 1.0
-
+    plus_one = _plus_one
     ours = _common(s, config, state)
     ours["norm.weight"] = plus_one(ours["norm.weight"])
     for i in range(config.n_layers):

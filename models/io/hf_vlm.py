@@ -1,31 +1,34 @@
-"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``, ``qwen2_5_vl``;
-issue 63).
+"""Hugging Face vision-language folders read into ``models.families.hf_vlm`` (``llava``, ``idefics3``, ``paligemma``,
+``qwen2_5_vl``; issue 63).
 
 A folder holds config.json (``vision_config`` and ``text_config`` inside), model.safetensors, tokenizer.json, the
 image processor's settings (preprocessor_config.json, or the ``image_processor`` of transformers 5's
 processor_config.json), the processor's (processor_config.json) and a chat template (chat_template.jinja,
 chat_template.json, or in processor_config.json / tokenizer_config.json). The tensors are named as transformers 5
 saves them (``model.vision_tower.``, ``model.language_model.``, ``model.multi_modal_projector.``; Idefics3's
-``model.vision_model.``, ``model.text_model.``, ``model.connector.``) or as the older LLaVA folders on the Hub do
-(``vision_tower.``, ``language_model.model.``, ``language_model.lm_head.``, ``multi_modal_projector.``).
+``model.vision_model.``, ``model.text_model.``, ``model.connector.``) or as the older LLaVA folders on the Hub (and
+transformers 5's own PaliGemma folders) do (``vision_tower.``, ``language_model.model.``, ``language_model.lm_head.``,
+``multi_modal_projector.``).
 
-The language model is read by the registry's reader of the text config's model_type (``llama``, ``qwen2``,
-``mistral``: ``models.families.gpt.GPT``). Sub-configs that list only what differs from transformers' defaults (the
-older Hub configs do) are completed with those defaults, stated below. Everything this reader does not implement is
-refused in words (a CheckpointError), never guessed: other towers or text models, feature-select strategies other
-than "default" and "full", feature layers out of range, projector activations outside
-``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose image-token count
-disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers' fractional position
-ids for partial tiles), a pixel shuffle that does not divide the grid.
+The language model is read by the registry's reader of the text config's model_type (``llama``, ``qwen2``, ``mistral``;
+PaliGemma's ``gemma`` or PaliGemma 2's ``gemma2``, as a prefix LM: ``models.families.gpt.GPT``). Sub-configs that list
+only what differs from transformers' defaults (the older Hub configs do) are completed with those defaults, stated
+below. Everything this reader does not implement is refused in words (a CheckpointError), never guessed: other towers or
+text models, feature-select strategies other than "default" and "full", feature layers out of range, projector
+activations outside ``models.blocks.layers.ACTIVATIONS``, LLaVA's pad-to-square preprocessing, a processor whose
+image-token count disagrees with the tower's, Idefics3 tiles of another size than the tower's image (transformers'
+fractional position ids for partial tiles), a pixel shuffle that does not divide the grid, a PaliGemma language model
+other than Gemma or Gemma 2, a PaliGemma projection wider or narrower than the language model, an image token outside
+the vocabulary.
 
-Qwen2.5-VL (``qwen2_5_vl``) has its own tower (``visual.`` or ``model.visual.``: the Conv3d patch embedding, blocks,
-the merger) and a Qwen2 LM (``model.`` or ``model.language_model.``) with M-RoPE, read by
+Qwen2.5-VL (``qwen2_5_vl``) has its own tower (``visual.`` or ``model.visual.``: the Conv3d patch embedding, blocks, the
+merger) and a Qwen2 LM (``model.`` or ``model.language_model.``) with M-RoPE, read by
 ``models.io.hf_decoders.qwen2_mrope_from_state``; transformers 5's nested ``text_config`` or the Hub's top-level text
 settings with ``rope_scaling: {"type": "mrope"}``; Qwen2VLImageProcessor's pixel budget (``size`` or ``min_pixels`` /
 ``max_pixels``). Refused in words: rope types other than the default and M-RoPE, sections that do not split a head's
-frequency pairs, a sliding-window LM, a vision rope other than axial, windows under one merged token, an image
-processor whose patch, merge or frame size differs from the tower's, a merger width that is not the LM's; a prompt
-holding the video placeholder is refused by the model (images only).
+frequency pairs, a sliding-window LM, a vision rope other than axial, windows under one merged token, an image processor
+whose patch, merge or frame size differs from the tower's, a merger width that is not the LM's; a prompt holding the
+video placeholder is refused by the model (images only).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from torch import Tensor, nn
 from models import registry
 from models.io.checkpoint import CheckpointError
 
-TEXT_TYPES = ("llama", "qwen2", "mistral")
+TEXT_TYPES = ("llama", "qwen2", "mistral")  # LLaVA's and Idefics3's language models; PaliGemma's is Gemma
 # transformers' config defaults, for sub-configs saved as differences only (LLaVA-1.5's text_config on the Hub)
 TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -50,7 +53,20 @@ TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096 * 32,
                     rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096),
+    # GemmaConfig's defaults under PaliGemmaConfig's own for its text sub-config (paligemma-3b's config.json lists
+    # only hidden_size, intermediate_size, heads, layers, key/value heads and the vocabulary)
+    "gemma": dict(vocab_size=257152, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                  num_attention_heads=8, num_key_value_heads=1, head_dim=256, hidden_act="gelu_pytorch_tanh",
+                  max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0),
+    # Gemma2Config's (PaliGemma 2's text config lists most of them itself)
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_act="gelu_pytorch_tanh",
+                   max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, query_pre_attn_scalar=256,
+                   sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
 }
+# PaliGemmaConfig's SigLIP defaults (paligemma-3b's vision_config does not say its image size)
+PALIGEMMA_TOWER = dict(hidden_size=1152, intermediate_size=4096, num_hidden_layers=27, num_attention_heads=16,
+                       image_size=224, patch_size=14)
 TOWER_DEFAULTS: dict[str, dict[str, Any]] = {
     "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                               image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5,
@@ -212,16 +228,22 @@ def _tower_state(s: dict[str, Tensor], c: Any) -> dict[str, Tensor]:
     return {f"tower.{k}": v for k, v in ours.items()}
 
 
-def _language_model(hf: dict[str, Any], lm_state: dict[str, Tensor], where: Path) -> tuple[Any, dict[str, Any]]:
+def _language_model(hf: dict[str, Any], lm_state: dict[str, Tensor], where: Path,
+                    types: tuple[str, ...] = TEXT_TYPES) -> tuple[Any, dict[str, Any]]:
     text = dict(hf.get("text_config") or {})
-    kind = text.get("model_type", "llama")
-    if kind not in TEXT_TYPES:
-        raise CheckpointError(where, f"language model {kind!r} is not supported here ({', '.join(TEXT_TYPES)})")
+    kind = text.get("model_type", types[0])
+    if kind not in types:
+        raise CheckpointError(where, f"language model {kind!r} is not supported here ({', '.join(types)})")
     text = {**TEXT_DEFAULTS[kind], **text}
     tied = bool(hf.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
     text["tie_word_embeddings"] = tied
     if not tied and "lm_head.weight" not in lm_state:
         raise CheckpointError(where, "the config says the output projection is its own, and the folder has none")
+    if kind in ("gemma", "gemma2"):  # PaliGemma's (1, 2): its prompt attends both ways (use_bidirectional_attention)
+        from models.io.hf_decoders import gemma2_from_state, gemma_from_state
+
+        reader = gemma_from_state if kind == "gemma" else gemma2_from_state
+        return reader(text, lm_state, where, prefix_lm=True), text
     family = registry.by_model_type(kind)
     assert family is not None
     lm = family.hf_reader(kind)(text, lm_state, where)
@@ -491,3 +513,59 @@ def qwen2_5_vl_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: P
     except KeyError as err:
         raise CheckpointError(where, f"the tower's weights lack {err}") from None
     return _attach(_load(model, ours, where, "Qwen2.5-VL"), folder)
+
+
+# ------------------------------------------------------------------------------------------------ PaliGemma
+def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json") -> Any:
+    """``PaliGemmaForConditionalGeneration`` (a SigLIP tower, one Linear, Gemma (PaliGemma 1) or Gemma 2 (2)) ->
+    ``models.families.hf_vlm.PaliGemma`` with its tokenizer and image preprocessing."""
+    from torch import nn
+
+    from models.families.hf_vlm import HFVLMConfig, PaliGemma
+    from models.inputs.images import processor_spec
+
+    where = Path(where)
+    folder = where.parent
+    text_type = (hf.get("text_config") or {}).get("model_type", "gemma")
+    vision = {**PALIGEMMA_TOWER, **(hf.get("vision_config") or {})}
+    tower = _tower_config({**vision, "model_type": vision.get("model_type", "siglip_vision_model")}, where,
+                          post_norm=True)
+    if tower.class_token:
+        raise CheckpointError(where, "PaliGemma's tower is SigLIP's (no class token), the folder names CLIP's")
+    pre, _ = _image_processor(folder, where)
+    try:
+        spec = processor_spec(pre, tower.image_size)
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+    side = spec["crop"] or spec["size"]
+    if side != [tower.image_size, tower.image_size]:
+        raise CheckpointError(where, f"the image processor gives {side or 'images of varying size'}, the tower reads "
+                                     f"{tower.image_size}×{tower.image_size}")
+    tokens = tower.grid ** 2
+    says = pre.get("image_seq_length", tokens)
+    if says != tokens:
+        raise CheckpointError(where, f"the processor lays out {says} image tokens, the model makes {tokens}")
+    specials = _specials(folder)
+    if not specials["bos_token"]:
+        raise CheckpointError(folder / "tokenizer_config.json", "no bos_token: PaliGemma's processor puts it after "
+                                                                "the image")
+    tower_state, lm_state, proj_state = _split_state(
+        state, ("model.vision_tower.", "vision_tower."), ("model.language_model.", "language_model.model."),
+        ("lm_head.weight", "language_model.lm_head.weight"), ("model.multi_modal_projector.", "multi_modal_projector."))
+    lm, text = _language_model(hf, lm_state, where, ("gemma", "gemma2"))
+    width = int(hf.get("projection_dim", vision.get("projection_dim", 2048)))
+    if width != lm.config.d_model:
+        raise CheckpointError(where, f"the projector gives {width} features, the language model reads "
+                                     f"{lm.config.d_model}")
+    image_token = int(hf.get("image_token_index", hf.get("image_token_id", 256000)))
+    if not 0 <= image_token < lm.config.vocab_size:
+        raise CheckpointError(where, f"the image token {image_token} is outside the {lm.config.vocab_size}-token "
+                                     "vocabulary (transformers then embeds it as the padding id; not implemented)")
+    config = HFVLMConfig(kind="paligemma", tower=tower, image_token_id=image_token, text_type=text_type,
+                         feature_layers=(-1,), select="full", projector_act="", processor=spec,
+                         chat_template=_chat_template(folder), specials=specials, eos_ids=_eos_ids(folder, hf, text))
+    model = PaliGemma(config, nn.Linear(tower.dim, width), lm)
+    ours = _tower_state(tower_state, tower)
+    for kind in ("weight", "bias"):
+        ours[f"projector.{kind}"] = proj_state[f"linear.{kind}"]
+    return _attach(_load(model, ours, where, "PaliGemma"), folder)
