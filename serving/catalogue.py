@@ -342,6 +342,37 @@ def _config_json(name: str) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def attention_shape(name: str) -> tuple[int, int] | None:
+    """(layers, heads) of a model the catalogue offers, from its config.json without torch: a checkpoint's ``config``
+    (``n_layers``, ``n_heads``), a Hugging Face folder's (``num_hidden_layers`` or ``n_layer``, ``num_attention_heads``
+    or ``n_head``), a Hub entry's once it is in the local cache (nothing is downloaded). None where it is not known
+    before the model loads (a GGUF file, a Hub model not fetched yet) or the family has no heads (Mamba)."""
+    fam = family(name)
+    if fam is not None and not fam.heads:
+        return None
+    meta = _config_json(name)
+    entry = CONFIGURED.get(name) or DOWNLOADABLE.get(name)
+    if not meta and entry is not None and entry.repo:
+        from models.io.hub import cached
+
+        folder = cached(entry.repo, entry.revision)
+        try:
+            meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        except (OSError, ValueError):
+            meta = {}
+    inner = meta.get("config") if isinstance(meta, dict) and isinstance(meta.get("config"), dict) else None
+    if inner is not None:  # a project checkpoint
+        found = inner.get("n_layers"), inner.get("n_heads")
+    elif isinstance(meta, dict):
+        found = (next((meta[k] for k in ("num_hidden_layers", "n_layer") if k in meta), None),
+                 next((meta[k] for k in ("num_attention_heads", "n_head") if k in meta), None))
+    else:
+        return None
+    if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in found):
+        return int(found[0]), int(found[1])
+    return None
+
+
 def has_experts(name: str) -> bool:
     """Whether a model the catalogue offers has a mixture of experts (its family's ``experts`` keys in its
     config.json, no torch): what Generate offers before the model is loaded. False where its config is not at hand
