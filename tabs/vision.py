@@ -185,16 +185,18 @@ def offered(model: str, explanation: str):
 def preview(image: str | None, model: str):
     """The upload as a picture, and what the chosen model will see of it (Fashion-MNIST models: the 28×28 grey
     image, enlarged; the others: the upload, which their preprocessing resizes and crops); nothing for an image
-    that cannot be read (classifying it says why)."""
+    that cannot be read (classifying it says why). The upload's transparent pixels are shown on the ground the model
+    puts them on (``transparent_ground``): black for a Fashion-MNIST model where the ground is see-through, white for
+    the RGB models, so the two pictures agree on what is background."""
     if not image:
         return None, None
-    from models.inputs.images import FASHION_DECODE, fashion_array, open_image, to_rgb
+    from models.inputs.images import FASHION_DECODE, fashion_array, open_image, to_rgb, transparent_ground
 
     try:
         # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
         img, _ = open_image(image, at_least=FASHION_DECODE)
         seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else model_input(img, model)
-        img = to_rgb(img)  # transparency on white, as a viewer shows it
+        img = to_rgb(img, transparent_ground(img, "fashion" if model in FASHION else "rgb"))
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
         shown = enlarge(np.asarray(img), PREVIEW_SIDE)  # a 28- or 5-pixel upload, enlarged to be seen
     except ValueError:
