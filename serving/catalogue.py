@@ -149,6 +149,12 @@ def check_configured() -> list[str]:
     return refused
 
 
+def refused() -> set[str]:
+    """The configured folders check_configured refused: the tabs leave them out of their model choices (the page's
+    notice says why), while a request naming one is still answered with the reason (the store)."""
+    return {name for name, c in CONFIGURED.items() if c.refused}
+
+
 def checked_notice() -> str:
     """The folders check_configured refused, for the page's notice at each page load (tabs/permalink.py's restore):
     the tabs' own notices were written before the check."""

@@ -25,6 +25,7 @@ from tabs.common import (
     index,
     intro,
     layer_head_view,
+    model_choice,
     parse_head,
     read_seed,
     read_text,
@@ -95,7 +96,7 @@ def build() -> Permalink:
     with gr.Row():
         prompt = gr.Textbox(label="prompt", value=PROMPTS[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
-            model = gr.Dropdown(choices, value=choices[0], label="model")
+            model = model_choice(gr.Dropdown(choices, value=choices[0], label="model"))
             new_tokens = gr.Slider(1, limits.MAX_NEW_TOKENS, value=20, step=1, label="new tokens")
             run = gr.Button("Generate", variant="primary")
     with gr.Accordion("decoding", open=False):

@@ -15,7 +15,7 @@ from models.inspect.atlas import MAX_CORPUS_BYTES, METRICS, REPEATED
 from models.inspect.heads import rank_heads
 from serving import heads as atlas_store
 from serving.errors import ServingError
-from tabs.common import FAST, Error, fit, index, intro
+from tabs.common import FAST, Error, fit, index, intro, model_choice
 from tabs.permalink import Permalink
 from viz import attention as va
 from viz import heads as vh
@@ -41,7 +41,8 @@ def build() -> Permalink:
     intro(INTRO)
     names = atlas_store.model_names()
     with gr.Row():
-        model = gr.Dropdown(names, value=DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], label="model")
+        model = model_choice(gr.Dropdown(names, value=DEFAULT_MODEL if DEFAULT_MODEL in names else names[0],
+                                         label="model"))
         metric = gr.Dropdown(metric_choices(), value="previous", label="metric")
         corpus = gr.File(label="your corpus (optional: a .txt file, one sentence a line, ≤ 2,000 lines)",
                          file_types=[".txt"], type="filepath")
@@ -64,7 +65,8 @@ def build() -> Permalink:
     example_plot = gr.Plot(label="the example, this head", elem_id="heads-example")
     gr.Markdown("### Compare two models")
     with gr.Row():
-        other = gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]), label="other model")
+        other = model_choice(gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]),
+                                         label="other model"))
         compare = gr.Button("Compare the grids")
     compare_note = gr.Markdown()
     compare_plot = gr.Plot(label="two models' grids")

@@ -30,6 +30,7 @@ from tabs.common import (
     intro,
     layer_head_view,
     method_id,
+    model_choice,
     parse_head,
     run_layer,
     save_npz,
@@ -77,7 +78,7 @@ def build() -> Permalink:
             will_see = gr.Image(label="the model's input", interactive=False, height=PREVIEW_SIDE,
                                 elem_id="vision-will-see")
         with gr.Column(scale=1):
-            model = gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model")
+            model = model_choice(gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model"))
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
             run = gr.Button("Classify image", variant="primary")
     notice = gr.Markdown()
