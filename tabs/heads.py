@@ -170,7 +170,7 @@ def heads_linked(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: A
     """A link's run: the grid (``heads_grid``) and the card of ``layer`` and ``head`` (``head_card``), with the card's
     sliders set to them, so the linked head is the first card drawn. A head the model does not have is refused in
     words (the link then runs again with the sliders' own values, and its notice names the key)."""
-    if isinstance(layer, (int, float)) and layer < 0 or isinstance(head, (int, float)) and head < 0:
+    if any(isinstance(v, (int, float)) and v < 0 for v in (layer, head)):  # index() would count from the end
         raise Error("A link's layer and head count from 0.")
     grid = heads_grid(model, metric, corpus, progress)
     card = head_card(model, metric, layer, head, example, corpus)

@@ -17,7 +17,9 @@ sets its controls and starts its run, and for every tab an event that writes the
 that differ from the defaults, never an empty one; no ``tab`` for the first tab, which a query without one means)
 whenever a declared control changes or the tab is chosen; a hidden box carries it to ``history.replaceState``.
 Anything unknown or not allowed falls back to its default with a notice at the top of the page, never an error; an
-empty value is ignored. A link's run draws the linked view first (``preset``, ``finish``). The pure functions
+empty value is ignored. A link's run draws the linked view first (``preset``, ``finish``). The same page-load event
+leaves the configured folders that the start-up check refused out of every model choice (``tabs.common.model_choice``),
+and a link cannot name them. The pure functions
 (`read_query`, `check_after`, `write_query`, `preset_run`) are tested on their own.
 """
 
