@@ -9,7 +9,8 @@ from navigation start, the titles of the drawn, visible figures of the open tab.
 - ``first_s``: seconds from navigation start to the first drawn figure;
 - ``final_s``: seconds to the last change of the figures (the linked view, drawn completely);
 - ``wrong``: how many openings drew a title that the final view does not have (a view other than the link's, shown
-  for ``wrong_s`` seconds on average): 0 means the linked view is the first one drawn.
+  for ``wrong_s`` seconds on average; a figure Gradio replaced with a new element counts too, the Heads card's
+  example and offsets): 0 means the linked view is the first one drawn.
 
 ``--against DIR`` runs another checkout's app (e.g. ``git archive HEAD~1 | tar -x -C /tmp/before``) in turns with
 this one (ABBA), so both arms see the same machine. The last line is one JSON object.
@@ -39,6 +40,7 @@ LINKS = {  # a view of each tab other than its default: layer 0 and a single hea
     "classify": "?tab=classify&text=a%20warm%20%2C%20funny%20film%20.&layer=0&head=1",
     "generate": "?tab=generate&layer=0&head=2",
     "vision": "?tab=vision&image=sneaker&layer=0&head=1&patch=5%2C1",
+    "heads": "?tab=heads&layer=2&head=1",  # the card's default is layer 0 head 0: gpt-tiny's layer 2 head 1
 }
 
 # Records (ms since navigation start, ["<figure's number>: <title>", ...]) whenever the open tab's drawn figures'

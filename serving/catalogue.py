@@ -160,6 +160,12 @@ def check_configured() -> list[str]:
     return refused
 
 
+def refused() -> set[str]:
+    """The configured folders check_configured refused: the tabs leave them out of their model choices (the page's
+    notice says why), while a request naming one is still answered with the reason (the store)."""
+    return {name for name, c in CONFIGURED.items() if c.refused}
+
+
 def checked_notice() -> str:
     """The folders check_configured refused, for the page's notice at each page load (tabs/permalink.py's restore):
     the tabs' own notices were written before the check."""
@@ -351,6 +357,37 @@ def _config_json(name: str) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def attention_shape(name: str) -> tuple[int, int] | None:
+    """(layers, heads) of a model the catalogue offers, from its config.json without torch: a checkpoint's ``config``
+    (``n_layers``, ``n_heads``), a Hugging Face folder's (``num_hidden_layers`` or ``n_layer``, ``num_attention_heads``
+    or ``n_head``), a Hub entry's once it is in the local cache (nothing is downloaded). None where it is not known
+    before the model loads (a GGUF file, a Hub model not fetched yet) or the family has no heads (Mamba)."""
+    fam = family(name)
+    if fam is not None and not fam.heads:
+        return None
+    meta = _config_json(name)
+    entry = CONFIGURED.get(name) or DOWNLOADABLE.get(name)
+    if not meta and entry is not None and entry.repo:
+        from models.io.hub import cached
+
+        folder = cached(entry.repo, entry.revision)
+        try:
+            meta = json.loads((folder / "config.json").read_text(encoding="utf-8")) if folder else {}
+        except (OSError, ValueError):
+            meta = {}
+    inner = meta.get("config") if isinstance(meta, dict) and isinstance(meta.get("config"), dict) else None
+    if inner is not None:  # a project checkpoint
+        found = inner.get("n_layers"), inner.get("n_heads")
+    elif isinstance(meta, dict):
+        found = (next((meta[k] for k in ("num_hidden_layers", "n_layer") if k in meta), None),
+                 next((meta[k] for k in ("num_attention_heads", "n_head") if k in meta), None))
+    else:
+        return None
+    if all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in found):
+        return int(found[0]), int(found[1])
+    return None
 
 
 def has_experts(name: str) -> bool:

@@ -48,6 +48,10 @@ class ModelStore:
                 self._models[name] = self._load(name, progress)
             return self._models[name]
 
+    def loaded(self, name: str) -> Any:
+        """The model behind ``name`` if it is loaded already, else None (nothing is loaded)."""
+        return self._models.get(name)
+
     @staticmethod
     def _load(name: str, progress: Any = None) -> Any:
         import torch

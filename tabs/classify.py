@@ -32,6 +32,7 @@ from tabs.common import (
     intro,
     layer_head_view,
     method_id,
+    model_choice,
     parse_head,
     read_text,
     run_layer,
@@ -86,7 +87,8 @@ def build() -> Permalink:
         text = gr.Textbox(label="text", value=sentences.SENTIMENT[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             task = gr.Radio(list(TASKS), value="SST-2 sentiment", label="task")
-            model = gr.Radio([*TEXT_MODELS, *offered("classify")], value="trained from scratch", label="model")
+            model = model_choice(gr.Radio([*TEXT_MODELS, *offered("classify")], value="trained from scratch",
+                                         label="model"))
             run = gr.Button("Classify", variant="primary")
     gr.Examples([[s, "SST-2 sentiment"] for s in sentences.SENTIMENT]
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])

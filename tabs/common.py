@@ -20,7 +20,7 @@ import numpy as np
 
 from models import limits
 from models.outputs import METHODS
-from serving import store
+from serving import catalogue, store
 from serving.catalogue import checkpoint_status, configuration_notice
 from serving.errors import ServingError
 from viz import attention as va
@@ -59,6 +59,36 @@ def get_model(name: str, progress: Any = None) -> Any:
         return store.get_model(name, progress)
     except ServingError as err:
         raise Error(str(err), duration=None) from None
+
+
+MODEL_CHOICE = "atlas_model_choice"  # the mark model_choice puts on a control (tabs/permalink.wire reads it)
+
+
+def model_choice(control: Any) -> Any:
+    """Mark a model choice (a Radio or Dropdown that lists configured folders) and return it. The folders the start-up
+    check refuses (``catalogue.refused``) are left out of it: now, for those refused before the page was built, and at
+    each page load (``tabs.permalink.wire``: the check runs after the server is up), where a link cannot name them
+    either; the page's notice says why."""
+    setattr(control, MODEL_CHOICE, True)
+    shown = without_refused(control)
+    if shown is not None:
+        control.choices, control.value = shown["choices"], shown.get("value", control.value)
+    return control
+
+
+def without_refused(control: Any) -> dict | None:
+    """A model choice's choices and value with the refused folders left out (the value: the first remaining one if
+    it was refused), or None when it lists none of them."""
+    left = catalogue.refused()
+    if not left or not getattr(control, MODEL_CHOICE, False):
+        return None
+    kept = [(label, value) for label, value in control.choices if value not in left]
+    if len(kept) == len(control.choices):
+        return None
+    shown: dict = {"choices": kept}
+    if control.value in left:
+        shown["value"] = kept[0][1] if kept else None
+    return shown
 
 
 def intro(text: str, *checkpoints: str, kind: str = "", notice: str = "") -> None:

@@ -22,6 +22,7 @@ from tabs.common import (
     head_index,
     index,
     intro,
+    model_choice,
     parse_head,
     read_text,
     run_layer,
@@ -67,7 +68,7 @@ def build() -> Permalink:
             gr.Examples([[p] for p in EXAMPLE_SCENES], [image],
                         label="scenes of the ten Fashion-MNIST example images")
         with gr.Column(scale=2):
-            model = gr.Radio(catalogue.names("describe"), value=MODEL, label="model")
+            model = model_choice(gr.Radio(catalogue.names("describe"), value=MODEL, label="model"))
             prompt = gr.Dropdown(PROMPTS, value=PROMPTS[0], allow_custom_value=True, label="question")
             tokens = gr.Slider(1, MAX_NEW, value=24, step=1, label="new tokens at most")
             run = gr.Button("Answer", variant="primary")

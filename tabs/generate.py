@@ -9,7 +9,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits, registry
-from serving import batcher, catalogue, results, runs
+from serving import batcher, catalogue, results, runs, store
 from serving.catalogue import GPT_TINY, decoder_models
 from tabs.common import (
     FAST,
@@ -25,6 +25,7 @@ from tabs.common import (
     index,
     intro,
     layer_head_view,
+    model_choice,
     parse_head,
     read_seed,
     read_text,
@@ -95,7 +96,7 @@ def build() -> Permalink:
     with gr.Row():
         prompt = gr.Textbox(label="prompt", value=PROMPTS[0], lines=2, scale=4, max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
-            model = gr.Dropdown(choices, value=choices[0], label="model")
+            model = model_choice(gr.Dropdown(choices, value=choices[0], label="model"))
             new_tokens = gr.Slider(1, limits.MAX_NEW_TOKENS, value=20, step=1, label="new tokens")
             run = gr.Button("Generate", variant="primary")
     with gr.Accordion("decoding", open=False):
@@ -145,9 +146,10 @@ def build() -> Permalink:
     with gr.Column(visible=offers["heads"], elem_id="generate-ablation") as ablation_box:
         gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
                     "text), with the head's output zeroed: the causal check of what the head does.")
-        with gr.Row():
-            ablate_layer = gr.Slider(0, 1, value=0, step=1, label="layer of the head")
-            ablate_head = gr.Slider(0, 1, value=0, step=1, label="head")
+        with gr.Row():  # the chosen model's layers and heads (its config.json), set again when the model changes
+            layers_u, heads_u = ablation_ranges(choices[0])
+            ablate_layer = gr.Slider(**_slider(layers_u), step=1, label="layer of the head")
+            ablate_head = gr.Slider(**_slider(heads_u), step=1, label="head")
             ablate = gr.Button("Switch the head off")
         ablation_note = gr.Markdown()
         ablation = gr.Plot(label="next-token distribution with and without the head")
@@ -193,7 +195,8 @@ def build() -> Permalink:
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     experts_run.click(experts_view, [state], [experts_plot], api_name="experts", concurrency_limit=1)
     model.change(model_notice, [model], [notice], api_name=False, show_progress="hidden")
-    model.change(model_controls, [model], applies, api_name=False, show_progress="hidden", **FAST)
+    model.change(model_controls, [model], [*applies, ablate_layer, ablate_head], api_name=False,
+                 show_progress="hidden", **FAST)
     # another model: the last model's continuation and figures go (an error of the new one stood under them)
     model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
                 api_name=False, show_progress="hidden", **FAST)
@@ -239,9 +242,35 @@ def _shown_for(offers: dict[str, bool]) -> tuple[dict, dict, dict, dict]:
             gr.update(visible=offers["heads"]))
 
 
+UNKNOWN_SHAPE = "known once the model has run (its layers and heads are read when it loads)"
+
+
+def ablation_ranges(name: str | None) -> tuple[dict, dict]:
+    """Updates of "Switch a head off"'s layer and head sliders for a model before it runs: its layers and heads
+    (``catalogue.attention_shape``: its config.json, no torch; or the model itself where it is loaded already), the
+    last layer and head 0 chosen, as a run sets them; where the shape is not known before the model loads (a GGUF
+    file, a Hub model not fetched yet) the sliders wait, not movable, for the run that sets them."""
+    name = name if name in decoder_models() else DEFAULT  # the dropdown's names only: nothing else is looked up
+    shape = catalogue.attention_shape(name)
+    net = store.MODELS.loaded(name) if shape is None else None
+    if net is not None and registry.family_of(net).heads:
+        shape = (net.config.n_layers, net.config.n_heads)
+    if shape is None:
+        return (gr.update(interactive=False, info=UNKNOWN_SHAPE), gr.update(interactive=False, info=UNKNOWN_SHAPE))
+    layers, heads = shape
+    return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=layers - 1, interactive=layers > 1, info=None),
+            gr.update(minimum=0, maximum=max(heads - 1, 1), value=0, interactive=heads > 1, info=None))
+
+
+def _slider(update: dict) -> dict:
+    """A slider's constructor arguments from an update of ``ablation_ranges`` (the page's first view)."""
+    return {"minimum": 0, "maximum": 1, "value": 0, **{k: v for k, v in update.items() if k != "__type__"}}
+
+
 def model_controls(name: str | None):
-    """Another model is chosen: its controls are shown, the others hidden (``offered_for``)."""
-    return _shown_for(offered_for(name))
+    """Another model is chosen: its controls are shown, the others hidden (``offered_for``), and the sliders of
+    "Switch a head off" span its layers and heads (``ablation_ranges``)."""
+    return (*_shown_for(offered_for(name)), *ablation_ranges(name))
 
 
 def run_controls(state: dict | None):
@@ -361,8 +390,10 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
     n_steps = len(result.steps)
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
-    ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1)
-    ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0)
+    ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1,
+                               interactive=amap.layers > 1, info=None)
+    ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0, interactive=amap.heads > 1,
+                              info=None)
     kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net))
     device_side = on_device(kept)
     # all sessions' long (or device-side) results together stay under ATLAS_LONG_KEEP_MB (ATLAS_DEVICE_KEEP_MB):

@@ -15,7 +15,7 @@ from models.inspect.atlas import MAX_CORPUS_BYTES, METRICS, REPEATED
 from models.inspect.heads import rank_heads
 from serving import heads as atlas_store
 from serving.errors import ServingError
-from tabs.common import FAST, Error, fit, index, intro
+from tabs.common import FAST, Error, fit, index, intro, model_choice
 from tabs.permalink import Permalink
 from viz import attention as va
 from viz import heads as vh
@@ -41,7 +41,8 @@ def build() -> Permalink:
     intro(INTRO)
     names = atlas_store.model_names()
     with gr.Row():
-        model = gr.Dropdown(names, value=DEFAULT_MODEL if DEFAULT_MODEL in names else names[0], label="model")
+        model = model_choice(gr.Dropdown(names, value=DEFAULT_MODEL if DEFAULT_MODEL in names else names[0],
+                                         label="model"))
         metric = gr.Dropdown(metric_choices(), value="previous", label="metric")
         corpus = gr.File(label="your corpus (optional: a .txt file, one sentence a line, ≤ 2,000 lines)",
                          file_types=[".txt"], type="filepath")
@@ -64,7 +65,8 @@ def build() -> Permalink:
     example_plot = gr.Plot(label="the example, this head", elem_id="heads-example")
     gr.Markdown("### Compare two models")
     with gr.Row():
-        other = gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]), label="other model")
+        other = model_choice(gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]),
+                                         label="other model"))
         compare = gr.Button("Compare the grids")
     compare_note = gr.Markdown()
     compare_plot = gr.Plot(label="two models' grids")
@@ -86,8 +88,11 @@ def build() -> Permalink:
     gr.Button("Draw the head card", size="sm").click(head_card, card_in, card_out, api_name="head_card")
     gr.api(head_finder, api_name="head_finder")  # the ranking as data (the page draws it as the finder's bars)
     compare.click(heads_compare, [model, other, metric], [compare_plot, compare_note], api_name="heads_compare")
+    # a link's run scores the heads and draws the card of its own layer and head in one step (issue 61, item 5): the
+    # first card drawn is the linked one, not layer 0 head 0's before the after-keys are set
+    link_steps = [(heads_linked, [*main_in, layer, head, example], main_out + card_out)]
     return Permalink({"model": model, "metric": metric}, steps, after={"layer": layer, "head": head},
-                     state=state, limits=_limits)
+                     state=state, limits=_limits, preset={"layer": layer, "head": head}, link_run=link_steps)
 
 
 def _limits(state: Any) -> dict:
@@ -158,6 +163,19 @@ def heads_grid(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any
             gr.update(maximum=max(atlas.layers - 1, 1), interactive=atlas.layers > 1),
             gr.update(maximum=max(atlas.heads - 1, 1), interactive=atlas.heads > 1),
             {"layers": atlas.layers, "heads": atlas.heads, "model": atlas.model})
+
+
+def heads_linked(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None, layer: int = 0,
+                 head: int = 0, example: str | int = 1, progress: gr.Progress = gr.Progress()):
+    """A link's run: the grid (``heads_grid``) and the card of ``layer`` and ``head`` (``head_card``), with the card's
+    sliders set to them, so the linked head is the first card drawn. A head the model does not have is refused in
+    words (the link then runs again with the sliders' own values, and its notice names the key)."""
+    if any(isinstance(v, (int, float)) and v < 0 for v in (layer, head)):  # index() would count from the end
+        raise Error("A link's layer and head count from 0.")
+    grid = heads_grid(model, metric, corpus, progress)
+    card = head_card(model, metric, layer, head, example, corpus)
+    layer_u, head_u = ({**u, "value": int(v)} for u, v in ((grid[5], layer), (grid[6], head)))
+    return (*grid[:5], layer_u, head_u, grid[7], *card)
 
 
 def redraw(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None, state: Any = None):

@@ -17,7 +17,9 @@ sets its controls and starts its run, and for every tab an event that writes the
 that differ from the defaults, never an empty one; no ``tab`` for the first tab, which a query without one means)
 whenever a declared control changes or the tab is chosen; a hidden box carries it to ``history.replaceState``.
 Anything unknown or not allowed falls back to its default with a notice at the top of the page, never an error; an
-empty value is ignored. A link's run draws the linked view first (``preset``, ``finish``). The pure functions
+empty value is ignored. A link's run draws the linked view first (``preset``, ``finish``). The same page-load event
+leaves the configured folders that the start-up check refused out of every model choice (``tabs.common.model_choice``),
+and a link cannot name them. The pure functions
 (`read_query`, `check_after`, `write_query`, `preset_run`) are tested on their own.
 """
 
@@ -33,7 +35,7 @@ from urllib.parse import quote, urlencode
 import gradio as gr
 
 from serving import catalogue
-from tabs.common import FAST, MAX_SEED, MAX_TEXT_CHARS
+from tabs.common import FAST, MAX_SEED, MAX_TEXT_CHARS, MODEL_CHOICE, without_refused
 
 # Gradio's own query keys (?view=api opens the API page, ?__theme=dark): never ours, never "unknown".
 GRADIO_KEYS = frozenset({"view", "__theme", "deep_link"})
@@ -141,6 +143,8 @@ def read_value(control: Any, text: str) -> Any:
             raise ValueError
         return flags[text.lower()]
     if isinstance(control, (gr.Radio, gr.Dropdown)):
+        if getattr(control, MODEL_CHOICE, False) and text in catalogue.refused():  # left out of the choices
+            raise ValueError
         for _, value in control.choices:
             if str(value) == text:
                 return value
@@ -304,6 +308,10 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
     # Each tab whose run waits for a link gets a State that the restore sets; its change runs the tab's steps.
     starts = {key: gr.State() for key, link in links.items() if link and link.run and not link.at_load}
     targets = [(key, name, component_of(c)) for key, link in links.items() if link for name, c in link.fields.items()]
+    # the model choices (tabs.common.model_choice): the folders the start-up check refused after the page was built
+    # are left out at each page load, with the link's value where the same control takes one
+    choices = [b for b in demo.blocks.values() if getattr(b, MODEL_CHOICE, False)]
+    others = [c for c in choices if all(c is not t for _, _, t in targets)]
 
     def restore(request: gr.Request):
         asked = read_query(dict(request.query_params) if request else {}, links)
@@ -313,13 +321,20 @@ def wire(demo: gr.Blocks, tabs: gr.Tabs, items: dict[str, tuple[gr.Tab, Permalin
                                         catalogue.checked_notice()) if x)
         start = {"pending": asked.pending, "refused": list(asked.refused), "messages": list(asked.messages),
                  "unknown": asked.unknown}
+        shown = {id(c): without_refused(c) for c in choices}
+
+        def update(control: Any, value: dict) -> Any:
+            both = {**(shown.get(id(control)) or {}), **value}
+            return gr.update(**both) if both else gr.skip()
+
         return (gr.Tabs(selected=asked.tab) if asked.tab else gr.skip(),
                 gr.update(value=text, visible=True) if text else gr.skip(),
-                *(gr.update(value=asked.values[name]) if key == asked.tab and name in asked.values else gr.skip()
-                  for key, name, _ in targets),
+                *(update(c, {"value": asked.values[name]} if key == asked.tab and name in asked.values else {})
+                  for key, name, c in targets),
+                *(update(c, {}) for c in others),
                 *(start if key == asked.tab and asked.run else gr.skip() for key in starts))
 
-    loaded = demo.load(restore, None, [tabs, notice_box, *(c for _, _, c in targets), *starts.values()],
+    loaded = demo.load(restore, None, [tabs, notice_box, *(c for _, _, c in targets), *others, *starts.values()],
                        api_name=False, show_progress="hidden", **FAST)
     for key, link in links.items():
         if link and link.at_load:  # drawn at every page load, after the link's values are set

@@ -8,7 +8,7 @@ import numpy as np
 
 from models import registry
 from serving import catalogue
-from tabs.common import FAST, Error, fit, get_model, intro
+from tabs.common import FAST, Error, fit, get_model, intro, model_choice
 from tabs.permalink import Permalink
 from viz import positional as vp
 from viz.common import esc, shorten
@@ -58,7 +58,8 @@ def build() -> Permalink:
     gr.Markdown(T5_TEXT)
     with gr.Row():
         choices = catalogue.t5_models()
-        t5_model = gr.Dropdown(choices, value=choices[0] if choices else None, label="T5 model", scale=3)
+        t5_model = model_choice(gr.Dropdown(choices, value=choices[0] if choices else None, label="T5 model",
+                                                scale=3))
         t5_run = gr.Button("Show T5's buckets and biases", scale=1)
     t5_note = gr.Markdown()
     t5_plot = gr.Plot(label="T5 relative position bias")

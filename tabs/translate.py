@@ -25,6 +25,7 @@ from tabs.common import (
     index,
     intro,
     layer_head_view,
+    model_choice,
     parse_head,
     read_text,
     run_layer,
@@ -65,7 +66,7 @@ def build() -> Permalink:
                           max_length=MAX_TEXT_CHARS)
         with gr.Column(scale=1):
             beam = gr.Slider(1, MAX_BEAM, value=5, step=1, label="beam size (1 = greedy)")
-            model = gr.Dropdown(translator_models(), value=MODEL, label="model")
+            model = model_choice(gr.Dropdown(translator_models(), value=MODEL, label="model"))
             run = gr.Button("Translate", variant="primary")
     gr.Examples([[s] for s in sentences.TRANSLATE], [text])
     out = gr.Textbox(label="German translation", interactive=False)

@@ -30,6 +30,7 @@ from tabs.common import (
     intro,
     layer_head_view,
     method_id,
+    model_choice,
     parse_head,
     run_layer,
     save_npz,
@@ -77,7 +78,7 @@ def build() -> Permalink:
             will_see = gr.Image(label="the model's input", interactive=False, height=PREVIEW_SIDE,
                                 elem_id="vision-will-see")
         with gr.Column(scale=1):
-            model = gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model")
+            model = model_choice(gr.Radio(catalogue.names("vision"), value="vit-fashion", label="model"))
             top_k = gr.Slider(1, 10, value=5, step=1, label="top-k classes")
             run = gr.Button("Classify image", variant="primary")
     notice = gr.Markdown()
@@ -185,16 +186,18 @@ def offered(model: str, explanation: str):
 def preview(image: str | None, model: str):
     """The upload as a picture, and what the chosen model will see of it (Fashion-MNIST models: the 28×28 grey
     image, enlarged; the others: the upload, which their preprocessing resizes and crops); nothing for an image
-    that cannot be read (classifying it says why)."""
+    that cannot be read (classifying it says why). The upload's transparent pixels are shown on the ground the model
+    puts them on (``transparent_ground``): black for a Fashion-MNIST model where the ground is see-through, white for
+    the RGB models, so the two pictures agree on what is background."""
     if not image:
         return None, None
-    from models.inputs.images import FASHION_DECODE, fashion_array, open_image, to_rgb
+    from models.inputs.images import FASHION_DECODE, fashion_array, open_image, to_rgb, transparent_ground
 
     try:
         # decoded once, for both pictures; a large JPEG at reduced scale, as classifying decodes it
         img, _ = open_image(image, at_least=FASHION_DECODE)
         seen = enlarge(fashion_array(img)[0], PREVIEW_SIDE) if model in FASHION else model_input(img, model)
-        img = to_rgb(img)  # transparency on white, as a viewer shows it
+        img = to_rgb(img, transparent_ground(img, "fashion" if model in FASHION else "rgb"))
         img.thumbnail((2 * PREVIEW_SIDE, 2 * PREVIEW_SIDE))
         shown = enlarge(np.asarray(img), PREVIEW_SIDE)  # a 28- or 5-pixel upload, enlarged to be seen
     except ValueError:

@@ -559,10 +559,11 @@ def test_generate_zoom_head_switch_and_model_change(tiny_checkpoints: Path, monk
 
 
 def test_vision_preview_and_class_choices(tiny_checkpoints: Path, monkeypatch, tmp_path: Path) -> None:
-    """Issue 48, items 8 and 12: a transparent PNG was previewed on black while the model saw it on white
-    ("light background: inverted"); 28- and 5-pixel uploads were shown at their size; the target class was a
-    free-text box. The preview composites on white as the model does and enlarges small images; the target is a
-    dropdown of the chosen model's classes, and picking one explains it at once."""
+    """Issue 48, items 8 and 12: a transparent PNG was previewed on another ground than the model's; 28- and 5-pixel
+    uploads were shown at their size; the target class was a free-text box. The preview composites on the ground the
+    model puts transparency on (a Fashion-MNIST model's black since issue 61, item 8: tests/test_images.py) and
+    enlarges small images; the target is a dropdown of the chosen model's classes, and picking one explains it at
+    once."""
     from PIL import Image
 
     from tabs import vision
@@ -574,8 +575,8 @@ def test_vision_preview_and_class_choices(tiny_checkpoints: Path, monkeypatch, t
     path = tmp_path / "clear.png"
     Image.fromarray(rgba, "RGBA").save(path)
     shown, seen = vision.preview(str(path), "vit-fashion")
-    assert (shown[0, 0] == 255).all() and (shown[shown.shape[0] // 2, shown.shape[1] // 2] == 0).all()
-    assert seen[0, 0].max() < 50  # the model's input: inverted (light ground), so the ground is dark
+    assert (shown[0, 0] == 0).all() and seen[0, 0].max() == 0  # the transparent ground on black in both
+    assert seen[seen.shape[0] // 2, seen.shape[1] // 2].min() > 200  # the model's input: the dark bar made light
     for side in (28, 5):
         small = tmp_path / f"small{side}.png"
         Image.fromarray(np.full((side, side, 3), 200, np.uint8)).save(small)

@@ -193,3 +193,63 @@ def test_choosing_another_model_takes_the_old_figures_down(tab_name: str, run_la
     assert any(isinstance(v, str) and "broken-one" in v and run_label in v for v in values)
     kept = next(o for o in fn.outputs if o in states)
     assert shown[kept] is None
+
+
+def test_a_folder_refused_at_start_up_is_left_out_of_the_model_choices(hf_folders, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """A configured folder that the start-up check refused stayed a model choice in every tab that lists configured
+    folders (Classify, Generate, Heads' two), and picking it gave the error at once. The page is built before the
+    check (app.main), so the one page-load event leaves the refused folders out of every such choice, the good ones
+    kept; a link cannot name one; the notice still says why; a page built after the check never lists them; and a
+    request that names one (the API) still gets the reason."""
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    import app
+    from serving import catalogue, store
+    from tabs import generate, startup
+
+    broken = _broken_bert(hf_folders, tmp_path)
+    decoder = _copy(hf_folders.get("gpt2").path, tmp_path / "broken-gpt2")
+    _edit_weights(decoder, lambda s: s.pop(next(k for k in s if k.endswith("h.1.attn.c_attn.weight"))))
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    monkeypatch.setattr(catalogue, "CONFIG_PROBLEMS", [])
+    monkeypatch.setattr(catalogue, "CHECK_PROBLEMS", [])
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    catalogue.configure([str(broken), str(hf_folders.get("bert").path), str(decoder)])
+    refused = {"broken-bert", "broken-gpt2"}
+
+    def model_choices(demo) -> dict:  # every model choice of the page that lists a configured folder
+        return {b: [v for _, v in b.choices] for b in demo.blocks.values() if isinstance(b, (gr.Radio, gr.Dropdown))
+                and "model" in str(b.label) and {v for _, v in b.choices} & {"bert", *refused}}
+
+    demo = app.build_demo()  # as app.main builds it: before the check
+    listed = model_choices(demo)
+    assert sorted(b.label for b in listed) == ["model", "model", "model", "other model"]  # Classify, Generate, Heads
+    assert all("broken-bert" in names or "broken-gpt2" in names for names in listed.values())
+    assert startup.warm_stack() == []  # imports the stack, then checks the configured folders: both refused
+    load = next(fn for fn in demo.fns.values() if any(k == "load" for _, k in fn.targets))
+
+    def opened(query: dict) -> dict:
+        values = load.fn(SimpleNamespace(query_params=query))
+        return dict(zip(load.outputs, values, strict=True))
+
+    def notice(shown: dict) -> str:
+        return next(v["value"] for v in shown.values() if isinstance(v, dict) and isinstance(v.get("value"), str))
+
+    shown = opened({})
+    for control, names in listed.items():
+        kept = [v for _, v in shown[control]["choices"]]
+        assert kept == [n for n in names if n not in refused] and control.value in kept, control.label
+    assert "bert" in [v for _, v in shown[next(b for b in listed if b.label == "model" and "bert" in listed[b])][
+        "choices"]]  # the good folder stays
+    said = notice(shown)
+    assert "`broken-bert`" in said and "`broken-gpt2`" in said and "h.1.attn.c_attn.weight" in said
+    linked = opened({"tab": "generate", "model": "broken-gpt2"})  # a link cannot pick it
+    assert "`model` is not allowed here" in notice(linked)
+    picker = next(b for b in listed if "gpt-tiny" in listed[b] and "sst2" not in listed[b] and b.label == "model")
+    assert "value" not in linked[picker] and "broken-gpt2" not in [v for _, v in linked[picker]["choices"]]
+    with pytest.raises(gr.Error, match=r"broken-gpt2.*cannot be loaded.*h\.1\.attn\.c_attn\.weight"):
+        generate.generate("a cat", 2, "broken-gpt2")  # the API: the reason, at once
+    assert not refused & {n for names in model_choices(app.build_demo()).values() for n in names}  # built after

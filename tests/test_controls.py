@@ -66,12 +66,12 @@ def test_generate_offers_what_each_model_can_do_before_it_loads(generate) -> Non
     assert offers["my-mixtral"] == {"heads": True, "experts": True}
     assert offers["my-mistral"] == {"heads": True, "experts": False}
     assert store.MODELS._models == {}  # read from the registrations and config.json: nothing loaded
-    head, experts, ablation, roles = generate.model_controls("mamba-tiny")
+    head, experts, ablation, roles, *_ = generate.model_controls("mamba-tiny")
     assert (_visible(head), _visible(experts), _visible(ablation), _visible(roles)) == (False, False, False, False)
     assert head["value"] == "mean"  # the one map of each layer
-    head, experts, ablation, roles = generate.model_controls("my-mixtral")
+    head, experts, ablation, roles, *_ = generate.model_controls("my-mixtral")
     assert (_visible(head), _visible(experts), _visible(ablation), _visible(roles)) == (True, True, True, True)
-    head, experts, ablation, roles = generate.model_controls("gpt-tiny")
+    head, experts, ablation, roles, *_ = generate.model_controls("gpt-tiny")
     assert (_visible(head), _visible(experts), _visible(ablation), _visible(roles)) == (True, False, True, True)
     # a name the dropdown does not offer is never looked up: the default's controls
     assert generate.offered_for("../../etc") == generate.offered_for("gpt-tiny")
@@ -86,6 +86,52 @@ def test_after_a_run_the_loaded_model_decides(generate) -> None:
         assert (_visible(head), _visible(experts_u), _visible(ablation), _visible(roles)) == (
             heads, experts, heads, heads), name
     assert all(u == {"__type__": "update"} for u in generate.run_controls(None))
+
+
+def _ablation_sliders(update_layer: dict, update_head: dict) -> tuple:
+    return update_layer.get("maximum"), update_head.get("maximum"), update_layer.get("interactive")
+
+
+def test_switch_a_head_off_spans_the_chosen_model_before_it_runs(generate, root: Path, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """"Switch a head off" had layer and head sliders of 0 … 1 until a first run set them: a model of 4 heads offered
+    heads 0 and 1 only. Choosing a model (and the page, for its first model) sets them from its config.json with
+    nothing loaded; a model whose shape is known only once it loads (a GGUF file) keeps them still, saying so, until
+    then. The reference is the loaded model's own config."""
+    import gradio as gr
+
+    from tests.gguf_files import write_model
+
+    gguf, _ = write_model(tmp_path / "gguf", "qwen2")  # 5 layers of 8 heads, read from the file only when it loads
+    monkeypatch.setattr(catalogue, "CONFIGURED", {})
+    catalogue.configure([str(gguf)])
+    shown = {}
+    for name in ("gpt-tiny", "my-mixtral", "my-mistral", "model.gguf"):
+        *_, layer_u, head_u = generate.model_controls(name)
+        shown[name] = layer_u, head_u
+    assert store.MODELS._models == {}  # from config.json: nothing loaded
+    for name in ("gpt-tiny", "my-mixtral", "my-mistral"):
+        c = store.MODELS.get(name).config
+        layer_u, head_u = shown[name]
+        assert (layer_u["maximum"], layer_u["value"], head_u["maximum"], head_u["value"]) == (
+            c.n_layers - 1, c.n_layers - 1, c.n_heads - 1, 0), name
+        assert layer_u["interactive"] and head_u["interactive"]
+    assert shown["my-mixtral"][1]["maximum"] != 1  # not the 0 … 1 placeholder
+    layer_u, head_u = shown["model.gguf"]
+    assert layer_u["interactive"] is False and "once the model has run" in layer_u["info"] and "maximum" not in layer_u
+    net = store.MODELS.get("model.gguf")  # loaded (by a run): its own shape
+    *_, layer_u, head_u = generate.model_controls("model.gguf")
+    assert (layer_u["maximum"], head_u["maximum"]) == (net.config.n_layers - 1, net.config.n_heads - 1) == (4, 7)
+    # the page opens with the first model's range: the tiny gpt-tiny's 4 heads, not 0 … 1
+    with gr.Blocks() as demo:
+        generate.build()
+    model = next(b for b in demo.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "model")
+    changed = next(fn for fn in demo.fns.values() if (model._id, "change") in list(fn.targets)
+                   and any(getattr(o, "label", "") == "layer of the head" for o in fn.outputs))
+    layer_s, head_s = changed.outputs[-2:]  # another model chosen: the sliders follow
+    assert (layer_s.label, head_s.label) == ("layer of the head", "head")
+    c = store.MODELS.get("gpt-tiny").config
+    assert layer_s.maximum == c.n_layers - 1 and head_s.maximum == c.n_heads - 1 == 3
 
 
 def test_a_one_map_model_names_no_head(generate) -> None:

@@ -21,6 +21,7 @@ from models.inputs.images import (
     prepare,
     prepare_fashion,
     prepare_imagenet,
+    to_grey,
 )
 
 
@@ -130,6 +131,33 @@ def test_a_light_object_on_a_transparent_ground_stays_light() -> None:
     opaque = a.copy()
     opaque[..., 3] = 255  # no transparency: the border rule as before (a white ground: inverted)
     assert "Light background" in fashion_array(Image.fromarray(opaque, "RGBA"))[1]
+
+
+def test_the_upload_preview_shows_transparency_on_the_model_s_ground(tmp_path) -> None:
+    """The Vision tab's "your image" put a transparent ground on white while a Fashion-MNIST model puts it on black
+    (issue 61, item 8), so the preview looked like a light background the model had not inverted. The preview now
+    composites on the model's own ground: black where a Fashion-MNIST model sees a see-through ground (the model's
+    input's ground, pixel for pixel), white for the RGB models (their preprocessing's) and for a nearly opaque image,
+    which a Fashion-MNIST model reads on white too."""
+    from tabs.vision import PREVIEW_SIDE, preview
+
+    a = np.zeros((28, 28, 4), np.uint8)
+    a[..., :3] = 255  # a white but fully transparent ground ...
+    a[6:22, 8:20] = (220, 200, 180, 255)  # ... under a light opaque shirt
+    path = tmp_path / "shirt.png"
+    Image.fromarray(a, "RGBA").save(path)
+    shown, seen = preview(str(path), "vit-fashion")
+    k = PREVIEW_SIDE // 28  # both pictures enlarged pixel for pixel
+    ground = a[..., 3] == 0
+    assert (shown[::k, ::k][ground] == 0).all() and (seen[::k, ::k][ground] == 0).all()  # the model's black
+    assert tuple(shown[10 * k, 10 * k]) == (220, 200, 180)  # the object as uploaded
+    rgb, _ = preview(str(path), "ViT-B/16 (ImageNet)")  # an RGB model (its weights need not be here)
+    assert (rgb[::k, ::k][ground] == 255).all() and (prepare_imagenet(Image.open(path)).shown[0, 0] == 255).all()
+    a[..., 3] = 255
+    a[0, 0, 3] = 0  # one transparent pixel: read as any other image, on white (to_grey), by the model as well
+    Image.fromarray(a, "RGBA").save(path)
+    shown, _ = preview(str(path), "vit-fashion")
+    assert (shown[0, 0] == 255).all() and np.asarray(to_grey(Image.open(path)))[0, 0] == 255
 
 
 def test_palette_with_and_without_transparency() -> None:

@@ -3,6 +3,7 @@ declaration; hostile or unknown values fall back to the defaults with a notice t
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import parse_qsl
@@ -284,8 +285,35 @@ def test_a_link_hands_its_layer_and_head_to_the_run(links) -> None:
                                                                            out[1]))
     assert finished({"pending": {"layer": "1", "step": "3"}}, "e", -1, "mean")[0] == "e: layer 1, head mean + step 3"
     # every tab with a layer in its link presets it, into the input its first step reads
-    for key in ("translate", "classify", "generate", "vision"):
+    for key in ("translate", "classify", "generate", "vision", "heads"):
         link = links[key]
         assert set(link.preset) == {"layer", "head"}, key
         inputs = (link.link_run or link.run)[0][1]
         assert all(pl.component_of(c) in inputs for c in link.preset.values()), key
+
+
+def test_a_heads_link_draws_its_own_head_first(links, tiny_checkpoints, monkeypatch) -> None:
+    """The Heads link's run drew the card of layer 0 head 0 (the sliders' values) and only then set the link's layer
+    and head, which drew their card again. Its first step now scores the heads and draws the linked head's card, the
+    same card a person's choice of that head draws; a head the model lacks runs with the sliders' own values."""
+    from serving import heads as atlas_store
+    from serving import store
+    from tabs import heads
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)  # gpt-tiny: 2 layers of 4 heads
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    monkeypatch.setattr(atlas_store, "_kept", OrderedDict())
+    fn, inputs, outputs, *_ = pl.linked_steps(links["heads"], gr.State())[0]
+    assert [c.label for c in inputs[1:4]] == ["model", "metric", "your corpus (optional: a .txt file, one sentence a "
+                                                                  "line, ≤ 2,000 lines)"]
+    args = ["gpt-tiny", "previous", None, 0, 0, "1"]  # the sliders at 0 and 0, as the page opens
+    out = fn({"pending": {"layer": "1", "head": "2"}}, *args)
+    assert [c.label for c in outputs[5:7]] == ["layer", "head"] and len(out) == len(outputs) == 11
+    card, example, offsets = heads.head_card("gpt-tiny", "previous", 1, 2, "1", None)  # a person's choice
+    assert out[8] == card and "gpt-tiny · layer 1 · head 2" in card
+    assert out[9].to_plotly_json() == example.to_plotly_json() and "layer 1 · head 2" in example.layout.title.text
+    assert out[10].to_plotly_json() == offsets.to_plotly_json()
+    assert out[5]["value"] == 1 and out[6]["value"] == 2 and out[5]["maximum"] == 1 and out[6]["maximum"] == 3
+    fallback = fn({"pending": {"layer": "1", "head": "9"}}, *args)  # no head 9: the sliders' own head
+    assert fallback[8] == heads.head_card("gpt-tiny", "previous", 0, 0, "1", None)[0]
+    assert fallback[5]["value"] == 0 and fallback[6]["value"] == 0

@@ -176,8 +176,12 @@ def _from_array(a: np.ndarray) -> Image.Image:
 
 
 # ------------------------------------------------------------------------------------------ colour
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode -> 8-bit RGB. Transparency is composited on white (what a viewer shows);
+WHITE, BLACK = (255, 255, 255), (0, 0, 0)
+
+
+def to_rgb(img: Image.Image, ground: tuple[int, int, int] = WHITE) -> Image.Image:
+    """Any PIL mode -> 8-bit RGB. Transparency is composited on ``ground``: white (what a viewer shows, and what the
+    RGB models see), or the colour a model puts it on (``transparent_ground``: a preview of its input);
     16-bit, 32-bit and float greys are scaled to 8 bits; CMYK and YCbCr use PIL's conversion."""
     if img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
@@ -185,8 +189,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
         if img.mode == "La":  # premultiplied grey+alpha: PIL converts it to RGBA only via LA
             img = img.convert("LA")
         rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
+        base = Image.new("RGBA", rgba.size, (*ground, 255))
+        return Image.alpha_composite(base, rgba).convert("RGB")
     if img.mode in _FLOAT_OR_WIDE_MODES:
         return _wide_to_grey(img).convert("RGB")
     try:
@@ -225,6 +229,33 @@ def light_background(grey: np.ndarray) -> bool:
 TRANSPARENT_SHARE = 0.05  # an image whose pixels are at least this share (mostly) transparent has a see-through ground
 
 
+def _alpha(img: Image.Image) -> Image.Image | None:
+    """The image as RGBA if it has transparency (an alpha channel, or a palette's transparent colour), else None."""
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode not in _ALPHA_MODES:
+        return None
+    if img.mode == "La":
+        img = img.convert("LA")
+    return img.convert("RGBA")
+
+
+def see_through(img: Image.Image) -> bool:
+    """Whether an image has a transparent ground: at least TRANSPARENT_SHARE of its pixels (mostly) transparent. A
+    Fashion-MNIST model puts such a ground on black (``transparent_on_dark``); a nearly opaque image is read as any
+    other (its few transparent pixels on white, ``to_rgb``)."""
+    rgba = _alpha(img)
+    return rgba is not None and float((np.asarray(rgba.getchannel("A")) < 128).mean()) >= TRANSPARENT_SHARE
+
+
+def transparent_ground(img: Image.Image, kind: str) -> tuple[int, int, int]:
+    """The colour a model whose input is ``kind`` ("fashion", "imagenet", "processor") puts an image's transparent
+    pixels on: black for a Fashion-MNIST model where the image has a see-through ground (``see_through``), else white
+    (``to_rgb``, as the RGB models' preprocessing does). The upload preview composites on it, so that it shows the
+    ground the model sees."""
+    return BLACK if kind == "fashion" and see_through(img) else WHITE
+
+
 def transparent_on_dark(img: Image.Image) -> tuple[Image.Image | None, str]:
     """(grey image, notice) of an image with a transparent background, as a Fashion-MNIST model expects it: the
     object light on a black ground; (None, "") for an image without one. The transparent ground is the background
@@ -232,16 +263,10 @@ def transparent_on_dark(img: Image.Image) -> tuple[Image.Image | None, str]:
     when they are light on average and are inverted when dark (a black drawing on a see-through ground becomes a light
     one), each pixel weighted by its opacity. Judging the composite on white instead (what a viewer shows) took a light
     object on a transparent ground for a light background and inverted it to near black."""
-    if img.mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
-    if img.mode not in _ALPHA_MODES:
-        return None, ""
-    if img.mode == "La":
-        img = img.convert("LA")
-    rgba = img.convert("RGBA")
-    alpha = np.asarray(rgba.getchannel("A"), dtype=np.float64) / 255.0
-    if (alpha < 0.5).mean() < TRANSPARENT_SHARE:
+    if not see_through(img):
         return None, ""  # opaque, or nearly: read as any other image
+    rgba = _alpha(img)
+    alpha = np.asarray(rgba.getchannel("A"), dtype=np.float64) / 255.0
     luma = np.asarray(rgba.convert("RGB").convert("L"), dtype=np.float64)
     weight = alpha.sum()
     light = weight == 0 or float((luma * alpha).sum() / weight) >= 128

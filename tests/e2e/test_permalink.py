@@ -75,6 +75,15 @@ def stray_views(page) -> list[str]:
     return [t for titles in drawn.values() for t in titles[:-1]]
 
 
+def gone_views(page) -> list[str]:
+    """The titles drawn at some moment that no figure shows now: a view drawn before the linked one in a figure that
+    Gradio then replaced with a new element (the Heads card's example and offsets are), which ``stray_views``, reading
+    each element's own history, does not see."""
+    drawn = page.evaluate("() => window.__atlasDrawn || {}")
+    now = set(titles(page))
+    return [t for shown in drawn.values() for t in shown if t and t not in now]
+
+
 @pytest.fixture()
 def opened(browser):
     """Open a URL in a fresh browser context (nothing shared with the page that made the link), recording what each
@@ -326,3 +335,31 @@ def test_the_tabs_drawn_at_load_reopen_their_link(page, opened, tab: str, contro
 
 def pl_key(tab: str) -> str:
     return {"Swin windows": "swin", "Attention playground": "playground", "Positional encoding": "positional"}[tab]
+
+
+def test_heads_link_draws_the_linked_head_first(page, opened) -> None:
+    """The Heads link drew layer 0 head 0's card (the sliders' values as the page opens) before the link's layer and
+    head were set: its run now draws the linked head's card first, the same figures as the page the link was copied
+    from (tiny checkpoints: gpt-tiny has 2 layers of 4 heads)."""
+    open_tab(page, "Heads")
+    panel = _panel(page)
+    panel.get_by_role("button", name="Score every head").click()
+    wait_for_plots(page, 5, timeout=120_000)  # grid, finder, by layer, the card's example and offsets
+    card = page.locator("#heads-card")
+    expect(card).to_contain_text("gpt-tiny · layer 0 · head 0", timeout=60_000)
+    for label, value in (("layer", "1"), ("head", "2")):
+        box = panel.get_by_label(f"number input for {label}", exact=True)
+        box.fill(value)
+        box.press("Enter")
+    expect(card).to_contain_text("gpt-tiny · layer 1 · head 2", timeout=60_000)
+    _wait_for_title(page, "Mean attention by offset · layer 1 · head 2")
+    url = _link(page, "tab=heads", "layer=1", "head=2")
+    expected, shown = figures(page), card.inner_text()
+
+    again = opened(url)
+    _expect_tab(again, "Heads")
+    _same_figures(again, expected)
+    expect(again.locator("#heads-card")).to_have_text(shown, timeout=30_000)
+    assert stray_views(again) == [] and gone_views(again) == []  # not layer 0 head 0's example and offsets first
+    again.wait_for_function("(url) => location.href === url", arg=url, timeout=30_000)
+    assert page.js_errors == [] and again.js_errors == []
