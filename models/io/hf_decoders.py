@@ -273,6 +273,13 @@ def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     return _build(config, ours, where, "Gemma")
 
 
+def _sandwich_norms(s: dict[str, Tensor], h: str, o: str, ours: dict[str, Tensor]) -> None:
+    """Gemma 2 and 3's four norms of a layer (before and after attention and the feed-forward), each weight + 1."""
+    for a, b in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
+                 ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_ff_norm")):
+        ours[o + f"{b}.weight"] = _plus_one(s[h + f"{a}.weight"])
+
+
 def gemma2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
                       prefix_lm: bool = False) -> Any:
     """Gemma 2 causal LM (``Gemma2ForCausalLM``): see the module docstring. ``prefix_lm``: PaliGemma 2's."""
@@ -297,9 +304,7 @@ def gemma2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
     ours["norm.weight"] = _plus_one(ours["norm.weight"])
     for i in range(config.n_layers):
         h, o = f"layers.{i}.", f"blocks.{i}."
-        for a, b in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
-                     ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_ff_norm")):
-            ours[o + f"{b}.weight"] = _plus_one(s[h + f"{a}.weight"])
+        _sandwich_norms(s, h, o, ours)
         _attention(s, h, o, ours, False, False)
         _mlp(s, h, o, ours)
     return _build(config, ours, where, "Gemma 2")
@@ -334,9 +339,7 @@ def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
     ours["norm.weight"] = plus_one(ours["norm.weight"])
     for i in range(config.n_layers):
         h, o = f"layers.{i}.", f"blocks.{i}."
-        for a, b in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
-                     ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_ff_norm")):
-            ours[o + f"{b}.weight"] = plus_one(s[h + f"{a}.weight"])
+        _sandwich_norms(s, h, o, ours)
         _attention(s, h, o, ours, False, True)
         ours[o + "attn.q_norm.weight"] = plus_one(ours[o + "attn.q_norm.weight"])
         ours[o + "attn.k_norm.weight"] = plus_one(ours[o + "attn.k_norm.weight"])

@@ -105,6 +105,22 @@ def _json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _square_spec(pre: dict[str, Any], tower: Any, where: Path) -> dict[str, Any]:
+    """The image processor's settings for a tower that reads one square image (LLaVA, PaliGemma), or refused in words
+    where they give another size."""
+    from models.inputs.images import processor_spec
+
+    try:
+        spec = processor_spec(pre, tower.image_size)
+    except ValueError as err:
+        raise CheckpointError(where, str(err)) from None
+    side = spec["crop"] or spec["size"]
+    if side != [tower.image_size, tower.image_size]:
+        raise CheckpointError(where, f"the image processor gives {side or 'images of varying size'}, the tower reads "
+                                     f"{tower.image_size}×{tower.image_size}")
+    return spec
+
+
 def _image_processor(folder: Path, where: Path) -> tuple[dict[str, Any], str]:
     """(the image processor's settings with its class's defaults filled in, its class name)."""
     pre = _json(folder / "preprocessor_config.json") or _json(folder / "processor_config.json").get(
@@ -269,7 +285,6 @@ def llava_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     image preprocessing and chat template (read from the folder beside ``where``)."""
     from models.blocks.layers import ACTIVATIONS
     from models.families.hf_vlm import HFVLMConfig, Llava, LlavaProjector
-    from models.inputs.images import processor_spec
 
     where = Path(where)
     folder = where.parent
@@ -289,14 +304,7 @@ def llava_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     pre, kind = _image_processor(folder, where)
     if pre.get("do_pad"):
         raise CheckpointError(where, "LLaVA's pad-to-square preprocessing (do_pad) is not supported")
-    try:
-        spec = processor_spec(pre, tower.image_size)
-    except ValueError as err:
-        raise CheckpointError(where, str(err)) from None
-    side = spec["crop"] or spec["size"]
-    if side != [tower.image_size, tower.image_size]:
-        raise CheckpointError(where, f"the image processor gives {side or 'images of varying size'}, the tower reads "
-                                     f"{tower.image_size}×{tower.image_size}")
+    spec = _square_spec(pre, tower, where)
     tokens = tower.grid ** 2 + int(tower.class_token) - (select == "default")
     proc = _json(folder / "processor_config.json")
     if "patch_size" in proc and proc.get("patch_size") is not None:
@@ -522,7 +530,6 @@ def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pa
     from torch import nn
 
     from models.families.hf_vlm import HFVLMConfig, PaliGemma
-    from models.inputs.images import processor_spec
 
     where = Path(where)
     folder = where.parent
@@ -533,14 +540,7 @@ def paligemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Pa
     if tower.class_token:
         raise CheckpointError(where, "PaliGemma's tower is SigLIP's (no class token), the folder names CLIP's")
     pre, _ = _image_processor(folder, where)
-    try:
-        spec = processor_spec(pre, tower.image_size)
-    except ValueError as err:
-        raise CheckpointError(where, str(err)) from None
-    side = spec["crop"] or spec["size"]
-    if side != [tower.image_size, tower.image_size]:
-        raise CheckpointError(where, f"the image processor gives {side or 'images of varying size'}, the tower reads "
-                                     f"{tower.image_size}×{tower.image_size}")
+    spec = _square_spec(pre, tower, where)
     tokens = tower.grid ** 2
     says = pre.get("image_seq_length", tokens)
     if says != tokens:
