@@ -219,12 +219,18 @@ def test_classify_link_restores_the_explanation(page, opened) -> None:
     wait_for_plots(page, 3)
     expect(page.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
     _wait_for_title(page, "Deletion curve")
-    url = _link(page, "tab=classify", "explanation=integrated_gradients")
+    # a view other than the run's own (the last layer, mean of heads): layer 0, head 1
+    _pick(page, "head (or fusion of heads)", "1")
+    box = panel.get_by_label("number input for layer (0 = first)").first
+    box.fill("0")
+    box.press("Enter")
+    url = _link(page, "tab=classify", "explanation=integrated_gradients", "layer=0", "head=1")
+    assert any("layer 0" in t for t in titles(page)), titles(page)
     expected, colours = figures(page), page.locator(".atlas-highlight").inner_html()
 
     again = opened(url)
     _expect_tab(again, "Classify")
-    assert_linked_view_first(again, expected)
+    assert_linked_view_first(again, expected)  # layer 0, head 1 first, not the last layer's mean of heads
     expect(again.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
     assert again.locator(".atlas-highlight").inner_html() == colours
     assert page.js_errors == [] and again.js_errors == []
