@@ -1,6 +1,7 @@
 """Permalinks and figure export in a real browser. A view built by clicking writes itself into the URL; that URL,
 opened in a fresh page as someone the link was sent to would, shows the same figures (the traces Plotly drew, read
-back from both pages). A hostile URL shows the defaults and a notice; every figure downloads as SVG and PNG.
+back from both pages), and no other view before them (``assert_linked_view_first``, every tab's link test). A
+hostile URL shows the defaults and a notice; every figure downloads as SVG and PNG.
 
 The server runs the tiny test checkpoints (tests/conftest.py's app_url): their decoder has 2 layers of 4 heads, so
 "Generate at layer 3, head 7" of the shipped gpt-tiny (4 layers × 8 heads) becomes its last layer (1) and last
@@ -109,7 +110,7 @@ def assert_linked_view_first(page, expected: list) -> None:
 @pytest.fixture()
 def opened(browser):
     """Open a URL in a fresh browser context (nothing shared with the page that made the link), recording what each
-    figure draws from the first moment (``stray_views``)."""
+    figure draws from the first moment (``assert_linked_view_first`` reads it)."""
     contexts = []
 
     def open_url(url: str):
