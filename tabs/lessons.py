@@ -99,9 +99,12 @@ def build() -> Permalink:
         class_section, chosen=chosen, text=text, step=step, progress=progress, where=where, prompt=prompt,
         before=before, choices=choices, check=check, said=said, shown=shown, explanation=explanation,
         navigation=[choosing, stepping, exporting])
+    # a link's run shows the linked step first (its step handed to it: `Permalink.preset`), not step 1's question and
+    # figure before the check after the run sets the step
     return Permalink({"lesson": chosen, "input": text, **class_fields}, steps, after={"step": step}, state=current,
                      limits=lambda n: {"step": range(1, len(LESSONS[n - 1].steps) + 1)},
-                     leave_out=classroom.leave_out)
+                     leave_out=classroom.leave_out, preset={"step": step},
+                     link_run=[(linked_step, [chosen, step, text, progress], [*view, step, current])])
 
 
 def describe(title: str):
@@ -130,6 +133,16 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
     return (_where(number, step, progress), q.text, before,
             gr.update(choices=q.choices, value=None), "", None, "",
             gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
+
+
+def linked_step(title: str, step, text: str, progress: dict | None):
+    """A link's run: `show_step` at the link's step (the step slider's own value, 1 as the page opens, when the link
+    gives none). A step the lesson does not have is refused, so the run shows step 1 and the check after it names
+    the key in the notice (`show_step` would bring it inside the lesson's range)."""
+    count = len(LESSONS[_number(title) - 1].steps)
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step) or not 1 <= step <= count:
+        raise Error(f"This lesson has steps 1 to {count}.")
+    return show_step(title, int(step), text, progress)
 
 
 def answer_step(title: str, step: int, text: str, answer: str | None, progress: dict | None, asked: str | None = None):

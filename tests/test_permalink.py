@@ -317,3 +317,19 @@ def test_a_heads_link_draws_its_own_head_first(links, tiny_checkpoints, monkeypa
     fallback = fn({"pending": {"layer": "1", "head": "9"}}, *args)  # no head 9: the sliders' own head
     assert fallback[8] == heads.head_card("gpt-tiny", "previous", 0, 0, "1", None)[0]
     assert fallback[5]["value"] == 0 and fallback[6]["value"] == 0
+
+
+def test_a_lesson_link_shows_its_own_step_first(links) -> None:
+    """A lesson link's run showed step 1 (its question and its figure: lesson 4's previous-token heads) and only then
+    set the link's step, which drew that step again. Its run now shows the linked step first; a step the lesson does
+    not have, or not a whole number, shows step 1 (the check after the run names the key)."""
+    from tabs import lessons
+
+    fn, inputs, outputs, *_ = pl.linked_steps(links["lessons"], gr.State())[0]
+    assert [getattr(c, "label", None) for c in inputs[1:3]] == ["lesson", "step"]
+    title = lessons.LESSONS[0].title  # lesson 1: random queries and keys, no model to load
+    for asked, shown in (("2", 2), ("3", 3), ("9", 1), ("0", 1), ("abc", 1), (None, 1)):
+        out = fn({"pending": {"step": asked} if asked else {}}, title, 1, "", {})
+        q = lessons.question(1, shown, "")
+        assert out[1] == q.text and out[-2]["value"] == shown and out[-1] == 1, asked
+        assert (out[2]["value"] is None) == (q.before is None), asked  # step 1's figure only on step 1

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from .helpers import figures, open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
-from .test_permalink import _expect_tab, _link, _same_figures, opened  # noqa: F401 (a fixture)
+from .test_permalink import _expect_tab, _link, assert_linked_view_first, opened  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
 
@@ -65,5 +65,5 @@ def test_image_and_text_answers_replays_and_its_link_reopens(page, opened) -> No
 
     again = opened(url)
     _expect_tab(again, "Image + text")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)
     assert page.js_errors == [] and again.js_errors == []

@@ -1,6 +1,7 @@
 """Permalinks and figure export in a real browser. A view built by clicking writes itself into the URL; that URL,
 opened in a fresh page as someone the link was sent to would, shows the same figures (the traces Plotly drew, read
-back from both pages). A hostile URL shows the defaults and a notice; every figure downloads as SVG and PNG.
+back from both pages), and no other view before them (``assert_linked_view_first``, every tab's link test). A
+hostile URL shows the defaults and a notice; every figure downloads as SVG and PNG.
 
 The server runs the tiny test checkpoints (tests/conftest.py's app_url): their decoder has 2 layers of 4 heads, so
 "Generate at layer 3, head 7" of the shipped gpt-tiny (4 layers × 8 heads) becomes its last layer (1) and last
@@ -53,41 +54,63 @@ def _link(page, *parts: str, timeout: float = 30) -> str:
 
 
 # Records, from the page's first script on, each drawn figure's titles as they change (figure number -> titles in
-# the order drawn), so a test can tell whether the linked view was the first one drawn (issue 61, item 5).
+# the order drawn; a figure's title is its layout title, else its first annotation, as ``helpers.titles`` reads it),
+# so a test can tell whether the linked view was the first one drawn (issue 61, item 5). ``__atlasNow`` reads the
+# titles the page's figures show at the moment it is called, by the same rule.
 RECORDER = """(() => {
   const ids = new WeakMap(); let next = 0; window.__atlasDrawn = {};
+  const drawn = () => [...document.querySelectorAll('div[role=tabpanel] .js-plotly-plot')].filter(e =>
+    e.offsetParent !== null && e._fullLayout && e.querySelector('.main-svg .subplot, .main-svg .trace'));
+  const title = (e) => (e._fullLayout.title && e._fullLayout.title.text)
+    || ((e._fullLayout.annotations || [])[0] || {}).text || '';
+  window.__atlasNow = () => drawn().map(title);
   setInterval(() => {
-    for (const e of document.querySelectorAll('div[role=tabpanel] .js-plotly-plot')) {
-      if (e.offsetParent === null || !e._fullLayout || !e.querySelector('.main-svg .subplot, .main-svg .trace'))
-        continue;
+    for (const e of drawn()) {
       if (!ids.has(e)) ids.set(e, next++);
       const seen = (window.__atlasDrawn[ids.get(e)] ||= []);
-      const title = (e._fullLayout.title && e._fullLayout.title.text) || '';
-      if (seen[seen.length - 1] !== title) seen.push(title);
+      const t = title(e);
+      if (seen[seen.length - 1] !== t) seen.push(t);
     }
   }, 20);
 })();"""
 
 
-def stray_views(page) -> list[str]:
+def drawn_so_far(page) -> tuple[dict[str, list[str]], list[str]]:
+    """What the recorder saw up to this moment (figure number -> its titles in the order drawn) and the titles the
+    page's figures show now, read in one go."""
+    return page.evaluate("() => [window.__atlasDrawn || {}, window.__atlasNow ? window.__atlasNow() : []]")
+
+
+def stray_views(record: tuple[dict[str, list[str]], list[str]]) -> list[str]:
     """The titles a figure of the page showed before the one it shows now: the views drawn before the linked one."""
-    drawn = page.evaluate("() => window.__atlasDrawn || {}")
-    return [t for titles in drawn.values() for t in titles[:-1]]
+    drawn, _ = record
+    return [t for shown in drawn.values() for t in shown[:-1]]
 
 
-def gone_views(page) -> list[str]:
+def gone_views(record: tuple[dict[str, list[str]], list[str]]) -> list[str]:
     """The titles drawn at some moment that no figure shows now: a view drawn before the linked one in a figure that
     Gradio then replaced with a new element (the Heads card's example and offsets are), which ``stray_views``, reading
     each element's own history, does not see."""
-    drawn = page.evaluate("() => window.__atlasDrawn || {}")
-    now = set(titles(page))
-    return [t for shown in drawn.values() for t in shown if t and t not in now]
+    drawn, now = record
+    showing = set(now)
+    return [t for shown in drawn.values() for t in shown if t and t not in showing]
+
+
+def assert_linked_view_first(page, expected: list) -> None:
+    """The linked page draws ``expected`` (the figures of the page the link was copied from) and, up to the moment it
+    does, no other view: no figure showed another title first (``stray_views``) and no title was drawn that the
+    linked view does not show (``gone_views``: a figure replaced by a new element). The record is read once, when
+    the linked view is complete, so what a test clicks afterwards is not counted."""
+    _same_figures(page, expected)
+    record = drawn_so_far(page)
+    drawn_first = {"stray": stray_views(record), "gone": gone_views(record)}
+    assert drawn_first == {"stray": [], "gone": []}, record
 
 
 @pytest.fixture()
 def opened(browser):
     """Open a URL in a fresh browser context (nothing shared with the page that made the link), recording what each
-    figure draws from the first moment (``stray_views``)."""
+    figure draws from the first moment (``assert_linked_view_first`` reads it)."""
     contexts = []
 
     def open_url(url: str):
@@ -132,12 +155,11 @@ def test_generate_link_restores_layer_head_and_replay_step(page, opened) -> None
 
     again = opened(url)
     _expect_tab(again, "Generate")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # the linked layer, head and replay step are the first view drawn
     assert again.locator(".atlas-generation").inner_text() == shown
     assert _panel(again).get_by_label("prompt").input_value() == "Two dogs are running on the"
     # the restored view writes the same link (once the link's controls are set after the run, which drew the view)
     again.wait_for_function("(url) => location.href === url", arg=url, timeout=30_000)
-    assert stray_views(again) == []  # the linked layer, head and replay step are the first view drawn
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -159,8 +181,7 @@ def test_a_layer_zero_link_reopens_at_layer_zero(page, opened, tab: str, button:
 
     again = opened(url)
     _expect_tab(again, tab)
-    _same_figures(again, expected)
-    assert stray_views(again) == []  # not "layer 1 · mean of heads" first (it was, for about 3 s)
+    assert_linked_view_first(again, expected)  # not "layer 1 · mean of heads" first (it was, for about 3 s)
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -184,9 +205,8 @@ def test_vision_link_restores_the_example_and_the_clicked_patch(page, opened) ->
 
     again = opened(url)
     _expect_tab(again, "Vision")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # the clicked patch first, not the centre's
     assert any(t.startswith("Patch r5c1") for t in titles(again))
-    assert stray_views(again) == []  # the clicked patch first, not the centre's
     assert "patch=&" not in url + "&" and "could not be restored" not in again.inner_text("body")
     assert page.js_errors == [] and again.js_errors == []
 
@@ -200,15 +220,20 @@ def test_classify_link_restores_the_explanation(page, opened) -> None:
     wait_for_plots(page, 3)
     expect(page.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
     _wait_for_title(page, "Deletion curve")
-    url = _link(page, "tab=classify", "explanation=integrated_gradients")
+    # a view other than the run's own (the last layer, mean of heads): layer 0, head 1
+    _pick(page, "head (or fusion of heads)", "1")
+    box = panel.get_by_label("number input for layer (0 = first)").first
+    box.fill("0")
+    box.press("Enter")
+    url = _link(page, "tab=classify", "explanation=integrated_gradients", "layer=0", "head=1")
+    assert any("layer 0" in t for t in titles(page)), titles(page)
     expected, colours = figures(page), page.locator(".atlas-highlight").inner_html()
 
     again = opened(url)
     _expect_tab(again, "Classify")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # layer 0, head 1 first, not the last layer's mean of heads
     expect(again.locator(".atlas-highlight")).to_contain_text("Integrated gradients toward", timeout=60_000)
     assert again.locator(".atlas-highlight").inner_html() == colours
-    assert stray_views(again) == []
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -271,11 +296,13 @@ def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_c
     panel.get_by_role("button", name="next step →").click()
     expect(panel).to_contain_text("step 2 of 3", timeout=30_000)
     url = _link(page, "tab=lessons", "input=3", "step=2")
-    shown = panel.inner_text()
+    shown, expected = panel.inner_text(), figures(page)  # step 2's figure of the heads offered
+    assert expected, titles(page)
 
     again = opened(url)
     _expect_tab(again, "Lessons")
     expect(_panel(again)).to_contain_text("step 2 of 3", timeout=60_000)
+    assert_linked_view_first(again, expected)  # not step 1's figure first
     assert lessons.question(4, 2, "3").text.split("**")[0][:40] in shown
     for choice in lessons.question(4, 2, "3").choices:
         expect(_panel(again)).to_contain_text(choice, timeout=30_000)
@@ -302,10 +329,9 @@ def test_translate_link_restores_the_sentence_the_figures_show(page, opened) -> 
 
     again = opened(url)
     _expect_tab(again, "Translate")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # the second sentence at layer 0 is the first view drawn
     expect(_panel(again).get_by_label("sentence the figures show")).to_have_value(
         "2 · Two men are talking in the street .", timeout=30_000)
-    assert stray_views(again) == []  # the second sentence at layer 0 is the first view drawn
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -329,7 +355,7 @@ def test_the_tabs_drawn_at_load_reopen_their_link(page, opened, tab: str, contro
 
     again = opened(url)
     _expect_tab(again, tab)
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # not the defaults' figures first
     assert page.js_errors == [] and again.js_errors == []
 
 
@@ -358,8 +384,7 @@ def test_heads_link_draws_the_linked_head_first(page, opened) -> None:
 
     again = opened(url)
     _expect_tab(again, "Heads")
-    _same_figures(again, expected)
+    assert_linked_view_first(again, expected)  # not layer 0 head 0's example and offsets first
     expect(again.locator("#heads-card")).to_have_text(shown, timeout=30_000)
-    assert stray_views(again) == [] and gone_views(again) == []  # not layer 0 head 0's example and offsets first
     again.wait_for_function("(url) => location.href === url", arg=url, timeout=30_000)
     assert page.js_errors == [] and again.js_errors == []
