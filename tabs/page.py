@@ -110,6 +110,17 @@ JS = """() => {
   const phoneFigure = (plot, spec, wide, width) => {
     const layout = Object.assign({}, spec.layout, {width, autosize: false, template: wide.layout.template,
                                                    meta: wide.layout.meta, images: wide.layout.images});
+    // the block's label floats over the figure's top (on a phone it can take two lines): the title goes under it
+    const label = plot.parentElement && plot.parentElement.querySelector(':scope > label[data-testid="block-label"]');
+    const over = label && label.offsetHeight && ((spec.layout.title || {}).text)
+      ? Math.max(0, Math.round(label.getBoundingClientRect().bottom - plot.getBoundingClientRect().top) + 18) : 0;
+    if (over) {
+      const margin = spec.layout.margin || {};
+      layout.margin = Object.assign({}, margin, {t: (margin.t || 0) + over});
+      layout.height = (spec.layout.height || 450) + over;
+      layout.title = Object.assign({}, spec.layout.title, {yref: 'container', yanchor: 'top',
+                                                           y: 1 - over / layout.height});
+    }
     const data = wide.data.map((t, i) => spec.traces[i] ? merge(t, spec.traces[i]) : t);
     drawn.add(layout);
     plot._atlasWide = wide;

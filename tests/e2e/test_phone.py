@@ -49,8 +49,9 @@ def _panel(page):
 
 
 # Every drawn figure of the visible tab as the browser drew it: its box (the block around it), its own width, the
-# union of its plot areas, each colour bar's fill and whole group, and its tick labels: pairs of one axis drawn
-# over each other, labels past the figure's left or right edge, and the smallest type.
+# union of its plot areas, each colour bar's fill and whole group, whether its title lies under the block's label,
+# and its tick labels: pairs of one axis drawn over each other, labels past the figure's left or right edge, and the
+# smallest type.
 _MEASURE = """() => [...document.querySelectorAll('div[role=tabpanel] .js-plotly-plot')]
   .filter(e => e.offsetParent !== null && e._fullLayout && e.querySelector('.main-svg .subplot, .main-svg .trace'))
   .map(e => {
@@ -72,7 +73,10 @@ _MEASURE = """() => [...document.querySelectorAll('div[role=tabpanel] .js-plotly
           if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1)
             overlaps.push(texts[i].textContent + ' / ' + texts[i + 1 + j].textContent); }); });
     }
-    return {title: ((e._fullLayout.title || {}).text || '').split('<br>')[0], box: box.width,
+    const label = e.parentElement.querySelector(':scope > label'), title = e.querySelector('.gtitle');
+    const hidden = label && title && title.textContent && label.getBoundingClientRect().height > 0
+      && title.getBoundingClientRect().top < label.getBoundingClientRect().bottom - 2;
+    return {title: ((e._fullLayout.title || {}).text || '').split('<br>')[0], box: box.width, hidden,
             width: e._fullLayout.width, drawn: fig.width, plot, bars, overlaps, outside, smallest}; })"""
 
 # every figure that carries a phone layout is drawn in it at its box's width (tabs/page.py's script)
@@ -98,6 +102,8 @@ def problems(page) -> list[str]:
                 out.append(f"{name}: colour bar {bar['fill']:.0f} px wider than the map's {f['plot']:.0f} px")
             if bar["left"] < -1 or bar["right"] > f["drawn"] + 1:
                 out.append(f"{name}: colour bar past the figure's edge")
+        if f["hidden"]:
+            out.append(f"{name}: its title under the block's label")
         if f["overlaps"]:
             out.append(f"{name}: tick labels drawn over each other: {f['overlaps'][:3]}")
         if f["outside"]:
