@@ -31,6 +31,7 @@ from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
 from tests.e2e.helpers import click_cell, wait_for_plots  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
+PHONE_SHOT = 1600  # px: the most a phone screenshot shows (two or three figures)
 
 
 def describe_shots(page, panel, tab, shot) -> None:
@@ -123,16 +124,16 @@ def tokens_shots(page, panel, tab, shot) -> None:
                     clip={"x": 0, "y": box["y"], "width": page.viewport_size["width"], "height": box["height"]})
 
 
-def _figures_span(page, height: int) -> tuple[float, int]:
-    """On a phone, where the visible tab's figures are: from a little above the first one to the end of the last
-    (at most 3 × ``height`` px), in page coordinates."""
+def _figures_span(page) -> tuple[float, int]:
+    """On a phone, where the visible tab's figures are: from a little above the first one to the end of the last,
+    at most PHONE_SHOT px (the first two or three figures), in page coordinates."""
     top, bottom = page.evaluate("""() => { const r = [...document.querySelectorAll(
         'div[role=tabpanel] .js-plotly-plot')].filter(e => e.offsetParent !== null && e._fullLayout)
         .map(e => e.getBoundingClientRect());
       return r.length ? [Math.min(...r.map(b => b.top)) + window.scrollY, Math.max(...r.map(b => b.bottom))
         + window.scrollY] : [0, 0]; }""")
     y = max(0.0, top - 80)
-    return y, int(min(max(bottom + 60 - y, 400), 3 * height))
+    return y, int(min(max(bottom + 60 - y, 400), PHONE_SHOT))
 
 
 def model_view_shot(page, panel, shot) -> None:
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
             def shot(name: str, height: int = 2200, y: float = 0, page=page) -> None:
                 page.wait_for_timeout(1500)
                 if width < 600 and y == 0:  # a phone: the tab's figures, not the controls and intro above them
-                    y, height = _figures_span(page, height)
+                    y, height = _figures_span(page)
                 # Chromium decodes a heatmap's image (a data URL) below the fold only during a first full-page
                 # capture, which then shows the axes without cells: the second capture is the one kept
                 page.screenshot(full_page=True)

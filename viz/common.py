@@ -502,7 +502,7 @@ def rect_path(x0: float, y0: float, x1: float, y1: float) -> str:
 PHONE_WIDTH = 340  # px: the figure's width on a 390 px phone (the page's padding taken off)
 PHONE_NARROW = 600  # px: a figure box narrower than this gets the phone layout (tabs/page.py's script)
 PHONE_GAP = 64  # px of each horizontal colour bar under the plot (its bar, ticks and title)
-PHONE_TICK_PX = 15  # px between two tick labels of a dense axis on a phone
+PHONE_TICK_PX = 12  # px between two tick labels of a dense axis on a phone (9 px type)
 PHONE_MIN_PLOT = 140  # px: the least height of a plot on a phone
 
 
@@ -533,6 +533,22 @@ def _axis_labels(name: str, layout: dict, data: list[dict]) -> tuple[int | None,
     return count, words
 
 
+def _label_px(layout: dict, data: list[dict], ys: list[str], width: int) -> int:
+    """Pixels the y tick labels take beside a plot on a phone (11 px type: ~6.5 px a character; 40 px for numbers),
+    from the longest label of any y axis, at most 40 % of the figure's width."""
+    longest = 0
+    for y in ys:
+        axis, ref = layout[y], "y" + y[5:]
+        if axis.get("showticklabels", True) is False:
+            continue
+        texts = axis.get("ticktext") if axis.get("ticktext") is not None else axis.get("categoryarray")
+        if texts is None:
+            texts = [v for t in data if (t.get("yaxis") or "y") == ref and t.get("y") is not None
+                     and not isinstance(t.get("y"), dict) for v in np.asarray(t["y"], dtype=object).ravel()[:400]]
+        longest = max([longest] + [len(re.sub(r"<[^>]*>", "", v)) for v in texts if isinstance(v, str)])
+    return int(min(max(40, 6.5 * longest + 14), 0.4 * width))
+
+
 def _dense_ticks(axis: dict, length_px: float, labels: tuple[int | None, bool] = (None, False)) -> dict:
     """Updates thinning an axis's tick labels to one every PHONE_TICK_PX (every k-th label kept, the first one
     included) and its font to 9 px, where it has more labels than fit (``labels``: `_axis_labels`); a numeric axis
@@ -543,13 +559,17 @@ def _dense_ticks(axis: dict, length_px: float, labels: tuple[int | None, bool] =
         k = -(-len(vals) // keep)
         return {"tickvals": list(vals)[::k], "ticktext": list(text)[::k] if text is not None else None,
                 "tickfont.size": 9}
-    if axis.get("showticklabels", True) is False or vals is not None:
+    if axis.get("showticklabels", True) is False:
         return {}
+    if vals is not None:  # every label fits, closely: smaller type
+        return {"tickfont.size": 9} if len(vals) and length_px / len(vals) < 16 else {}
     if axis.get("type") == "log":
         return {"dtick": 1}  # powers of ten only (Plotly labels every digit between them when crowded)
     count, words = labels
     if words and count is not None and count > keep:
         return {"nticks": keep, "tickfont.size": 9}
+    if words and count and length_px / count < 16:  # every word fits, closely: smaller type
+        return {"tickfont.size": 9}
     step = axis.get("dtick")
     if not words and count is not None and isinstance(step, (int, float)) and count / step > keep:
         return {"dtick": step * -(-count // (step * keep))}
@@ -634,13 +654,16 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     layout.pop("images", None)  # the page keeps the figure's own (they can be the largest part of a layout)
     data = [t.to_plotly_json() for t in fig.data]
     updates: dict[str, Any] = {"font.size": 11, "title.font.size": 14, "width": width}  # the page sets the width
-    margin = {**TEMPLATE["layout"]["margin"], **(layout.get("margin") or {})}
-    top = min(int(margin.get("t", 70)), 90)
     title = (layout.get("title") or {}).get("text") or ""
     wrapped = _wrap_title(title, width)
     if wrapped != title:  # a long title is wrapped rather than cut at the phone's edge
         updates["title.text"] = wrapped
-        top += 18 * (wrapped.count("<br>") - title.count("<br>"))
+    top, small = 24, False  # the title's lines (14 px type, 19 px a line; a <sup> line 14 px) and the subplot titles
+    for line in wrapped.split("<br>") if wrapped else []:
+        small = small or "<sup>" in line
+        top += 14 if small else 19
+        small = small and "</sup>" not in line
+    top += 22 if layout.get("annotations") else 0
     left, right = 8, 8  # tick labels push the margins out as they need (automargin)
     xs, ys = _axis_names(layout, "x"), _axis_names(layout, "y")
     cols = sorted({tuple(layout[x].get("domain", (0, 1))) for x in xs}) or [(0, 1)]
@@ -648,7 +671,7 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     per_row = 2 if len(cols) > 1 else 1
     cells = len(cols) * len(rows) if len(xs) > 1 else 1
     new_rows = -(-cells // per_row)
-    plot_w = width - left - right - 40 * per_row  # the y tick labels of each column
+    plot_w = width - left - right - _label_px(layout, data, ys, width) * per_row  # the y tick labels of each column
     cell_w = plot_w / per_row
     square = any(layout.get(y, {}).get("scaleanchor") for y in ys)
     cell_h = cell_w if (square or per_row > 1) else 260
@@ -702,6 +725,9 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     for x in xs:
         if layout[x].get("tickangle") is not None:
             updates[f"{x}.tickangle"] = -90
+    for y in ys:  # a map with square cells narrower than its plot's height: drawn at the top, not in the middle
+        if layout[y].get("scaleanchor"):
+            updates[f"{y}.constraintoward"] = "top"
     # the whole phone layout and each colour bar's trace patch: the page draws the figure anew with them (a redraw
     # from the wide layout fails in Plotly when vertical colour bars leave no room at a phone's width)
     narrow = layout
