@@ -189,7 +189,7 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     nickname = page.get_by_label("your nickname (only the teacher sees it)")
     nickname.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
-    shot("class-student-join", 1000, page=page)
+    shot("class-student-join", 1000, page=page, whole=True)
     nickname.fill("Ada")
     page.get_by_role("button", name="Join the class").click()
     page.locator("#class-student-info").get_by_text("as Ada").wait_for(timeout=60_000)
@@ -197,7 +197,7 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     page.get_by_label(q.choices[0], exact=True).check()
     page.get_by_role("button", name="Send my prediction to the class").click()
     page.locator("#class-student-info").get_by_text("is in").wait_for(timeout=60_000)
-    shot("class-student", 1800, page=page)
+    shot("class-student", 1800, page=page, whole=True)
     # the teacher's screen: who has not answered (a second student joined), then the presenter view with the QR code
     other = browser.new_page(viewport={"width": 390, "height": 1000})
     other.goto(url + f"?tab=lessons&class={code}")
@@ -303,9 +303,9 @@ def main(argv: list[str] | None = None) -> None:
                 page.get_by_role("tab", name=name, exact=True).click()
                 page.wait_for_timeout(500)
 
-            def shot(name: str, height: int = 2200, y: float = 0, page=page) -> None:
+            def shot(name: str, height: int = 2200, y: float = 0, page=page, whole: bool = False) -> None:
                 page.wait_for_timeout(1500)
-                if width < 600 and y == 0:  # a phone: the tab's figures, not the controls and intro above them
+                if width < 600 and y == 0 and not whole:  # a phone: the tab's figures, not the intro above them
                     y, height = _figures_span(page)
                 # Chromium decodes a heatmap's image (a data URL) below the fold only during a first full-page
                 # capture, which then shows the axes without cells: the second capture is the one kept
