@@ -216,7 +216,11 @@ def measure_long() -> dict:
 
 
 def payload_size(obj: object) -> int:
-    return len(obj) if isinstance(obj, str) else len(obj.to_json())
+    """Bytes of a figure's JSON as the app sends it: with its phone layout (``viz.common.phone``, which every tab's
+    plot adds, tabs.common.Plot)."""
+    from viz.common import phone
+
+    return len(obj) if isinstance(obj, str) else len(phone(obj).to_json())
 
 
 def compare_bertviz() -> list[dict]:

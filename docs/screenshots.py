@@ -1,7 +1,10 @@
 """Drive the running app in headless Chromium and save one screenshot per tab for the README.
 
     python docs/screenshots.py                # over checkpoints/, 1400 px wide: docs/screenshots/*.png
-    python docs/screenshots.py --width 1024   # a laptop's width: docs/screenshots/1024px/*.png (each tab once)
+    python docs/screenshots.py --width 1024   # a laptop's width: docs/screenshots/1024px/*.png (each tab once,
+                                              # Generate's model view, the Heads tab and lesson 4)
+    python docs/screenshots.py --width 390    # a phone: docs/screenshots/390px/*.png, the same set, each shot from
+                                              # the tab's first figure down
     python docs/screenshots.py --families     # DeBERTa's disentangled split on a DeBERTa-v3-base-shaped folder
     python docs/screenshots.py --only lessons # the lessons' three screenshots (induction, sink, Mamba)
     python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
@@ -28,6 +31,7 @@ from tests.e2e.conftest import CHROMIUM, FLAGS  # noqa: E402
 from tests.e2e.helpers import click_cell, wait_for_plots  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
+PHONE_SHOT = 1600  # px: the most a phone screenshot shows (two or three figures)
 
 
 def describe_shots(page, panel, tab, shot) -> None:
@@ -120,14 +124,38 @@ def tokens_shots(page, panel, tab, shot) -> None:
                     clip={"x": 0, "y": box["y"], "width": page.viewport_size["width"], "height": box["height"]})
 
 
-def lesson_shots(page, panel, tab, shot) -> None:
+def _figures_span(page) -> tuple[float, int]:
+    """On a phone, where the visible tab's figures are: from a little above the first one to the end of the last,
+    at most PHONE_SHOT px (the first two or three figures), in page coordinates."""
+    top, bottom = page.evaluate("""() => { const r = [...document.querySelectorAll(
+        'div[role=tabpanel] .js-plotly-plot')].filter(e => e.offsetParent !== null && e._fullLayout)
+        .map(e => e.getBoundingClientRect());
+      return r.length ? [Math.min(...r.map(b => b.top)) + window.scrollY, Math.max(...r.map(b => b.bottom))
+        + window.scrollY] : [0, 0]; }""")
+    y = max(0.0, top - 80)
+    return y, int(min(max(bottom + 60 - y, 400), PHONE_SHOT))
+
+
+def model_view_shot(page, panel, shot) -> None:
+    """Generate's model view (every layer × head of gpt-tiny) as the tab shows it after a generation."""
+    panel().get_by_label("model view").check()
+    page.wait_for_function("() => { const e = document.querySelector('#generate-attention .js-plotly-plot'); "
+                           "return e && e._fullData && e._fullData[0].meta && e._fullData[0].meta.thumbnails; }",
+                           timeout=60_000)
+    box = page.locator("#generate-attention")
+    box.scroll_into_view_if_needed()
+    shot("generate-model-view", int(box.bounding_box()["height"]) + 40, y=_top(page, box) - 20)
+    panel().get_by_label("heatmap").check()
+
+
+def lesson_shots(page, panel, tab, shot, only: int | None = None) -> None:
     """Three lessons: induction heads (a right prediction revealed), attention sinks (a wrong one) and Mamba's
-    hidden attention beside gpt-tiny's (the side-by-side step, a right prediction)."""
+    hidden attention beside gpt-tiny's (the side-by-side step, a right prediction); ``only``: the first few."""
     tab("Lessons")
     for title, step, pick_answer, name, height in (
             ("4 · Previous-token and induction heads", 2, True, "lesson-induction", 1500),
             ("5 · Attention sinks", 2, False, "lesson-sink", 1500),
-            ("9 · Mamba's hidden attention", 3, True, "lesson-mamba", 1900)):  # two heatmaps under the verdict
+            ("9 · Mamba's hidden attention", 3, True, "lesson-mamba", 1900))[:only]:  # two heatmaps under the verdict
         panel().get_by_label("lesson").click()
         page.get_by_role("option", name=title, exact=True).click()
         panel().get_by_role("button", name="Start the lesson").click()
@@ -161,7 +189,7 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     nickname = page.get_by_label("your nickname (only the teacher sees it)")
     nickname.wait_for(timeout=60_000)
     page.wait_for_timeout(1500)
-    shot("class-student-join", 1000, page=page)
+    shot("class-student-join", 1000, page=page, whole=True)
     nickname.fill("Ada")
     page.get_by_role("button", name="Join the class").click()
     page.locator("#class-student-info").get_by_text("as Ada").wait_for(timeout=60_000)
@@ -169,7 +197,7 @@ def class_shots(browser, url: str, width: int, shot) -> None:
     page.get_by_label(q.choices[0], exact=True).check()
     page.get_by_role("button", name="Send my prediction to the class").click()
     page.locator("#class-student-info").get_by_text("is in").wait_for(timeout=60_000)
-    shot("class-student", 1800, page=page)
+    shot("class-student", 1800, page=page, whole=True)
     # the teacher's screen: who has not answered (a second student joined), then the presenter view with the QR code
     other = browser.new_page(viewport={"width": 390, "height": 1000})
     other.goto(url + f"?tab=lessons&class={code}")
@@ -275,8 +303,10 @@ def main(argv: list[str] | None = None) -> None:
                 page.get_by_role("tab", name=name, exact=True).click()
                 page.wait_for_timeout(500)
 
-            def shot(name: str, height: int = 2200, y: float = 0, page=page) -> None:
+            def shot(name: str, height: int = 2200, y: float = 0, page=page, whole: bool = False) -> None:
                 page.wait_for_timeout(1500)
+                if width < 600 and y == 0 and not whole:  # a phone: the tab's figures, not the intro above them
+                    y, height = _figures_span(page)
                 # Chromium decodes a heatmap's image (a data URL) below the fold only during a first full-page
                 # capture, which then shows the axes without cells: the second capture is the one kept
                 page.screenshot(full_page=True)
@@ -319,11 +349,12 @@ def main(argv: list[str] | None = None) -> None:
                                    timeout=120_000)
             shot("classify", 2300)
 
-            if width != 1400:  # the narrow set: each tab once
+            if width != 1400:  # the narrow set: each tab once, and the model view
                 tab("Generate")
                 panel().get_by_role("button", name="Generate", exact=True).click()
                 wait_for_plots(page, 3, timeout=120_000)
                 shot("generate", 2300)
+                model_view_shot(page, panel, shot)
             elif (ROOT / "checkpoints" / "gpt-tiny").is_dir():  # the Generate tab's model ships with its issue
                 generate_shots(page, panel, tab, shot)
 
@@ -360,9 +391,11 @@ def main(argv: list[str] | None = None) -> None:
             tab("Attention playground")
             wait_for_plots(page, 2, timeout=60_000)
             shot("attention-playground", 1500)
+            heads_shots(page, panel, tab, shot)
             if width == 1400:
-                heads_shots(page, panel, tab, shot)
                 lesson_shots(page, panel, tab, shot)
+            else:  # the narrow set: one lesson, its figure revealed
+                lesson_shots(page, panel, tab, shot, only=1)
             browser.close()
     finally:
         proc.terminate()

@@ -19,6 +19,7 @@ from tabs.common import (
     MAX_TEXT_CHARS,
     VIEWS,
     Error,
+    Plot,
     attention_figure,
     attribute,
     completeness,
@@ -94,7 +95,7 @@ def build() -> Permalink:
                 + [[s, "AG News topic"] for s in sentences.TOPIC], [text, task])
     with gr.Row():
         verdict = gr.Markdown()
-        probs = gr.Plot(label="class probabilities")
+        probs = Plot(label="class probabilities")
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation (colours the text)", scale=2)
@@ -102,15 +103,15 @@ def build() -> Permalink:
                              allow_custom_value=True,  # the API names any class; the handler checks it
                              label="explain the class")
     highlight = gr.HTML(elem_classes=["highlight"])
-    curve = gr.Plot(label="deletion curve: every explanation on this input")
+    curve = Plot(label="deletion curve: every explanation on this input")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="attention", elem_id="classify-attention")
+    attn = Plot(label="attention", elem_id="classify-attention")
     state = gr.State()
     compare_section.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model],
                                layer, head, view)
     why_section = why.decomposition("classify", state, sequence, layer, head, [view])
     qk_section = qk.section("classify", state, sequence, query_default=0)  # the query the classifier reads
-    stats = gr.Plot(label="where each head looks")
+    stats = Plot(label="where each head looks")
     patch_section.patching("classify", checkpoint_name, [task, model], PATCH_EXAMPLES, why_section)
     download = gr.File(label="attention arrays (.npz)")
     layer_asked = run_layer()

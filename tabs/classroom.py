@@ -26,11 +26,11 @@ from typing import Any
 import gradio as gr
 
 from serving.classroom import ClassError, ClassState, get_store, normalise_code, open_in_background
-from tabs.common import DOWNLOADS, Error
+from tabs.common import DOWNLOADS, Error, Plot
 from tabs.course import course, engine  # the lessons, not the Lessons tab (which places this module's section)
 from tabs.permalink import Field
 from viz.classroom import class_counts, join_screen, summary_table
-from viz.common import esc, phone
+from viz.common import esc
 
 TICK_S = 1.0  # how often the teacher's page asks for the counts (the issue asks for ≤ 2 s)
 FOLLOW_S = 2.0  # how often a student's page asks where the class is (a room of 100: 50 small requests a second)
@@ -239,7 +239,7 @@ def below_choices(section: Section) -> None:
     "Check my prediction", which a class page hides: the reveal comes from the teacher) and the teacher's live chart
     of the room's predictions (under the question, where a projector shows it)."""
     section.send = gr.Button("Send my prediction to the class", variant="primary", visible=False, elem_id="class-send")
-    section.counts = gr.Plot(label="the room's predictions (live)", elem_id="class-counts", visible=False)
+    section.counts = Plot(label="the room's predictions (live)", elem_id="class-counts", visible=False)
 
 
 def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Slider, progress: Any,
@@ -423,7 +423,7 @@ def reveal_class(mine: dict | None, large: bool = False):
         return _skips(6, i2=_said(err))
     q = _question(state.lesson, state.step, state.input)
     return ({**mine, "counts": dict(state.counts)}, _chart(state, large), _teacher_text(state),
-            f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", phone(q.reveal(None)), q.explanation)
+            f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation)
 
 
 def _advance(mine: dict | None, number: int, s: int, text: str) -> ClassState:
@@ -518,7 +518,7 @@ def _show(state: ClassState, progress: dict | None) -> tuple:
     steps = len(lessons.LESSONS[state.lesson - 1].steps)
     return (_title(state.lesson), state.input, gr.update(value=state.step, maximum=steps),
             lessons._where(state.lesson, state.step, progress), q.text,
-            gr.update(value=phone(q.before), visible=q.before is not None), gr.update(choices=q.choices, value=None),
+            gr.update(value=q.before, visible=q.before is not None), gr.update(choices=q.choices, value=None),
             "", None,
             "")
 
@@ -658,5 +658,5 @@ def student_tick(me: dict | None, progress: dict | None):
             out[15] = progress
         else:
             words = f"You did not send a prediction; the numbers say **{esc(q.answer)}** — {esc(q.fact)}."
-        out[12], out[13], out[14] = words, phone(q.reveal(answered)), q.explanation
+        out[12], out[13], out[14] = words, q.reveal(answered), q.explanation
     return tuple(out)

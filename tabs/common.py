@@ -26,7 +26,7 @@ from serving.errors import ServingError
 from viz import attention as va
 from viz import stats as vs
 from viz import swin as vw
-from viz.common import Pooled, block_edges
+from viz.common import Pooled, block_edges, phone
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_IMAGES = sorted(str(p) for p in (ROOT / "examples" / "fashion").glob("*.png"))
@@ -44,6 +44,39 @@ class Error(gr.Error):
 
     def __init__(self, message: str, duration: float = 12, **kw: Any) -> None:
         super().__init__(html.escape(str(message), quote=False), duration=duration, **kw)
+
+
+def _plot_class() -> type[gr.Plot]:
+    """gr.Plot whose every figure carries its phone layout (``viz.common.phone``), which the page's script draws in
+    a box narrower than 600 px (tabs/page.py): every tab lays out its figures for a phone through this one
+    component, whatever built them. Wider screens get the figure as it was built. Its block carries the class
+    "atlas-plot": on a phone a row's figures take the whole width, one under another (tabs/page.py's style sheet).
+
+    A subclass, as Gradio makes a new instance of an output's class for each update (a wrapped instance would lose
+    its wrapper); Gradio writes a .pyi stub beside the module of any component subclass it sees defined (for custom
+    component packages), which is turned off while this one is defined."""
+    from gradio import component_meta
+
+    def postprocess(self: gr.Plot, value: Any) -> Any:
+        if value is not None and type(value).__name__ == "Figure" and "plotly" in type(value).__module__:
+            phone(value)
+        return gr.Plot.postprocess(self, value)
+
+    def get_config(self: gr.Plot) -> dict[str, Any]:  # gr.Plot's __init__ stays: Gradio reads its signature
+        config = gr.Plot.get_config(self)
+        classes = config.get("elem_classes") or []
+        config["elem_classes"] = [*([classes] if isinstance(classes, str) else classes), "atlas-plot"]
+        return config
+
+    stub, component_meta.create_or_modify_pyi = component_meta.create_or_modify_pyi, lambda *args: None
+    try:
+        return type(gr.Plot)("Plot", (gr.Plot,), {"__module__": __name__, "__doc__": _plot_class.__doc__,
+                                                  "postprocess": postprocess, "get_config": get_config})
+    finally:
+        component_meta.create_or_modify_pyi = stub
+
+
+Plot = _plot_class()
 
 
 VIEWS = ["heatmap", "head view", "model view"]

@@ -17,6 +17,7 @@ from models import limits
 from serving import catalogue, results
 from tabs.common import (
     Error,
+    Plot,
     get_model,
     head_choices,
     head_index,
@@ -85,14 +86,14 @@ def build() -> Permalink:
         head = gr.Dropdown(head_choices(4), value="mean", label="head")
     verdict = gr.Markdown()
     with gr.Row():
-        looked = gr.Plot(label="attention over the image")
-        relevance = gr.Plot(label="relevance over the image")
-    read = gr.Plot(label="attention to the text")
+        looked = Plot(label="attention over the image")
+        relevance = Plot(label="relevance over the image")
+    read = Plot(label="attention to the text")
     with gr.Row():
         lens_layer = gr.Slider(0, 4, value=4, step=1, label="logit lens: after layer (0 = the embeddings)")
     with gr.Row():
-        lens = gr.Plot(label="what each image token reads as")
-        sink = gr.Plot(label="visual sinks")
+        lens = Plot(label="what each image token reads as")
+        sink = Plot(label="visual sinks")
     sink_text = gr.Markdown()
     gr.Markdown("### The vision tower\nClick a patch of the image to see where it looks inside the tower.")
     with gr.Row():
@@ -102,8 +103,8 @@ def build() -> Permalink:
     with gr.Row():
         seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
                         width=SHOWN_SIDE, elem_id="describe-seen")
-        tower = gr.Plot(label="the clicked patch's attention in the tower")
-    tower_heads = gr.Plot(label="every head of the tower layer")
+        tower = Plot(label="the clicked patch's attention in the tower")
+    tower_heads = Plot(label="every head of the tower layer")
     patch = gr.Textbox(elem_id="describe-patch", elem_classes=["atlas-hidden"], show_label=False, container=False)
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")

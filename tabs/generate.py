@@ -16,6 +16,7 @@ from tabs.common import (
     MAX_TEXT_CHARS,
     VIEWS,
     Error,
+    Plot,
     attention_figure,
     controls_for,
     device_block,
@@ -113,9 +114,9 @@ def build() -> Permalink:
     notice = gr.Markdown()
     text_html = gr.HTML()
     step = gr.Slider(0, 1, value=0, step=1, label="replay: show the tokens up to generated token (0 = all)")
-    candidates = gr.Plot(label="next-token candidates of each step")
+    candidates = Plot(label="next-token candidates of each step")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="decoder self-attention (causal)", elem_id="generate-attention")
+    attn = Plot(label="decoder self-attention (causal)", elem_id="generate-attention")
     with gr.Accordion(f"Long inputs: pooled tiles and zoom (over {limits.LONG_TOKENS} tokens)", open=False,
                       elem_id="generate-zoom-section"):
         gr.Markdown(f"Over {limits.LONG_TOKENS} tokens the heatmap is drawn from at most {limits.MAX_TILE_CELLS} × "
@@ -129,20 +130,20 @@ def build() -> Permalink:
             k_first = gr.Number(0, label="keys from", precision=0)
             k_last = gr.Number(63, label="keys to", precision=0)
             zoom_run = gr.Button("Zoom into the block")
-        zoom_plot = gr.Plot(label="zoomed block", elem_id="generate-zoom")
+        zoom_plot = Plot(label="zoomed block", elem_id="generate-zoom")
     compare_section.comparison("generate", state, compare_view,  # the second prompt wrapped as the first, if chat
                                lambda text, *v: generate(text, *v[:7], chat=v[7])[6],
                                [new_tokens, model, strategy, temperature, top_k, top_p, seed, chat], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     qk_section = qk.section("generate", state, sequence)
-    lens = gr.Plot(label="logit lens")
+    lens = Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")
     # what applies to the chosen model only (its registration: models.registry), shown or hidden as the model changes
     offers = offered_for(choices[0])
     with gr.Column(visible=offers["experts"], elem_id="generate-experts") as experts_box:
         experts_run = gr.Button("Experts chosen per token (this model is a mixture of experts)", size="sm")
-        experts_plot = gr.Plot(label="experts chosen per token and layer")
+        experts_plot = Plot(label="experts chosen per token and layer")
     with gr.Column(visible=offers["heads"], elem_id="generate-ablation") as ablation_box:
         gr.Markdown("### Switch a head off\nThe next-token distribution at the replayed step (or after the whole "
                     "text), with the head's output zeroed: the causal check of what the head does.")
@@ -152,7 +153,7 @@ def build() -> Permalink:
             ablate_head = gr.Slider(**_slider(heads_u), step=1, label="head")
             ablate = gr.Button("Switch the head off")
         ablation_note = gr.Markdown()
-        ablation = gr.Plot(label="next-token distribution with and without the head")
+        ablation = Plot(label="next-token distribution with and without the head")
     with gr.Column(visible=offers["heads"], elem_id="generate-roles") as roles_box:
         gr.Markdown("### Head roles on repeated random tokens\nBOS, then N random tokens, then the same N again: "
                     "an induction head attends from each token of the second copy to the token after its first "
@@ -162,9 +163,9 @@ def build() -> Permalink:
             roles_seed = seed_box()
             roles_run = gr.Button("Repeated random tokens")
         roles_note = gr.Markdown()
-        roles = gr.Plot(label="head roles")
-        stripe = gr.Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
-        losses = gr.Plot(label="loss on each copy")
+        roles = Plot(label="head roles")
+        stripe = Plot(label="the strongest induction head")  # full width: 2N + 1 tokens a side, labelled
+        losses = Plot(label="loss on each copy")
     applies = [head, experts_box, ablation_box, roles_box]  # what model_controls shows or hides
     patch_section.patching("generate", lambda name: name or DEFAULT, [model], PATCH_EXAMPLES, why_section,
                            repeated=True)

@@ -15,7 +15,7 @@ from models.inspect.atlas import MAX_CORPUS_BYTES, METRICS, REPEATED
 from models.inspect.heads import rank_heads
 from serving import heads as atlas_store
 from serving.errors import ServingError
-from tabs.common import FAST, Error, fit, index, intro, model_choice
+from tabs.common import FAST, Error, Plot, fit, index, intro, model_choice
 from tabs.permalink import Permalink
 from viz import attention as va
 from viz import heads as vh
@@ -50,9 +50,9 @@ def build() -> Permalink:
     notice = gr.Markdown()
     state = gr.State()
     with gr.Row():
-        grid = gr.Plot(label="layer × head grid", elem_id="heads-grid")
-        ranked = gr.Plot(label="head finder: every head ranked by the metric")
-    layers_plot = gr.Plot(label="the metric by layer")
+        grid = Plot(label="layer × head grid", elem_id="heads-grid")
+        ranked = Plot(label="head finder: every head ranked by the metric")
+    layers_plot = Plot(label="the metric by layer")
     gr.Markdown("### Head card")
     with gr.Row():
         # wide until a grid is drawn (it then narrows them to the model's): the API's card takes any model's head
@@ -61,15 +61,15 @@ def build() -> Permalink:
         example = gr.Radio(["1", "2", "3"], value="1", label="example (the head's best inputs for the metric)")
     with gr.Row():
         card = gr.Markdown(elem_id="heads-card")
-        offsets = gr.Plot(label="mean attention by offset")
-    example_plot = gr.Plot(label="the example, this head", elem_id="heads-example")
+        offsets = Plot(label="mean attention by offset")
+    example_plot = Plot(label="the example, this head", elem_id="heads-example")
     gr.Markdown("### Compare two models")
     with gr.Row():
         other = model_choice(gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]),
                                          label="other model"))
         compare = gr.Button("Compare the grids")
     compare_note = gr.Markdown()
-    compare_plot = gr.Plot(label="two models' grids")
+    compare_plot = Plot(label="two models' grids")
 
     main_in = [model, metric, corpus]
     main_out = [grid, ranked, layers_plot, notice, metric, layer, head, state]

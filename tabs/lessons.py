@@ -19,11 +19,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from tabs import classroom
-from tabs.common import DOWNLOADS, Error
+from tabs.common import DOWNLOADS, Error, Plot
 from tabs.course.course import LESSONS, _number, _where, guarded, question
 from tabs.course.engine import model_key, verdict, with_model
 from tabs.permalink import Permalink, chain
-from viz.common import esc, phone
+from viz.common import esc
 
 TITLE = "Lessons"
 MODEL_CHOICES = ["gpt-tiny", "smollm2"]  # the keys of the lessons' `models` (tabs/course/induction.py: MODELS)
@@ -58,12 +58,12 @@ def build() -> Permalink:
         step = gr.Slider(1, max(len(lesson.steps) for lesson in LESSONS), value=1, step=1, label="step", scale=2)
         forward = gr.Button("next step →", scale=1)
     prompt = gr.Markdown()
-    before = gr.Plot(label="before you predict", visible=False)
+    before = Plot(label="before you predict", visible=False)
     choices = gr.Radio([], label="your prediction")
     check = gr.Button("Check my prediction", variant="primary")
     classroom.below_choices(class_section)  # class mode: the student's send button, the teacher's live chart
     said = gr.Markdown()
-    shown = gr.Plot(label="revealed")
+    shown = Plot(label="revealed")
     explanation = gr.Markdown()
     with gr.Row() as exporting:
         export = gr.Button("Export this lesson as an HTML page")
@@ -129,7 +129,7 @@ def show_step(title: str, step: int, text: str, progress: dict | None):
     except Error as err:
         return (*cleared(f"**{esc(LESSONS[number - 1].title)}** · step {step}: {err.message}"),
                 gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
-    before = gr.update(value=phone(q.before), visible=q.before is not None)
+    before = gr.update(value=q.before, visible=q.before is not None)
     return (_where(number, step, progress), q.text, before,
             gr.update(choices=q.choices, value=None), "", None, "",
             gr.update(value=step, maximum=len(LESSONS[number - 1].steps)), number)
@@ -160,7 +160,7 @@ def answer_step(title: str, step: int, text: str, answer: str | None, progress: 
     got = dict(progress.get(str(number), {}))
     got.setdefault(str(step), right)  # the first answer counts
     progress[str(number)] = got
-    return _where(number, int(step), progress), words, phone(q.reveal(answer)), q.explanation, progress
+    return _where(number, int(step), progress), words, q.reveal(answer), q.explanation, progress
 
 
 def export_lesson(title: str, text: str, progress: dict | None) -> str:

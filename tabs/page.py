@@ -16,6 +16,10 @@ footer {display: none !important;}
 .block:has(> .js-plotly-plot)::-webkit-scrollbar-track {background: #eeeef4;}
 /* A failed request says so once, in its toast: no "Error" badge over each of its outputs (Gradio's status tracker). */
 [data-testid="status-tracker"]:has(> .error) {display: none !important;}
+/* A phone: a row's figures (tabs.common.Plot) take the whole width, one under another, not a 160 px column each. */
+@media (max-width: 600px) {
+  .row > .atlas-plot, .row > .column:has(.atlas-plot) {min-width: 100% !important;}
+}
 .atlas-export {display: flex; gap: 0.3rem; justify-content: flex-end; padding: 0.15rem 0.3rem;}  /* under each figure */
 .atlas-export button {font-size: 0.75rem; padding: 0 0.5rem; border: 1px solid var(--border-color-primary);
   border-radius: 4px; background: var(--background-fill-secondary); cursor: pointer;}
@@ -87,9 +91,43 @@ JS = """() => {
     box.append(bar);
   };
   // A figure with a phone layout (viz.common.phone: layout.meta.atlas_phone) in a box narrower than its threshold
-  // is drawn again in its phone layout at the box's width (once per figure sent, again when the box's width
-  // changes); a box that grows past the threshold (a phone turned sideways) gets the figure as it was sent back.
+  // is drawn in its phone layout at the box's width: Gradio's own draw (Plotly.react, wrapped below) gets the phone
+  // figure in place of the wide one, so the wide one is never drawn at a phone's width (Plotly failed on it, "axis
+  // scaling", where vertical colour bars left no room); a figure drawn while its box was hidden or wide is drawn
+  // again when its box's width changes, and a box that grows past the threshold (a phone turned sideways) gets the
+  // figure as it was sent back.
   const drawn = new WeakSet();  // the phone layouts this script drew (a figure Gradio draws again is not one)
+  // a trace's patch replaces whole attributes, except an object (a marker) it is merged into
+  const merge = (t, patch) => {
+    const out = Object.assign({}, t);
+    for (const [k, v] of Object.entries(patch)) {
+      const both = v && t[k] && typeof v === 'object' && typeof t[k] === 'object' && !Array.isArray(v);
+      out[k] = both ? Object.assign({}, t[k], v) : v;
+    }
+    return out;
+  };
+  // the phone figure of a wide one at `width` px, the template, meta and images (left out of the phone layout) kept
+  const phoneFigure = (plot, spec, wide, width) => {
+    const layout = Object.assign({}, spec.layout, {width, autosize: false, template: wide.layout.template,
+                                                   meta: wide.layout.meta, images: wide.layout.images});
+    // the block's label floats over the figure's top (on a phone it can take two lines): the title goes under it
+    const label = plot.parentElement && plot.parentElement.querySelector(':scope > label[data-testid="block-label"]');
+    const over = label && label.offsetHeight && ((spec.layout.title || {}).text)
+      ? Math.max(0, Math.round(label.getBoundingClientRect().bottom - plot.getBoundingClientRect().top) + 18) : 0;
+    if (over) {
+      const margin = spec.layout.margin || {};
+      layout.margin = Object.assign({}, margin, {t: (margin.t || 0) + over});
+      layout.height = (spec.layout.height || 450) + over;
+      layout.title = Object.assign({}, spec.layout.title, {yref: 'container', yanchor: 'top',
+                                                           y: 1 - over / layout.height});
+    }
+    const data = wide.data.map((t, i) => spec.traces[i] ? merge(t, spec.traces[i]) : t);
+    drawn.add(layout);
+    plot._atlasWide = wide;
+    plot._atlasPhoneWidth = width;
+    window._atlasPhoned = (window._atlasPhoned || 0) + 1;  // how many times (tests: once per figure and width)
+    return [data, layout];
+  };
   const phone = (plot) => {
     const spec = plot.layout && plot.layout.meta && plot.layout.meta.atlas_phone;
     const box = plot.parentElement;
@@ -97,20 +135,32 @@ JS = """() => {
     const narrow = box.clientWidth < spec.narrow, mine = drawn.has(plot.layout);
     if (mine && !narrow) {  // wide again: the figure as sent
       window.Plotly.newPlot(plot, plot._atlasWide.data, plot._atlasWide.layout, plot._context);
-      return;
-    }
-    if (!narrow || (mine && Math.abs(plot._atlasPhoneWidth - box.clientWidth) < 4)) return;
-    if (!mine) plot._atlasWide = {data: plot.data, layout: plot.layout};
-    // drawn anew (Plotly fails to redraw from the wide layout at a phone's width), the template and meta kept
-    const wide = plot._atlasWide;
-    const layout = Object.assign({}, spec.layout, {width: box.clientWidth, template: wide.layout.template,
-                                                   meta: wide.layout.meta});
-    const data = wide.data.map((t, i) => spec.traces[i] ? Object.assign({}, t, spec.traces[i]) : t);
-    drawn.add(layout);
-    plot._atlasPhoneWidth = box.clientWidth;
-    window._atlasPhoned = (window._atlasPhoned || 0) + 1;  // how many times (tests: once per figure and width)
-    window.Plotly.newPlot(plot, data, layout, plot._context);
+    } else if (narrow && !(mine && Math.abs(plot._atlasPhoneWidth - box.clientWidth) < 4)) {
+      const [data, layout] = phoneFigure(plot, spec, mine ? plot._atlasWide : {data: plot.data, layout: plot.layout},
+                                         box.clientWidth);
+      window.Plotly.newPlot(plot, data, layout, plot._context);  // anew: a redraw from the wide layout can fail
+    } else return;
+    plot._atlasBound = false;  // newPlot dropped the figure's click handlers: bind them again
+    bind();
   };
+  const wrap = (P) => {
+    if (!P || !P.react || P._atlasPhone) return;
+    const react = P.react;
+    P.react = function (gd, data, layout, config) {
+      const spec = layout && layout.meta && layout.meta.atlas_phone, box = gd && gd.parentElement;
+      if (spec && !drawn.has(layout) && box && box.clientWidth > 0 && box.clientWidth < spec.narrow) {
+        [data, layout] = phoneFigure(gd, spec, {data, layout}, box.clientWidth);
+        gd._atlasBound = false;
+      }
+      return react.call(this, gd, data, layout, config);
+    };
+    P._atlasPhone = true;
+  };
+  // Gradio loads Plotly with the first figure and sets window.Plotly before drawing it: wrapped as it is set
+  let plotly = window.Plotly;
+  wrap(plotly);
+  Object.defineProperty(window, 'Plotly', {configurable: true, get: () => plotly,
+                                           set: (value) => { plotly = value; wrap(value); }});
   let resized = null;
   window.addEventListener('resize', () => {
     clearTimeout(resized);

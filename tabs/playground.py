@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from tabs.common import FAST, Error, intro, read_seed, seed_box
+from tabs.common import FAST, Error, Plot, intro, read_seed, seed_box
 from tabs.permalink import Permalink
 from viz import playground as pg
 
@@ -29,8 +29,8 @@ def build() -> Permalink:
         scale = gr.Checkbox(value=True, label="divide by √d_k")
         run = gr.Button("Run attention", variant="primary")
     summary = gr.Markdown()
-    steps = gr.Plot(label="every step of the formula")
-    entropy = gr.Plot(label="softmax entropy against d_k")
+    steps = Plot(label="every step of the formula")
+    entropy = Plot(label="softmax entropy against d_k")
     inputs, outputs = [seq_len, d_k, seed, mask, scale], [steps, entropy, summary]
     run.click(playground, inputs, outputs, api_name="playground", **FAST)
     for control in (seq_len, d_k, mask, scale):

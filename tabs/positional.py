@@ -8,7 +8,7 @@ import numpy as np
 
 from models import registry
 from serving import catalogue
-from tabs.common import FAST, Error, fit, get_model, intro, model_choice
+from tabs.common import FAST, Error, Plot, fit, get_model, intro, model_choice
 from tabs.permalink import Permalink
 from viz import positional as vp
 from viz.common import esc, shorten
@@ -40,12 +40,12 @@ def build() -> Permalink:
         dims = gr.Textbox(value="0, 1, 6, 7, 32", label="dimensions to plot as curves")
         pair = gr.Slider(0, 63, value=0, step=1, label="RoPE dimension pair")
     with gr.Row():
-        heat = gr.Plot(label="sinusoidal encoding")
-        sim = gr.Plot(label="position similarity")
-    curves = gr.Plot(label="chosen dimensions")
+        heat = Plot(label="sinusoidal encoding")
+        sim = Plot(label="position similarity")
+    curves = Plot(label="chosen dimensions")
     with gr.Row():
-        rope = gr.Plot(label="RoPE rotation")
-        offsets = gr.Plot(label="RoPE scores by offset")
+        rope = Plot(label="RoPE rotation")
+        offsets = Plot(label="RoPE scores by offset")
     inputs, outputs = [length, d_model, dims, pair], [heat, curves, sim, rope, offsets]
     gr.Button("Draw encodings", variant="primary").click(positional_encoding, inputs, outputs,
                                                          api_name="positional_encoding", **FAST)
@@ -53,7 +53,7 @@ def build() -> Permalink:
         control.change(positional_encoding, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
     dims.submit(positional_encoding, inputs, outputs, api_name=False, **FAST)
     gr.Markdown(f"### Learned position embeddings of the shipped ViT (`{MODEL}`)")
-    learned = gr.Plot(label="learned position embeddings")
+    learned = Plot(label="learned position embeddings")
     gr.Button("Show the ViT's position embeddings").click(vit_positions, [], [learned], api_name="vit_positions")
     gr.Markdown(T5_TEXT)
     with gr.Row():
@@ -62,7 +62,7 @@ def build() -> Permalink:
                                                 scale=3))
         t5_run = gr.Button("Show T5's buckets and biases", scale=1)
     t5_note = gr.Markdown()
-    t5_plot = gr.Plot(label="T5 relative position bias")
+    t5_plot = Plot(label="T5 relative position bias")
     t5_run.click(t5_bias, [t5_model], [t5_note, t5_plot], api_name="t5_bias")
     return Permalink({"positions": length, "d": d_model, "dims": dims, "pair": pair},
                      [(positional_encoding, inputs, outputs, FAST)], at_load=True)

@@ -9,7 +9,7 @@ import gradio as gr
 import numpy as np
 
 from serving import catalogue
-from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, fit, get_model, index, intro, window_figure
+from tabs.common import EXAMPLE_IMAGES, EXAMPLE_NAMES, FAST, Plot, fit, get_model, index, intro, window_figure
 from tabs.permalink import Field, Permalink
 from viz import positional as vp
 from viz import swin as vw
@@ -33,12 +33,12 @@ def build() -> Permalink:
         index = gr.Slider(0, top_index, value=3, step=1, label="window to inspect")
         draw = gr.Button("Draw windows", variant="primary", scale=0, min_width=140)  # above the figures it draws
     note = gr.Markdown()
-    parts = gr.Plot(label="regular and shifted windows")
-    rolled = gr.Plot(label="cyclic shift")
+    parts = Plot(label="regular and shifted windows")
+    rolled = Plot(label="cyclic shift")
     with gr.Row():
-        regions = gr.Plot(label="region ids")
-        mask = gr.Plot(label="mask of one window")
-    masks = gr.Plot(label="masks of all windows")
+        regions = Plot(label="region ids")
+        mask = Plot(label="mask of one window")
+    masks = Plot(label="masks of all windows")
     inputs, outputs = [grid, window, shift, index], [parts, rolled, regions, mask, masks, note]
     for control in inputs:
         control.change(swin_windows, inputs, outputs, api_name=False, show_progress="hidden", **FAST)
@@ -55,8 +55,8 @@ def build() -> Permalink:
         show = gr.Button("Show the trained Swin")
     trained_note = gr.Markdown()
     with gr.Row():
-        win_attn = gr.Plot(label="window attention of the centre token")
-        bias = gr.Plot(label="relative position bias")
+        win_attn = Plot(label="window attention of the centre token")
+        bias = Plot(label="relative position bias")
     block.change(head_range, [block, head], [head], api_name=False, show_progress="hidden", **FAST)
     show.click(trained_swin, [example, block, head], [win_attn, bias, trained_note, head], api_name="trained_swin")
     # a link's grid and window set the sliders' range before the figures are drawn

@@ -17,6 +17,7 @@ from tabs.common import (
     MAX_TEXT_CHARS,
     VIEWS,
     Error,
+    Plot,
     attention_figure,
     controls_for,
     get_model,
@@ -80,7 +81,7 @@ def build() -> Permalink:
     with gr.Row():
         kind = gr.Radio(list(KINDS), value="cross", label="attention")
     layer, head, view = layer_head_view(VIEWS, "heatmap")
-    attn = gr.Plot(label="attention", elem_id="translate-attention")
+    attn = Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
     # B runs on the model chosen above, as A did
     compare_section.comparison("translate", state, compare_view,
@@ -91,9 +92,9 @@ def build() -> Permalink:
     why_section = why.decomposition("translate", source, sequence, layer, head, [view, kind], sink=False)
     # the encoder's queries and keys of the English text, in the chosen model (/translate_qk: model last)
     qk_section = qk.section("translate", text, sequence, extra=[model])
-    stats = gr.Plot(label="head statistics")
-    align = gr.Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
-    tree = gr.Plot(label="beam-search tree")
+    stats = Plot(label="head statistics")
+    align = Plot(label="cross-attention of the chosen translation (last layer, mean of heads)")
+    tree = Plot(label="beam-search tree")
     download = gr.File(label="attention arrays (.npz)")
     layer_asked = run_layer()
     inputs = [text, beam, kind, layer_asked, head, view, model]  # model last: API callers' positions stay

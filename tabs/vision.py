@@ -18,6 +18,7 @@ from tabs.common import (
     EXPLANATIONS,
     FAST,
     Error,
+    Plot,
     attribute,
     completeness,
     controls_for,
@@ -84,8 +85,8 @@ def build() -> Permalink:
     notice = gr.Markdown()
     layer, head, view = layer_head_view(["CLS → patches", "rollout"], "CLS → patches")
     with gr.Row():
-        probs = gr.Plot(label="top classes")
-        overlay = gr.Plot(label="attention over the image")
+        probs = Plot(label="top classes")
+        overlay = Plot(label="attention over the image")
     with gr.Row():
         explanation = gr.Dropdown([(shown, key) for key, shown in EXPLANATIONS.items()], value="rollout",
                                   label="explanation", scale=2)
@@ -94,16 +95,16 @@ def build() -> Permalink:
         target = gr.Dropdown(class_choices("vit-fashion"), value="", label="explain the class", scale=1,
                              allow_custom_value=True)
     with gr.Row():
-        explained = gr.Plot(label="explanation over the image")
-        curve = gr.Plot(label="deletion curve: every explanation on this image")
+        explained = Plot(label="explanation over the image")
+        curve = Plot(label="deletion curve: every explanation on this image")
     with gr.Row():
         seen = gr.Image(label="what the model saw: click a patch", interactive=False, height=SHOWN_SIDE,
                         width=SHOWN_SIDE, elem_id="seen-image")
-        query = gr.Plot(label="the clicked patch's attention")
+        query = Plot(label="the clicked patch's attention")
     # The clicked patch as "row,col" ("": the centre), which a permalink carries; hidden by CSS (app.py).
     patch = gr.Textbox(elem_id="vision-patch", elem_classes=["atlas-hidden"], show_label=False, container=False)
-    heads = gr.Plot(label="every head of the layer")
-    distance = gr.Plot(label="mean attention distance")
+    heads = Plot(label="every head of the layer")
+    distance = Plot(label="mean attention distance")
     state = gr.State()
     download = gr.File(label="attention arrays (.npz)")
     layer_asked = run_layer()

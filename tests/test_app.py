@@ -682,3 +682,26 @@ def test_warm_stack_imports_what_a_first_request_needs() -> None:
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["[]", "True"]
+
+
+def test_every_figure_of_every_tab_carries_its_phone_layout() -> None:
+    """Issue 61, item 6: every plot of the app is tabs.common.Plot, so every tab's figures (not only the lessons')
+    carry their phone layout, also when a handler sends an update (Gradio then makes a new instance of the output's
+    class), and their blocks the class the phone style sheet stacks; defining it wrote no .pyi beside tabs/common.py
+    (Gradio writes one for a component subclass)."""
+    import json
+
+    import plotly.graph_objects as go
+
+    import app
+
+    plots = [b for b in app.build_demo().blocks.values() if isinstance(b, gr.Plot)]
+    assert len(plots) > 40 and {type(b) for b in plots} == {common.Plot}
+    assert all("atlas-plot" in b.get_config()["elem_classes"] for b in plots)
+    for block in (plots[0], type(plots[0])(**{**plots[0].constructor_args, "render": False})):
+        fig = go.Figure(go.Heatmap(z=np.eye(30), x=[f"t{i}" for i in range(30)], y=[f"t{i}" for i in range(30)]))
+        sent = json.loads(block.postprocess(fig).plot)
+        assert sent["layout"]["meta"]["atlas_phone"]["narrow"] == 600
+        assert "width" not in sent["layout"] or sent["layout"]["width"] != 340  # the wide figure is sent as built
+    assert block.postprocess(None) is None
+    assert not Path(common.__file__).with_suffix(".pyi").exists()

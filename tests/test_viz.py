@@ -462,7 +462,7 @@ def _phone_checks(fig, width: int = 340) -> None:
 
 def test_phone_layout_of_a_dense_map_and_of_subplots() -> None:
     """Issue 61, item 6: at 390 px the revealed figure was a postage stamp with overlapping labels and a colour bar
-    wider than the map. A 61-token map keeps about one label every 15 px; eight subplots go two to a row."""
+    wider than the map. A 61-token map keeps about one label every 12 px; eight subplots go two to a row."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

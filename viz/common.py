@@ -502,56 +502,168 @@ def rect_path(x0: float, y0: float, x1: float, y1: float) -> str:
 PHONE_WIDTH = 340  # px: the figure's width on a 390 px phone (the page's padding taken off)
 PHONE_NARROW = 600  # px: a figure box narrower than this gets the phone layout (tabs/page.py's script)
 PHONE_GAP = 64  # px of each horizontal colour bar under the plot (its bar, ticks and title)
-PHONE_TICK_PX = 15  # px between two tick labels of a dense axis on a phone
+PHONE_TICK_PX = 12  # px between two tick labels of a dense axis on a phone (9 px type)
+PHONE_MIN_PLOT = 140  # px: the least height of a plot on a phone
 
 
 def _axis_names(layout: dict, letter: str) -> list[str]:
     return sorted((k for k in layout if re.fullmatch(fr"{letter}axis\d*", k)), key=lambda k: int(k[5:] or 1))
 
 
-def _dense_ticks(axis: dict, length_px: float) -> dict:
+def _axis_labels(name: str, layout: dict, data: list[dict]) -> tuple[int | None, bool]:
+    """How many labels the axis ``name`` ("xaxis2") would carry, and whether they are categories (words): the
+    length of its category array, of its traces' string coordinates, or a heatmap's columns (rows) where it has
+    none; None when not known (a numeric axis whose ticks Plotly spaces by its length)."""
+    letter, ref = name[0], name[0] + name[5:]
+    if layout[name].get("categoryarray") is not None:
+        return len(layout[name]["categoryarray"]), True
+    count, words = None, False
+    for t in data:
+        if (t.get(f"{letter}axis") or letter) != ref:
+            continue
+        v = t.get(letter)
+        if v is not None and not isinstance(v, dict) and len(v):
+            arr = np.asarray(v, dtype=object)
+            if any(isinstance(x, str) for x in arr.ravel()[:50]):
+                count, words = max(count or 0, len(set(arr.ravel().tolist()))), True
+        elif t.get("type") == "heatmap" and t.get("z") is not None and v is None:
+            shape = np.shape(t["z"])
+            if len(shape) >= 2:
+                count = max(count or 0, shape[-1] if letter == "x" else shape[-2])
+    return count, words
+
+
+def _label_px(layout: dict, data: list[dict], ys: list[str], width: int) -> int:
+    """Pixels the y tick labels take beside a plot on a phone (11 px type: ~6.5 px a character; 40 px for numbers),
+    from the longest label of any y axis, at most 40 % of the figure's width."""
+    longest = 0
+    for y in ys:
+        axis, ref = layout[y], "y" + y[5:]
+        if axis.get("showticklabels", True) is False:
+            continue
+        texts = axis.get("ticktext") if axis.get("ticktext") is not None else axis.get("categoryarray")
+        if texts is None:
+            texts = [v for t in data if (t.get("yaxis") or "y") == ref and t.get("y") is not None
+                     and not isinstance(t.get("y"), dict) for v in np.asarray(t["y"], dtype=object).ravel()[:400]]
+        longest = max([longest] + [len(re.sub(r"<[^>]*>", "", v)) for v in texts if isinstance(v, str)])
+    return int(min(max(40, 6.5 * longest + 14), 0.4 * width))
+
+
+def _dense_ticks(axis: dict, length_px: float, labels: tuple[int | None, bool] = (None, False)) -> dict:
     """Updates thinning an axis's tick labels to one every PHONE_TICK_PX (every k-th label kept, the first one
-    included), and its font to 9 px; {} when the labels fit."""
+    included) and its font to 9 px, where it has more labels than fit (``labels``: `_axis_labels`); a numeric axis
+    with a set step gets a larger one; a log axis labels its decades only; {} when the labels fit."""
     keep = max(3, int(length_px // PHONE_TICK_PX))
     vals, text = axis.get("tickvals"), axis.get("ticktext")
     if vals is not None and len(vals) > keep:
         k = -(-len(vals) // keep)
         return {"tickvals": list(vals)[::k], "ticktext": list(text)[::k] if text is not None else None,
                 "tickfont.size": 9}
-    if axis.get("showticklabels", True) is not False and vals is None:
+    if axis.get("showticklabels", True) is False:
+        return {}
+    if vals is not None:  # every label fits, closely: smaller type
+        return {"tickfont.size": 9} if len(vals) and length_px / len(vals) < 16 else {}
+    if axis.get("type") == "log":
+        return {"dtick": 1}  # powers of ten only (Plotly labels every digit between them when crowded)
+    count, words = labels
+    if words and count is not None and count > keep:
         return {"nticks": keep, "tickfont.size": 9}
+    if words and count and length_px / count < 16:  # every word fits, closely: smaller type
+        return {"tickfont.size": 9}
+    step = axis.get("dtick")
+    if not words and count is not None and isinstance(step, (int, float)) and count / step > keep:
+        return {"dtick": step * -(-count // (step * keep))}
     return {}
 
 
-def _wrap_title(title: str, width: int) -> str:
-    """A title's plain lines (no markup) wrapped at spaces to the phone's width (14 px type: ~7.5 px a character)."""
-    import textwrap
-
-    chars = max(20, int(width / 7.5))
-    lines = []
+def _wrap_title(title: str, width: int, px: float = 7.5) -> str:
+    """A title's lines wrapped at spaces to the phone's width (14 px type: ~``px`` px a character; 70 % of that in
+    <sup>); a line with markup other than <sup> and <b> (a coloured span) is left as it is."""
+    lines, small = [], False
     for line in title.split("<br>"):
-        lines.extend([line] if "<" in line or len(line) <= chars else textwrap.wrap(line, chars))
+        plain = re.sub(r"</?(sup|b)>", "", line)
+        small = small or "<sup>" in line
+        chars = max(16, int(width / (px * (0.7 if small else 1.0))))
+        if "<" in plain or len(plain) <= chars:
+            lines.append(line)
+        else:  # words with their tags, measured without them
+            out, n = [], 0
+            for word in line.split(" "):
+                size = len(re.sub(r"<[^>]*>", "", word))
+                if out and n + 1 + size > chars:
+                    lines.append(" ".join(out))
+                    out, n = [], 0
+                out.append(word)
+                n += size + (1 if n else 0)
+            lines.append(" ".join(out))
+        small = small and "</sup>" not in line
     return "<br>".join(lines)
+
+
+def _set(target: dict, path: str, value: Any) -> None:
+    """``target[path] = value`` for a Plotly property path ("xaxis2.tickfont.size", "annotations[3].x"); None
+    removes the property (Plotly then uses its default)."""
+    parts = path.split(".")
+    for part in parts[:-1]:
+        name, _, i = part.partition("[")
+        target = target.setdefault(name, {}) if not i else target[name][int(i[:-1])]
+    if value is None:
+        target.pop(parts[-1], None)
+    else:
+        target[parts[-1]] = value
+
+
+def _legend_items(layout: dict, data: list[dict]) -> list[str]:
+    """The names the legend shows (Plotly's rule: the traces not hidden from it, once there are two or more of them,
+    one of them is shown explicitly, or ``layout.showlegend`` is set)."""
+    if layout.get("showlegend") is False:
+        return []
+    shown = [t for t in data if t.get("showlegend") is not False and
+             (t.get("showlegend") or t.get("type") not in ("heatmap", "contour", "histogram2d", "image"))]
+    names = list(dict.fromkeys(str(t.get("name") or "trace") for t in shown))  # a legend group's traces: one entry
+    explicit = any(t.get("showlegend") for t in shown)
+    return names if len(shown) >= 2 or (shown and (explicit or layout.get("showlegend"))) else []
+
+
+def _legend_height(names: list[str], width: int) -> int:
+    """Pixels of a horizontal legend of ``names`` at ``width`` (10 px type: ~6 px a character, 40 px of symbol and
+    gap an entry), its rows filled left to right."""
+    rows, used = 1, 0
+    for name in names:
+        w = 40 + 6 * len(re.sub(r"<[^>]*>", "", name))
+        if used and used + w > width:
+            rows, used = rows + 1, 0
+        used += w
+    return 20 * rows + 8
 
 
 def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     """``fig`` with its phone layout attached (``layout.meta.atlas_phone``), which the page's script applies when
     the figure's box is narrower than `PHONE_NARROW` px (tabs/page.py): the figure takes the box's width; subplots
     side by side go two to a row; each colour bar lies horizontal under the plot (it stood beside a map it was wider
-    than); a dense axis keeps one tick label every `PHONE_TICK_PX` px; a map with square cells is as tall as it is
-    wide. The figure itself is unchanged for wider screens. Returns ``fig``."""
+    than) and a legend lies horizontal under the plot too; a dense axis keeps one tick label every `PHONE_TICK_PX`
+    px; a map with square cells is as tall as it is wide. The figure itself is unchanged for wider screens; the
+    phone layout leaves out the layout's images (the page keeps the figure's own). Every tab's figures get it from
+    ``tabs.common.Plot``. Returns ``fig``."""
     if fig is None:
         return fig
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    if "atlas_phone" in meta:
+        return fig
     layout = fig.layout.to_plotly_json()
+    layout.pop("images", None)  # the page keeps the figure's own (they can be the largest part of a layout)
     data = [t.to_plotly_json() for t in fig.data]
-    updates: dict[str, Any] = {"font.size": 11, "title.font.size": 14}  # the page's script sets the box's width
-    margin = {**TEMPLATE["layout"]["margin"], **(layout.get("margin") or {})}
-    top = min(int(margin.get("t", 70)), 90)
+    updates: dict[str, Any] = {"font.size": 11, "title.font.size": 14, "width": width}  # the page sets the width
     title = (layout.get("title") or {}).get("text") or ""
     wrapped = _wrap_title(title, width)
     if wrapped != title:  # a long title is wrapped rather than cut at the phone's edge
         updates["title.text"] = wrapped
-        top += 18 * (wrapped.count("<br>") - title.count("<br>"))
+    top, small = 24, False  # the title's lines (14 px type, 19 px a line; a <sup> line 14 px) and the subplot titles
+    for line in wrapped.split("<br>") if wrapped else []:
+        small = small or "<sup>" in line
+        top += 14 if small else 19
+        small = small and "</sup>" not in line
+    top += 22 if layout.get("annotations") else 0
     left, right = 8, 8  # tick labels push the margins out as they need (automargin)
     xs, ys = _axis_names(layout, "x"), _axis_names(layout, "y")
     cols = sorted({tuple(layout[x].get("domain", (0, 1))) for x in xs}) or [(0, 1)]
@@ -559,26 +671,32 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     per_row = 2 if len(cols) > 1 else 1
     cells = len(cols) * len(rows) if len(xs) > 1 else 1
     new_rows = -(-cells // per_row)
-    plot_w = width - left - right - 40 * per_row  # the y tick labels of each column
+    plot_w = width - left - right - _label_px(layout, data, ys, width) * per_row  # the y tick labels of each column
     cell_w = plot_w / per_row
     square = any(layout.get(y, {}).get("scaleanchor") for y in ys)
     cell_h = cell_w if (square or per_row > 1) else 260
     if square and data:  # a map with square cells: as tall as its grid's shape over the width
         z = next((t.get("z") for t in data if t.get("z") is not None), None)
         shape = np.shape(z) if z is not None else ()
-        if len(shape) >= 2 and shape[1]:
-            cell_h = cell_w * shape[0] / shape[1]
+        if len(shape) >= 2 and shape[1]:  # at least PHONE_MIN_PLOT px: a colour bar under a flatter plot pushes
+            cell_h = max(cell_w * shape[0] / shape[1], PHONE_MIN_PLOT)  # the margins past the figure (Plotly fails)
     titled = bool(layout.get("annotations")) and new_rows > 1
     gap = 84 if titled else 40  # subplot titles (annotations over each subplot), tick labels and axis titles
     bars = [i for i, t in enumerate(data) if t.get("type") in ("heatmap", "contour", "histogram2d") and
             t.get("showscale", True) is not False and "coloraxis" not in t]
     bars += [i for i, t in enumerate(data) if t.get("type") not in ("heatmap", "contour", "histogram2d") and
-             t.get("marker", {}).get("showscale")]
+             (t.get("marker") or {}).get("showscale", (t.get("marker") or {}).get("colorbar") is not None)]
+    legend = _legend_items(layout, data)
+    legend_h = _legend_height(legend, width - 16) if legend else 0
     labels_below = 70 if any(layout[x].get("showticklabels", True) is not False for x in xs) else 10
-    bottom = labels_below + PHONE_GAP * len(bars)
+    bottom = labels_below + PHONE_GAP * len(bars) + legend_h
     plot_h = new_rows * cell_h + (new_rows - 1) * gap
     height = int(top + plot_h + bottom + (24 if titled else 0))
     updates.update({"height": height, "margin.l": left, "margin.r": right, "margin.t": top, "margin.b": bottom})
+    if legend:  # horizontal, under the plot and its colour bars (beside the plot it took the map's width)
+        updates["legend"] = {**(layout.get("legend") or {}), "orientation": "h", "x": 0, "xanchor": "left",
+                             "xref": "container", "yref": "container", "yanchor": "bottom",
+                             "y": (4 + PHONE_GAP * len(bars)) / height, "font": {"size": 10}}
     if len(xs) > 1:  # the subplots, in reading order, two to a row
         order = sorted(zip(xs, ys, strict=False), key=lambda a: (-layout[a[1]].get("domain", (0, 1))[1],
                                                                   layout[a[0]].get("domain", (0, 1))[0]))
@@ -596,35 +714,46 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
             if where is not None and a.get("xref", "paper") == "paper":
                 updates[f"annotations[{i}].x"], updates[f"annotations[{i}].y"] = where
                 updates[f"annotations[{i}].font.size"] = 10
+    for names, length in ((xs, cell_w), (ys, cell_h)):
+        for a in names:
+            for key, value in _dense_ticks(layout[a], length, _axis_labels(a, layout, data)).items():
+                updates[f"{a}.{key}"] = value
+            text = ((layout[a].get("title") or {}).get("text") or "") if isinstance(layout[a].get("title"), dict) \
+                else ""
+            if text and _wrap_title(text, int(length), 6.2) != text:  # an axis title as long as its axis at most
+                updates[f"{a}.title.text"] = _wrap_title(text, int(length), 6.2)
     for x in xs:
-        for key, value in _dense_ticks(layout[x], cell_w).items():
-            updates[f"{x}.{key}"] = value
         if layout[x].get("tickangle") is not None:
             updates[f"{x}.tickangle"] = -90
-    for y in ys:
-        for key, value in _dense_ticks(layout[y], cell_h).items():
-            updates[f"{y}.{key}"] = value
-    data_update: dict[str, list] = {}
-    for n, i in enumerate(bars):  # each colour bar horizontal, under the plot, one band each from the bottom up
-        key = "colorbar" if data[i].get("type") in ("heatmap", "contour", "histogram2d") else "marker.colorbar"
-        bar = {"orientation": "h", "x": 0.5, "xanchor": "center", "xref": "container", "yref": "container",
-               "yanchor": "bottom", "y": (6 + n * PHONE_GAP) / height, "len": 0.8, "lenmode": "fraction",
-               "thickness": 10, "title.side": "bottom", "title.font.size": 11, "tickfont.size": 9,
-               "ticklabelposition": "outside top"}  # ticks above the bar, its title under it: nothing overlaps
-        for attr, value in bar.items():
-            data_update.setdefault(f"{key}.{attr}", [None] * len(bars))[n] = value
+    for y in ys:  # a map with square cells narrower than its plot's height: drawn at the top, not in the middle
+        if layout[y].get("scaleanchor"):
+            updates[f"{y}.constraintoward"] = "top"
     # the whole phone layout and each colour bar's trace patch: the page draws the figure anew with them (a redraw
     # from the wide layout fails in Plotly when vertical colour bars leave no room at a phone's width)
-    narrow = go.Figure(fig)
+    narrow = layout
     for key, value in updates.items():
-        narrow.layout[key] = value
+        _set(narrow, key, value)
     patches: dict[str, dict] = {}
-    for key, values in data_update.items():
-        for i, value in zip(bars, values, strict=True):
-            narrow.data[i][key] = value
-    for i in bars:
-        t = narrow.data[i].to_plotly_json()
-        patches[str(i)] = {"colorbar": t["colorbar"]} if "colorbar" in t else {"marker": t["marker"]}
+    for n, i in enumerate(bars):  # each colour bar horizontal, under the plot, one band each from the bottom up
+        heat = data[i].get("type") in ("heatmap", "contour", "histogram2d")
+        bar = dict((data[i] if heat else data[i].get("marker", {})).get("colorbar") or {})
+        bar["title"] = dict(bar.get("title") or {})
+        bar["tickfont"] = dict(bar.get("tickfont") or {})
+        for attr, value in {"orientation": "h", "x": 0.5, "xanchor": "center", "xref": "container",
+                            "yref": "container", "yanchor": "bottom", "y": (6 + n * PHONE_GAP) / height,
+                            "len": 0.8, "lenmode": "fraction", "thickness": 10, "title.side": "bottom",
+                            "title.font.size": 11, "tickfont.size": 9,
+                            "ticklabelposition": "outside top"}.items():  # ticks above the bar, its title under it
+            _set(bar, attr, value)
+        patches[str(i)] = {"colorbar": bar} if heat else {"marker": {"colorbar": bar}}  # merged into the marker
+    for i, t in enumerate(data):  # words beside a scatter's points: none where the points stand too close
+        x = t.get("x")
+        if t.get("type", "scatter") == "scatter" and "text" in (t.get("mode") or "") and x is not None \
+                and not isinstance(x, dict) and len(x):
+            steps = len({v for v in np.asarray(x, dtype=object).ravel().tolist() if v is not None})
+            if steps > 2 and cell_w / steps < 40:
+                mode = "+".join(m for m in t["mode"].split("+") if m != "text") or "markers"
+                patches.setdefault(str(i), {})["mode"] = mode
     for i, t in enumerate(data):  # numbers written in the cells: smaller, or none where a cell is too narrow
         z = t.get("z")
         if t.get("type") == "heatmap" and (t.get("texttemplate") or t.get("text") is not None) and z is not None:
@@ -634,11 +763,9 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
                 patches[str(i)]["text"] = None
             elif cell < 36:
                 patches.setdefault(str(i), {})["textfont"] = {**(t.get("textfont") or {}), "size": 7}
-    wide = narrow.layout.to_plotly_json()
-    wide.pop("meta", None)
-    wide.pop("template", None)  # the figure's own template stays (the page keeps it)
-    meta = layout.get("meta") if isinstance(layout.get("meta"), dict) else {}
-    fig.update_layout(meta={**meta, "atlas_phone": {"narrow": PHONE_NARROW, "layout": wide, "traces": patches}})
+    narrow.pop("meta", None)
+    narrow.pop("template", None)  # the figure's own template stays (the page keeps it)
+    fig.layout.meta = {**meta, "atlas_phone": {"narrow": PHONE_NARROW, "layout": narrow, "traces": patches}}
     return fig
 
 

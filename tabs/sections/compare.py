@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits
-from tabs.common import FAST, Error, read_text
+from tabs.common import FAST, Error, Plot, read_text
 from tabs.sections.text import MAX_PATCH_CHARS
 from viz import why as vw
 from viz.common import esc
@@ -35,10 +35,10 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
         note = gr.Markdown()
         # one under the other, each the page's width as A's figure is (side by side, each had half of it: a
         # 41-token map's cells shrank to a few pixels)
-        plot_b = gr.Plot(label=f"B · {shows}, same layer, head and view" if shows else "B, same layer, head and view")
-        plot_d = gr.Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
+        plot_b = Plot(label=f"B · {shows}, same layer, head and view" if shows else "B, same layer, head and view")
+        plot_d = Plot(label=f"B − A · {shows}, over the tokens both inputs share" if shows else
                          "B − A over the tokens both inputs share")
-        change = gr.Plot(label="what changes")
+        change = Plot(label="what changes")
         download = gr.File(label="both inputs' arrays (.npz)")
     state_b = gr.State()
     on.change(lambda v: gr.update(visible=bool(v)), [on], [box], api_name=False, show_progress="hidden")

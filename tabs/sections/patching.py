@@ -12,7 +12,7 @@ import gradio as gr
 import numpy as np
 
 from models import limits, registry
-from tabs.common import FAST, Error, get_model, read_text
+from tabs.common import FAST, Error, Plot, get_model, read_text
 from tabs.sections.text import MAX_PATCH_CHARS, encode, require_heads, text_model
 from tabs.sections.why import why
 from tabs.zerogpu import on_gpu
@@ -70,9 +70,9 @@ def patching(tab: str, resolve: Callable[..., str], model_inputs: list, examples
     if examples:
         gr.Examples(examples, [clean, corrupted])
     note = gr.Markdown()
-    fig = gr.Plot(label="fraction of the logit difference restored", elem_id=f"{tab}-patch")
+    fig = Plot(label="fraction of the logit difference restored", elem_id=f"{tab}-patch")
     with gr.Row():
-        head_attn = gr.Plot(label="the clicked head's attention on the clean input")
+        head_attn = Plot(label="the clicked head's attention on the clean input")
     head_note = gr.Markdown()
     kept = gr.State()
     cell = gr.Textbox(elem_id=f"{tab}-patch-cell", elem_classes=["atlas-hidden"], show_label=False, container=False)

@@ -22,7 +22,7 @@ import gradio as gr
 import numpy as np
 
 from models import registry
-from tabs.common import Error, get_model, index, read_text
+from tabs.common import Error, Plot, get_model, index, read_text
 from viz import qk as vq
 from viz.common import esc
 
@@ -75,7 +75,7 @@ def section(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str, list
             scale = gr.Checkbox(True, label="scale queries and keys to the same spread")
             run = gr.Button("Draw queries and keys")
         note = gr.Markdown()
-        plot = gr.Plot(label="queries and keys of the head", elem_id=f"{tab}-qk")
+        plot = Plot(label="queries and keys of the head", elem_id=f"{tab}-qk")
         # a click on a point writes "position,n" here (app.py's page script); hidden by CSS so the script finds it
         cell = gr.Textbox(elem_id=f"{tab}-qk-cell", elem_classes=["atlas-hidden"], show_label=False, container=False)
 

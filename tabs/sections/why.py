@@ -16,7 +16,7 @@ import gradio as gr
 import numpy as np
 
 from models import registry
-from tabs.common import FAST, Error, get_model, index, read_text
+from tabs.common import FAST, Error, Plot, get_model, index, read_text
 from tabs.sections.text import encode, require_heads, text_model
 from tabs.zerogpu import on_gpu
 from viz import why as vw
@@ -59,7 +59,7 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
         key = gr.Number(value=0, precision=0, label="key position")
         run = gr.Button("Split this score")
     summary = gr.Markdown()
-    fig = gr.Plot(label="the score split by residual-stream parts")
+    fig = Plot(label="the score split by residual-stream parts")
     gr.Markdown(SINK_TEXT if sink else sink_text_without_ablation())
     ablate = gr.Button("Ablate the sink (this head may not attend to the first token)", visible=sink)
     sink_note = gr.Markdown()
