@@ -82,7 +82,8 @@ class Decoder(Protocol):
 
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None, need_weights: bool = False,
                 head_mask: Tensor | None = None, keep_hidden: bool = False, edit: Intervention | None = None,
-                last_only: bool = False) -> Forward:
+                last_only: bool = False, positions: Tensor | None = None, prefix: int = 0) -> Forward:
         """Logits (and on request attention, hidden states, per-head outputs) of ids (B, T); ``edit`` patches heads
-        or positions and forbids keys (activation patching, sink ablation: models/inspect/patching.py)."""
+        or positions and forbids keys (activation patching, sink ablation: models/inspect/patching.py);
+        ``positions``: M-RoPE's (3, T) position ids; ``prefix``: a prefix LM's bidirectional positions."""
         ...

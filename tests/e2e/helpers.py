@@ -104,8 +104,16 @@ def titles(page) -> list[str]:
 
 def click_cell(page, elem_id: str, row: int, col: int) -> None:
     """Click the centre of cell (row, col) of the heatmap inside #elem_id, placed by Plotly's own axes."""
-    page.wait_for_timeout(500)  # a figure that was just replaced settles first
-    page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed()
+    from playwright.sync_api import Error as PlaywrightError
+
+    for attempt in range(4):  # a figure that was just replaced (a redraw after the run) settles first
+        page.wait_for_timeout(500)
+        try:
+            page.locator(f"#{elem_id} .js-plotly-plot").first.scroll_into_view_if_needed(timeout=10_000)
+            break
+        except PlaywrightError as err:  # replaced while it scrolled: "not attached to the DOM"
+            if attempt == 3 or "not attached" not in str(err):
+                raise
     x, y = page.evaluate("""([id, row, col]) => {
         const el = document.querySelector('#' + id + ' .js-plotly-plot');
         const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
