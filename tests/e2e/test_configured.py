@@ -34,7 +34,9 @@ def test_configured_models_in_classify_generate_and_vision(page, tmp_path) -> No
     _panel(page).get_by_label("my-bert").check()
     _panel(page).get_by_label("text", exact=True).fill("the film is warm and funny .")
     _panel(page).get_by_role("button", name="Classify", exact=True).click()
-    wait_for_plots(page, 3)
+    # the server's first request: the folder is loaded (and the start-up check of every configured folder may still
+    # be reading their headers beside it), so it gets longer than a warm one
+    wait_for_plots(page, 3, timeout=180_000)
     expect(page.locator(".atlas-highlight")).to_contain_text("[SEP]", timeout=30_000)
     page.wait_for_function("() => document.body.innerText.includes('neutral')", timeout=30_000)
     assert {"negative", "neutral", "positive"} <= _names(page)  # the folder's own id2label
