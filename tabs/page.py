@@ -188,18 +188,8 @@ JS = """() => {
   };
   const replaceState = history.replaceState.bind(history);
   history.replaceState = (...args) => { replaceState(...args); rebase(); };
-  // A figure drawn while its block was hidden (a lesson's reveal) has a box 0 px wide then: laid out when the box
-  // takes its width, as when it changes width
-  const sized = new ResizeObserver((entries) => entries.forEach((e) => {
-    if (e.target._atlasPlot && e.target._atlasPlot.isConnected) phone(e.target._atlasPlot);
-  }));
   new MutationObserver(() => {
     bind();
-    document.querySelectorAll('.js-plotly-plot').forEach((plot) => {
-      exportBar(plot);
-      phone(plot);
-      const box = plot.parentElement;
-      if (box && box._atlasPlot !== plot) { box._atlasPlot = plot; sized.observe(box); }
-    });
+    document.querySelectorAll('.js-plotly-plot').forEach((plot) => { exportBar(plot); phone(plot); });
   }).observe(document.body, {childList: true, subtree: true});
 }"""
