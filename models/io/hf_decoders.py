@@ -259,8 +259,7 @@ def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     config = _config({**hf, "head_dim": head_dim, "hidden_act": act}, where, "gemma", tie=True,
                      rope_base=_rope(hf, where), embed_scale=math.sqrt(d),
                      prefix_lm=prefix_lm,
-                     ff_act=_act({"hidden_act": act}, where, {"gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                                                              "gelu_tanh": "gelu_tanh"}))
+                     ff_act=_act({"hidden_act": act}, where, GEMMA_GELU))
     s = {k.removeprefix("model."): v for k, v in state.items()}
     ours = _common(s, config, state)
     ours["norm.weight"] = _plus_one(ours["norm.weight"])
@@ -271,6 +270,10 @@ def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
         _attention(s, h, o, ours, False, False)
         _mlp(s, h, o, ours)
     return _build(config, ours, where, "Gemma")
+
+
+# Gemma 1 and 2's "gelu" is the tanh approximation, whatever name the config gives it
+GEMMA_GELU = {"gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def _sandwich_norms(s: dict[str, Tensor], h: str, o: str, ours: dict[str, Tensor]) -> None:
@@ -297,8 +300,7 @@ def gemma2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
                      rope_base=_rope(hf, where), embed_scale=math.sqrt(int(hf["hidden_size"])), sandwich_norm=True,
                      attn_scale=float(hf.get("query_pre_attn_scalar") or 256) ** -0.5,
                      attn_softcap=float(softcap or 0.0), final_softcap=float(final or 0.0), prefix_lm=prefix_lm,
-                     ff_act=_act({"hidden_act": act}, where, {"gelu": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                                                              "gelu_tanh": "gelu_tanh"}))
+                     ff_act=_act({"hidden_act": act}, where, GEMMA_GELU))
     s = {k.removeprefix("model."): v for k, v in state.items()}
     ours = _common(s, config, state)
     ours["norm.weight"] = _plus_one(ours["norm.weight"])
