@@ -236,7 +236,7 @@ def _classified(net, name: str, text: str, method: str, target: str, layer: int 
     and the download."""
     amap = result.attention["encoder"]
     layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
-    layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
+    layer_u, head_u = controls_for(amap.layers, amap.heads, layer, head)
     top = int(np.argmax(result.probs))
     verdict = f"**{result.labels[top]}** ({result.probs[top]:.1%})"
     if result.notice:

@@ -148,12 +148,15 @@ def head_choices(heads: int) -> list[str]:
     return HEADS_DEFAULT + [str(h) for h in range(heads)]
 
 
-def controls_for(layers: int, heads: int, layer: int | None = None) -> tuple[dict, dict]:
-    """Updates for the layer slider (set to ``layer``, the drawn one; the last by default) and the head choices,
-    after a model run."""
+def controls_for(layers: int, heads: int, layer: int | None = None, head: str | int | None = None) -> tuple[dict, dict]:
+    """Updates for the layer slider (set to ``layer``, the drawn one; the last by default) and the head choices
+    (set to ``head``, the drawn one, when given), after a model run. Both controls say what the run drew, so the
+    redraws their change events start draw that view again: a link's run draws its own head, and a head left at
+    the page's "mean" redrew the mean over the linked head (issue 61)."""
     value = layers - 1 if layer is None else layer
+    chosen = {} if head is None else {"value": str(head)}
     return (gr.update(minimum=0, maximum=max(layers - 1, 1), value=value, interactive=layers > 1),
-            gr.update(choices=head_choices(heads)))
+            gr.update(choices=head_choices(heads), **chosen))
 
 
 def run_layer() -> gr.Number:

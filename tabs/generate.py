@@ -222,7 +222,8 @@ def linked_step(asked: dict, inputs: list, out: tuple) -> tuple:
     if not (text.isdigit() and int(text) in link_limits(state)["step"]) or int(text) == 0:
         return out
     html, cand, attn = draw_generation(state, int(text), inputs[8], inputs[9], inputs[10], inputs[11])
-    return (*out[:2], html, cand, attn, *out[5:])
+    step_u = {**out[10], "value": int(text)}  # the slider says the step drawn, so its change redraws the same view
+    return (*out[:2], html, cand, attn, *out[5:10], step_u, *out[11:])
 
 
 # ------------------------------------------------------------------------------------------------ handlers
@@ -388,7 +389,7 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
     amap = result.attention["decoder"]
     long = len(result.tokens) > limits.LONG_TOKENS
     layer, head = index(layer, amap.layers, "layer"), head_index(head, amap.heads)
-    layer_u, head_u = controls_for(amap.layers, amap.heads, layer)
+    layer_u, head_u = controls_for(amap.layers, amap.heads, layer, head)
     n_steps = len(result.steps)
     step_u = gr.update(minimum=0, maximum=max(n_steps, 1), value=0, interactive=n_steps > 0)
     ablate_layer_u = gr.update(minimum=0, maximum=max(amap.layers - 1, 1), value=amap.layers - 1,

@@ -246,7 +246,7 @@ def _translated(model, text: str, beam: int, split_notice: str, result, kind: st
     names it in the figures' titles), its attention drawn at ``layer`` (−1: the last)."""
     cross = result.attention["cross"]
     layer, head = index(layer, cross.layers, "layer"), head_index(head, cross.heads)
-    layer_u, head_u = controls_for(cross.layers, cross.heads, layer)
+    layer_u, head_u = controls_for(cross.layers, cross.heads, layer, head)
     said = f"{which.capitalize()} · " if which else ""
     from models.inspect.decompose import attention_scores
 

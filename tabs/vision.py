@@ -277,7 +277,7 @@ def classify_image(image: str | None, model: str = "vit-fashion", top_k: int = 5
         raise Error(str(err)) from None
     n_layers, n_heads = _depth(result)
     layer, head = index(layer, n_layers, "layer"), head_index(head, n_heads)  # drawn here (layer −1: the last)
-    layer_u, head_u = controls_for(n_layers, n_heads, layer)
+    layer_u, head_u = controls_for(n_layers, n_heads, layer, head)
     if result.attention:
         arrays = {"encoder": result.attention["encoder"].weights, "tokens": result.attention["encoder"].keys}
     else:

@@ -333,3 +333,39 @@ def test_a_lesson_link_shows_its_own_step_first(links) -> None:
         q = lessons.question(1, shown, "")
         assert out[1] == q.text and out[-2]["value"] == shown and out[-1] == 1, asked
         assert (out[2]["value"] is None) == (q.before is None), asked  # step 1's figure only on step 1
+
+
+def test_a_linked_run_sets_the_controls_to_the_view_it_drew(links, tiny_checkpoints, monkeypatch) -> None:
+    """Issue 61, item 5: a Generate link's run drew layer 1, head 3, step 3, but its outputs set only the layer; the
+    head stayed at the page's "mean" and the step at 0, so the layer's change event redrew "layer 1 · mean of heads"
+    over the linked view before the link's check set them (an intermittent failure of the browser test). The run's
+    outputs now say the layer, head and step it drew, so every redraw their change events start draws the same view;
+    the other tabs' runs set the head they drew too."""
+    from serving import store
+    from tabs import generate
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)  # gpt-tiny: 2 layers of 4 heads
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    fn, inputs, outputs, *_ = pl.linked_steps(links["generate"], gr.State())[0]
+    assert [getattr(c, "label", None) for c in outputs[8:11]] == [
+        "layer (0 = first)", "head (or fusion of heads)", "replay: show the tokens up to generated token (0 = all)"]
+    args = [generate.PROMPTS[0], 5, "gpt-tiny", "greedy", 1.0, 0, 1.0, 0, -1, "mean", "heatmap", "max", None, False]
+    out = fn({"pending": {"layer": "1", "head": "3", "step": "3"}}, *args)
+    layer, head, step = out[8]["value"], out[9]["value"], out[10]["value"]
+    assert (layer, head, step) == (1, "3", 3)
+    redrawn = generate.draw_generation(out[6], step, layer, head, "heatmap", "max")  # what a change event draws
+    assert redrawn[2].to_plotly_json() == out[4].to_plotly_json()
+    assert "layer 1 · head 3" in out[4].layout.title.text and "up to token" in out[4].layout.title.text
+    plain = fn({"pending": {}}, *args)  # a run without a link: the last layer, the head and step as they were
+    assert (plain[8]["value"], plain[9]["value"], plain[10]["value"]) == (1, "mean", 0)
+    for key in ("classify", "translate", "vision"):
+        fn, inputs, outputs, *_ = pl.linked_steps(links[key], gr.State())[0]
+        at = [getattr(c, "label", None) for c in outputs].index("head (or fusion of heads)")
+        given = [pl.component_of(c).value for c in inputs[1:]]
+        if key == "vision":  # one of the tab's own examples in its upload
+            given[0] = EXAMPLE_NAMES["sneaker"]
+        try:
+            out = fn({"pending": {"layer": "0", "head": "1"}}, *given)
+        except gr.Error as err:  # a tab whose default input needs more than the tiny checkpoints: named
+            pytest.fail(f"{key}: {err}")
+        assert out[at]["value"] == "1", key
