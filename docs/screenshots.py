@@ -10,6 +10,7 @@
     python docs/screenshots.py --only heads   # the Heads tab: gpt-tiny's grid and a head card, vit-fashion by layer
     python docs/screenshots.py --only tokens  # Generate, real SmolLM2: byte-level tokens decoded, the piece on hover
     python docs/screenshots.py --only describe  # Image + text: vlm-fashion on an example scene
+    python docs/screenshots.py --only vision  # Vision (a photograph, an example), Swin windows, Positional encoding
     python docs/screenshots.py --only class   # a class: the student's join and answer, the teacher's screen, the
                                               # presenter view with its QR code, the reveal (with --width 1024, 390)
 """
@@ -267,12 +268,44 @@ def deberta_shot(page, panel, tab, shot) -> None:
     shot("classify-deberta-why", 1300, y=_top(page, section) - 20)
 
 
+def vision_shots(page, panel, tab, shot) -> None:
+    """The image models: Vision on a photograph (its unusual-input notice) and on an example, then the trained Swin's
+    windows and the trained ViT's learned positions."""
+    import skimage  # a real photograph that a package ships: the unusual-input notice, calibrated bars
+
+    tab("Vision")
+    panel().locator("input[type=file]").set_input_files(str(Path(skimage.__file__).parent / "data/chelsea.png"))
+    page.wait_for_timeout(800)
+    panel().get_by_role("button", name="Classify image", exact=True).click()
+    panel().get_by_text("This image looks unlike Fashion-MNIST").wait_for(timeout=120_000)
+    shot("vision-photo", 1300)
+    panel().get_by_role("button", name="7-sneaker-t10k-9.png").click()
+    page.wait_for_timeout(800)
+    panel().get_by_role("button", name="Classify image", exact=True).click()
+    panel().get_by_text("This image looks unlike Fashion-MNIST").wait_for(state="detached", timeout=120_000)
+    wait_for_plots(page, 7, timeout=120_000)  # with the explanation and the deletion curve
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e._fullLayout"
+                           " && (e._fullLayout.title.text || '').startsWith('Deletion curve: P(Sneaker)'))",
+                           timeout=120_000)  # the sneaker's curve, not the photo's before it
+    shot("vision", 2300)
+
+    tab("Swin windows")
+    wait_for_plots(page, 5, timeout=60_000)
+    panel().get_by_role("button", name="Show the trained Swin").click()
+    wait_for_plots(page, 7, timeout=120_000)
+    shot("swin-windows", 2200)
+
+    tab("Positional encoding")
+    wait_for_plots(page, 5, timeout=60_000)
+    shot("positional-encoding", 1700)
+
+
 def main(argv: list[str] | None = None) -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser(description="Retake the README's screenshots from the running app.")
     ap.add_argument("--width", type=int, default=1400, help="browser width in pixels (1400: the README's set)")
-    ap.add_argument("--only", choices=["lessons", "class", "heads", "tokens", "describe"], default=None,
+    ap.add_argument("--only", choices=["lessons", "class", "heads", "tokens", "describe", "vision"], default=None,
                     help="retake only these screenshots")
     ap.add_argument("--families", action="store_true",
                     help="only the families' screenshots, over random folders of real shapes in runs/families")
@@ -326,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.only == "tokens":
                 tokens_shots(page, panel, tab, shot)
                 return browser.close()
+            if args.only == "vision":
+                vision_shots(page, panel, tab, shot)
+                return browser.close()
             if args.only == "describe":
                 describe_shots(page, panel, tab, shot)
                 return browser.close()
@@ -358,35 +394,8 @@ def main(argv: list[str] | None = None) -> None:
             elif (ROOT / "checkpoints" / "gpt-tiny").is_dir():  # the Generate tab's model ships with its issue
                 generate_shots(page, panel, tab, shot)
 
-            tab("Vision")
-            import skimage  # a real photograph that a package ships: the unusual-input notice, calibrated bars
-
-            panel().locator("input[type=file]").set_input_files(str(Path(skimage.__file__).parent / "data/chelsea.png"))
-            page.wait_for_timeout(800)
-            panel().get_by_role("button", name="Classify image", exact=True).click()
-            panel().get_by_text("This image looks unlike Fashion-MNIST").wait_for(timeout=120_000)
-            shot("vision-photo", 1300)
-            panel().get_by_role("button", name="7-sneaker-t10k-9.png").click()
-            page.wait_for_timeout(800)
-            panel().get_by_role("button", name="Classify image", exact=True).click()
-            panel().get_by_text("This image looks unlike Fashion-MNIST").wait_for(state="detached", timeout=120_000)
-            wait_for_plots(page, 7, timeout=120_000)  # with the explanation and the deletion curve
-            page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e._fullLayout"
-                                   " && (e._fullLayout.title.text || '').startsWith('Deletion curve: P(Sneaker)'))",
-                                   timeout=120_000)  # the sneaker's curve, not the photo's before it
-            shot("vision", 2300)
-
+            vision_shots(page, panel, tab, shot)
             describe_shots(page, panel, tab, shot)
-
-            tab("Swin windows")
-            wait_for_plots(page, 5, timeout=60_000)
-            panel().get_by_role("button", name="Show the trained Swin").click()
-            wait_for_plots(page, 7, timeout=120_000)
-            shot("swin-windows", 2200)
-
-            tab("Positional encoding")
-            wait_for_plots(page, 5, timeout=60_000)
-            shot("positional-encoding", 1700)
 
             tab("Attention playground")
             wait_for_plots(page, 2, timeout=60_000)

@@ -375,3 +375,20 @@ def test_a_metric_change_computes_nothing_before_a_grid_is_drawn(monkeypatch) ->
     for state in (None, {"model": "sst2", "layers": 2, "heads": 4}):
         out = tab.redraw("gpt-tiny", "induction", None, state)
         assert len(out) == 3 and all(x == gr.skip() for x in out)
+
+
+def test_metric_titles_name_the_unit_once() -> None:
+    """The Heads tab's axis and colour-bar titles read "mean attention distance in pixels (pixels)" and "[CLS] share
+    (share)"; a label that says its unit now stands alone, and every other label gets its unit in brackets."""
+    from models.inspect.atlas import METRICS
+    from viz import heads as vh
+
+    grid = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
+    for label, _, unit in METRICS.values():
+        figures = [vh.head_grid(grid, label, unit), vh.head_ranking([(0, 1, 0.5), (1, 2, 0.25)], label, unit),
+                   vh.by_layer(grid, label, unit)]
+        axis_titles = [figures[0].data[0].colorbar.title.text, figures[1].layout.xaxis.title.text,
+                       figures[2].layout.yaxis.title.text]
+        for text in axis_titles:
+            assert text.count(unit) == 1, text
+            assert text == (label if unit in label else f"{label} ({unit})")

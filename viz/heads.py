@@ -20,13 +20,19 @@ def _range(values: np.ndarray, unit: str) -> tuple[float, float]:
     return 0.0, float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
+def with_unit(label: str, unit: str) -> str:
+    """An axis or colour-bar title: the metric's label and its unit, the unit left out when the label says it
+    already ("mean attention distance in pixels", "[CLS] share")."""
+    return label if unit in label else f"{label} ({unit})"
+
+
 def _grid_trace(grid: np.ndarray, label: str, unit: str, zrange: tuple[float, float], showscale: bool = True,
                 colorscale: list | None = None) -> dict:
     g = np.asarray(grid, dtype=np.float32)
     layers, heads = g.shape
     trace = dict(type="heatmap", z=f32(g), x=list(range(heads)), y=list(range(layers)), zmin=zrange[0],
                  zmax=zrange[1], colorscale=colorscale or (ATTENTION_SCALE if unit in SHARE_UNITS else VIRIDIS),
-                 showscale=showscale, colorbar=colorbar(f"{label} ({unit})"), xgap=1, ygap=1,
+                 showscale=showscale, colorbar=colorbar(with_unit(label, unit)), xgap=1, ygap=1,
                  hovertemplate=f"layer %{{y}} · head %{{x}}<br>{esc(label)}: %{{z:.3f}} {unit}<extra></extra>")
     if layers * heads <= 400:  # small grids carry their numbers
         trace.update(text=[[("" if not np.isfinite(v) else f"{v:.2f}") for v in row] for row in g],
@@ -65,7 +71,7 @@ def head_ranking(rows: Sequence[tuple[int, int, float]], label: str, unit: str =
     base_layout(fig, title or f"Heads ranked by {label}", height=int(np.clip(22 * len(rows) + 160, 260, 700)))
     fig.update_yaxes(autorange="reversed", type="category")
     top_value = max((v for _, _, v in rows), default=1.0)
-    fig.update_xaxes(title=dict(text=f"{label} ({unit})"), range=[0, max(top_value, 1e-6) * 1.18])  # room for labels
+    fig.update_xaxes(title=dict(text=with_unit(label, unit)), range=[0, max(top_value, 1e-6) * 1.18])  # room for labels
     return fig.build()
 
 
@@ -130,5 +136,5 @@ def by_layer(grid: np.ndarray, label: str, unit: str) -> go.Figure:
                     name="layer mean", line=dict(color="#d62728"))])
     base_layout(fig, f"{label[0].upper()}{label[1:]} by layer", height=420)
     fig.update_xaxes(title=dict(text="layer (network depth)"), dtick=1)
-    fig.update_yaxes(title=dict(text=f"{label} ({unit})"), rangemode="tozero")
+    fig.update_yaxes(title=dict(text=with_unit(label, unit)), rangemode="tozero")
     return fig.build()
