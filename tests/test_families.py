@@ -193,3 +193,22 @@ def test_batched_generation_equals_each_alone(folders, name: str) -> None:
         alone = ours.generate(list(req.text), max_new_tokens=6)
         assert got.ids == alone.ids
         np.testing.assert_allclose(got.attention["decoder"].weights, alone.attention["decoder"].weights, atol=1e-5)
+
+
+@pytest.mark.parametrize("reader,name,model_type", [("gemma_from_state", "Gemma", "gemma"),
+                                                    ("gemma2_from_state", "Gemma 2", "gemma2"),
+                                                    ("gemma3_from_state", "Gemma 3", "gemma3_text")])
+def test_gemma_readers_refuse_an_encoder_and_attention_biases(reader: str, name: str, model_type: str) -> None:
+    """A bidirectional Gemma (an encoder) and attention biases are refused in words before any weight is read; only
+    PaliGemma's prefix LM (Gemma 1 and 2) may read both ways."""
+    from models.io import hf_decoders
+    from models.paths import CheckpointError
+
+    read = getattr(hf_decoders, reader)
+    with pytest.raises(CheckpointError, match=f"bidirectional {name} \\(an encoder\\)"):
+        read({"use_bidirectional_attention": True}, {})
+    with pytest.raises(CheckpointError, match=f"attention biases are not supported for {model_type}$"):
+        read({"attention_bias": True}, {})
+    if reader != "gemma3_from_state":  # the prefix LM passes the check (and then needs a config and weights)
+        with pytest.raises(KeyError):
+            read({"use_bidirectional_attention": True}, {}, prefix_lm=True)

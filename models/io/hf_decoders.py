@@ -242,6 +242,15 @@ def _plus_one(t: Tensor) -> Tensor:
     return t.float() + 1.0
 
 
+def _refuse_gemma(hf: dict[str, Any], where: Path, name: str, model_type: str, prefix_lm: bool = False) -> None:
+    """What the Gemma readers do not read: a bidirectional Gemma (an encoder; PaliGemma's prefix LM aside) and
+    attention biases."""
+    if hf.get("use_bidirectional_attention") and not prefix_lm:
+        raise CheckpointError(where, f"bidirectional {name} (an encoder) is not a causal language model")
+    if hf.get("attention_bias"):
+        raise CheckpointError(where, f"attention biases are not supported for {model_type}")
+
+
 def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path | str = "config.json",
                      prefix_lm: bool = False) -> Any:
     """Gemma 1 causal LM (``GemmaForCausalLM``): see the module docstring. ``prefix_lm``: PaliGemma's language model,
@@ -249,10 +258,7 @@ def gemma_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path |
     import math
 
     where = Path(where)
-    if hf.get("use_bidirectional_attention") and not prefix_lm:
-        raise CheckpointError(where, "bidirectional Gemma (an encoder) is not a causal language model")
-    if hf.get("attention_bias"):
-        raise CheckpointError(where, "attention biases are not supported for gemma")
+    _refuse_gemma(hf, where, "Gemma", "gemma", prefix_lm)
     d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_dim = int(hf.get("head_dim") or d // heads)
     act = hf.get("hidden_act") or hf.get("hidden_activation") or "gelu_pytorch_tanh"
@@ -289,10 +295,7 @@ def gemma2_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
     import math
 
     where = Path(where)
-    if hf.get("use_bidirectional_attention") and not prefix_lm:
-        raise CheckpointError(where, "bidirectional Gemma 2 (an encoder) is not a causal language model")
-    if hf.get("attention_bias"):
-        raise CheckpointError(where, "attention biases are not supported for gemma2")
+    _refuse_gemma(hf, where, "Gemma 2", "gemma2", prefix_lm)
     act = hf.get("hidden_act") or hf.get("hidden_activation") or "gelu_pytorch_tanh"
     softcap = hf.get("attn_logit_softcapping", 50.0)  # absent: Gemma2Config's default; null: none
     final = hf.get("final_logit_softcapping", 30.0)
@@ -317,10 +320,7 @@ def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
     import math
 
     where = Path(where)
-    if hf.get("use_bidirectional_attention"):
-        raise CheckpointError(where, "bidirectional Gemma 3 (an encoder) is not a causal language model")
-    if hf.get("attention_bias"):
-        raise CheckpointError(where, "attention biases are not supported for gemma3_text")
+    _refuse_gemma(hf, where, "Gemma 3", "gemma3_text")
     params = hf.get("rope_parameters") or {}
     if isinstance(params.get("full_attention"), dict):  # transformers 5: one RoPE per layer type
         glob = _rope(hf, where, "full_attention", 1_000_000.0)
@@ -336,15 +336,14 @@ def gemma3_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path 
                      final_softcap=float(hf.get("final_logit_softcapping") or 0.0),
                      ff_act=_act(hf, where, {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}))
     s = {k.removeprefix("model.").removeprefix("language_model."): v for k, v in state.items()}
-    plus_one = _plus_one
     ours = _common(s, config, state)
-    ours["norm.weight"] = plus_one(ours["norm.weight"])
+    ours["norm.weight"] = _plus_one(ours["norm.weight"])
     for i in range(config.n_layers):
         h, o = f"layers.{i}.", f"blocks.{i}."
         _sandwich_norms(s, h, o, ours)
         _attention(s, h, o, ours, False, True)
-        ours[o + "attn.q_norm.weight"] = plus_one(ours[o + "attn.q_norm.weight"])
-        ours[o + "attn.k_norm.weight"] = plus_one(ours[o + "attn.k_norm.weight"])
+        ours[o + "attn.q_norm.weight"] = _plus_one(ours[o + "attn.q_norm.weight"])
+        ours[o + "attn.k_norm.weight"] = _plus_one(ours[o + "attn.k_norm.weight"])
         _mlp(s, h, o, ours)
     return _build(config, ours, where, "Gemma 3")
 
