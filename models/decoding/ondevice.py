@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from models import limits
-from models.blocks.decoder import Knows, count, empty, flag, off, one_of, spec_of, zero
+from models.blocks.decoder import Knows, count, empty, flag, off, one_of, scale, spec_of
 from models.blocks.decoder import refusal as spec_refusal
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding
@@ -61,11 +61,11 @@ POOL_CELLS = 64  # pooled tiles: at most this many cells a side, as the app's mo
 # What ``_Run`` computes, field by field of the block description (models/blocks/decoder.py): the norms and the
 # feed-forward (any kind, experts too) through their own modules; anything else is refused (``supports``).
 KNOWS: Knows = {
-    "positions": one_of("rope", "learned"), "embed_scale": zero, "final_softcap": zero, "prefix_lm": off,
-    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": off,
+    "positions": one_of("rope", "learned"), "embed_scale": scale, "final_softcap": scale, "prefix_lm": off,
+    "residual": one_of("sequential", "parallel"), "norm": one_of("rmsnorm", "layernorm"), "sandwich": flag,
     "qkv_bias": flag, "o_bias": flag, "rope": one_of("none", "full", "partial"), "rotary_dim": count,
-    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": off, "qk_norm": flag, "window": zero, "attn_scale": zero,
-    "attn_softcap": zero, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
+    "rope_layout": one_of(*ROPE_LAYOUTS), "local_rope": flag, "qk_norm": flag, "window": count, "attn_scale": scale,
+    "attn_softcap": scale, "ff": one_of("gated", "mlp", "experts"), "ff_act": one_of(*ACTIVATIONS), "ff_bias": flag,
     "experts": count, "experts_per_token": count,
     "mrope_section": empty}
 
@@ -98,8 +98,55 @@ def _project(block, spec, h: Tensor, t: int, cos_sin: tuple[Tensor, Tensor] | No
 
 
 def _after_attention(block, spec, x: Tensor, a: Tensor) -> Tensor:
-    """The block's output from its input x and its attention's output a (after o_proj): the residual as described."""
-    return x + a + block.ff(block.norm2(x if spec.residual == "parallel" else x + a))
+    """The block's output from its input x and its attention's output a (after o_proj), as ``Block.forward``: the
+    residual as described, Gemma's sandwich norms through the block's own ``attn_output``."""
+    a = block.attn_output(a)
+    f = block.ff(block.ff_input(x, a))
+    return x + a + (block.post_ff_norm(f) if spec.sandwich else f)
+
+
+NEG = torch.finfo(torch.float32).min  # a masked score: exp(NEG − max) is 0 and 0 · NEG is 0 (no NaN in Σ w·s)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a layer's weights are beyond q·k (``CausalSelfAttention.forward``): a_ij = softmax_j(cap(scale · q_i·k_j))
+    over the keys query i may see: j ≤ i, within ``window`` (i − w < j, a local layer; 0: every earlier key), and
+    the ``prefix`` block both ways (a prefix LM: i, j < prefix)."""
+
+    scale: float
+    window: int = 0
+    softcap: float = 0.0
+    prefix: int = 0
+
+    @classmethod
+    def of(cls, model, layer: int, prefix: int = 0) -> Geometry:
+        spec = model.spec.blocks[layer]
+        return cls(spec.attn_scale or 1.0 / math.sqrt(model.config.d_head), spec.window, spec.attn_softcap, prefix)
+
+    def keys(self, r0: int, r1: int) -> tuple[int, int]:
+        """The keys [c0, c1) that query rows r0..r1 − 1 may see (a band's, for a local layer)."""
+        if self.prefix and r0 < self.prefix:
+            return 0, max(r1, self.prefix)
+        return (max(0, r0 - self.window + 1) if self.window else 0), r1
+
+    def scores(self, s: Tensor, rows: Tensor, c0: int, always: bool = False) -> Tensor:
+        """Raw q·k (h, r, c) float32 of query positions ``rows`` (r,) over keys c0.. -> the layer's masked scores, in
+        place (a masked cell: NEG). ``always``: mask without asking whether any cell is hidden (no host sync, for a
+        CUDA graph)."""
+        s.mul_(self.scale)
+        if self.softcap:  # Gemma 2: z -> cap · tanh(z / cap), before the mask
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
+        j = torch.arange(c0, c0 + s.size(-1), device=s.device)[None, :]
+        i = rows[:, None]
+        hidden = j > i
+        if self.window:
+            hidden |= j <= i - self.window
+        if self.prefix:
+            hidden &= ~((i < self.prefix) & (j < self.prefix))
+        if always or bool(hidden.any()):
+            s.masked_fill_(hidden, NEG)
+        return s
 
 
 def block_edges(n: int, max_cells: int) -> np.ndarray:
@@ -108,12 +155,18 @@ def block_edges(n: int, max_cells: int) -> np.ndarray:
     return np.minimum(np.arange(int(np.ceil(n / factor)) + 1) * factor, n)
 
 
-def _column_tiles(e: Tensor, f: int) -> tuple[Tensor, Tensor]:
-    """Max and sum of ``e`` (h, r, c), non-negative, over column blocks of ``f`` (the last one cut at c): two
-    (h, r, ceil(c / f)) tensors, read from ``e`` in place (no padded copy of the chunk)."""
+def _column_tiles(e: Tensor, f: int, offset: int = 0) -> tuple[Tensor, Tensor]:
+    """Max and sum of ``e`` (h, r, c), non-negative, over column blocks of ``f`` (the last one cut at c), the first
+    column of ``e`` being ``offset`` columns into its block (the block's earlier columns count as zeros): two
+    (h, r, blocks) tensors, read from ``e`` in place (no padded copy of the chunk)."""
+    maxes, sums = [], []
+    if offset:
+        head = e[..., : f - offset]
+        maxes.append(head.amax(-1, keepdim=True))
+        sums.append(head.sum(-1, keepdim=True))
+        e = e[..., f - offset:]
     c = e.size(-1)
     whole = c // f * f
-    maxes, sums = [], []
     if whole:
         blocks = e[..., :whole].unflatten(-1, (whole // f, f))  # a view: (h, r, c // f, f)
         maxes.append(blocks.amax(-1))
@@ -125,20 +178,25 @@ def _column_tiles(e: Tensor, f: int) -> tuple[Tensor, Tensor]:
 
 
 class _Tiles:
-    """The model view's pooled tiles (max and sum over the blocks of ``block_edges(T, cells)``) accumulated a chunk
-    of rows at a time, per layer on its device: the prompt pass adds its rows while their weights are at hand, the
-    new tokens' rows are added after decoding (max and sum over a block split between the two: the max of the
-    parts' maxes, the sum of their sums). Masked cells are zeros (weights ≥ 0, so the zeros of the start and of any
-    padding never raise a max)."""
+    """Pooled tiles (max and sum over the blocks of ``block_edges(T, cells)``) accumulated a chunk of rows at a time,
+    per layer on its device: the prompt pass adds its rows while their weights are at hand, the new tokens' rows are
+    added after decoding (max and sum over a block split between the two: the max of the parts' maxes, the sum of
+    their sums). Masked cells are zeros (weights ≥ 0, so the zeros of the start and of any padding never raise a
+    max). ``layers``: the layers kept (None: all); the others' rows are ignored."""
 
-    def __init__(self, t: int, cells: int, heads: int, devices: Sequence[torch.device]) -> None:
+    def __init__(self, t: int, cells: int, heads: int, devices: Sequence[torch.device],
+                 layers: Sequence[int] | None = None) -> None:
         self.t, self.edges = t, block_edges(t, cells)
         self.f, n = int(self.edges[1] - self.edges[0]), len(self.edges) - 1
-        self.max = [torch.zeros(heads, n, n, device=dev) for dev in devices]
-        self.sum = [torch.zeros(heads, n, n, device=dev) for dev in devices]
+        keep = range(len(devices)) if layers is None else layers
+        self.max = {i: torch.zeros(heads, n, n, device=devices[i]) for i in keep}
+        self.sum = {i: torch.zeros(heads, n, n, device=devices[i]) for i in keep}
 
-    def add(self, layer: int, r0: int, col_max: Tensor, col_sum: Tensor) -> None:
-        """Rows r0.. of ``layer``, given as their column-block max and sum (h, r, c_blocks)."""
+    def add(self, layer: int, r0: int, col_max: Tensor, col_sum: Tensor, cb0: int = 0) -> None:
+        """Rows r0.. of ``layer``, given as their column-block max and sum (h, r, c_blocks) from column block
+        ``cb0`` on."""
+        if layer not in self.max:
+            return
         f = self.f
         h, r, nc = col_max.shape
         front = r0 % f  # rows of the first block before r0 (another chunk's): zeros here
@@ -146,22 +204,83 @@ class _Tiles:
         m = torch.nn.functional.pad(col_max, (0, 0, front, back)).view(h, -1, f, nc).amax(2)
         s = torch.nn.functional.pad(col_sum, (0, 0, front, back)).view(h, -1, f, nc).sum(2)
         b0 = r0 // f
-        span = (slice(None), slice(b0, b0 + m.size(1)), slice(0, nc))
+        span = (slice(None), slice(b0, b0 + m.size(1)), slice(cb0, cb0 + nc))
         torch.maximum(self.max[layer][span], m, out=self.max[layer][span])
         self.sum[layer][span] += s
 
     def result(self) -> dict[str, np.ndarray]:
-        """{"max", "mean"} -> (L, H, R, C) float32 numpy (one copy from each layer's device)."""
+        """{"max", "mean"} -> (L, H, R, C) float32 numpy (one copy from each layer's device; every layer kept)."""
+        out = self.layers()
+        return {how: np.stack([out[i][how] for i in sorted(out)]) for how in ("max", "mean")}
+
+    def layers(self) -> dict[int, dict[str, np.ndarray]]:
+        """{layer: {"max", "mean"} -> (H, R, C) float32 numpy} of the layers kept."""
         sizes = torch.from_numpy(np.diff(self.edges).astype(np.float32))
         area = sizes[:, None] * sizes[None, :]
-        maxes = [m.cpu() for m in self.max]
-        means = [s.cpu() / area for s in self.sum]
-        return {"max": torch.stack(maxes).numpy(), "mean": torch.stack(means).numpy()}
+        return {i: {"max": self.max[i].cpu().numpy(), "mean": (self.sum[i].cpu() / area).numpy()}
+                for i in self.max}
+
+
+STATS = ("entropy", "sink", "distance", "local")  # per head over every query row of the context (``_Stats``)
+LOCAL = 512  # the "local" statistic's window when the model has none of its own (Gemma 3's local window)
+
+
+class _Stats:
+    """Per layer and head, sums over query rows of: the entropy −Σ_j a_ij log a_ij (nats), the weight on key 0 (the
+    sink, rows i ≥ 1, as ``analysis.first_token_share``), the distance Σ_j a_ij (i − j) in tokens and the weight
+    inside the last ``local`` keys (i − local < j ≤ i); read as means over the rows (``result``). Accumulated from a
+    chunk's exponentials e (h, r, c) = exp(s − max), their row sums and Σ_j e_ij s_ij: the entropy of a row is
+    lse_i − Σ_j a_ij s_ij (a_ij = exp(s_ij − lse_i)), exact without a logarithm per cell."""
+
+    def __init__(self, heads: int, devices: Sequence[torch.device], local: int) -> None:
+        self.local = local
+        self.sums = [torch.zeros(len(STATS), heads, dtype=torch.float64, device=dev) for dev in devices]
+        self.rows = [0] * len(devices)
+        self.sink_rows = [0] * len(devices)
+
+    def add(self, layer: int, rows: Tensor, c0: int, e: Tensor, total: Tensor, lse: Tensor, es: Tensor) -> None:
+        """Query positions ``rows`` (r,) of ``layer``: e (h, r, c) over keys c0.., total (h, r, 1) its row sums, lse
+        (h, r) and es (h, r) = Σ_j e_ij s_ij."""
+        dev = e.device
+        inv = 1.0 / total[..., 0]  # (h, r)
+        keys = torch.arange(c0, c0 + e.size(-1), device=dev, dtype=torch.float32)
+        mean_key = torch.matmul(e, keys) * inv  # (h, r): Σ_j a_ij j
+        entropy = lse - es * inv
+        distance = rows.float()[None, :] - mean_key
+        b0 = max(0, int(rows[0]) - self.local + 1 - c0)
+        band = e[..., b0:]
+        j = torch.arange(c0 + b0, c0 + e.size(-1), device=dev)[None, :]
+        near = (band * (j > rows[:, None] - self.local)).sum(-1) * inv
+        sink = e[..., 0] * inv if c0 == 0 else torch.zeros_like(inv)
+        first = rows >= 1
+        sums = self.sums[layer]
+        sums[0] += entropy.sum(-1).double()
+        sums[1] += (sink * first).sum(-1).double()
+        sums[2] += distance.sum(-1).double()
+        sums[3] += near.sum(-1).double()
+        self.rows[layer] += rows.numel()
+        self.sink_rows[layer] += int(first.sum())
+
+    def result(self) -> dict[str, np.ndarray]:
+        """{statistic: (L, H) float32}: means over the rows."""
+        out = {}
+        for k, name in enumerate(STATS):
+            n = [max(1, self.sink_rows[i] if name == "sink" else self.rows[i]) for i in range(len(self.sums))]
+            out[name] = np.stack([(s[k] / n[i]).cpu().numpy() for i, s in enumerate(self.sums)]).astype(np.float32)
+        return out
+
+
+OVERVIEW_CELLS = 512  # a head's overview: at most this many tiles a side (limits.MAX_TILE_CELLS)
+# a layer whose one-head overview would score more than this many q·k products (T² / 2 · d for a global layer) gets
+# its overview tiles made by the prompt pass from the weights it has at hand, for every head (Gemma 3's global
+# layers at 32 k tokens: 1.4e11 products a head, ~2 s on a 2-core CPU; 8 MB of tiles a layer), the others on request
+OVERVIEW_PRODUCTS = int(float(os.environ.get("ATLAS_OVERVIEW_PRODUCTS", "2e10")))
 
 
 @dataclass
 class DeviceAttention:
-    """Per layer q (H, T, d), k (H_kv, T, d) after RoPE and lse (H, T) float32, each on its layer's device."""
+    """Per layer q (H, T, d), k (H_kv, T, d) after RoPE and lse (H, T) float32, each on its layer's device, and the
+    layer's ``Geometry`` (scale, window, soft cap, prefix; None: causal with 1/√d)."""
 
     q: list[Tensor]
     k: list[Tensor]
@@ -169,23 +288,41 @@ class DeviceAttention:
     length: int  # T: rows (and keys) in use
     pooled: dict[str, np.ndarray] = field(default_factory=dict)  # "max"/"mean" -> (L, H, R, C) float32
     edges: np.ndarray | None = None  # block edges of the pooled tiles (rows and columns alike)
+    geometry: list[Geometry] | None = None
+    stats: dict[str, np.ndarray] = field(default_factory=dict)  # STATS -> (L, H) float32 over every row
+    # {layer: {"max"/"mean": (H, R, C)}}: whole-map overview tiles at OVERVIEW_CELLS (``overview``), made by the prompt
+    # pass for the costly layers and kept when asked for the others
+    overviews: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         return len(self.q), self.q[0].size(0), self.length, self.length
 
-    def _weights(self, layer: int, rows: Tensor, cols: slice, heads: slice = slice(None)) -> Tensor:
-        """a (h, r, c) float32 on the layer's device for query positions ``rows`` (r,) and keys ``cols``."""
-        q, k, lse = self.q[layer][heads], self.k[layer], self.lse[layer][heads]
+    def geom(self, layer: int) -> Geometry:
+        if self.geometry is None:
+            return Geometry(1.0 / math.sqrt(self.q[layer].size(-1)))
+        return self.geometry[layer]
+
+    def _scores(self, layer: int, rows: Tensor, cols: slice, heads: slice = slice(None)) -> Tensor:
+        """The masked scores (h, r, c) float32 on the layer's device (``Geometry.scores``) of query positions
+        ``rows`` (r,) over keys ``cols``."""
+        q, k = self.q[layer][heads], self.k[layer]
         h, kv = self.q[layer].size(0), k.size(0)
         group = h // kv
         heads_idx = torch.arange(h, device=q.device)[heads]
-        keys = k[heads_idx // group, cols].float()  # (h, c, d): each query head's key head
-        scale = 1.0 / math.sqrt(q.size(-1))
-        s = torch.matmul(q[:, rows].float(), keys.transpose(1, 2)) * scale  # (h, r, c)
-        key_pos = torch.arange(cols.start or 0, (cols.start or 0) + keys.size(1), device=q.device)
-        s = s.masked_fill(key_pos[None, None, :] > rows[None, :, None], float("-inf"))  # causal (§3.2.3)
-        return torch.exp(s - lse[:, rows, None])
+        c0 = cols.start or 0
+        keys = k[:, cols].float()  # (H_kv, c, d)
+        if heads_idx.numel() == 1 or kv == 1:
+            kk = keys[heads_idx[:1] // group] if kv > 1 else keys  # one key head for all the query heads asked
+            s = torch.matmul(q[:, rows].float(), kk.transpose(1, 2))
+        else:
+            s = torch.matmul(q[:, rows].float(), keys[heads_idx // group].transpose(1, 2))  # (h, r, c)
+        return self.geom(layer).scores(s, rows, c0)
+
+    def _weights(self, layer: int, rows: Tensor, cols: slice, heads: slice = slice(None)) -> Tensor:
+        """a (h, r, c) float32 on the layer's device for query positions ``rows`` (r,) and keys ``cols``."""
+        s = self._scores(layer, rows, cols, heads)
+        return torch.exp(s.sub_(self.lse[layer][heads][:, rows, None]))
 
     def block(self, layer: int, rows: slice, cols: slice, heads: slice = slice(None)) -> np.ndarray:
         """The weights of ``heads`` for query rows and key columns (slices), (h, r, c) float32 numpy: exact."""
@@ -195,8 +332,14 @@ class DeviceAttention:
         return self._weights(layer, r, slice(c0, c1), heads).cpu().numpy()
 
     def row(self, layer: int, head: int, query: int) -> np.ndarray:
-        """One attention row (T,) float32: query ``query``'s weights over every key."""
-        return self.block(layer, slice(query, query + 1), slice(0, self.length), slice(head, head + 1))[0, 0]
+        """One attention row (T,) float32: query ``query``'s weights over every key (zeros where it cannot look)."""
+        if not 0 <= query < self.length:
+            raise ValueError(f"query {query} is not one of the {self.length:,} positions")
+        self._heads(layer, head)
+        out = np.zeros(self.length, np.float32)
+        c0, c1 = self.geom(layer).keys(query, query + 1)
+        out[c0:c1] = self.block(layer, slice(query, query + 1), slice(c0, c1), slice(head, head + 1))[0, 0]
+        return out
 
     def full(self) -> np.ndarray:
         """Every weight (L, H, T, T) on the CPU, as ``GPT.generate`` returns it (``gpt.attention_array``): float32,
@@ -209,28 +352,57 @@ class DeviceAttention:
             out[i] = (w.half() if long else w).cpu().numpy()
         return out
 
+    def _chunks(self, layer: int, r0: int, r1: int, c0: int, c1: int, rows_multiple: int = 1, col_align: int = 1):
+        """(a, b, lo, hi): row chunks a..b − 1 of r0..r1 (a multiple of ``rows_multiple`` rows each) and the keys
+        lo..hi − 1 of c0..c1 they may see (their band, causal or windowed; lo on a multiple of ``col_align`` from
+        c0). Every other weight of the block is 0."""
+        g = self.geom(layer)
+        banded = g.window and not g.prefix
+        width = min(c1 - c0, g.window + rows_multiple + col_align) if banded else c1 - c0
+        step = self._rows_per(layer, width, rows_multiple)
+        if banded:  # a local layer's chunk spans about a window of keys
+            step = min(step, max(rows_multiple, g.window // rows_multiple * rows_multiple))
+        for a in range(r0, r1, step):
+            b = min(r1, a + step)
+            k0, k1 = g.keys(a, b)
+            lo, hi = max(c0, k0), min(c1, k1)
+            lo = c0 + (lo - c0) // col_align * col_align
+            if hi > lo:
+                yield a, b, lo, hi
+
+    def _each_chunk(self, layer: int, heads: slice, r0: int, r1: int, c0: int, c1: int, rows_multiple: int = 1,
+                    col_align: int = 1):
+        """``_chunks`` with their weights: (a, b, lo, (h, b − a, hi − lo) float32)."""
+        dev = self.q[layer].device
+        for a, b, lo, hi in self._chunks(layer, r0, r1, c0, c1, rows_multiple, col_align):
+            yield a, b, lo, self._weights(layer, torch.arange(a, b, device=dev), slice(lo, hi), heads)
+
     def pool(self, max_cells: int = POOL_CELLS) -> None:
         """The tiles of the model view, max and mean over ``block_edges`` blocks (masked cells count as zeros), per
         layer on its device from q, k and lse; sets ``pooled`` and ``edges``. (``generate`` accumulates them during
         its passes instead, ``_Tiles``; this recomputes them, e.g. for another number of cells.)"""
         t = self.length
         tiles = _Tiles(t, max_cells, self.q[0].size(0), [q.device for q in self.q])
-        f = tiles.f
-        for layer in range(len(self.q)):
-            dev = self.q[layer].device
-            h = self.q[layer].size(0)
-            rows_per = max(f, (ATTENTION_CHUNK_BYTES // max(1, 4 * h * t)) // f * f)  # whole row blocks
-            for r0 in range(0, t, rows_per):
-                r1 = min(t, r0 + rows_per)
-                w = self._weights(layer, torch.arange(r0, r1, device=dev), slice(0, t))  # (H, r, T)
-                tiles.add(layer, r0, *_column_tiles(w, f))
+        self.add_rows(tiles, 0)
         self.pooled, self.edges = tiles.result(), tiles.edges
 
-    def add_rows(self, tiles: _Tiles, r0: int) -> None:
-        """Rows r0..T of every layer into ``tiles`` (the new tokens' rows, after the prompt's)."""
+    def add_rows(self, tiles: _Tiles | None, r0: int, stats: _Stats | None = None) -> None:
+        """Rows r0..T of every layer into ``tiles`` and ``stats`` (the new tokens' rows, after the prompt's)."""
+        t = self.length
         for layer in range(len(self.q)):
-            w = self._weights(layer, torch.arange(r0, self.length, device=self.q[layer].device), slice(0, self.length))
-            tiles.add(layer, r0, *_column_tiles(w, tiles.f))
+            if tiles is not None and layer in tiles.max:
+                for a, _, lo, w in self._each_chunk(layer, slice(None), r0, t, 0, t, 1, tiles.f):
+                    tiles.add(layer, a, *_column_tiles(w, tiles.f), lo // tiles.f)
+            if stats is not None:
+                dev = self.q[layer].device
+                for a, b, lo, hi in self._chunks(layer, r0, t, 0, t):
+                    rows = torch.arange(a, b, device=dev)
+                    s = self._scores(layer, rows, slice(lo, hi))
+                    top = s.amax(-1, keepdim=True)
+                    e = torch.exp(s - top)
+                    total = e.sum(-1, keepdim=True)
+                    es = torch.einsum("hrc,hrc->hr", e, s)
+                    stats.add(layer, rows, lo, e, total, (top + total.log())[..., 0], es)
 
     def nbytes(self) -> int:
         """Bytes kept: every layer's q, k and lse (k is the cache's own, kept with the result)."""
@@ -241,16 +413,19 @@ class DeviceAttention:
         ``t`` of these, views of the same tensors (the pooled tiles only where ``t`` is the whole length)."""
         if t >= self.length:
             return self
-        return DeviceAttention(self.q, self.k, self.lse, t)
+        return DeviceAttention(self.q, self.k, self.lse, t, geometry=self.geometry)
 
     def to(self, device: str | torch.device) -> DeviceAttention:
         """The same attention with q, k and lse on ``device`` (a ZeroGPU Space hands its results back on the CPU)."""
         t = self.length
         return DeviceAttention([q[:, :t].to(device) for q in self.q], [k[:, :t].to(device) for k in self.k],
-                               [x[:, :t].to(device) for x in self.lse], t, self.pooled, self.edges)
+                               [x[:, :t].to(device) for x in self.lse], t, self.pooled, self.edges, self.geometry,
+                               self.stats, self.overviews)
 
     def _heads(self, layer: int, head: Head) -> tuple[slice, bool]:
         """The heads ``_weights`` computes for ``head`` (an index: that one alone) and whether they are fused."""
+        if not 0 <= layer < len(self.q):
+            raise ValueError(f"layer {layer} is not one of the model's {len(self.q)} layers")
         if head is None or head in ("mean", "max"):
             return slice(None), head is not None
         h = int(head)
@@ -278,13 +453,26 @@ class DeviceAttention:
         every head (None: (H, r, c)); float32 numpy, exact (``viz.attention.select_head`` of the full array)."""
         r0, r1, c0, c1 = self._span(rows, cols)
         heads, fuse = self._heads(layer, head)
-        dev = self.q[layer].device
-        parts, step = [], self._rows_per(layer, c1 - c0)
-        for a in range(r0, r1, step):
-            w = self._weights(layer, torch.arange(a, min(r1, a + step), device=dev), slice(c0, c1), heads)
-            parts.append(_fuse(w, head) if fuse else w)
-        out = torch.cat(parts, 1).cpu().numpy()
+        n = 1 if fuse else self.q[layer][heads].size(0)
+        out = torch.zeros(n, r1 - r0, c1 - c0, device=self.q[layer].device)
+        for a, b, lo, w in self._each_chunk(layer, heads, r0, r1, c0, c1):
+            out[:, a - r0:b - r0, lo - c0:lo - c0 + w.size(-1)] = _fuse(w, head) if fuse else w
+        out = out.cpu().numpy()
         return out if head is None else out[0]
+
+    def overview(self, layer: int, head: Head, how: str = "max") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``tiles`` of the whole map at OVERVIEW_CELLS: from the prompt pass's tiles where it made them (an index
+        head), else computed and kept for the layer's every head."""
+        if head is None or head in ("mean", "max") or self.length <= OVERVIEW_CELLS:
+            return self.tiles(layer, head, OVERVIEW_CELLS, how)
+        self._heads(layer, head)
+        if how not in ("max", "mean"):
+            raise ValueError(f"pooling must be max or mean, got {how!r}")
+        if layer not in self.overviews:
+            every = {k: self.tiles(layer, None, OVERVIEW_CELLS, k)[0] for k in ("max", "mean")}
+            self.overviews[layer] = every
+        edges = block_edges(self.length, OVERVIEW_CELLS)
+        return self.overviews[layer][how][int(head)], edges, edges
 
     def tiles(self, layer: int, head: Head, cells: int, how: str = "max", rows: tuple[int, int] | None = None,
               cols: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -303,16 +491,14 @@ class DeviceAttention:
         n_heads = 1 if fuse else self.q[layer][heads].size(0)
         maxes = torch.zeros(n_heads, len(re) - 1, len(ce) - 1, device=dev)
         sums = torch.zeros_like(maxes)
-        step = self._rows_per(layer, c1 - c0, fr)
-        for a in range(r0, r1, step):  # whole row blocks a chunk: each block's rows in one chunk
-            b = min(r1, a + step)
-            w = self._weights(layer, torch.arange(a, b, device=dev), slice(c0, c1), heads)
+        for a, b, lo, w in self._each_chunk(layer, heads, r0, r1, c0, c1, fr, fc):  # whole row blocks a chunk
             col_max, col_sum = _column_tiles(_fuse(w, head) if fuse else w, fc)  # (h, r, blocks)
             back = -(b - a) % fr  # the last block's missing rows: zeros
-            i = (a - r0) // fr
+            i, j = (a - r0) // fr, (lo - c0) // fc
             m = torch.nn.functional.pad(col_max, (0, 0, 0, back)).unflatten(1, (-1, fr)).amax(2)
-            maxes[:, i : i + m.size(1)] = m
-            sums[:, i : i + m.size(1)] = torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, fr)).sum(2)
+            span = (slice(None), slice(i, i + m.size(1)), slice(j, j + m.size(2)))
+            torch.maximum(maxes[span], m, out=maxes[span])
+            sums[span] += torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, fr)).sum(2)
         if how == "max":
             out = maxes
         else:
@@ -488,9 +674,10 @@ def _fused_output(q: Tensor) -> bool:
 
 
 class _Run:
-    """One generation's buffers: per layer the keys and values (H_kv, n, d), queries (H, n, d), lse (H, n)."""
+    """One generation's buffers: per layer the keys and values (H_kv, n, d), queries (H, n, d), lse (H, n), and
+    the reductions the passes accumulate from the weights they have at hand (``tiles``, ``overview``, ``stats``)."""
 
-    def __init__(self, model, n: int) -> None:
+    def __init__(self, model, n: int, prefix: int = 0) -> None:
         self.model, self.c = model, model.config
         c = self.c
         self.dtype = model.embed.weight.dtype if model.embed.weight.device.type != "meta" else \
@@ -498,6 +685,7 @@ class _Run:
         self.devices = [_device(b) for b in model.blocks]
         d = c.d_head
         self.n = n
+        self.geometry = [Geometry.of(model, i, prefix) for i in range(c.n_layers)]
         # keys in float32 (the scores' dtype: no conversion of the whole cache at every step), values as the weights;
         # zeros, so that the fixed-shape step (``step``) multiplies its masked weights by zeros, never by stale memory
         self.k = [torch.zeros(c.kv_heads, n, d, device=dev, dtype=torch.float32) for dev in self.devices]
@@ -505,7 +693,23 @@ class _Run:
         self.q = [torch.empty(c.n_heads, n, d, device=dev, dtype=self.dtype) for dev in self.devices]
         self.lse = [torch.empty(c.n_heads, n, device=dev, dtype=torch.float32) for dev in self.devices]
         self.angles = model.angles if model.positions is None else None
-        self.tiles: _Tiles | None = None  # the pooled tiles, accumulated by the prompt pass (``generate``)
+        self.angles_local = getattr(model, "angles_local", None)
+        self.tiles: _Tiles | None = None  # the model view's tiles, accumulated by the passes (``generate``)
+        self.overview: _Tiles | None = None  # the costly layers' overview tiles (OVERVIEW_PRODUCTS)
+        self.stats: _Stats | None = None  # the per-head statistics over every row
+        self.rows_done = 0  # rows 0..rows_done − 1 are in the reductions (``layers``; ``step`` adds none)
+
+    def _rope(self, dev: torch.device, local: bool, start: int, end: int,
+              cache: dict) -> tuple[Tensor, Tensor] | None:
+        """cos and sin of the angles of positions start..end − 1 in the weights' dtype (a local layer's own base)."""
+        table = self.angles_local if local else self.angles
+        if table is None:
+            return None
+        key = (dev, local)
+        if key not in cache:
+            angles = table[start:end].to(dev)
+            cache[key] = (angles.cos().to(self.dtype), angles.sin().to(self.dtype))
+        return cache[key]
 
     def layers(self, ids: Tensor, start: int) -> Tensor:
         """Tokens ``ids`` (T,) at positions start.. through every block; their residual stream (T, D)."""
@@ -513,110 +717,80 @@ class _Run:
         t = ids.numel()
         end = start + t
         x = model.embed(ids)
+        if c.embed_scale:  # Gemma: embeddings × √d_model, as GPT.forward
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         if model.positions is not None:
             x = x + model.positions(torch.arange(start, end, device=ids.device))
         h_q, d = c.n_heads, c.d_head
-        rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * end))
-        rope: dict[torch.device, tuple[Tensor, Tensor]] = {}  # per device: cos and sin of this pass's angles
+        rope: dict = {}  # per device and base: cos and sin of this pass's angles
         for i, (block, spec) in enumerate(zip(model.blocks, model.spec.blocks)):
             dev = self.devices[i]
             x = x.to(dev)
-            if self.angles is not None and dev not in rope:  # RoPE at the absolute positions start..end-1
-                angles = self.angles[start:end].to(dev)
-                rope[dev] = (angles.cos().to(self.dtype), angles.sin().to(self.dtype))
-            q, k, v = _project(block, spec, block.norm1(x), t, rope.get(dev))  # (H, T, d), (H_kv, T, d) twice
+            cos_sin = self._rope(dev, spec.local_rope, start, end, rope)
+            q, k, v = _project(block, spec, block.norm1(x), t, cos_sin)  # (H, T, d), (H_kv, T, d) twice
             self.q[i][:, start:end] = q
             self.k[i][:, start:end] = k
             self.v[i][:, start:end] = v
-            if start == 0 and t > 1:  # the prompt: its own keys only, causal within
-                out = self._prompt_attention(i, q, k, v)
-            else:
-                out = self._attend(i, q, start, end, rows_per)
+            # a whole half-precision prompt is scored from its own keys as they came (products exact in float32)
+            half_keys = k if start == 0 and q.dtype in _HALF else None
+            out = self._attend(i, q, start, end, half_keys)
             x = _after_attention(block, spec, x, block.attn.o_proj(out.transpose(0, 1).reshape(t, h_q * d)))
+        self.rows_done = max(self.rows_done, end)
         return x
 
-    def _attend(self, i: int, q: Tensor, start: int, end: int, rows_per: int) -> Tensor:
-        """Layer ``i``'s attention output (H, T, d) for queries ``q`` (H, T, d) at positions start..end − 1 over
-        the buffers' keys 0..end − 1 (written already), the scores in float32 a chunk of rows at a time; writes
-        each row's lse. (The new tokens of ``steps="pass"``.)"""
-        c = self.c
+    def _attend(self, i: int, q: Tensor, start: int, end: int, half_keys: Tensor | None = None) -> Tensor:
+        """Layer ``i``'s attention output (H, T, d) for queries ``q`` (H, T, d) at positions start..end − 1 over the
+        keys they may see (written already; ``Geometry.keys``: causal, a local layer's window, a prefix): one pass
+        of float32 scores a chunk of query rows at a time, over the keys of the chunk's band only. Writes each row's
+        lse and adds the rows to the tiles and statistics kept (``tiles``, ``overview``, ``stats``).
+
+        Scores of half-precision q and k are their exact products summed in float32 (``_scores``). The output is
+        A·V from the chunk's weights, cast to the values' dtype (as transformers' eager attention)."""
+        c, g = self.c, self.geometry[i]
         h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
-        group = h_q // h_kv
-        scale = 1.0 / math.sqrt(d)
-        t = end - start
-        dev = q.device
-        keys = self.k[i][:, :end].transpose(1, 2)  # (H_kv, d, S) float32
-        values = self.v[i][:, :end]  # (H_kv, S, d)
-        out = torch.empty(h_q, t, d, device=dev, dtype=q.dtype)
+        group, t, dev = h_q // h_kv, end - start, q.device
+        f = self.tiles.f if self.tiles is not None else 1
+        banded = bool(g.window) and not g.prefix
+        width = min(end, g.window + f) if banded else end
+        rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * width))
+        if self.tiles is not None and t > 1:  # whole row blocks of the tiles where the chunk has many rows
+            rows_per = max(f, rows_per // f * f)
+        if banded:
+            rows_per = min(rows_per, max(1, g.window))
+        out = torch.empty(h_q, t, d, device=dev, dtype=self.v[i].dtype)
         for r0 in range(0, t, rows_per):
             r1 = min(t, r0 + rows_per)
             r = r1 - r0
-            # query heads h·group .. h·group + group − 1 share key/value head h: (H_kv, group·r, d)
-            qg = q[:, r0:r1].float().reshape(h_kv, group * r, d)
-            s = torch.matmul(qg, keys).mul_(scale).view(h_q, r, end)  # (H, r, S) float32
-            if start + r0 < end - 1:  # causal: keys after a query's position masked (none for a lone last row)
-                pos = torch.arange(start + r0, start + r1, device=dev)
-                s.masked_fill_(torch.arange(end, device=dev)[None, None, :] > pos[None, :, None], float("-inf"))
-            lse = torch.logsumexp(s, -1)  # (H, r)
-            self.lse[i][:, start + r0 : start + r1] = lse
-            w = torch.exp(s.sub_(lse[..., None]))  # softmax, in place of the scores
-            out[:, r0:r1] = torch.matmul(w.to(values.dtype).view(h_kv, group * r, end), values).view(h_q, r, d)
-        return out
-
-    def _prompt_attention(self, i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Layer ``i``'s attention output (H, T, d) for a prompt's q (H, T, d), k, v (H_kv, T, d) at positions
-        0..T − 1, writing each row's lse and, with ``self.tiles``, adding the rows to the pooled tiles: one pass of
-        float32 scores a chunk of query rows at a time, over the keys up to the chunk's last row only (causal).
-
-        The scores of half-precision q and k are their exact products summed in float32 (``_scores``). The output
-        is A·V from the chunk's weights (cast to the values' dtype, as transformers' eager attention and the other
-        passes here), or with ``FUSED_OUTPUT`` ``F.scaled_dot_product_attention`` (a fused kernel), the chunk pass
-        then making only the lse and tiles."""
-        c = self.c
-        h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
-        group, t, dev = h_q // h_kv, q.size(1), q.device
-        scale = 1.0 / math.sqrt(d)
-        fused = _fused_output(q)
-        out = None
-        if fused:  # each query head with its key/value head (h // group): (1, H, T, d)
-            kk, vv = (x.repeat_interleave(group, 0)[None] for x in (k, v))
-            out = torch.nn.functional.scaled_dot_product_attention(q[None], kk, vv, is_causal=True)[0]
-        else:
-            out = torch.empty(h_q, t, d, device=dev, dtype=v.dtype)
-        tiles = self.tiles
-        f = tiles.f if tiles is not None else 1
-        rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * t))
-        rows_per = max(f, rows_per // f * f)  # whole row blocks of the tiles
-        keys = k.transpose(1, 2) if q.dtype in _HALF else self.k[i][:, :t].transpose(1, 2)  # (H_kv, d, T)
-        for r0 in range(0, t, rows_per):
-            r1 = min(t, r0 + rows_per)
-            r = r1 - r0
+            a0, a1 = start + r0, start + r1
+            c0, c1 = g.keys(a0, a1)  # the keys before c0 are out of the rows' sight: zeros in the tiles
+            keys = (half_keys if half_keys is not None and c1 <= half_keys.size(1) else self.k[i])[:, c0:c1]
             # query heads h·group .. h·group + group − 1 share key/value head h: (H_kv, group·r, d)
             qg = q[:, r0:r1].reshape(h_kv, group * r, d)
-            s = _scores(qg, keys[..., :r1], scale).view(h_q, r, r1)  # (H, r, r1) float32: keys ≤ the last row
-            later = torch.ones(r, r, dtype=torch.bool, device=dev).triu_(1)  # causal (§3.2.3): keys after the row
-            s[..., r0:r1].masked_fill_(later, float("-inf"))
-            top = s.amax(-1, keepdim=True)  # (H, r, 1): every row has its own key, so finite
-            e = s.sub_(top).exp_()  # exp(s − max), in place of the scores
-            if tiles is not None:
-                col_max, col_sum = _column_tiles(e, f)  # (H, r, blocks)
-                total = col_sum.sum(-1, keepdim=True)  # (H, r, 1): the softmax's denominator
-                tiles.add(i, r0, col_max / total, col_sum / total)  # a row's weights are e / total
-            else:
-                total = e.sum(-1, keepdim=True)
-            self.lse[i][:, r0:r1] = (top + total.log())[..., 0]  # log Σ exp(s) = max + log Σ exp(s − max)
-            if not fused:
-                w = torch.div(e, total, out=torch.empty(e.shape, dtype=v.dtype, device=dev))  # softmax, cast
-                w = w.view(h_kv, group * r, r1)
-                out[:, r0:r1] = torch.matmul(w, v[:, :r1]).view(h_q, r, d)
+            rows = torch.arange(a0, a1, device=dev)
+            s = g.scores(_scores(qg, keys.transpose(1, 2), 1.0).view(h_q, r, c1 - c0), rows, c0)  # (H, r, c)
+            top = s.amax(-1, keepdim=True)  # (H, r, 1): every row sees its own key, so finite
+            e = torch.exp(s - top) if self.stats is not None else s.sub_(top).exp_()
+            total = e.sum(-1, keepdim=True)  # (H, r, 1): the softmax's denominator
+            lse = (top + total.log())[..., 0]  # log Σ exp(s) = max + log Σ exp(s − max)
+            self.lse[i][:, a0:a1] = lse
+            for tiles in (self.tiles, self.overview):
+                if tiles is not None and i in tiles.max:
+                    col_max, col_sum = _column_tiles(e, tiles.f, c0 % tiles.f)  # (H, r, blocks)
+                    tiles.add(i, a0, col_max / total, col_sum / total, c0 // tiles.f)  # a row's weights: e / total
+            if self.stats is not None:
+                self.stats.add(i, rows, c0, e, total, lse, torch.einsum("hrc,hrc->hr", e, s))
+            w = torch.div(e, total, out=torch.empty(e.shape, dtype=self.v[i].dtype, device=dev))  # softmax, cast
+            out[:, r0:r1] = torch.matmul(w.view(h_kv, group * r, c1 - c0), self.v[i][:, c0:c1]).view(h_q, r, d)
         return out
 
     def prepare_step(self) -> None:
-        """Tables for ``step``: cos and sin of every position in the weights' dtype, and the key positions."""
+        """Tables for ``step``: cos and sin of every position in the weights' dtype (each base), key positions."""
         dev = self.devices[0]
-        if self.angles is not None:
-            a = self.angles[: self.n].to(dev)
-            self.cos, self.sin = a.cos().to(self.dtype), a.sin().to(self.dtype)
+        self.tables = {}
+        for local, table in ((False, self.angles), (True, self.angles_local)):
+            if table is not None:
+                a = table[: self.n].to(dev)
+                self.tables[local] = (a.cos().to(self.dtype), a.sin().to(self.dtype))
         self.key_pos = torch.arange(self.n, device=dev)
 
     def step(self, token: Tensor, pos: Tensor) -> Tensor:
@@ -626,19 +800,20 @@ class _Run:
         model, c = self.model, self.c
         h_q, h_kv, d, n = c.n_heads, c.kv_heads, c.d_head, self.n
         group = h_q // h_kv
-        scale = 1.0 / math.sqrt(d)
         x = model.embed(token)  # (1, D)
+        if c.embed_scale:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         if model.positions is not None:
             x = x + model.positions(pos)
-        later = self.key_pos > pos  # (n,): keys after this position
-        cos_sin = (self.cos.index_select(0, pos), self.sin.index_select(0, pos)) if self.angles is not None else None
+        tables = {k: (cos.index_select(0, pos), sin.index_select(0, pos)) for k, (cos, sin) in self.tables.items()}
         for i, (block, spec) in enumerate(zip(model.blocks, model.spec.blocks)):
-            q, k, v = _project(block, spec, block.norm1(x), 1, cos_sin)  # (H, 1, d), (H_kv, 1, d) twice
+            g = self.geometry[i]
+            q, k, v = _project(block, spec, block.norm1(x), 1, tables.get(bool(spec.local_rope)))
             self.q[i].index_copy_(1, pos, q)
             self.k[i].index_copy_(1, pos, k.float())
             self.v[i].index_copy_(1, pos, v)
-            s = torch.matmul(q.float().reshape(h_kv, group, d), self.k[i].transpose(1, 2)).mul_(scale)
-            s = s.view(h_q, 1, n).masked_fill_(later, float("-inf"))  # (H, 1, n) float32
+            s = torch.matmul(q.float().reshape(h_kv, group, d), self.k[i].transpose(1, 2)).view(h_q, 1, n)
+            s = g.scores(s, pos, 0, always=True)  # (H, 1, n) float32: the later keys (and those out of a window) masked
             lse = torch.logsumexp(s, -1)  # (H, 1)
             self.lse[i].index_copy_(1, pos, lse)
             w = torch.exp(s.sub_(lse[..., None]))
@@ -647,9 +822,12 @@ class _Run:
         return self.logits(x)
 
     def logits(self, x: Tensor) -> Tensor:
+        """The output logits of rows x (…, D): final norm, output projection, Gemma's soft cap (``GPT.logits_of``)."""
         model = self.model
         h = model.norm(x.to(_device(model.norm)))
-        return model.lm_head(h.to(_device(model.lm_head)))
+        logits = model.lm_head(h.to(_device(model.lm_head)))
+        cap = self.c.final_softcap
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 class _Steps:
@@ -718,16 +896,120 @@ class _Clock:
         return out
 
 
+PREFILL_TOKENS = 4096  # a long prompt goes through the blocks this many tokens at a time (bounded activations)
+
+
+class Cancelled(RuntimeError):
+    """A long prefill stopped at the caller's request (``should_stop``); its buffers are released with it."""
+
+
+def store_bytes(model, n: int) -> int:
+    """What a run over ``n`` tokens keeps (``_Run``: float32 keys, values and queries in the weights' dtype, the
+    lse) plus one chunk of scores and the overview tiles: the server's estimate before it starts (O(n · d))."""
+    c = model.config
+    item = next(model.parameters()).element_size()
+    per_token = c.n_layers * (c.kv_heads * c.d_head * (4 + item) + c.n_heads * (c.d_head * item + 4))
+    tiles = c.n_layers * c.n_heads * 2 * 4 * (POOL_CELLS ** 2 + OVERVIEW_CELLS ** 2)
+    return per_token * n + 3 * ATTENTION_CHUNK_BYTES + tiles
+
+
+def _costly(model, n: int) -> list[int]:
+    """The layers whose one-head overview over n tokens scores more than OVERVIEW_PRODUCTS q·k products."""
+    c = model.config
+    out = []
+    for i, spec in enumerate(model.spec.blocks):
+        width = min(n, spec.window) if spec.window else n / 2
+        if n > OVERVIEW_CELLS and n * width * c.d_head > OVERVIEW_PRODUCTS:
+            out.append(i)
+    return out
+
+
+def _prefill(run: _Run, ids: list[int], dev: torch.device, chunk: int | None,
+             progress: Callable[[int, int], None] | None, should_stop: Callable[[], bool] | None,
+             each: Callable[[int, Tensor], None] | None = None) -> Tensor:
+    """The prompt through ``run`` ``chunk`` tokens at a time (the first chunk holds a prefix LM's whole prefix);
+    the last chunk's residual stream (r, D); ``each(start, x)`` with every chunk's. ``progress(done, total)`` after
+    each chunk; ``should_stop()`` true: ``Cancelled``."""
+    p = len(ids)
+    chunk = max(1, chunk or PREFILL_TOKENS)
+    first = max(chunk, run.geometry[0].prefix)
+    x = None
+    a = 0
+    while a < p:
+        if should_stop is not None and should_stop():
+            raise Cancelled(f"stopped after {a:,} of {p:,} prompt tokens")
+        b = min(p, a + (first if a == 0 else chunk))
+        x = run.layers(torch.tensor(ids[a:b], device=dev), a)
+        if each is not None:
+            each(a, x)
+        if progress is not None:
+            progress(b, p)
+        a = b
+    assert x is not None
+    return x
+
+
+@torch.inference_mode()
+def prefill(model, ids: Sequence[int], prefix: int = 0, stats: bool = True, chunk: int | None = None,
+            progress: Callable[[int, int], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> tuple[DeviceAttention, Tensor]:
+    """The store of ``ids`` alone (no new token): its DeviceAttention (with the statistics over every row and the
+    costly layers' overview tiles) and the logits after its last token (V,). ``prefix``: a prefix LM's bidirectional
+    part (``GPT.forward``'s); ``chunk``: tokens a pass (PREFILL_TOKENS)."""
+    why = spec_refusal(model.spec, {**KNOWS, "prefix_lm": flag}, "the long-context store") if spec_of(model) else \
+        refusal(model)
+    if why:
+        raise ValueError(why)
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("nothing to read: the prompt has no tokens")
+    if prefix and not model.config.prefix_lm:
+        raise ValueError("a bidirectional prefix was given to a causal model (spec.prefix_lm is off)")
+    t = len(ids)
+    if t > model.context_limit():
+        raise ValueError(f"{t:,} tokens exceed the model's {model.context_limit():,} positions")
+    run = _Run(model, t, prefix)
+    _reductions(run, model, t, stats)
+    dev = _device(model.embed)
+    x = _prefill(run, ids, dev, chunk, progress, should_stop)
+    logits = run.logits(x[-1:])[0].float()
+    return _attention(run, t), logits
+
+
+def _reductions(run: _Run, model, n: int, stats: bool) -> None:
+    """The costly layers' overview tiles and the statistics, accumulated by the passes over n rows."""
+    costly = _costly(model, n)
+    if costly:
+        run.overview = _Tiles(n, OVERVIEW_CELLS, model.config.n_heads, run.devices, costly)
+    if stats:
+        c = model.config
+        run.stats = _Stats(c.n_heads, run.devices, c.sliding_window or LOCAL)
+
+
+def _attention(run: _Run, t: int) -> DeviceAttention:
+    """The run's first t rows as a DeviceAttention, with what its passes accumulated over exactly those rows."""
+    att = DeviceAttention([q[:, :t] for q in run.q], [k[:, :t] for k in run.k], [lse[:, :t] for lse in run.lse], t,
+                          geometry=run.geometry)
+    if run.overview is not None and run.overview.t == t:
+        att.overviews = run.overview.layers()
+    if run.stats is not None and run.stats.rows[0] == t:
+        att.stats = run.stats.result()
+    return att
+
+
 @torch.inference_mode()
 def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             pool: bool = True, steps: str = "auto", pool_cells: int | None = None) -> LongGeneration:
+             pool: bool = True, steps: str = "auto", pool_cells: int | None = None, stats: bool = False,
+             progress: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> LongGeneration:
     """``model.generate(text, ...)`` (models/families/gpt.py: the same ids, candidates and surprisal; the attention
     within float error) with the attention kept on the device (module docstring). ``pool``: compute the pooled tiles (at
-    most ``pool_cells`` a side, default ``POOL_CELLS``).
+    most ``pool_cells`` a side, default ``POOL_CELLS``). ``stats``: the per-head statistics over every row (STATS).
     ``steps``: how each new token runs: "pass" (``_Run.layers``, shapes growing with the sequence), "fixed"
     (``_Run.step``, fixed shapes), "graph" (fixed shapes replayed as a CUDA graph on a CUDA device), "auto" (graph
-    where the model sits whole on one CUDA device without accelerate hooks, else pass)."""
+    where the model sits whole on one CUDA device without accelerate hooks, else pass). The prompt runs
+    PREFILL_TOKENS at a time, ``progress(done, total)`` after each chunk, ``Cancelled`` when ``should_stop()``."""
     why = refusal(model)
     if why:  # fails closed: the caller serves the request through model.generate
         raise ValueError(why)
@@ -741,22 +1023,27 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     clock = _Clock(dev)
     if pool:  # the tiles for prompt_len + new rows, filled as the rows are made (redone should it stop early)
         run.tiles = _Tiles(prompt_len + new, pool_cells, model.config.n_heads, run.devices)
-    x = run.layers(torch.tensor(ids, device=dev), 0)  # (P, D)
+    _reductions(run, model, prompt_len + new, stats)
+    target = torch.tensor(ids[1:] + [0], device=dev)
+    last: list[Tensor] = []
+
+    def surprisal(x0: int, x: Tensor) -> None:  # a chunk's vocabulary-wide logits, LOGIT_CHUNK rows at a time
+        nll = []
+        for a in range(x0, x0 + x.size(0), LOGIT_CHUNK):
+            b = min(a + LOGIT_CHUNK, x0 + x.size(0))
+            logits = run.logits(x[a - x0:b - x0]).float()
+            e = min(b, prompt_len - 1)
+            if e > a:
+                logp = torch.log_softmax(logits[: e - a], -1)
+                nll.append(-logp.gather(1, target[a:e, None].to(logp.device))[:, 0])
+            last[:] = [logits[-1]]
+        if nll:  # one copy to the host a chunk
+            got = torch.cat(nll).cpu().numpy()
+            dec.surprisal[1 + x0:1 + x0 + got.size] = got
+
+    _prefill(run, ids, dev, None, progress, should_stop, surprisal)
     clock.mark("prompt_pass")
-    target = torch.tensor(ids[1:] + [0], device=x.device)
-    logits = None
-    prompt_nll = []
-    for a in range(0, prompt_len, LOGIT_CHUNK):  # vocabulary-wide logits a chunk of rows at a time
-        b = min(a + LOGIT_CHUNK, prompt_len)
-        logits = run.logits(x[a:b]).float()
-        e = min(b, prompt_len - 1)
-        if e > a:
-            logp = torch.log_softmax(logits[: e - a], -1)
-            prompt_nll.append(-logp.gather(1, target[a:e, None].to(logp.device))[:, 0])
-    if prompt_nll:  # one copy to the host, not one a chunk
-        dec.surprisal[1:prompt_len] = torch.cat(prompt_nll).cpu().numpy()
-    assert logits is not None
-    logits = logits[-1]
+    logits = last[0]
     clock.mark("prompt_logits")
     if steps == "auto":
         whole = len(set(run.devices)) == 1 and not any(hasattr(m, "_hf_hook") for m in model.modules())
@@ -775,10 +1062,12 @@ def generate(model, text: str | Sequence[int], max_new_tokens: int = 20, strateg
     model.train(was_training)
     clock.mark("decode")
     t = len(ids)
-    attention = DeviceAttention([q[:, :t] for q in run.q], [k[:, :t] for k in run.k],
-                                [lse[:, :t] for lse in run.lse], t)
-    if run.tiles is not None and run.tiles.t == t:  # the new tokens' rows join the prompt's
-        attention.add_rows(run.tiles, prompt_len)
+    for tiles in (run.tiles, run.overview, None):  # the rows the fixed-shape steps made, or the tiles anew
+        if run.rows_done < t and (tiles is None or tiles.t == t):
+            DeviceAttention(run.q, run.k, run.lse, t, geometry=run.geometry).add_rows(
+                tiles, run.rows_done, run.stats if tiles is None else None)
+    attention = _attention(run, t)
+    if run.tiles is not None and run.tiles.t == t:
         attention.pooled, attention.edges = run.tiles.result(), run.tiles.edges
     elif pool:  # stopped early (end of sequence): the blocks differ, all the tiles again
         attention.pool(pool_cells)
