@@ -1,6 +1,8 @@
 """How a generation request runs: the one place that chooses between the decoding paths (docs/ARCHITECTURE.md §9).
 
-- "ondevice": the attention kept on the model's device (models/decoding/ondevice.py; ATLAS_ONDEVICE, CUDA models);
+- "ondevice": the attention kept on the model's device (models/decoding/ondevice.py; ATLAS_ONDEVICE, CUDA models),
+  and every input over ``limits.LONG_TOKENS`` tokens of a model it supports, on any device: the long-context store
+  (queries, keys and row normalisers; never the T × T map), with its statistics over every row;
 - "batched": decoded in lockstep with the requests for the same model that arrive meanwhile
   (models/decoding/lockstep.py through ``serving.store.batched``), for a family that batches that way;
 - "fastgen": alone, through the CPU server's decoder (models/decoding/fastgen.py);
@@ -26,7 +28,7 @@ def choose(model: Any, prompt_tokens: int, new_tokens: int) -> str:
     ValueError for a bad ATLAS_ONDEVICE."""
     from models.decoding import fastgen, lockstep
 
-    if fastgen.keeps_on_device(model):
+    if fastgen.keeps_on_device(model) or long_store(model, prompt_tokens + new_tokens):
         return "ondevice"
     family = registry.family_of(model)
     if (family.batch == "lockstep" and prompt_tokens + new_tokens <= limits.LONG_TOKENS
@@ -35,10 +37,57 @@ def choose(model: Any, prompt_tokens: int, new_tokens: int) -> str:
     return "fastgen" if fastgen.supports(model) else "plain"
 
 
-def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], pool_cells: int | None = None
+def long_store(model: Any, tokens: int) -> bool:
+    """Whether a request of ``tokens`` (prompt + new) is read into the long-context store: over LONG_TOKENS, for a
+    model the store computes exactly (``ondevice.refusal`` is None; ATLAS_ONDEVICE=0 keeps every model off it)."""
+    import os
+
+    from models.decoding import ondevice
+
+    if tokens <= limits.LONG_TOKENS or os.environ.get("ATLAS_ONDEVICE", "auto").strip().lower() == "0":
+        return False
+    return ondevice.supports(model)
+
+
+class TooLarge(ValueError):
+    """A long request whose store would not fit in the server's memory (said in words before it starts)."""
+
+
+def available_bytes() -> int:
+    """Memory the server can still use: MemAvailable (Linux), else the physical memory; ATLAS_MEMORY_MB overrides."""
+    import os
+
+    raw = os.environ.get("ATLAS_MEMORY_MB", "").strip()
+    if raw.isdigit():
+        return int(raw) << 20
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(model: Any, tokens: int) -> None:
+    """Refuse, in words, a long request whose store (``ondevice.store_bytes``) would not fit in what is available."""
+    from models.decoding import ondevice
+
+    need, have = ondevice.store_bytes(model, tokens), available_bytes()
+    if need > have:
+        raise TooLarge(f"Reading {tokens:,} tokens would keep about {need / 2**30:.1f} GB of queries and keys (every "
+                       f"layer's, for every view to be computed exactly), more than the {have / 2**30:.1f} GB the "
+                       "server has free now: use a shorter text, or try again when other results have been let go.")
+
+
+def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], pool_cells: int | None = None,
+             progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None
              ) -> tuple[Any, str]:
     """(``finish`` of the request's result, the path it took). ``request``: a ``models.decoding.lockstep``
-    GenerateRequest; ``pool_cells``: the tiles an on-device run makes while generating (the model view's)."""
+    GenerateRequest; ``pool_cells``: the tiles an on-device run makes while generating (the model view's).
+    A long input (``long_store``) is checked against the memory first (``TooLarge``), read with ``progress(done,
+    total)`` after each prompt chunk and stopped when ``should_stop()`` (``ondevice.Cancelled``)."""
     from models.decoding import fastgen, lockstep, ondevice
 
     kw = dict(max_new_tokens=request.max_new_tokens, strategy=request.strategy, temperature=request.temperature,
@@ -50,7 +99,12 @@ def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], 
         return store.batched(name, "generate", lockstep.generate_many, model, request, finish=finish), path
     with batcher.heavy():
         if path == "ondevice":
-            return finish(ondevice.generate(model, request.text, pool_cells=pool_cells, **kw).kept()), path
+            long = long_store(model, prompt_tokens + request.max_new_tokens)
+            if long:
+                check_memory(model, prompt_tokens + request.max_new_tokens)
+            run = ondevice.generate(model, request.text, pool_cells=pool_cells, stats=long, progress=progress,
+                                    should_stop=should_stop, **kw)
+            return finish(run.kept()), path
         if path == "fastgen":
             return finish(fastgen.generate(model, request.text, **kw)), path
         return finish(model.generate(request.text, **kw)), path

@@ -133,11 +133,15 @@ def test_every_figure_of_a_2048_token_input_fits_3_mb() -> None:
 def test_the_token_cap_is_the_models_context_capped_by_atlas_max_tokens() -> None:
     from models.families.gpt import GPT, GPTConfig
 
-    assert limits.MAX_LM_TOKENS == int(os.environ.get("ATLAS_MAX_TOKENS") or 2048)
+    assert limits.MAX_LM_TOKENS == int(os.environ.get("ATLAS_MAX_TOKENS") or 32_768)
+    assert limits.MAX_FULL_TOKENS == min(2048, limits.MAX_LM_TOKENS)
     assert limits.LONG_TOKENS == POOL_ABOVE and limits.MAX_TILE_CELLS == TILE_CELLS
     small = GPT(GPTConfig(vocab_size=50, max_len=256, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32))
-    large = GPT(GPTConfig(vocab_size=50, max_len=4096, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32))
+    large = GPT(GPTConfig(vocab_size=50, max_len=65536, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32))
     assert small.context_limit() == 256 and large.context_limit() == limits.MAX_LM_TOKENS
+    # a model the long-context store does not compute (M-RoPE) keeps its whole map: the full-map cap
+    mrope = GPT(GPTConfig(vocab_size=50, max_len=65536, d_model=16, n_layers=1, n_heads=2, mrope_section=(1, 1, 2)))
+    assert mrope.context_limit() == limits.MAX_FULL_TOKENS
     run = [sys.executable, "-c", "from models import limits; print(limits.MAX_LM_TOKENS)"]
     env = dict(os.environ, ATLAS_MAX_TOKENS="4096")
     assert subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True).stdout.strip() == "4096"
@@ -157,6 +161,7 @@ def long_tab(tiny_checkpoints: Path, tmp_path_factory):
     shutil.copytree(tiny_checkpoints / "gpt-tiny", root / "gpt-tiny")
     long_llama_folder(root / "long-llama", layers=2, heads=4, d_model=64, positions=4096, vocab=2000)
     mp = pytest.MonkeyPatch()
+    mp.setattr(limits, "MAX_LM_TOKENS", 2048)  # a 2,048-token input: read into the long-context store
     mp.setattr(catalogue, "CHECKPOINTS", root)
     mp.setattr(store, "MODELS", store.ModelStore())
     from tabs import generate as tab
@@ -173,35 +178,46 @@ def long_run(long_tab):
     return out
 
 
-def test_a_2048_token_generation_is_drawn_pooled_and_kept_in_float16(long_tab, long_run) -> None:
+def exact(state: dict) -> np.ndarray:
+    """Every weight of the kept long result in float32, from its store (the .npz's are float16)."""
+    kept = state["result"].attention["decoder"].attention
+    return np.stack([kept.fused(i, None) for i in range(kept.shape[0])])
+
+
+def test_a_2048_token_generation_is_drawn_pooled_from_the_store(long_tab, long_run) -> None:
+    """Over LONG_TOKENS the generation is read into the long-context store (never the T × T map); the figures are
+    its tiles, equal to a direct pooling of the exact map; the whole array (float16) only on request."""
     text, notice, html, cand, attn, lens, state, npz = long_run[:8]
     result = state["result"]
     t = len(result.tokens)
     assert t == limits.MAX_LM_TOKENS and result.prompt_len == t - 1
     assert "Prompt shortened to its last 2047 tokens" in notice and "max-pooled tiles" in notice
+    assert long_tab.on_device(state) and result.attention["decoder"].nbytes < 2 * 4 * t * t  # q, k and lse only
+    full = exact(state)
+    np.testing.assert_allclose(full.sum(-1), 1.0, atol=1e-5)
     weights = result.attention["decoder"].weights
     assert weights.dtype == np.float16 and weights.shape == (2, 4, t, t)
-    np.testing.assert_allclose(weights.astype(np.float32).sum(-1), 1.0, atol=2e-3)
+    np.testing.assert_allclose(weights, full, atol=1e-3)
     z = np.asarray(attn.data[0].z)
     assert max(z.shape) <= TILE_CELLS and "max-pooled" in attn.layout.title.text
-    np.testing.assert_allclose(z, direct_pool(select_head(weights, 1, "mean"), TILE_CELLS, "max"), rtol=1e-6)
+    np.testing.assert_allclose(z, direct_pool(select_head(full, 1, "mean"), TILE_CELLS, "max"), rtol=1e-5,
+                               atol=1e-7)
     assert lens is None and npz is None  # made on request
     assert len(attn.to_json()) <= LONG_BUDGET
     # mean tiles on a redraw, without running the model
     _, _, mean_fig = long_tab.draw_generation(state, 0, 1, "2", "heatmap", "mean")
-    np.testing.assert_allclose(np.asarray(mean_fig.data[0].z), direct_pool(weights[1, 2], TILE_CELLS, "mean"),
+    np.testing.assert_allclose(np.asarray(mean_fig.data[0].z), direct_pool(full[1, 2], TILE_CELLS, "mean"),
                                rtol=1e-5, atol=1e-7)
 
 
 def test_zoom_lens_and_npz_of_the_kept_long_generation(long_tab, long_run) -> None:
     state = long_run[6]
-    weights = state["result"].attention["decoder"].weights
+    weights, full = state["result"].attention["decoder"].weights, exact(state)
     fig = long_tab.zoom(state, 1, "3", 1800, 2047, 1790, 2047)
-    np.testing.assert_array_equal(np.asarray(fig.data[0].z), weights[1, 3, 1800:2048, 1790:2048].astype(np.float32))
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), full[1, 3, 1800:2048, 1790:2048], atol=1e-7)
     assert "full resolution" in fig.layout.title.text
     last = long_tab.zoom(state, -1, "mean", -10, -1, -10, -1)  # −1 counts from the end
-    np.testing.assert_allclose(np.asarray(last.data[0].z), weights[1, :, -10:, -10:].astype(np.float32).mean(0),
-                               rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(last.data[0].z), full[1, :, -10:, -10:].mean(0), rtol=1e-5)
     lens = long_tab.logit_lens(state)
     assert np.asarray(lens.data[0].z).shape == (2, long_tab.LENS_LAST) and "last 256 of 2048" in lens.layout.title.text
     path = long_tab.attention_npz(state)
@@ -280,12 +296,12 @@ def test_all_sessions_long_results_stay_under_the_cap(long_tab, monkeypatch) -> 
     from serving import results
 
     states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6]]
-    size = states[0]["result"].attention["decoder"].weights.nbytes
-    monkeypatch.setattr(results, "LONG_RESULTS", results.LongResults(2.5 * size / 2**20))
+    size = states[0]["result"].attention["decoder"].nbytes  # a long result is its store: counted as device-side
+    monkeypatch.setattr(results, "DEVICE_RESULTS", results.LongResults(2.5 * size / 2**20))
     states = [long_tab.generate(long_prompt(), 1, "long-llama", progress=None)[6] for _ in range(3)]
     short = long_tab.generate("A short prompt", 2, "long-llama", progress=None)[6]
     assert states[0] == {} and all(s["result"] for s in states[1:]) and short["result"]
-    assert results.LONG_RESULTS.total() == 2 * size
+    assert results.DEVICE_RESULTS.total() == 2 * size
     with pytest.raises(gr.Error, match="let go when newer long results need"):
         long_tab.zoom(states[0], 0, "mean", 0, 10, 0, 10)
     assert long_tab.zoom(states[2], 0, "mean", 0, 10, 0, 10).data[0].z is not None
@@ -323,10 +339,10 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
     assert "tokens of B are shared with A" in note
     for fig in (fig_b, diff, change):
         assert len(fig.to_json()) <= LONG_BUDGET
-    wa, wb = (s["result"].attention["decoder"].weights[1, 0] for s in (a, b))
+    wa, wb = (exact(s)[1, 0] for s in (a, b))
     pairs = align_tokens(a["result"].tokens, b["result"].tokens)
     ia, ib = [i for i, _ in pairs], [j for _, j in pairs]
-    full = wb[np.ix_(ib, ib)].astype(np.float32) - wa[np.ix_(ia, ia)].astype(np.float32)
+    full = wb[np.ix_(ib, ib)] - wa[np.ix_(ia, ia)]
     np.testing.assert_allclose(np.asarray(diff.data[0].z), direct_pool(full, TILE_CELLS, "mean"), atol=1e-6)
     assert "mean-pooled" in diff.layout.title.text
     path = compare_section.both_arrays("generate", long_tab.compare_view, a, b)

@@ -439,8 +439,13 @@ class GPT(nn.Module):
         return self.tokenizer.id_to_piece(int(i)) if self.tokenizer is not None else str(int(i))
 
     def context_limit(self) -> int:
-        """Prompt + generated tokens: MAX_LM_TOKENS, or fewer where the model has fewer positions."""
-        return min(limits.MAX_LM_TOKENS, self.config.max_len)
+        """Prompt + generated tokens: MAX_LM_TOKENS where the long-context store computes the model (its attention is
+        then never held whole, models/decoding/ondevice.py), else MAX_FULL_TOKENS; fewer where the model has fewer
+        positions."""
+        from models.decoding import ondevice
+
+        cap = limits.MAX_LM_TOKENS if ondevice.supports(self) else limits.MAX_FULL_TOKENS
+        return min(cap, self.config.max_len)
 
     def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",
                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[list[int], int, str]:

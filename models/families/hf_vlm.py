@@ -229,7 +229,7 @@ class HFVLM(nn.Module):
         return readable_piece(self.tokenizer.id_to_token(int(i)) or f"<{int(i)}>", self._byte_level)
 
     def context_limit(self) -> int:
-        return min(self.lm.config.max_len, limits.MAX_LM_TOKENS)
+        return min(self.lm.config.max_len, limits.MAX_FULL_TOKENS)
 
     def encode(self, text: str, layout: VLMLayout) -> tuple[list[int], np.ndarray]:
         """The prompt's ids as the processor gives them (the placeholder expanded, the tokenizer's specials), and

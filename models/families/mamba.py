@@ -262,7 +262,7 @@ class Mamba(nn.Module):
 
     def context_limit(self) -> int:
         """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's fewer."""
-        return min(limits.MAX_LM_TOKENS, self.config.max_len, MAX_TOKENS)
+        return min(limits.MAX_FULL_TOKENS, self.config.max_len, MAX_TOKENS)
 
     def _new_state(self) -> MambaState:
         n = self.config.n_layers
