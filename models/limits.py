@@ -6,8 +6,9 @@ capped by ATLAS_MAX_TOKENS (default 32,768): gpt-tiny stops at its 256 positions
 32,768. Over LONG_TOKENS tokens a model the long-context store computes (models/decoding/ondevice.py) keeps each
 layer's queries, keys and row normalisers, never the T × T map, and every figure is recomputed exactly from them;
 a model it does not compute (Mamba's implicit attention, a vision-language model) keeps the whole map and stops at
-MAX_FULL_TOKENS. Attention over more than LONG_TOKENS tokens is drawn from pooled tiles with zoom (viz.attention). Images are refused
-above MAX_IMAGE_PIXELS before they are fully decoded (Pillow's decompression-bomb guard is set to the same number).
+MAX_FULL_TOKENS. Attention over more than LONG_TOKENS tokens is drawn from pooled tiles with zoom (viz.attention).
+Images are refused above MAX_IMAGE_PIXELS before they are fully decoded (Pillow's decompression-bomb guard is set to
+the same number).
 """
 
 import os
