@@ -14,7 +14,9 @@ models/blocks/decoder.py), so a model none of them knows is served by the plain 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from models import limits, registry
@@ -47,6 +49,40 @@ def long_store(model: Any, tokens: int) -> bool:
     if tokens <= limits.LONG_TOKENS or os.environ.get("ATLAS_ONDEVICE", "auto").strip().lower() == "0":
         return False
     return ondevice.supports(model)
+
+
+class Stopped(RuntimeError):
+    """A long prompt's reading stopped by its session's "Stop reading" (``stop``); its buffers are let go."""
+
+
+_READING: dict[str, threading.Event] = {}  # session -> the stop flag of the generation it is running
+_READING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def reading(session: str) -> Iterator[threading.Event]:
+    """The stop flag of one session's generation while it runs (``stop`` sets it; the run checks it between the
+    prompt's chunks). An empty session (a direct call) gets a flag nobody else can set."""
+    flag = threading.Event()
+    with _READING_LOCK:
+        if session:
+            _READING[session] = flag
+    try:
+        yield flag
+    finally:
+        with _READING_LOCK:
+            if session and _READING.get(session) is flag:
+                del _READING[session]
+
+
+def stop(session: str) -> bool:
+    """Ask the session's running generation to stop reading; False when it runs none."""
+    with _READING_LOCK:
+        flag = _READING.get(session) if session else None
+    if flag is None:
+        return False
+    flag.set()
+    return True
 
 
 class TooLarge(ValueError):
@@ -102,8 +138,11 @@ def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], 
             long = long_store(model, prompt_tokens + request.max_new_tokens)
             if long:
                 check_memory(model, prompt_tokens + request.max_new_tokens)
-            run = ondevice.generate(model, request.text, pool_cells=pool_cells, stats=long, progress=progress,
-                                    should_stop=should_stop, **kw)
+            try:
+                run = ondevice.generate(model, request.text, pool_cells=pool_cells, stats=long, progress=progress,
+                                        should_stop=should_stop, **kw)
+            except ondevice.Cancelled as err:
+                raise Stopped(str(err)) from None
             return finish(run.kept()), path
         if path == "fastgen":
             return finish(fastgen.generate(model, request.text, **kw)), path

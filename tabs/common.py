@@ -283,6 +283,18 @@ def save_npz(prefix: str, compressed: bool = False, **arrays: Any) -> str:
     return str(path)
 
 
+def require_full(n_tokens: int, what: str) -> None:
+    """Refuse, in words, a view that runs a plain forward over the whole input above ``limits.MAX_FULL_TOKENS``
+    tokens (its T × T mask and maps would not fit: a long input's attention lives in the store)."""
+    if n_tokens > limits.MAX_FULL_TOKENS:
+        raise Error(f"{what} runs the model once more over the whole input with its full attention, which reads at "
+                    f"most {limits.MAX_FULL_TOKENS:,} tokens; this one has {n_tokens:,}. The long-context views "
+                    "(statistics, exact rows, zoom) read any length.")
+
+
+HEAD_VIEW_MAX = 4096  # tokens up to which the head view (a line per weight above its threshold) is drawn
+
+
 def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str, pool: str = "max"):
     """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view. ``pool``: how a
     long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE)."""
@@ -299,6 +311,9 @@ def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: s
             tiles = (np.stack([p[0] for p in parts]), parts[0][1], parts[0][2])
         return va.model_view(None, amap.queries, amap.keys, kind=kind_title, tiles=Pooled(*tiles))
     if view == "head view":
+        if len(amap.keys) > HEAD_VIEW_MAX:
+            raise Error(f"The head view draws a line per strong weight and reads at most {HEAD_VIEW_MAX:,} tokens; "
+                        f"this text has {len(amap.keys):,}: use the heatmap (its tiles, zoom and exact rows).")
         heads = list(range(amap.heads)) if isinstance(head, str) else [head]
         # Only lines clearly above a uniform spread (1/keys) are drawn, so the structure stands out.
         threshold = max(0.05, 2.0 / max(len(amap.keys), 1))
@@ -321,6 +336,9 @@ def device_block(kept, layer: int, head: str | int, pool: str, rows: tuple[int, 
     there (only they leave the device)."""
     r0, r1 = rows or (0, kept.length)
     c0, c1 = cols or (0, kept.length)
+    whole = (r0, r1, c0, c1) == (0, kept.length, 0, kept.length)
+    if whole and kept.length > va.POOL_ABOVE:  # the whole map's tiles: made by the prompt pass, or kept once made
+        return Pooled(*kept.overview(layer, head, pool, va.TILE_CELLS))
     if max(r1 - r0, c1 - c0) > va.POOL_ABOVE:
         return Pooled(*kept.tiles(layer, head, va.TILE_CELLS, pool, (r0, r1), (c0, c1)))
     return kept.fused(layer, head, (r0, r1), (c0, c1))

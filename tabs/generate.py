@@ -30,6 +30,7 @@ from tabs.common import (
     parse_head,
     read_seed,
     read_text,
+    require_full,
     run_layer,
     save_npz,
     seed_box,
@@ -41,8 +42,10 @@ from tabs.sections import qk, why
 from tabs.zerogpu import host, on_gpu
 from viz import attention as va
 from viz import generate as vg
+from viz import heads as vh
+from viz import long as vl
 from viz import stats as vs
-from viz.common import POOLS
+from viz.common import POOLS, block_edges
 
 TITLE = "Generate"
 DEFAULT = GPT_TINY
@@ -100,6 +103,7 @@ def build() -> Permalink:
             model = model_choice(gr.Dropdown(choices, value=choices[0], label="model"))
             new_tokens = gr.Slider(1, limits.MAX_NEW_TOKENS, value=20, step=1, label="new tokens")
             run = gr.Button("Generate", variant="primary")
+            stop = gr.Button("Stop reading (a long text)", variant="stop", size="sm", elem_id="generate-stop")
     with gr.Accordion("decoding", open=False):
         with gr.Row():
             strategy = gr.Radio(["greedy", "sample"], value="greedy", label="strategy")
@@ -131,6 +135,17 @@ def build() -> Permalink:
             k_last = gr.Number(63, label="keys to", precision=0)
             zoom_run = gr.Button("Zoom into the block")
         zoom_plot = Plot(label="zoomed block", elem_id="generate-zoom")
+    with gr.Accordion("Long context: every head over the whole text", open=False, elem_id="generate-long"):
+        gr.Markdown(LONG_TEXT)
+        with gr.Row():
+            statistic = gr.Radio(list(LONG_STATS), value="sink share", label="statistic over every query")
+            stats_run = gr.Button("Statistics of every head")
+        stats_plot = Plot(label="per head, over the whole context", elem_id="generate-long-stats")
+        with gr.Row():
+            row_query = gr.Number(-1, precision=0, label="query position (−1: the last)")
+            row_run = gr.Button("Exact row of the layer and head above")
+        row_plot = Plot(label="one query's attention over every key", elem_id="generate-row")
+        row_keys = gr.Markdown()
     compare_section.comparison("generate", state, compare_view,  # the second prompt wrapped as the first, if chat
                                lambda text, *v: generate(text, *v[:7], chat=v[7])[6],
                                [new_tokens, model, strategy, temperature, top_k, top_p, seed, chat], layer, head, view)
@@ -192,6 +207,15 @@ def build() -> Permalink:
                        api_name=False, show_progress="hidden", **FAST)
     zoom_run.click(zoom, [state, layer, head, q_first, q_last, k_first, k_last, pooling], [zoom_plot],
                    api_name="attention_zoom", **FAST)
+    stop.click(stop_reading, None, [notice], api_name="stop_reading", show_progress="hidden", **FAST)
+    stats_run.click(long_stats, [state, statistic], [stats_plot], api_name="long_stats", **FAST)
+    statistic.change(long_stats, [state, statistic], [stats_plot], api_name=False, show_progress="hidden", **FAST)
+    row_run.click(attention_row, [state, layer, head, row_query], [row_plot, row_keys], api_name="attention_row",
+                  **FAST)
+    # a click on a long input's tile: the block around it at full resolution, and its first query's exact row
+    why_section["cell"].change(long_click, [state, why_section["cell"], layer, head, pooling],
+                               [q_first, q_last, k_first, k_last, zoom_plot, row_query, row_plot, row_keys],
+                               api_name=False, show_progress="hidden", **FAST)
     write_npz.click(attention_npz, [state], [download], api_name="attention_npz", concurrency_limit=1)
     lens_run.click(logit_lens, [state], [lens], api_name="logit_lens", concurrency_limit=1)
     experts_run.click(experts_view, [state], [experts_plot], api_name="experts", concurrency_limit=1)
@@ -329,7 +353,7 @@ def _model(name: str | None, progress=None):
 def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strategy: str = "greedy",
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, layer: int = -1,
              head: str = "mean", view: str = "heatmap", pooling: str = "max", previous: dict | None = None,
-             chat: bool = False, progress=gr.Progress()):
+             chat: bool = False, progress=gr.Progress(), request: gr.Request = None):
     """Continue a prompt; return the continuation, the coloured text, the candidates, attention and the lens.
     Over limits.LONG_TOKENS tokens the heatmap is drawn from pooled tiles (``pooling``: "max" or "mean"), the
     lens and the .npz are made on request (/logit_lens, /attention_npz). ``previous``: the session's kept result,
@@ -351,16 +375,26 @@ def generate(prompt: str, max_new_tokens: int = 20, model: str = DEFAULT, strate
         previous.clear()  # an empty state: redraws, zoom and the buttons then ask for a new generation
     from models.decoding.lockstep import GenerateRequest
 
-    request = GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
+    http, request = request, GenerateRequest(prompt, new, strategy, temperature, top_k, top_p, seed)
     finish = partial(_answer, net, model, strategy=strategy, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, layer=layer, head=head, view=view, pooling=pooling)
     # serving chooses the path (serving/runs.py): the attention kept on the model's device, a batch with the requests
     # for this model arriving meanwhile, or alone
     cells = va.model_view_cells(net.config.n_layers, net.config.n_heads)  # an on-device run's tiles, made meanwhile
+
+    def reading(done: int, total: int) -> None:  # a long prompt's passes (runs.long_store), a chunk at a time
+        if progress is not None:
+            progress(done / total, desc=f"reading the text: {done:,} of {total:,} tokens")
+
+    session = getattr(http, "session_hash", None) or ""
     try:
-        out, path = runs.generate(model or DEFAULT, net, request, finish, pool_cells=cells)
-    except ValueError as err:  # a bad ATLAS_ONDEVICE
-        raise Error(str(err)) from None
+        with runs.reading(session) as stopped:
+            out, path = runs.generate(model or DEFAULT, net, request, finish, pool_cells=cells, progress=reading,
+                                      should_stop=stopped.is_set)
+    except runs.Stopped as err:
+        raise Error(f"Stopped: {err}; its memory is freed.", duration=None) from None
+    except ValueError as err:  # a bad ATLAS_ONDEVICE, a store that would not fit (runs.TooLarge)
+        raise Error(str(err), duration=None) from None
     if path == "ondevice":
         host(out[6])  # a ZeroGPU Space: the kept attention comes back on the CPU
     return out
@@ -417,6 +451,110 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
             ablate_head_u)
 
 
+LONG_TEXT = f"""Over {limits.LONG_TOKENS} tokens the text is read into a **store**: per layer the queries and keys
+after RoPE and norms, and each query's log-sum-exp, never the whole map (memory grows with the text, not its square).
+Every figure is computed from it exactly, where the model runs: the heatmap's tiles (made while reading, for the
+costly global layers), a zoomed block, one query's row over every key, and these statistics over *every* query of
+the text. A click on a tile of the heatmap zooms into the tiles around it and draws its first query's exact row."""
+# the statistics the store accumulates over every query row (models.decoding.ondevice.STATS): label -> (key, unit)
+LONG_STATS = {"sink share": ("sink", "share"), "entropy": ("entropy", "bits"),
+              "mean distance": ("distance", "tokens"), "share inside the local window": ("local", "share")}
+ROW_TOP = 10  # the strongest keys of an exact row named in its table
+
+
+def _long_kept(state: dict | None):
+    """The store (DeviceAttention) of a kept long generation, or a refusal in words."""
+    if not state:
+        raise Error(NO_RESULT)
+    kept = getattr(state["result"].attention["decoder"], "attention", None)
+    if kept is None or not kept.stats:
+        raise Error(f"The long-context views read a text of more than {limits.LONG_TOKENS} tokens from its store "
+                    "(a model whose layers the store computes): generate from a longer text.")
+    return kept
+
+
+def stop_reading(request: gr.Request = None) -> dict:
+    """"Stop reading": the session's long prompt stops between two of its chunks (``serving.runs.stop``)."""
+    if runs.stop(getattr(request, "session_hash", None) or ""):
+        return gr.update(value="Stopping after the chunk being read…")
+    return gr.update()
+
+
+def long_stats(state: dict | None, statistic: str = "sink share"):
+    """A layer × head grid of one statistic over every query of the kept long text (the store's, exact)."""
+    kept = _long_kept(state)
+    if statistic not in LONG_STATS:
+        raise Error(f"Unknown statistic {str(statistic)[:40]!r}; choose one of {', '.join(LONG_STATS)}.")
+    key, unit = LONG_STATS[statistic]
+    grid = kept.stats[key] / (np.log(2) if key == "entropy" else 1.0)
+    local = state.get("local") or {}
+    window = kept.geom(0).window or next(iter(local.values()), 0)
+    what = {"sink": "weight on the first token, over the queries after it",
+            "entropy": "−Σ a log₂ a of each query's row, averaged",
+            "distance": "Σ a_ij (i − j) of each query's row, averaged",
+            "local": f"weight on the last {window or 512} keys of each query's row, averaged"}[key]
+    marks = f"; local layers (window {window}): {', '.join(map(str, sorted(local)))}" if local else ""
+    title = f"{statistic[0].upper()}{statistic[1:]} per head over {kept.length:,} tokens<br><sup>{what}{marks}</sup>"
+    return vh.head_grid(grid, statistic, unit, title=title)
+
+
+def _row(state: dict, layer, head, query) -> tuple:
+    """One exact attention row of the kept long text and its table of strongest keys."""
+    kept = _long_kept(state)
+    result = state["result"]
+    t = kept.length
+    layer = index(layer, kept.shape[0], "layer")
+    h = parse_head(head)
+    if not isinstance(h, int):
+        raise Error("An exact row is one head's: pick a head (0, 1, …) above, not the mean or max of heads.")
+    if not 0 <= h < kept.shape[1]:
+        raise Error(f"This model has heads 0 … {kept.shape[1] - 1}; got {h}.")
+    q = index(query, t, "query position")
+    row = kept.row(layer, h, q)
+    tokens = result.tokens
+    window = kept.geom(layer).window
+    fig = vl.attention_row(row, tokens, q, title=f"Layer {layer} · head {h}" + (" (local)" if window else ""),
+                           top=ROW_TOP, window=window)
+    lines = ["| key | weight | token in its text |", "| ---: | ---: | --- |"]
+    for j, v in vl.top_keys(row, ROW_TOP):
+        text = vl.context(tokens, j).replace("|", "\\|")
+        lines.append(f"| {j:,} | {v:.4f} | {esc_md(text)} |")
+    return fig, f"**The {ROW_TOP} strongest keys of query {q:,}** (exact, of {t:,}):\n\n" + "\n".join(lines)
+
+
+def esc_md(text: str) -> str:
+    """Text shown in a Markdown table cell as it is (no markup, no HTML)."""
+    import html
+
+    return html.escape(text).replace("*", "\\*").replace("_", "\\_").replace("`", "\\`")
+
+
+def attention_row(state: dict | None, layer=-1, head="0", query=-1):
+    """The "Exact row" button: query ``query``'s weights over every key of the layer and head, exact, with its
+    strongest keys as text."""
+    return _row(state, layer, head, query)
+
+
+def long_click(state: dict | None, cell: str, layer, head, pooling: str = "max"):
+    """A click on a tile of a long input's heatmap ("query,key,n": the tile's first cell): the zoom boxes set to the
+    8 × 8 tiles around it, that block drawn at full resolution, and the first query's exact row (one head shown)."""
+    skip = (gr.skip(),) * 8
+    kept = None if not state else getattr(state["result"].attention["decoder"], "attention", None)
+    if kept is None or kept.length <= limits.LONG_TOKENS:
+        return skip
+    try:
+        query, key = (int(v) for v in str(cell).split(",")[:2])
+    except ValueError:
+        return skip
+    t = kept.length
+    f = int(block_edges(t, va.TILE_CELLS)[1])  # tokens a tile spans
+    q0, k0 = max(0, query - 4 * f), max(0, key - 4 * f)
+    q1, k1 = min(t, q0 + 8 * f) - 1, min(t, k0 + 8 * f) - 1
+    fig = zoom(state, layer, head, q0, q1, k0, k1, pooling)
+    rows = _row(state, layer, head, query) if str(parse_head(head)).isdigit() else (gr.skip(), gr.skip())
+    return q0, q1, k0, k1, fig, query, *rows
+
+
 def on_device(kept: dict) -> bool:
     """Whether a kept generation's attention stays on the model's device (a DeviceMap, ATLAS_ONDEVICE)."""
     return hasattr(kept["result"].attention["decoder"], "attention")
@@ -471,10 +609,16 @@ def read_pooling(pooling: str | None) -> str:
 def long_notice(result, pooling: str) -> str:
     """What a long input changes, said once under the continuation."""
     amap = result.attention["decoder"]
-    return (f"· {len(result.tokens):,} tokens: the heatmap shows {pooling}-pooled tiles (zoom below for full "
-            f"resolution); the logit lens of the last {LENS_LAST} positions and the attention arrays "
-            f"({amap.layers} × {amap.heads} × {len(result.tokens):,}², float16, compressed, without the pre-softmax "
-            "scores) are made on request, with their buttons.")
+    t = len(result.tokens)
+    stored = hasattr(amap, "attention")
+    return (f"· {t:,} tokens: the heatmap shows {pooling}-pooled tiles (zoom below for full resolution"
+            + ("; every head's statistics over the whole text and any query's exact row under \"Long context\""
+               if stored else "") + "); "
+            + (f"the logit lens of the last {LENS_LAST} positions and " if t <= limits.MAX_FULL_TOKENS else "")
+            + f"the attention arrays ({amap.layers} × {amap.heads} × {t:,}², float16, compressed, without the "
+              "pre-softmax scores) are made on request, with their buttons"
+            + (f" (up to {limits.MAX_FULL_TOKENS:,} tokens: the lens, switching a head off and the score split run "
+               "the whole model again)." if t > limits.MAX_FULL_TOKENS else "."))
 
 
 def write_arrays(kept: dict, net=None) -> str:
@@ -516,6 +660,7 @@ def logit_lens(state: dict | None):
     """The lens button: the logit lens of the last generation (a long input's is computed only here)."""
     if not state:
         raise Error(NO_RESULT)
+    require_full(len(state["result"].ids), "The logit lens")
     return lens_figure(state)
 
 
@@ -532,6 +677,7 @@ def experts_view(state: dict | None):
     from models.families.moe import expert_routes
 
     ids = list(state["result"].ids)
+    require_full(len(ids), "The experts view")
     routes = expert_routes(net, ids)
     keep = slice(max(0, len(ids) - LENS_LAST), None)
     return vg.expert_routes(routes.experts[:, keep], routes.weights[:, keep], routes.tokens[keep],
@@ -733,6 +879,7 @@ def ablate_head_fn(state: dict | None, step: int, layer: int, head: int):
     import torch
 
     result = state["result"]
+    require_full(len(result.ids), "Switching a head off")
     net = _model(state["model"])
     why.require_heads(net, "Switching a head off")
     c = net.config

@@ -350,3 +350,82 @@ def test_comparing_two_long_inputs_stays_light(long_tab) -> None:
         assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in archive.infolist())
     with np.load(path) as arrays:
         assert arrays["attention_a"].dtype == np.float16 and arrays["attention_b"].shape[-1] == len(b["result"].tokens)
+
+
+# ------------------------------------------------------------------------- the long-context views (issue 69)
+def test_the_long_context_views_are_the_stores_exact_numbers(long_tab, long_run, monkeypatch) -> None:
+    """Statistics of every head equal models.analysis on the exact map; an exact row and its strongest keys; a click
+    on a tile zooms into the tiles around it and opens its query's row; the views that run the whole model again
+    refuse in words above MAX_FULL_TOKENS; a short result gets the long views' refusal."""
+    from models import analysis
+
+    state = long_run[6]
+    full = exact(state)
+    t = full.shape[-1]
+    for label, (key, _unit) in long_tab.LONG_STATS.items():
+        fig = long_tab.long_stats(state, label)
+        z = np.asarray(fig.data[0].z, dtype=np.float64)
+        want = {"sink": analysis.first_token_share(full), "entropy": analysis.head_entropy(full) / np.log(2),
+                "distance": analysis.mean_attention_distance(full)}.get(key)
+        if want is not None:
+            np.testing.assert_allclose(z, want, rtol=1e-4, atol=1e-5)
+        assert f"over {t:,} tokens" in fig.layout.title.text
+    fig, table = long_tab.attention_row(state, 1, "2", 1500)
+    np.testing.assert_allclose(np.asarray(fig.data[0].y, dtype=np.float32), full[1, 2, 1500], atol=1e-7)
+    top = np.argsort(-full[1, 2, 1500])[:3]
+    assert all(f"| {j:,} |" in table for j in top) and "strongest keys of query 1,500" in table
+    with pytest.raises(gr.Error, match="pick a head"):
+        long_tab.attention_row(state, 1, "mean", 10)
+    with pytest.raises(gr.Error, match="query position"):
+        long_tab.attention_row(state, 1, "0", t + 5)
+    q0, q1, k0, k1, zoomed, query, row_fig, _ = long_tab.long_click(state, "1200,400,1", 1, "3", "max")
+    assert (q0, q1, k0, k1, query) == (1184, 1215, 384, 415, 1200)  # 8 × 8 tiles of 4 tokens around the click
+    np.testing.assert_allclose(np.asarray(zoomed.data[0].z), full[1, 3, q0:q1 + 1, k0:k1 + 1], atol=1e-7)
+    np.testing.assert_allclose(np.asarray(row_fig.data[0].y, dtype=np.float32), full[1, 3, 1200], atol=1e-7)
+    monkeypatch.setattr(limits, "MAX_FULL_TOKENS", 1000)
+    for call in (lambda: long_tab.logit_lens(state), lambda: long_tab.ablate_head_fn(state, 0, 0, 0)):
+        with pytest.raises(gr.Error, match="reads at most 1,000 tokens; this one has 2,048"):
+            call()
+    short = long_tab.generate("A short prompt", 2, "long-llama", progress=None)[6]
+    with pytest.raises(gr.Error, match="generate from a longer text"):
+        long_tab.long_stats(short, "sink share")
+    assert long_tab.long_click(short, "1,0,1", 0, "0") == (gr.skip(),) * 8
+
+
+def test_a_long_reading_stops_when_asked_and_an_oversized_one_is_refused(long_tab, monkeypatch) -> None:
+    """"Stop reading" between the prompt's chunks: the run ends with a notice and keeps nothing; a text whose store
+    would not fit in the server's memory is refused in words before it starts."""
+    from bench._long_model import long_prompt
+    from models.decoding import ondevice
+    from serving import runs
+
+    monkeypatch.setattr(ondevice, "PREFILL_TOKENS", 256)
+    real = runs.reading
+
+    class Request:
+        session_hash = "s1"
+
+    def reading(session):  # the session presses "Stop reading" as soon as its run has started
+        ctx = real(session)
+        flag = ctx.__enter__()
+        assert runs.stop("s1") and flag.is_set()
+        return _Entered(ctx, flag)
+
+    class _Entered:
+        def __init__(self, ctx, flag):
+            self.ctx, self.flag = ctx, flag
+
+        def __enter__(self):
+            return self.flag
+
+        def __exit__(self, *exc):
+            return self.ctx.__exit__(*exc)
+
+    monkeypatch.setattr(runs, "reading", reading)
+    with pytest.raises(gr.Error, match="Stopped: stopped after 0 of 2,047 prompt tokens; its memory is freed"):
+        long_tab.generate(long_prompt(), 1, "long-llama", progress=None, request=Request())
+    monkeypatch.setattr(runs, "reading", real)
+    assert not runs.stop("s1")  # nothing runs for the session any more
+    monkeypatch.setenv("ATLAS_MEMORY_MB", "1")
+    with pytest.raises(gr.Error, match="would keep about .* GB of queries and keys"):
+        long_tab.generate(long_prompt(), 1, "long-llama", progress=None)

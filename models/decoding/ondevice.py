@@ -460,11 +460,13 @@ class DeviceAttention:
         out = out.cpu().numpy()
         return out if head is None else out[0]
 
-    def overview(self, layer: int, head: Head, how: str = "max") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def overview(self, layer: int, head: Head, how: str = "max", cells: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``tiles`` of the whole map at OVERVIEW_CELLS: from the prompt pass's tiles where it made them (an index
-        head), else computed and kept for the layer's every head."""
-        if head is None or head in ("mean", "max") or self.length <= OVERVIEW_CELLS:
-            return self.tiles(layer, head, OVERVIEW_CELLS, how)
+        head), else computed and kept for the layer's every head. Another number of ``cells``: ``tiles``."""
+        cells = cells or OVERVIEW_CELLS
+        if head is None or head in ("mean", "max") or self.length <= cells or cells != OVERVIEW_CELLS:
+            return self.tiles(layer, head, cells, how)
         self._heads(layer, head)
         if how not in ("max", "mean"):
             raise ValueError(f"pooling must be max or mean, got {how!r}")

@@ -414,10 +414,12 @@ def survey(model: Any, generate: Callable[..., Any], lengths: Sequence[int], dep
 # --------------------------------------------------------------------------------------------------- ablation
 @torch.inference_mode()
 def prefill_caches(model: Any, ids: Sequence[int], head_mask: torch.Tensor | None = None,
-                   chunk: int = PREFILL_CHUNK) -> list[Any]:
-    """One ``KVCache`` per layer holding ``ids``, read ``chunk`` tokens a fused forward pass (``GPT.forward``)."""
+                   chunk: int | None = None) -> list[Any]:
+    """One ``KVCache`` per layer holding ``ids``, read ``chunk`` (PREFILL_CHUNK) tokens a fused forward pass
+    (``GPT.forward``)."""
     from models.blocks.attention import KVCache
 
+    chunk = max(1, int(chunk or PREFILL_CHUNK))
     dev = model.embed.weight.device
     caches = [KVCache() for _ in model.blocks]
     ids = [int(i) for i in ids]

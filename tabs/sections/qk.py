@@ -22,7 +22,7 @@ import gradio as gr
 import numpy as np
 
 from models import registry
-from tabs.common import Error, Plot, get_model, index, read_text
+from tabs.common import Error, Plot, get_model, index, read_text, require_full
 from viz import qk as vq
 from viz.common import esc
 
@@ -186,6 +186,7 @@ def draw(sequence: Callable, state: Any, layer: Any, head: Any, query: Any, scal
     if not state or (isinstance(state, str) and not state.strip()):
         raise Error("Run the model first: queries and keys are drawn for the tab's current input.")
     name, ids, tokens = sequence(read_text(state) if isinstance(state, str) else state)
+    require_full(len(ids), "The queries and keys view")
     note, fig, _ = qk_view(name, ids, tokens, layer, head, query, scale)
     return note, fig
 

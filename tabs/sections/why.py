@@ -16,7 +16,7 @@ import gradio as gr
 import numpy as np
 
 from models import registry
-from tabs.common import FAST, Error, Plot, get_model, index, read_text
+from tabs.common import FAST, Error, Plot, get_model, index, read_text, require_full
 from tabs.sections.text import encode, require_heads, text_model
 from tabs.zerogpu import on_gpu
 from viz import why as vw
@@ -86,7 +86,7 @@ def decomposition(tab: str, state: gr.State, sequence: Callable[[Any], tuple[str
     # on screen before any cell is clicked (the mean or max of heads keeps the section's own head)
     layer.change(follow_layer, [layer], [w_layer], api_name=False, show_progress="hidden", **FAST)
     head.change(follow_head, [head], [w_head], api_name=False, show_progress="hidden", **FAST)
-    return {"layer": w_layer, "head": w_head, "query": query}
+    return {"layer": w_layer, "head": w_head, "query": query, "cell": cell}
 
 
 def follow_layer(layer) -> dict:
@@ -229,6 +229,7 @@ def explain(sequence, state, layer, head, query, key):
     if not state:
         raise Error("Run the model first: the score is split on the tab's current input.")
     name, ids, tokens = sequence(state)
+    require_full(len(ids), "Splitting a score")
     net = get_model(name)
     return why(net, ids, tokens, layer, head, query, key, name)
 
@@ -262,6 +263,7 @@ def ablate_sink(sequence, state, layer, head) -> str:
     if not state:
         raise Error("Run the model first.")
     name, ids, tokens = sequence(state)
+    require_full(len(ids), "Sink ablation")
     net = get_model(name)
     require_heads(net, "Sink ablation")
     if not registry.family_of(net).ablation:
