@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.blocks.decoder import BLOCK_FIELDS, FIELDS, MODEL_FIELDS, BlockSpec, DecoderSpec, refusal
+from models.blocks.decoder import BLOCK_FIELDS, FIELDS, MODEL_FIELDS, BlockSpec, DecoderSpec, refusal, stores_long
 from models.decoding import fastgen, lockstep, ondevice
 from models.decoding.lockstep import GenerateRequest
 from models.families import gpt as gpt_module
@@ -149,6 +149,10 @@ def test_what_each_fast_runner_computes_is_recorded() -> None:
     # the long-context store (issue 69) computes Gemma's windows, local RoPE, sandwich norms, scales and soft caps;
     # a prefix only through ondevice.prefill (generation takes none)
     assert computed["ondevice"] == [s for s in SWITCHES if s != "prefix-lm"]
+    # what GPT.context_limit reads (models.blocks.decoder.stores_long) says the same, M-RoPE included
+    for kw in [*SWITCHES.values(), dict(mrope_section=(1, 1, 2), rope_layout="half")]:
+        model = tiny(**kw)
+        assert stores_long(model.spec) == (ondevice.refusal(model) is None), kw
     assert "parallel-residual" not in computed["walk"] and "partial-rotary" not in computed["walk"]
 
 

@@ -147,6 +147,14 @@ def refusal(spec: DecoderSpec, knows: Knows, runner: str) -> str | None:
     return None
 
 
+def stores_long(spec: DecoderSpec) -> bool:
+    """Whether the long-context store (models/decoding/ondevice.py: its KNOWS) reads a decoder of this description
+    in generation, so that a long input never holds its T × T map: every switch of the plain path but M-RoPE and a
+    bidirectional prefix. Families read it here (``GPT.context_limit``), not from the runner;
+    tests/test_decoder_spec.py holds it equal to ``ondevice.supports`` for every switch."""
+    return not spec.prefix_lm and all(not b.mrope_section for b in spec.blocks)
+
+
 def spec_of(model: Any) -> DecoderSpec | None:
     """The description of a decoder model's blocks (``GPT.spec``); None for a model that has none (Mamba, encoders)."""
     spec = getattr(model, "spec", None)

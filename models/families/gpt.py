@@ -48,7 +48,18 @@ from models.blocks.attention import (
     enter_layer,
     restrict_keys,
 )
-from models.blocks.decoder import BlockSpec, DecoderSpec, Knows, count, flag, one_of, refusal, scale, sections
+from models.blocks.decoder import (
+    BlockSpec,
+    DecoderSpec,
+    Knows,
+    count,
+    flag,
+    one_of,
+    refusal,
+    scale,
+    sections,
+    stores_long,
+)
 from models.blocks.layers import ACTIVATIONS
 from models.blocks.loop import Decoding, full_surprisal
 from models.blocks.positional import ROPE_LAYOUTS, apply_rope, mrope_angles, rope_angles
@@ -442,9 +453,7 @@ class GPT(nn.Module):
         """Prompt + generated tokens: MAX_LM_TOKENS where the long-context store computes the model (its attention is
         then never held whole, models/decoding/ondevice.py), else MAX_FULL_TOKENS; fewer where the model has fewer
         positions."""
-        from models.decoding import ondevice
-
-        cap = limits.MAX_LM_TOKENS if ondevice.supports(self) else limits.MAX_FULL_TOKENS
+        cap = limits.MAX_LM_TOKENS if stores_long(self.spec) else limits.MAX_FULL_TOKENS
         return min(cap, self.config.max_len)
 
     def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",

@@ -44,6 +44,8 @@ prompt too, one prefill per variant).
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,12 +105,13 @@ def corpus_sentences(path: Path = CORPUS) -> list[str]:
 
 
 def _tokenizer_of(model_or_tokenizer: Any) -> tuple[Any, str | None]:
-    tok = getattr(model_or_tokenizer, "tokenizer", None)
-    if tok is None:  # a tokenizer itself (models/inputs/tokenizer.py's interface)
+    if not hasattr(model_or_tokenizer, "tokenizer"):  # a tokenizer itself (models/inputs/tokenizer.py's interface)
         if not hasattr(model_or_tokenizer, "encode_prompt"):
             raise ValueError("haystack needs a language model with a tokenizer, or a tokenizer")
         return model_or_tokenizer, None
-    return tok, getattr(model_or_tokenizer, "chat_template", None)
+    if model_or_tokenizer.tokenizer is None:
+        raise ValueError("the model has no tokenizer: a haystack is made of text")
+    return model_or_tokenizer.tokenizer, getattr(model_or_tokenizer, "chat_template", None)
 
 
 def _norm(text: str) -> str:
@@ -154,7 +157,7 @@ def haystack(model_or_tokenizer: Any, length: int, depth: float = 0.5, needle: s
     them all), then ``question`` (``PROMPT``). ``answer``: the fact the question asks for, a part of the needle
     (default: "tangerine-4817" for the default needle, else the needle itself). ``chat``: the model's chat template
     around it (None: when the model has one). ValueError for a depth outside [0, 1], a length that cannot hold the
-    needle and the question, an answer not in the needle or one the haystack already holds."""
+    needle and the question, an answer not in the needle or one the question or the corpus already holds."""
     tok, template = _tokenizer_of(model_or_tokenizer)
     if chat and not template:
         raise ValueError("this model has no chat template (a GGUF file carries one in tokenizer.chat_template)")
@@ -170,6 +173,8 @@ def haystack(model_or_tokenizer: Any, length: int, depth: float = 0.5, needle: s
     answer = " ".join(answer.split())
     if not answer or answer not in needle:
         raise ValueError(f"the answer {answer[:80]!r} is not a part of the needle {needle[:120]!r}")
+    if _norm(answer) in _norm(question):
+        raise ValueError(f"the question gives the answer {answer[:80]!r} away")
     sentences = list(corpus_sentences() if corpus is None else [" ".join(s.split()) for s in corpus if s.strip()])
     if not sentences:
         raise ValueError("the corpus has no sentences")
@@ -237,6 +242,15 @@ def found_in(answer_text: str, fact: str) -> bool:
     return _norm(fact) in _norm(answer_text)
 
 
+def recall(answer_text: str, fact: str) -> float:
+    """The share of the fact's words (letters and digits, case aside) the answer holds: ROUGE-1 recall, which Wu et
+    al.'s released code asks to pass 0.5 ("tangerine-4817" against "4817": 0.5)."""
+    want = Counter(re.findall(r"\w+", fact.casefold()))
+    got = Counter(re.findall(r"\w+", answer_text.casefold()))
+    total = sum(want.values())
+    return sum(min(n, got[w]) for w, n in want.items()) / total if total else 0.0
+
+
 # ------------------------------------------------------------------------------------------------------ score
 def answer_rows(prompt_len: int, total: int) -> list[int]:
     """The query rows that produce the generated tokens prompt_len … total − 1: row p − 1 emits token p."""
@@ -302,6 +316,7 @@ class Retrieval:
     scores: np.ndarray  # (L, H) float64, Wu et al.'s eq. 1 over the answer span
     answer: str  # the generated text
     found: bool  # the answer states the needle's fact
+    recall: float  # the share of the fact's words it holds (``recall``)
     needle_span: Span
     answer_span: Span  # k: the span the score reads
     length: int  # the prompt's tokens
@@ -340,8 +355,9 @@ def score(hay: Haystack, generation: Any, span: str = "answer", per_step: bool =
     k = hay.answer_span if span == "answer" else hay.needle_span
     scores = retrieval_score(keys, generated, hay.ids, k, per_step)
     return Retrieval(scores=scores, answer=generation.text, found=found_in(generation.text, hay.answer),
-                     needle_span=hay.needle_span, answer_span=k, length=len(hay.ids), depth=hay.depth, at=hay.at,
-                     generated=generated, keys=keys, generation=generation)
+                     recall=recall(generation.text, hay.answer), needle_span=hay.needle_span, answer_span=k,
+                     length=len(hay.ids), depth=hay.depth, at=hay.at, generated=generated, keys=keys,
+                     generation=generation)
 
 
 def fits(model: Any, hay: Haystack, max_new_tokens: int) -> None:
@@ -479,6 +495,7 @@ class Ablated:
     generated: list[int]
     answer: str
     found: bool
+    recall: float
 
 
 @dataclass
@@ -492,7 +509,8 @@ class Ablation:
     def summary(self) -> dict[str, Any]:
         """Plain numbers and words (JSON)."""
         def one(a: Ablated) -> dict[str, Any]:
-            return {"heads": [list(h) for h in a.heads], "answer": a.answer, "found": a.found}
+            return {"heads": [list(h) for h in a.heads], "answer": a.answer, "found": a.found,
+                    "recall": round(a.recall, 3)}
 
         return {"baseline": one(self.baseline), "top": {str(k): one(v) for k, v in self.top.items()},
                 "random": {str(k): one(v) for k, v in self.random.items()}}
@@ -530,7 +548,7 @@ def ablation(model: Any, hay: Haystack, scores: np.ndarray, ks: Sequence[int] = 
         caches = shared if shared is not None else prefill_caches(model, ids[:-1], mask)
         new = decode(model, caches, ids[-1], max_new_tokens, mask)
         text = tok.decode(new) if tok is not None else ""
-        return Ablated(list(heads), new, text, found_in(text, hay.answer))
+        return Ablated(list(heads), new, text, found_in(text, hay.answer), recall(text, hay.answer))
 
     out = Ablation(answer([]))
     order = ranking(scores)
@@ -550,5 +568,5 @@ def describe_heads(heads: Sequence[tuple[int, int, float]]) -> str:
 
 __all__ = ["ANSWER", "NEEDLE", "QUESTION", "Ablated", "Ablation", "Haystack", "Retrieval", "Survey", "ablation",
            "answer_rows", "argmax_keys", "average", "corpus_sentences", "decode", "describe_heads", "found_in",
-           "greedy", "haystack", "head_mask", "prefill_caches", "random_heads", "ranking", "retrieval_score", "run",
-           "score", "survey"]
+           "greedy", "haystack", "head_mask", "prefill_caches", "random_heads", "ranking", "recall", "retrieval_score",
+           "run", "score", "survey"]
