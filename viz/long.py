@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from viz.common import Fig, base_layout, block_edges, esc, f32
+from viz.generate import shown_token
 
 ROW_POINTS = 4096  # a row over more keys is drawn max-pooled to this many points (the strongest keys still marked)
 
@@ -24,11 +25,11 @@ def top_keys(row: np.ndarray, k: int = 10) -> list[tuple[int, float]]:
     return [(int(i), float(row[i])) for i in idx]
 
 
-def context(tokens: Sequence[str], i: int, width: int = 4) -> str:
-    """Tokens i − width … i + width joined, token i in brackets: what a key reads as in its text."""
+def context(tokens: Sequence[str], i: int, width: int = 6) -> str:
+    """Tokens i − width … i + width as running text, token i in brackets: what a key reads as in its text."""
     lo, hi = max(0, i - width), min(len(tokens), i + width + 1)
-    parts = [f"[{tokens[j]}]" if j == i else tokens[j] for j in range(lo, hi)]
-    return " ".join(p.replace("\n", "⏎") for p in parts)
+    parts = [f"[{shown_token(tokens[j])}]" if j == i else shown_token(tokens[j]) for j in range(lo, hi)]
+    return "".join(parts).replace("\n", "⏎").strip()
 
 
 def attention_row(row: np.ndarray, tokens: Sequence[str], query: int, *, title: str, top: int = 10,
@@ -54,10 +55,10 @@ def attention_row(row: np.ndarray, tokens: Sequence[str], query: int, *, title: 
     best = top_keys(row, top)
     if best:
         fig.add_trace(dict(type="scatter", mode="markers+text", x=[j for j, _ in best], y=[float(v) for _, v in best],
-                     text=[esc(tokens[j].strip() or repr(tokens[j]))[:16] for j, _ in best],
+                     text=[esc(shown_token(tokens[j]).strip() or repr(tokens[j]))[:16] for j, _ in best],
                      textposition="top center", marker=dict(size=8, color="#d62728"), name="strongest keys",
                      hovertext=[f"key {j} {esc(tokens[j])}<br>{v:.4f}" for j, v in best], hoverinfo="text"))
-    subtitle = (f"query {query} {esc(tokens[query])} over {t:,} keys"
+    subtitle = (f"query {query} “{esc(shown_token(tokens[query]).strip())}” over {t:,} keys"
                 + (f", each point the maximum of {int(edges[1] - edges[0])} keys" if pooled else "")
                 + (f"; shaded: the local window of {window}" if window else ""))
     base_layout(fig, f"{title}<br><sup>{subtitle}</sup>", height=360, width=1100)

@@ -1,5 +1,6 @@
 """A ~2,000-token input in the browser and through the API: the app started with a configured tiny LLaMA of 4,096
-positions (ATLAS_MODELS), its heatmap drawn from pooled tiles and a block zoomed at full resolution."""
+positions (ATLAS_MODELS) and ATLAS_MAX_TOKENS=2048, the text read into the long-context store, its heatmap drawn
+from pooled tiles, a block zoomed at full resolution, every head's statistics, an exact row, a tile clicked."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def long_app(tmp_path_factory, tiny_checkpoints) -> Iterator[str]:
     base = tmp_path_factory.mktemp("long-app")
     long_llama_folder(base / "long-llama", layers=2, heads=4, d_model=64, positions=4096, vocab=2000)
     env = app_env(free_port(), ATLAS_CHECKPOINTS=str(tiny_checkpoints), ATLAS_OFFLINE="1",
-                  ATLAS_MODELS=str(base / "long-llama"))
+                  ATLAS_MODELS=str(base / "long-llama"), ATLAS_MAX_TOKENS="2048")
     with serving(env, base / "server.log") as url:
         yield url
 
@@ -77,6 +78,46 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
     click_cell(page, "generate-attention", 300, 100)
     expect(panel).to_contain_text("query 1200", timeout=60_000)
     expect(panel).to_contain_text("→ key 400", timeout=30_000)
+    # ... and, a long input's tile, zooms into the 8 × 8 tiles around it
+    page.wait_for_function("() => { const el = document.querySelector('#generate-zoom .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').includes('queries 1184–1215'); }",
+                           timeout=60_000)
+    assert "keys 384–415" in _plot(page, "generate-zoom")["title"]
+    assert page.js_errors == []
+
+
+def test_every_heads_statistics_and_an_exact_row_in_the_browser(page) -> None:
+    """The "Long context" section over the 2,048 tokens: the layer × head grid of a statistic over every query,
+    another statistic drawn on choosing it, one head's exact row with its strongest keys named."""
+    from bench._long_model import long_prompt
+
+    open_tab(page, "Generate")
+    panel = _panel(page)
+    panel.get_by_role("combobox", name="model").click()
+    page.get_by_role("option", name="long-llama", exact=True).click()
+    panel.get_by_label("prompt").fill(long_prompt())
+    panel.get_by_role("button", name="Generate", exact=True).click()
+    expect(panel).to_contain_text("2,048 tokens: the heatmap shows max-pooled tiles", timeout=120_000)
+    page.get_by_text("Long context: every head over the whole text").click()
+    panel.get_by_role("button", name="Statistics of every head", exact=True).click()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-long-stats .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').includes('over 2,048 tokens'); }",
+                           timeout=60_000)
+    grid = _plot(page, "generate-long-stats")
+    assert "Sink share per head" in grid["title"] and (grid["rows"], grid["cols"]) == (2, 4)
+    panel.get_by_label("entropy").check()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-long-stats .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').startsWith('Entropy per head'); }",
+                           timeout=60_000)
+    panel.get_by_role("combobox", name="head").first.click()
+    page.get_by_role("option", name="2", exact=True).click()
+    panel.get_by_label("query position (−1: the last)").first.fill("1500")
+    panel.get_by_role("button", name="Exact row of the layer and head above", exact=True).click()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-row .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').includes('query 1500'); }",
+                           timeout=60_000)
+    expect(panel).to_contain_text("strongest keys of query 1,500", timeout=30_000)
+    screenshot(page, "generate-long-context")
     assert page.js_errors == []
 
 
@@ -97,7 +138,9 @@ def test_a_2048_token_generation_zoom_and_npz_through_the_api(long_app) -> None:
     with np.load(npz) as arrays:
         attention = arrays["attention"]
     assert attention.dtype == np.float16 and attention.shape == (2, 4, 2048, 2048)
-    np.testing.assert_array_equal(block, attention[1, 2, 1000:1100, 950:1100].astype(np.float32))
+    # the zoom is the store's exact float32 block; the arrays are float16
+    np.testing.assert_allclose(block, attention[1, 2, 1000:1100, 950:1100].astype(np.float32), atol=1e-3)
+    assert np.abs(block - attention[1, 2, 1000:1100, 950:1100]).max() > 0  # not the float16 numbers
     with pytest.raises(Exception, match="Empty block"):
         client.predict(1, "2", 1099, 1000, 950, 1099, "max", api_name="/attention_zoom")
     lens = _figure_data(client.predict(api_name="/logit_lens"))[0]
