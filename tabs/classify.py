@@ -107,8 +107,8 @@ def build() -> Permalink:
     layer, head, view = layer_head_view(VIEWS, "heatmap")
     attn = Plot(label="attention", elem_id="classify-attention")
     state = gr.State()
-    compare_section.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5], [task, model],
-                               layer, head, view)
+    clear_b = compare_section.comparison("classify", state, compare_view, lambda text, *v: classify(text, *v)[5],
+                                         [task, model], layer, head, view)
     why_section = why.decomposition("classify", state, sequence, layer, head, [view])
     qk_section = qk.section("classify", state, sequence, query_default=0)  # the query the classifier reads
     stats = Plot(label="where each head looks")
@@ -118,7 +118,7 @@ def build() -> Permalink:
     inputs = [text, task, model, layer_asked, head, view, explanation, target]
     outputs = [verdict, probs, highlight, attn, stats, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(classify, inputs, outputs),  # the answer first; then every method's deletion curve
+    steps = [(classify, inputs, outputs), clear_b,  # the answer first; then every method's deletion curve
              (why_controls_for, [state], why_controls, {"show_progress": "hidden"}), qk_section.follow,
              (deletion_plot, [state, explanation], [curve])]
     chain(run.click, steps, api_name="classify", **batch_events("classify"))

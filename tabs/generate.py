@@ -146,7 +146,8 @@ def build() -> Permalink:
             row_run = gr.Button("Exact row of the layer and head above")
         row_plot = Plot(label="one query's attention over every key", elem_id="generate-row")
         row_keys = gr.Markdown()
-    compare_section.comparison("generate", state, compare_view,  # the second prompt wrapped as the first, if chat
+    # the second prompt wrapped as the first, if chat
+    clear_b = compare_section.comparison("generate", state, compare_view,
                                lambda text, *v: generate(text, *v[:7], chat=v[7])[6],
                                [new_tokens, model, strategy, temperature, top_k, top_p, seed, chat], layer, head, view)
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
@@ -196,7 +197,8 @@ def build() -> Permalink:
     outputs = [out, notice, text_html, candidates, attn, lens, state, download, layer, head, step, ablate_layer,
                ablate_head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(generate, inputs, outputs), (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
+    steps = [(generate, inputs, outputs), clear_b,
+             (why_controls_for, [state], why_controls, {"show_progress": "hidden"}),
              (zoom_defaults, [state], [q_last, k_last], {"show_progress": "hidden"}),
              (run_controls, [state], applies, {"show_progress": "hidden"}),  # what the loaded model turned out to be
              qk_section.follow]

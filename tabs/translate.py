@@ -84,7 +84,7 @@ def build() -> Permalink:
     attn = Plot(label="attention", elem_id="translate-attention")
     state = gr.State()
     # B runs on the model chosen above, as A did
-    compare_section.comparison("translate", state, compare_view,
+    clear_b = compare_section.comparison("translate", state, compare_view,
                                lambda text, b, m: translate(text, b, model_name=m)[6], [beam, model],
                                layer, head, view, shows="encoder self-attention")
     source = gr.State()  # the English input, for the "why" section (which splits encoder scores)
@@ -100,7 +100,7 @@ def build() -> Permalink:
     inputs = [text, beam, kind, layer_asked, head, view, model]  # model last: API callers' positions stay
     outputs = [out, notice, attn, stats, tree, align, state, download, layer, head]
     why_controls = [why_section["layer"], why_section["head"], why_section["query"]]
-    steps = [(translate, inputs, outputs),
+    steps = [(translate, inputs, outputs), clear_b,
              (sentence_picker, [text], [shown, which], {"show_progress": "hidden"}),
              (lambda t, m: why_controls_for(t, "", m), [text, model], [source, *why_controls],
               {"show_progress": "hidden"}), qk_section.follow]

@@ -167,6 +167,29 @@ def test_compare_two_inputs(tiny) -> None:
         compare_section.compared(tab_generate.compare_view, None, g_b, 0, "mean", "heatmap")
 
 
+def test_a_new_a_clears_its_comparison(tiny) -> None:
+    """Issue 75, item 1: B compared with A, then a new A (another prompt, or the same prompt on other settings):
+    B is not drawn against it (the redraws refuse in words) and the run's chain clears B's figures and state."""
+    from tabs import generate as tab
+
+    run_b = lambda text, *v: tab.generate(text, *v)[6]  # noqa: E731
+    a = generate("a dog", 4)[6]
+    note, fig_b, diff, change, npz, b = compare_section.beside("generate", tab.compare_view, run_b, a, "a cat", 0,
+                                                               "mean", "heatmap", 4)
+    assert "tokens of B are shared with A" in note and b["against"][1] == tuple(a["result"].tokens)
+    assert compare_section.compared(tab.compare_view, a, b, 0, "mean", "heatmap")[0] == note  # redraws as drawn
+    for new_a in (generate("a bird", 4)[6], generate("a dog", 6)[6]):  # another input; more new tokens
+        with pytest.raises(gr.Error, match="A has changed since B was compared"):
+            compare_section.compared(tab.compare_view, new_a, b, 0, "mean", "heatmap")
+    with gr.Blocks():
+        state = gr.State()
+        layer, head, view = gr.Slider(0, 1), gr.Dropdown(["mean"]), gr.Radio(["heatmap"])
+        clear, inputs, outputs, _ = compare_section.comparison("generate", state, tab.compare_view, run_b, [],
+                                                               layer, head, view)
+    assert inputs == [] and len(outputs) == 6  # note, B, B − A, the change, the .npz, B's state
+    assert clear()[1:] == (None,) * 5
+
+
 def test_translate_compare_and_encoder_scores(tiny) -> None:
     from tabs import translate as tab
 

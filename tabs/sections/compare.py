@@ -18,13 +18,16 @@ from viz.common import esc
 
 
 def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b: Callable[..., Any],
-               inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio, shows: str = "") -> None:
+               inputs: list, layer: gr.Slider, head: gr.Dropdown, view: gr.Radio, shows: str = "") -> tuple:
     """The compare toggle: a second input (B) run with the tab's current settings (``run_b(text, *inputs)`` returns
     its kept state), drawn under the first at the same layer, head and view, with B − A over the tokens they
     share and the change per token or class. ``view_of(state)`` says what to draw: ``amap`` (the AttentionMap),
     ``values`` (per token, or per class with ``classes``), ``kind`` (the figure's title), optionally ``what`` and
     ``unit`` (default surprisal in bits). ``shows``: which attention the comparison draws when it is not the one the
-    figure above shows (Translate compares the encoder's, whichever attention is chosen above)."""
+    figure above shows (Translate compares the encoder's, whichever attention is chosen above).
+
+    Returns the step the tab appends to its run's chain (``tabs.permalink.chain``): a new A (another input, model or
+    setting) clears B, its figures and its arrays, so B is never drawn against an A it was not run beside."""
     on = gr.Checkbox(False, label="compare with a second input (B)")
     with gr.Column(visible=False) as box:
         if shows:
@@ -44,10 +47,7 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
     on.change(lambda v: gr.update(visible=bool(v)), [on], [box], api_name=False, show_progress="hidden")
 
     def go(a, text, lay, hd, vw_, *values):
-        b = run_b(read_text(text), *values)
-        # maps kept on a GPU (a DeviceMap) are compared there, without writing their every weight to a file
-        device_side = any(hasattr(view_of(s)["amap"], "attention") for s in (a, b) if s)
-        return (*compared(view_of, a, b, lay, hd, vw_), None if device_side else both_arrays(tab, view_of, a, b), b)
+        return beside(tab, view_of, run_b, a, text, lay, hd, vw_, *values)
 
     run.click(go, [state, text_b, layer, head, view, *inputs], [note, plot_b, plot_d, change, download, state_b],
               api_name=False)
@@ -55,6 +55,29 @@ def comparison(tab: str, state: gr.State, view_of: Callable[[Any], dict], run_b:
         control.change(lambda a, b, lay, hd, vw_: compared(view_of, a, b, lay, hd, vw_) if a and b else
                        (gr.update(),) * 4, [state, state_b, layer, head, view], [note, plot_b, plot_d, change],
                        api_name=False, show_progress="hidden", **FAST)
+    cleared = (gr.update(value=""), None, None, None, None, None)
+    return (lambda: cleared, [], [note, plot_b, plot_d, change, download, state_b], {"show_progress": "hidden"})
+
+
+def beside(tab: str, view_of, run_b, a, text: str, layer, head, view, *values) -> tuple:
+    """The Compare button: B run with the tab's settings beside the kept A (marked with the A it was run beside),
+    drawn; (note, B's figure, B − A, the change, the .npz of both or None, B's state)."""
+    if not a:
+        raise Error("Run the first input (A) first: B is compared with it.")
+    b = run_b(read_text(text), *values)
+    kept = {"b": b, "against": against(view_of, a)}  # B with the A it was run beside (``compared`` checks it)
+    # maps kept on a GPU (a DeviceMap) are compared there, without writing their every weight to a file
+    device_side = any(hasattr(view_of(s)["amap"], "attention") for s in (a, b) if s)
+    return (*compared(view_of, a, kept, layer, head, view),
+            None if device_side else both_arrays(tab, view_of, a, b), kept)
+
+
+def against(view_of, state) -> tuple:
+    """What identifies a kept A for its comparison: the model, its tokens and its values (probabilities or
+    surprisal), so a rerun of the same input with other settings counts as another A."""
+    v = view_of(state)
+    model = state.get("model") if isinstance(state, dict) else getattr(state, "model", None)
+    return model, tuple(v["amap"].queries), np.asarray(v["values"], dtype=np.float32).tobytes()
 
 
 def compared(view_of, state_a, state_b, layer, head, view):
@@ -64,6 +87,11 @@ def compared(view_of, state_a, state_b, layer, head, view):
 
     if not state_a:
         raise Error("Run the first input (A) first: B is compared with it.")
+    # a B the Compare button ran carries the A it was run beside: it is not drawn beside another A
+    if isinstance(state_b, dict) and "against" in state_b:
+        if state_b["against"] != against(view_of, state_a):
+            raise Error("A has changed since B was compared (another input, model or setting): press Compare again.")
+        state_b = state_b["b"]
     a, b = view_of(state_a), view_of(state_b)
     amap_a, amap_b = a["amap"], b["amap"]
     layer = index(layer, min(amap_a.layers, amap_b.layers), "layer", fit=True)
