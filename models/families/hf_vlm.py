@@ -668,20 +668,17 @@ def stack_weights(attention: list[Tensor]) -> Tensor:
 
 
 def normalise(t: Tensor, spec: dict[str, Any]) -> Tensor:
-    """uint8 (…, C, H, W) -> float32 rescaled and normalised as the image processor's settings say."""
-    x = t.to(torch.float32)
-    if spec.get("rescale") is not None:
-        x = x * spec["rescale"]
-    if spec.get("mean") is not None:
-        mean = torch.tensor(spec["mean"], dtype=torch.float32)[:, None, None]
-        std = torch.tensor(spec["std"], dtype=torch.float32)[:, None, None]
-        x = (x - mean) / std
-    return x
+    """uint8 (…, C, H, W) -> float32 rescaled and normalised as the image processor's settings say, in transformers' own
+    arithmetic (rescale fused into the normalisation: ``models.inputs.images.processor_normalise``)."""
+    from models.inputs.images import processor_normalise
+
+    return processor_normalise(t, spec)
 
 
 def longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:
     """Idefics3's first resize: the longest side to ``longest`` (up or down), the other kept in proportion
-    (truncated, then up to an even number), at most 4096 a side."""
+    (truncated, then up to an even number), at most 4096 a side (transformers' ``get_resize_output_image_size`` of
+    image_processing_idefics3: the cap's proportion is the first resize's, rounded sides and all, not the image's)."""
     ratio = width / height
     if width >= height:
         width = longest
@@ -692,6 +689,7 @@ def longest_edge_size(height: int, width: int, longest: int) -> tuple[int, int]:
         width = int(height * ratio)
         width += width % 2
     height, width = max(height, 1), max(width, 1)
+    ratio = width / height  # _resize_output_size_scale_below_upper_bound reads the sizes just computed
     if width >= height and width > 4096:
         width, height = 4096, max(int(4096 / ratio), 1)
     elif height > width and height > 4096:

@@ -11,8 +11,10 @@ Two kinds of input (docs/ARCHITECTURE.md §4):
   standard deviation, as torchvision's ``ImageClassification`` weight transforms do.
 
 - ``"processor"``: a Hugging Face image classifier's own preprocessing, from its ``preprocessor_config.json``
-  (``processor_spec`` reads it): RGB as a uint8 tensor, resized with torchvision (antialiased) to the given
-  size, optionally centre-cropped, rescaled and normalised, as transformers' torchvision image processors do.
+  (``processor_spec`` reads it as transformers reads it for the class it names): RGB as a uint8 tensor, resized with
+  torchvision (antialiased) to the size transformers computes, optionally centre-cropped with transformers' box
+  (``center_crop``: floor offsets, zeros around an image smaller than the crop), rescaled and normalised, as
+  transformers' torchvision image processors do, to the bit (tests/test_processor_geometry.py).
 
 All return the float tensor for the model and the uint8 array shown to the user, which is exactly what
 the model saw. Any PIL mode is accepted (RGBA and LA are composited on white for the RGB models, on black for the
@@ -347,33 +349,93 @@ def prepare_imagenet(
 
 
 # ------------------------------------------------------------------------------ Hugging Face processors
-_PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# PIL resample codes -> torchvision modes, as transformers' torchvision image processors map them
+# (image_utils.pil_torch_interpolation_mapping: PIL's NEAREST is torchvision's "nearest-exact", which samples at pixel
+# centres as PIL does; torchvision's "nearest" samples at the corners, a shift of up to a pixel)
+_PIL_RESAMPLE = {0: "nearest-exact", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# transformers' image processor classes whose geometry processor_spec mirrors: the base torchvision backend's resize,
+# centre crop, rescale and normalisation (ConvNeXt's crop_pct resize on top). Any other named class is refused in
+# words: its own resize or crop (LeViT's, PoolFormer's, Beit's, MobileViT's...) would be guessed at.
+PROCESSOR_CLASSES = ("ViTImageProcessor", "DeiTImageProcessor", "BitImageProcessor", "CLIPImageProcessor",
+                     "ChineseCLIPImageProcessor", "SiglipImageProcessor", "LlavaImageProcessor",
+                     "ConvNextImageProcessor")
+# ... of which these read an int ``size`` as the shorter side (their class's default_to_square = False); the others,
+# and a file naming no class, as a square (BaseImageProcessor's default_to_square = True)
+_SHORTER_SIDE_CLASSES = ("BitImageProcessor", "CLIPImageProcessor", "ChineseCLIPImageProcessor",
+                         "SiglipImageProcessor", "LlavaImageProcessor", "ConvNextImageProcessor")
+CONVNEXT_CROP_PCT = 224 / 256  # ConvNextImageProcessor's crop_pct where the file is silent
+
+
+def processor_class(pre: dict) -> str:
+    """The transformers image processor class a ``preprocessor_config.json`` names (``image_processor_type``, or an
+    older file's ``feature_extractor_type``), without the backend suffix ("Fast", "Pil"); "" where it names none."""
+    name = str(pre.get("image_processor_type") or pre.get("feature_extractor_type") or "")
+    name = name.replace("FeatureExtractor", "ImageProcessor")
+    return name.removesuffix("Fast").removesuffix("Pil")
 
 
 def processor_spec(pre: dict, image_size: int) -> dict:
-    """The preprocessing a ``preprocessor_config.json`` describes, in plain terms: ``size`` [h, w] or
-    ``shortest_edge``, ``crop`` [h, w] or None, ``interpolation``, ``rescale`` factor or None, ``mean``/``std``
-    or None. Raises ``ValueError`` on what is not supported."""
+    """The preprocessing a ``preprocessor_config.json`` describes, in plain terms, as transformers' image processor of
+    the class it names reads it: ``size`` [h, w], or ``shortest_edge`` (with ``longest_edge``, transformers'
+    ``max_size``), or ``max_hw`` [max h, max w]; ``crop`` [h, w] or None; ``interpolation``; ``rescale`` factor or None;
+    ``mean``/``std`` or None. A ``size`` given as an int is a square or the shorter side as the class's
+    ``default_to_square`` says (the file's own ``default_to_square`` first). ConvNeXt's ``crop_pct`` (below 384 pixels:
+    the shorter side to int(shortest_edge / crop_pct), then a centre crop of shortest_edge²; from 384: a square resize)
+    is written as that resize and crop. Raises ``ValueError`` on what is not supported."""
+    kind = processor_class(pre)
+    if kind and kind not in PROCESSOR_CLASSES:
+        raise ValueError(f"image processor {kind!r} is not supported ({', '.join(PROCESSOR_CLASSES)})")
+    square = pre.get("default_to_square")
+    square = (kind not in _SHORTER_SIDE_CLASSES) if square is None else bool(square)
 
-    def hw(value, default):
-        if value is None:
-            return default
+    def size_dict(value, square: bool):  # transformers' image_processing_utils.get_size_dict
+        if isinstance(value, bool) or value is None:
+            return None
         if isinstance(value, int):
-            return [value, value]
-        if "height" in value and "width" in value:
-            return [int(value["height"]), int(value["width"])]
-        return None
+            return {"height": value, "width": value} if square else {"shortest_edge": value}
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            return {"height": int(value[0]), "width": int(value[1])}
+        return dict(value) if isinstance(value, dict) else None
 
-    size = pre.get("size")
-    spec: dict = {"size": None, "shortest_edge": None, "crop": None}
+    spec: dict = {"size": None, "shortest_edge": None, "longest_edge": None, "max_hw": None, "crop": None}
+    size = size_dict(pre.get("size"), square)
     if pre.get("do_resize", True):
-        spec["size"] = hw(size, [image_size, image_size])
-        if spec["size"] is None:
-            if not isinstance(size, dict) or "shortest_edge" not in size:
-                raise ValueError(f"preprocessor size {size!r} is not supported")
+        keys = set(size or ())
+        if size is None:
+            spec["size"] = [image_size, image_size]
+        elif keys == {"height", "width"}:
+            spec["size"] = [int(size["height"]), int(size["width"])]
+        elif keys in ({"shortest_edge"}, {"shortest_edge", "longest_edge"}):
             spec["shortest_edge"] = int(size["shortest_edge"])
+            if "longest_edge" in keys:
+                spec["longest_edge"] = int(size["longest_edge"])
+        elif keys == {"max_height", "max_width"}:
+            spec["max_hw"] = [int(size["max_height"]), int(size["max_width"])]
+        else:
+            raise ValueError(f"preprocessor size {pre.get('size')!r} is not supported")
     if pre.get("do_center_crop"):
-        spec["crop"] = hw(pre.get("crop_size"), [image_size, image_size])
+        crop = size_dict(pre.get("crop_size"), True)
+        if crop is None:
+            spec["crop"] = [image_size, image_size]
+        elif set(crop) == {"height", "width"}:
+            spec["crop"] = [int(crop["height"]), int(crop["width"])]
+        else:
+            raise ValueError(f"preprocessor crop_size {pre.get('crop_size')!r} is not supported")
+    if kind == "ConvNextImageProcessor" and pre.get("do_resize", True):
+        if spec["shortest_edge"] is None or spec["longest_edge"] is not None:
+            raise ValueError(f"ConvNeXt's preprocessor size {pre.get('size')!r} is not supported (shortest_edge)")
+        if spec["crop"] is not None:
+            raise ValueError("ConvNeXt's crop_pct resize followed by do_center_crop is not supported")
+        side = spec["shortest_edge"]
+        if side < 384:  # ConvNextImageProcessor.resize
+            crop_pct = pre.get("crop_pct")
+            spec["shortest_edge"] = int(side / (CONVNEXT_CROP_PCT if crop_pct is None else float(crop_pct)))
+            spec["crop"] = [side, side]
+        else:
+            spec["shortest_edge"], spec["size"] = None, [side, side]
+    if pre.get("do_pad") and (kind == "LlavaImageProcessor" or pre.get("pad_size") is not None):
+        raise ValueError("padding (do_pad) is not supported" + (" (LLaVA's pad-to-square)"
+                                                                 if kind == "LlavaImageProcessor" else ""))
     resample = pre.get("resample", 2)
     if resample not in (0, 2, 3):
         raise ValueError(f"preprocessor resample {_PIL_RESAMPLE.get(resample, resample)!r} is not supported")
@@ -385,10 +447,78 @@ def processor_spec(pre: dict, image_size: int) -> dict:
     return spec
 
 
+def processor_resize(height: int, width: int, spec: dict) -> tuple[int, int] | None:
+    """The (height, width) a ``processor_spec`` resizes an image of height × width to, None for no resize: transformers'
+    ``TorchvisionBackend.resize`` sizes. The shorter side to ``shortest_edge``, the longer int(shortest_edge · long /
+    short), truncated (image_transforms.get_resize_output_image_size, torchvision's own rule); with ``longest_edge``
+    (image_transforms.get_size_with_aspect_ratio) the shorter side lowered to round(longest · short / long) where the
+    longer would pass it, and the image kept as it is where its shorter side is already that; ``max_hw``: both sides
+    times the smaller of the two scales, truncated (image_utils.get_image_size_for_max_height_width)."""
+    if spec.get("size") is not None:
+        return int(spec["size"][0]), int(spec["size"][1])
+    side = spec.get("shortest_edge")
+    if side is not None:
+        longest = spec.get("longest_edge")
+        if longest is not None:  # get_size_with_aspect_ratio(image_size, shortest_edge, longest_edge)
+            raw = None
+            short, long = float(min(height, width)), float(max(height, width))
+            if long / short * side > longest:
+                raw = longest * short / long
+                side = int(round(raw))
+            if (height <= width and height == side) or (width <= height and width == side):
+                return height, width
+            if width < height:
+                return (int(raw * height / width) if raw is not None else int(side * height / width)), side
+            return side, (int(raw * width / height) if raw is not None else int(side * width / height))
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(side * long / short)
+        return (new_long, side) if width <= height else (side, new_long)
+    if spec.get("max_hw") is not None:
+        scale = min(spec["max_hw"][0] / height, spec["max_hw"][1] / width)
+        return int(height * scale), int(width * scale)
+    return None
+
+
+def center_crop(t: torch.Tensor, size: list[int] | tuple[int, int]) -> torch.Tensor:
+    """(..., H, W) -> (..., h, w) centre crop as transformers' torchvision image processors take it
+    (``TorchvisionBackend.center_crop``): the box's offset floor((H − h) / 2), floor((W − w) / 2), as its PIL backend's
+    image_transforms.center_crop too. An image smaller than the crop is padded with zeros first, floor(d / 2) before
+    and the rest after on each short side (the PIL backend puts the odd pixel before instead).
+    torchvision's own ``center_crop`` rounds the offset half to even (int(round((H − h) / 2))): one pixel
+    further down or right where H − h is 3 mod 4 (the ImageNet weights' transform keeps it: ``prepare_imagenet``)."""
+    import torch.nn.functional as F
+
+    h, w = int(size[0]), int(size[1])
+    height, width = t.shape[-2:]
+    if h > height or w > width:  # pad (left, right, top, bottom) with zeros, as tvF.pad(image, [l, t, r, b], fill=0)
+        dw, dh = max(w - width, 0), max(h - height, 0)
+        t = F.pad(t, (dw // 2, (dw + 1) // 2, dh // 2, (dh + 1) // 2), value=0)
+        height, width = t.shape[-2:]
+    top, left = int((height - h) / 2.0), int((width - w) / 2.0)  # as transformers: int(), i.e. floor (d >= 0)
+    return t[..., top:top + h, left:left + w]
+
+
+def processor_normalise(t: torch.Tensor, spec: dict) -> torch.Tensor:
+    """uint8 (..., C, H, W) -> float32 rescaled and normalised as transformers' image processors do it: rescale and
+    normalisation fused into one normalisation by mean / rescale and std / rescale (its
+    ``_fuse_mean_std_and_rescale_factor``), so the numbers are its own to the last bit, not just to rounding."""
+    import torch
+
+    x = t.to(torch.float32)
+    rescale, mean, std = spec.get("rescale"), spec.get("mean"), spec.get("std")
+    if mean is not None:
+        m, s = torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
+        if rescale is not None:
+            m, s = m * (1.0 / rescale), s * (1.0 / rescale)
+        return (x - m.view(-1, 1, 1)) / s.view(-1, 1, 1)  # tvF.normalize: (x - mean) / std, per channel
+    return x * rescale if rescale is not None else x
+
+
 def prepare_processor(image: ImageInput, spec: dict) -> PreparedImage:
-    """Any image -> what a Hugging Face image classifier expects (``spec`` from ``processor_spec``). The
-    resize is torchvision's v2 one on the uint8 tensor, as transformers' image processors run it (its uint8
-    kernel rounds a few pixels one level differently from the v1 float path)."""
+    """Any image -> what a Hugging Face image classifier expects (``spec`` from ``processor_spec``): transformers'
+    torchvision image processor step by step. The resize is torchvision's v2 one on the uint8 tensor to the size
+    ``processor_resize`` gives (its uint8 kernel rounds a few pixels one level differently from the v1 float path), the
+    crop ``center_crop``, the rescale and normalisation ``processor_normalise``."""
     import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
@@ -396,19 +526,16 @@ def prepare_processor(image: ImageInput, spec: dict) -> PreparedImage:
     img, notice = open_image(image)
     t = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.uint8).copy()).permute(2, 0, 1)  # (3, H, W) uint8
     mode = InterpolationMode(spec["interpolation"])
-    if spec["size"] is not None:
-        t = TF.resize(t, spec["size"], interpolation=mode, antialias=True)
-    elif spec["shortest_edge"] is not None:
-        t = TF.resize(t, [spec["shortest_edge"]], interpolation=mode, antialias=True)
+    new = processor_resize(t.shape[1], t.shape[2], spec)
+    if new is not None and min(new) < 1:
+        raise ValueError(f"The image ({t.shape[2]}×{t.shape[1]}) is too thin: resized for this model, a side would "
+                         "be under one pixel.")
+    if new is not None:
+        t = TF.resize(t, list(new), interpolation=mode, antialias=True)
     if spec["crop"] is not None:
-        t = TF.center_crop(t, spec["crop"])
+        t = center_crop(t, spec["crop"])
     shown = t.permute(1, 2, 0).numpy().copy()
-    x = t.to(torch.float32)
-    if spec["rescale"] is not None:
-        x = x * spec["rescale"]
-    if spec["mean"] is not None:
-        x = TF.normalize(x, spec["mean"], spec["std"])
-    return PreparedImage(tensor=x.unsqueeze(0), shown=shown, notice=notice)
+    return PreparedImage(tensor=processor_normalise(t, spec).unsqueeze(0), shown=shown, notice=notice)
 
 
 def prepare(image: ImageInput, kind: str, resize: int = 256, crop: int = 224,

@@ -91,7 +91,8 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "Idefics3ImageProcessor": dict(size={"longest_edge": 4 * 364}, max_image_size={"longest_edge": 364}, resample=1,
                                    image_mean=[0.5] * 3, image_std=[0.5] * 3, do_image_splitting=True),
 }
-_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+# PIL resample codes -> torchvision modes, as transformers maps them (NEAREST is "nearest-exact": pixel centres)
+_RESAMPLE = {0: "nearest-exact", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 
 # ------------------------------------------------------------------------------------------------ the folder
