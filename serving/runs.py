@@ -147,3 +147,35 @@ def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], 
         if path == "fastgen":
             return finish(fastgen.generate(model, request.text, **kw)), path
         return finish(model.generate(request.text, **kw)), path
+
+
+def needle(model: Any, length: int, depth: float, new_tokens: int, progress: Callable[[int, int], None] | None = None,
+           should_stop: Callable[[], bool] | None = None) -> tuple[Any, Any]:
+    """A needle-in-a-haystack run (models.inspect.retrieval, Wu et al. 2024) through the long-context store:
+    (the haystack, its Retrieval: the answer and every head's retrieval score). Checked against the memory first;
+    served alone (``batcher.heavy``). ValueError (in words) for what cannot run."""
+    from models.decoding import ondevice
+    from models.inspect import retrieval
+
+    why = ondevice.refusal(model)
+    if why:
+        raise ValueError(f"The needle search reads the text into the long-context store, which does not compute this "
+                         f"model ({why}).")
+    hay = retrieval.haystack(model, int(length), float(depth))
+    check_memory(model, len(hay.ids) + new_tokens)
+    with batcher.heavy():
+        try:
+            found = retrieval.run(model, hay, ondevice.generate, max_new_tokens=new_tokens, progress=progress,
+                                  should_stop=should_stop)
+        except ondevice.Cancelled as err:
+            raise Stopped(str(err)) from None
+    return hay, found
+
+
+def needle_ablation(model: Any, hay: Any, scores: Any, k: int, new_tokens: int, seed: int = 0) -> Any:
+    """The needle's answer with the k best retrieval heads switched off against k random ones
+    (``retrieval.ablation``), served alone."""
+    from models.inspect import retrieval
+
+    with batcher.heavy():
+        return retrieval.ablation(model, hay, scores, ks=(int(k),), seed=seed, max_new_tokens=new_tokens)

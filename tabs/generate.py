@@ -146,6 +146,19 @@ def build() -> Permalink:
             row_run = gr.Button("Exact row of the layer and head above")
         row_plot = Plot(label="one query's attention over every key", elem_id="generate-row")
         row_keys = gr.Markdown()
+    with gr.Accordion("Retrieval heads: find the needle in a haystack", open=False, elem_id="generate-needle"):
+        gr.Markdown(NEEDLE_TEXT)
+        with gr.Row():
+            needle_length = gr.Dropdown(NEEDLE_LENGTHS, value=2048, label="haystack length (tokens)")
+            needle_depth = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="needle depth (0 = first, 1 = last)")
+            needle_run = gr.Button("Search the haystack", variant="primary")
+        needle_note = gr.Markdown()
+        needle_plot = Plot(label="retrieval score per head", elem_id="generate-needle-scores")
+        needle_state = gr.State()
+        with gr.Row():
+            needle_k = gr.Slider(1, 40, value=10, step=1, label="k heads switched off")
+            needle_ablate = gr.Button("Switch off the top-k retrieval heads (and k random ones)")
+        needle_ablation = gr.Markdown()
     # the second prompt wrapped as the first, if chat
     clear_b = compare_section.comparison("generate", state, compare_view,
                                lambda text, *v: generate(text, *v[:7], chat=v[7])[6],
@@ -210,6 +223,10 @@ def build() -> Permalink:
     zoom_run.click(zoom, [state, layer, head, q_first, q_last, k_first, k_last, pooling], [zoom_plot],
                    api_name="attention_zoom", **FAST)
     stop.click(stop_reading, None, [notice], api_name="stop_reading", show_progress="hidden", **FAST)
+    needle_run.click(needle_search, [model, needle_length, needle_depth], [needle_note, needle_plot, needle_state],
+                     api_name="needle_search", concurrency_limit=1)
+    needle_ablate.click(needle_ablate_fn, [needle_state, needle_k], [needle_ablation], api_name="needle_ablation",
+                        concurrency_limit=1)
     stats_run.click(long_stats, [state, statistic], [stats_plot], api_name="long_stats", **FAST)
     statistic.change(long_stats, [state, statistic], [stats_plot], api_name=False, show_progress="hidden", **FAST)
     row_run.click(attention_row, [state, layer, head, row_query], [row_plot, row_keys], api_name="attention_row",
@@ -464,6 +481,75 @@ LONG_STATS = {"sink share": ("sink", "share"), "entropy": ("entropy", "bits"),
 ROW_TOP = 10  # the strongest keys of an exact row named in its table
 
 
+NEEDLE_TEXT = """A **needle** (a sentence with a password) is hidden at a chosen depth in a haystack of the project's
+own sentences, and the model is asked for it. A head *retrieves* when, while the model writes the password, its
+strongest attention lands on the very needle token being copied (Wu et al. 2024, "Retrieval Head Mechanistically
+Explains Long-Context Factuality", eq. 1: the share of the answer's tokens copied that way). The scores come from the
+store's exact rows. Switching the top heads off should cost the answer, and as many random heads should not."""
+NEEDLE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+NEEDLE_NEW = 24  # answer tokens decoded
+
+
+def needle_search(model: str = DEFAULT, length: int = 2048, depth: float = 0.5, progress=gr.Progress(),
+                  request: gr.Request = None):
+    """The needle search: the answer, found or not, and every head's retrieval score (a layer × head grid)."""
+    from models.inspect import retrieval
+
+    net = _model(model, progress)
+    why.require_heads(net, "The needle search")
+    if str(length).strip() not in {str(n) for n in NEEDLE_LENGTHS}:
+        raise Error(f"Choose a haystack length of {', '.join(f'{n:,}' for n in NEEDLE_LENGTHS)} tokens.")
+    length = int(length)
+    limit = net.context_limit() - NEEDLE_NEW
+    if length > limit:
+        raise Error(f"`{model}` reads at most {net.context_limit():,} tokens (its positions, or ATLAS_MAX_TOKENS): "
+                    f"choose a haystack of at most {limit:,}.")
+    depth = float(np.clip(float(depth if depth is not None else 0.5), 0.0, 1.0))
+
+    def reading(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done / total, desc=f"reading the haystack: {done:,} of {total:,} tokens")
+
+    try:
+        with runs.reading(getattr(request, "session_hash", None) or "") as stopped:
+            hay, found = runs.needle(net, length, depth, NEEDLE_NEW, reading, stopped.is_set)
+    except runs.Stopped as err:
+        raise Error(f"Stopped: {err}; its memory is freed.", duration=None) from None
+    except ValueError as err:
+        raise Error(str(err), duration=None) from None
+    top = found.ranking[:10]
+    verdict = "**found**" if found.found else "**not found**"
+    note = (f"{len(hay.ids):,} tokens, the needle at depth {hay.at:.2f} (tokens {hay.needle_span[0]:,}…"
+            f"{hay.needle_span[1] - 1:,}). The model answered: “{esc_md(found.answer.strip())}”: the password "
+            f"`{hay.answer}` {verdict}. Top retrieval heads: {retrieval.describe_heads(top) or 'none'}"
+            + ("" if found.found else " (a needle not found copies nothing: every score is 0)") + ".")
+    title = (f"Retrieval score per head · {len(hay.ids):,} tokens, depth {hay.at:.2f}<br><sup>the share of the "
+             "answer's tokens each head's strongest attention copied from the needle (Wu et al. 2024)</sup>")
+    grid = vh.head_grid(found.scores, "retrieval score", "share", title=title)
+    return note, grid, {"model": model or DEFAULT, "hay": hay, "scores": found.scores}
+
+
+def needle_ablate_fn(state: dict | None, k: int = 10):
+    """The needle's answer with the top-k retrieval heads switched off, against k random non-retrieval heads."""
+
+    if not state:
+        raise Error("Search a haystack first: the heads switched off are its top retrieval heads.")
+    net = _model(state["model"])
+    k = int(np.clip(int(k or 1), 1, net.config.n_layers * net.config.n_heads))
+    try:
+        out = runs.needle_ablation(net, state["hay"], state["scores"], k, NEEDLE_NEW)
+    except ValueError as err:
+        raise Error(str(err)) from None
+
+    def line(name: str, a) -> str:
+        heads = ", ".join(f"L{l_}H{h_}" for l_, h_ in a.heads) or "none"
+        return (f"| {name} | {'✓' if a.found else '✗'} | {esc_md(a.answer.strip()[:120])} | {heads} |")
+
+    rows = ["| heads off | found | answer | which |", "| --- | :---: | --- | --- |", line("none", out.baseline),
+            line(f"the top {k} retrieval heads", out.top[k]), line(f"{k} random heads", out.random[k])]
+    return f"**The password `{state['hay'].answer}` with heads switched off** (greedy):\n\n" + "\n".join(rows)
+
+
 def _long_kept(state: dict | None):
     """The store (DeviceAttention) of a kept long generation, or a refusal in words."""
     if not state:
@@ -519,8 +605,7 @@ def _row(state: dict, layer, head, query) -> tuple:
                            top=ROW_TOP, window=window)
     lines = ["| key | weight | token in its text |", "| ---: | ---: | --- |"]
     for j, v in vl.top_keys(row, ROW_TOP):
-        text = vl.context(tokens, j).replace("|", "\\|")
-        lines.append(f"| {j:,} | {v:.4f} | {esc_md(text)} |")
+        lines.append(f"| {j:,} | {v:.4f} | {esc_md(vl.context(tokens, j))} |")
     return fig, f"**The {ROW_TOP} strongest keys of query {q:,}** (exact, of {t:,}):\n\n" + "\n".join(lines)
 
 
@@ -528,7 +613,10 @@ def esc_md(text: str) -> str:
     """Text shown in a Markdown table cell as it is (no markup, no HTML)."""
     import html
 
-    return html.escape(text).replace("*", "\\*").replace("_", "\\_").replace("`", "\\`")
+    text = html.escape(text).replace("\n", "⏎")
+    for mark in "|*_`":
+        text = text.replace(mark, "\\" + mark)
+    return text
 
 
 def attention_row(state: dict | None, layer=-1, head="0", query=-1):

@@ -429,3 +429,27 @@ def test_a_long_reading_stops_when_asked_and_an_oversized_one_is_refused(long_ta
     monkeypatch.setenv("ATLAS_MEMORY_MB", "1")
     with pytest.raises(gr.Error, match="would keep about .* GB of queries and keys"):
         long_tab.generate(long_prompt(), 1, "long-llama", progress=None)
+
+
+def test_the_needle_search_and_its_ablation(long_tab) -> None:
+    """Retrieval heads in Generate: the haystack read into the store, the answer and its verdict, every head's score
+    (equal to models.inspect.retrieval's on the same run), the top-k and k random heads switched off; refusals."""
+    from models.inspect import retrieval
+
+    note, grid, state = long_tab.needle_search("long-llama", 1024, 0.3, progress=None)
+    hay = state["hay"]
+    assert 900 < len(hay.ids) <= 1024 and f"{len(hay.ids):,} tokens" in note and "tangerine-4817" in note
+    assert ("**found**" in note) or ("**not found**" in note)
+    z = np.asarray(grid.data[0].z, dtype=np.float32)
+    assert z.shape == (2, 4) and np.array_equal(z, state["scores"]) and ((0 <= z) & (z <= 1)).all()
+    assert "Retrieval score per head" in grid.layout.title.text
+    table = long_tab.needle_ablate_fn(state, 3)
+    assert table.count("\n| ") == 5 and "the top 3 retrieval heads" in table and "3 random heads" in table
+    top = [f"L{l_}H{h_}" for l_, h_, _ in retrieval.ranking(state["scores"])[:3]]
+    assert all(h in table for h in top)
+    with pytest.raises(gr.Error, match="Search a haystack first"):
+        long_tab.needle_ablate_fn(None, 3)
+    with pytest.raises(gr.Error, match="at most 2,024"):
+        long_tab.needle_search("long-llama", 4096, 0.5, progress=None)
+    with pytest.raises(gr.Error, match="Choose a haystack length"):
+        long_tab.needle_search("long-llama", 999, 0.5, progress=None)

@@ -1,6 +1,7 @@
 """A ~2,000-token input in the browser and through the API: the app started with a configured tiny LLaMA of 4,096
 positions (ATLAS_MODELS) and ATLAS_MAX_TOKENS=2048, the text read into the long-context store, its heatmap drawn
-from pooled tiles, a block zoomed at full resolution, every head's statistics, an exact row, a tile clicked."""
+from pooled tiles, a block zoomed at full resolution, every head's statistics, an exact row, a tile clicked, and the
+needle search's retrieval heads."""
 
 from __future__ import annotations
 
@@ -118,6 +119,17 @@ def test_every_heads_statistics_and_an_exact_row_in_the_browser(page) -> None:
                            timeout=60_000)
     expect(panel).to_contain_text("strongest keys of query 1,500", timeout=30_000)
     screenshot(page, "generate-long-context")
+    # the needle search over a 1,024-token haystack: the answer's verdict and every head's retrieval score
+    page.get_by_text("Retrieval heads: find the needle in a haystack").click()
+    panel.get_by_role("combobox", name="haystack length (tokens)").click()
+    page.get_by_role("option", name="1024", exact=True).click()
+    panel.get_by_role("button", name="Search the haystack", exact=True).click()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-needle-scores .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').includes('Retrieval score per head'); }",
+                           timeout=120_000)
+    expect(panel).to_contain_text("tangerine-4817", timeout=30_000)
+    scores = _plot(page, "generate-needle-scores")
+    assert (scores["rows"], scores["cols"]) == (2, 4)
     assert page.js_errors == []
 
 
