@@ -55,6 +55,14 @@ from models.io.bigmodel import execution_device as _device
 from models.outputs import AttentionMap, GenerationResult, GenerationStep
 
 ATTENTION_CHUNK_BYTES = 256 << 20  # float32 scores of one chunk of query rows (all heads × all keys)
+# on a CPU the chunks stay small enough for its caches: SmolLM2's 2,048-token prompt pass took 17.4 s with chunks of
+# 256 MB, 10.8 s with 64, 6.9 s with 16 and 6.5 s with 4 (2-core CPU, idle, /tmp timings of ``prefill``)
+CPU_CHUNK_BYTES = 8 << 20
+
+
+def chunk_bytes(device: torch.device) -> int:
+    """Bytes of float32 scores one chunk of query rows may take on ``device``."""
+    return ATTENTION_CHUNK_BYTES if device.type == "cuda" else min(ATTENTION_CHUNK_BYTES, CPU_CHUNK_BYTES)
 LOGIT_CHUNK = 256  # prompt rows sent through the output projection at once (surprisal)
 POOL_CELLS = 64  # pooled tiles: at most this many cells a side, as the app's model view
 
@@ -137,15 +145,28 @@ class Geometry:
         s.mul_(self.scale)
         if self.softcap:  # Gemma 2: z -> cap · tanh(z / cap), before the mask
             s.div_(self.softcap).tanh_().mul_(self.softcap)
-        j = torch.arange(c0, c0 + s.size(-1), device=s.device)[None, :]
         i = rows[:, None]
-        hidden = j > i
+        if always or self.prefix:  # every cell asked (a fixed-shape step; a prefix opens a block both ways)
+            j = torch.arange(c0, c0 + s.size(-1), device=s.device)[None, :]
+            hidden = j > i
+            if self.window:
+                hidden |= j <= i - self.window
+            if self.prefix:
+                hidden &= ~((i < self.prefix) & (j < self.prefix))
+            if always or bool(hidden.any()):
+                s.masked_fill_(hidden, NEG)
+            return s
+        # only two column ranges can hold hidden cells: keys after the first row, keys out of the last row's window
+        c, first, last = s.size(-1), int(rows[0]), int(rows[-1])
+        f0 = max(0, first + 1 - c0)
+        if f0 < c:
+            j = torch.arange(c0 + f0, c0 + c, device=s.device)[None, :]
+            s[..., f0:].masked_fill_(j > i, NEG)
         if self.window:
-            hidden |= j <= i - self.window
-        if self.prefix:
-            hidden &= ~((i < self.prefix) & (j < self.prefix))
-        if always or bool(hidden.any()):
-            s.masked_fill_(hidden, NEG)
+            w1 = min(c, last - self.window + 1 - c0)
+            if w1 > 0:
+                j = torch.arange(c0, c0 + w1, device=s.device)[None, :]
+                s[..., :w1].masked_fill_(j <= i - self.window, NEG)
         return s
 
 
@@ -238,13 +259,15 @@ class _Stats:
         self.rows = [0] * len(devices)
         self.sink_rows = [0] * len(devices)
 
-    def add(self, layer: int, rows: Tensor, c0: int, e: Tensor, total: Tensor, lse: Tensor, es: Tensor) -> None:
+    def add(self, layer: int, rows: Tensor, c0: int, e: Tensor, total: Tensor, lse: Tensor, es: Tensor,
+            ej: Tensor | None = None) -> None:
         """Query positions ``rows`` (r,) of ``layer``: e (h, r, c) over keys c0.., total (h, r, 1) its row sums, lse
-        (h, r) and es (h, r) = Σ_j e_ij s_ij."""
+        (h, r), es (h, r) = Σ_j e_ij s_ij and ej (h, r) = Σ_j e_ij j (None: computed here)."""
         dev = e.device
         inv = 1.0 / total[..., 0]  # (h, r)
-        keys = torch.arange(c0, c0 + e.size(-1), device=dev, dtype=torch.float32)
-        mean_key = torch.matmul(e, keys) * inv  # (h, r): Σ_j a_ij j
+        if ej is None:
+            ej = torch.matmul(e, torch.arange(c0, c0 + e.size(-1), device=dev, dtype=torch.float32))
+        mean_key = ej * inv  # (h, r): Σ_j a_ij j
         entropy = lse - es * inv
         distance = rows.float()[None, :] - mean_key
         b0 = max(0, int(rows[0]) - self.local + 1 - c0)
@@ -436,7 +459,7 @@ class DeviceAttention:
     def _rows_per(self, layer: int, width: int, multiple: int = 1) -> int:
         """Query rows a chunk (a multiple of ``multiple``): their float32 weights of every head over ``width``
         keys within ``ATTENTION_CHUNK_BYTES``."""
-        per = ATTENTION_CHUNK_BYTES // max(1, 4 * self.q[layer].size(0) * width)
+        per = chunk_bytes(self.q[layer].device) // max(1, 4 * self.q[layer].size(0) * width)
         return max(multiple, per // multiple * multiple)
 
     def _span(self, rows: tuple[int, int] | None, cols: tuple[int, int] | None) -> tuple[int, int, int, int]:
@@ -754,12 +777,18 @@ class _Run:
         f = self.tiles.f if self.tiles is not None else 1
         banded = bool(g.window) and not g.prefix
         width = min(end, g.window + f) if banded else end
-        rows_per = max(1, ATTENTION_CHUNK_BYTES // (4 * h_q * width))
+        rows_per = max(1, chunk_bytes(dev) // (4 * h_q * width))
         if self.tiles is not None and t > 1:  # whole row blocks of the tiles where the chunk has many rows
             rows_per = max(f, rows_per // f * f)
         if banded:
             rows_per = min(rows_per, max(1, g.window))
         out = torch.empty(h_q, t, d, device=dev, dtype=self.v[i].dtype)
+        # the statistics' Σ_j e_ij s_ij and Σ_j e_ij j from one product with [k | j] (H_kv, S, d + 1): s_ij is
+        # scale · q_i·k_j, so Σ_j e_ij s_ij = scale · q_i · Σ_j e_ij k_j (a soft cap keeps the scores instead)
+        kj = None
+        if self.stats is not None and not g.softcap:
+            pos = torch.arange(end, device=dev, dtype=torch.float32)[None, :, None].expand(h_kv, end, 1)
+            kj = torch.cat([self.k[i][:, :end], pos], -1)
         for r0 in range(0, t, rows_per):
             r1 = min(t, r0 + rows_per)
             r = r1 - r0
@@ -771,7 +800,8 @@ class _Run:
             rows = torch.arange(a0, a1, device=dev)
             s = g.scores(_scores(qg, keys.transpose(1, 2), 1.0).view(h_q, r, c1 - c0), rows, c0)  # (H, r, c)
             top = s.amax(-1, keepdim=True)  # (H, r, 1): every row sees its own key, so finite
-            e = torch.exp(s - top) if self.stats is not None else s.sub_(top).exp_()
+            keep = self.stats is not None and kj is None  # a soft-capped layer's statistics read the scores
+            e = torch.exp(s - top) if keep else s.sub_(top).exp_()
             total = e.sum(-1, keepdim=True)  # (H, r, 1): the softmax's denominator
             lse = (top + total.log())[..., 0]  # log Σ exp(s) = max + log Σ exp(s − max)
             self.lse[i][:, a0:a1] = lse
@@ -779,7 +809,11 @@ class _Run:
                 if tiles is not None and i in tiles.max:
                     col_max, col_sum = _column_tiles(e, tiles.f, c0 % tiles.f)  # (H, r, blocks)
                     tiles.add(i, a0, col_max / total, col_sum / total, c0 // tiles.f)  # a row's weights: e / total
-            if self.stats is not None:
+            if kj is not None:
+                ekj = torch.matmul(e.view(h_kv, group * r, c1 - c0), kj[:, c0:c1]).view(h_q, r, d + 1)
+                es = (q[:, r0:r1].float() * ekj[..., :d]).sum(-1).mul_(g.scale)
+                self.stats.add(i, rows, c0, e, total, lse, es, ekj[..., d])
+            elif self.stats is not None:
                 self.stats.add(i, rows, c0, e, total, lse, torch.einsum("hrc,hrc->hr", e, s))
             w = torch.div(e, total, out=torch.empty(e.shape, dtype=self.v[i].dtype, device=dev))  # softmax, cast
             out[:, r0:r1] = torch.matmul(w.view(h_kv, group * r, c1 - c0), self.v[i][:, c0:c1]).view(h_q, r, d)
