@@ -155,15 +155,20 @@ def read_value(control: Any, text: str) -> Any:
         low = 0 if control.minimum is None else control.minimum
         return int(_number(text, low, MAX_SEED if control.maximum is None else control.maximum, 1))
     if isinstance(control, gr.Textbox):
-        return check_text(text, control.max_length or MAX_TEXT_CHARS)
+        return check_text(text, min(control.max_length or MAX_TEXT_CHARS, LINK_TEXT_CHARS))
     raise ValueError
 
 
+# the longest text a link carries: a server reads a request's line and headers up to about 16 KB (h11's default,
+# under uvicorn), and URL-encoding triples a non-ASCII character; a longer text (a pasted document) is left out
+LINK_TEXT_CHARS = 4000
+
+
 def write_value(control: Any, value: Any) -> str | None:
-    """A control's value as link text (None: not expressible, left out)."""
+    """A control's value as link text (None: not expressible, left out; a text over LINK_TEXT_CHARS too)."""
     if isinstance(control, Field):
         return control.write(value)
-    if value is None:
+    if value is None or (isinstance(value, str) and len(value) > LINK_TEXT_CHARS):
         return None
     if isinstance(value, bool):
         return "1" if value else "0"

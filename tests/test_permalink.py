@@ -111,7 +111,7 @@ def test_a_link_runs_the_tab_only_when_it_gives_its_keys(links) -> None:
 
 
 HOSTILE = {
-    "text": ["x" * (MAX_TEXT_CHARS + 1), "a\x00b", "\u202eevil", "\ud800"],
+    "text": ["x" * (pl.LINK_TEXT_CHARS + 1), "x" * (MAX_TEXT_CHARS + 1), "a\x00b", "\u202eevil", "\ud800"],
     "model": ["../../etc/passwd", "/etc/passwd", "gpt-tiny/../../x", "GPT-TINY"],
     "tokens": ["999", "0", "1e9", "nan", "inf", "-3", "2.5", "0x10", "٣"],
     "temperature": ["0.07", "99", "-1", "1e-3"],
@@ -132,8 +132,11 @@ def test_hostile_values_fall_back_with_a_notice_that_does_not_repeat_them(links,
 
 
 def test_odd_but_harmless_text_and_exact_limits_are_taken(links) -> None:
-    for text in ["Zwei Hunde rennen 🐕🐕", "数字 ١٢٣ ﷽", "tab\tand\nnewline", "x" * MAX_TEXT_CHARS]:
+    for text in ["Zwei Hunde rennen 🐕🐕", "数字 ١٢٣ ﷽", "tab\tand\nnewline", "x" * pl.LINK_TEXT_CHARS]:
         assert pl.read_query({"tab": "generate", "text": text}, links).values == {"text": text}
+    # a pasted document longer than a link may carry is left out of the link written, not cut
+    assert pl.write_value(gr.Textbox(), "x" * (pl.LINK_TEXT_CHARS + 1)) is None
+    assert pl.write_value(gr.Textbox(), "x" * pl.LINK_TEXT_CHARS) == "x" * pl.LINK_TEXT_CHARS
     asked = pl.read_query({"tab": "generate", "tokens": "64", "temperature": "0.7", "seed": str(2**64 - 1),
                            "topp": "1"}, links)
     assert asked.values == {"tokens": 64, "temperature": 0.7, "seed": 2**64 - 1, "topp": 1.0} and not asked.refused

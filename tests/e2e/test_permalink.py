@@ -247,7 +247,7 @@ def test_classify_link_restores_the_explanation(page, opened) -> None:
 
 def test_a_hostile_link_shows_the_defaults_and_a_notice(app_url: str, opened) -> None:
     query = {"tab": "generate", "layer": "999", "head": "abc", "model": "../../etc/passwd", "seed": "1e999",
-             "text": "x" * 20_001, "tokens": "-1", "\u202e<img src=x onerror=alert(1)>": "1"}
+             "text": "x" * 4_001, "tokens": "-1", "\u202e<img src=x onerror=alert(1)>": "1"}
     page = opened(app_url + "?" + urlencode(query))
     notice = page.locator(".notice").filter(has_text="This link could not be restored completely")
     expect(notice.first).to_contain_text("layer, head", timeout=60_000)  # said after the run, which checks them
