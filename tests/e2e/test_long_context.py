@@ -45,7 +45,8 @@ def _plot(page, elem_id: str) -> dict:
                 first: Array.from(z[0]).slice(0, 3), y0: el._fullData[0].y[0]}; }""", elem_id)
 
 
-def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
+def _generate_long(page):
+    """Generate on long-llama from the long prompt (read into the store); the tab's panel once its notice shows."""
     from bench._long_model import long_prompt
 
     open_tab(page, "Generate")
@@ -55,6 +56,11 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
     panel.get_by_label("prompt").fill(long_prompt())
     panel.get_by_role("button", name="Generate", exact=True).click()
     expect(panel).to_contain_text("2,048 tokens: the heatmap shows max-pooled tiles", timeout=120_000)
+    return panel
+
+
+def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
+    panel = _generate_long(page)
     page.wait_for_function("() => { const el = document.querySelector('#generate-attention .js-plotly-plot');"
                            " return el && el._fullLayout && (el._fullLayout.title.text || '').includes('pooled'); }",
                            timeout=60_000)
@@ -90,15 +96,7 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
 def test_every_heads_statistics_and_an_exact_row_in_the_browser(page) -> None:
     """The "Long context" section over the 2,048 tokens: the layer × head grid of a statistic over every query,
     another statistic drawn on choosing it, one head's exact row with its strongest keys named."""
-    from bench._long_model import long_prompt
-
-    open_tab(page, "Generate")
-    panel = _panel(page)
-    panel.get_by_role("combobox", name="model").click()
-    page.get_by_role("option", name="long-llama", exact=True).click()
-    panel.get_by_label("prompt").fill(long_prompt())
-    panel.get_by_role("button", name="Generate", exact=True).click()
-    expect(panel).to_contain_text("2,048 tokens: the heatmap shows max-pooled tiles", timeout=120_000)
+    panel = _generate_long(page)
     page.get_by_text("Long context: every head over the whole text").click()
     panel.get_by_role("button", name="Statistics of every head", exact=True).click()
     page.wait_for_function("() => { const el = document.querySelector('#generate-long-stats .js-plotly-plot');"
