@@ -960,10 +960,6 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
         title += f" · layer {shown_layer} is local: sliding window of {local[shown_layer]} tokens"
     else:
         title += " · global" if local and shown_layer is not None else ""
-    stats = getattr(getattr(amap, "attention", None), "stats", None)
-    if (stats and shown_layer is not None and str(head).isdigit() and int(head) < stats["sink"].shape[1]
-            and t == len(result.tokens)):  # the head's sink, marked
-        title += f" · sink share {stats['sink'][shown_layer, int(head)]:.2f}"
     return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling))
 
 
