@@ -173,7 +173,8 @@ def test_translate_compare_runs_b_on_the_chosen_t5(t5, monkeypatch) -> None:
         translate.build()
     go = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "go")
     a = translate.translate(TEXTS[0], 3, "cross", -1, "mean", "heatmap", where.name)[6]
-    *_, b = go(a, TEXTS[1], 0, "mean", "heatmap", 3, where.name)
+    *_, kept = go(a, TEXTS[1], 0, "mean", "heatmap", 3, where.name)
+    b = kept["b"]  # B's state, with the A it was run beside
     alone = models.load(str(where)).translate(TEXTS[1], beam_size=3)
     assert b.text == alone.text and b.source_tokens == alone.source_tokens
     np.testing.assert_allclose(b.attention["encoder"].weights, alone.attention["encoder"].weights, atol=1e-5)
