@@ -19,7 +19,11 @@ set (``ru_maxrss``) is that length's alone. Per length:
 - ``prefill_s`` (``prefill_cpu_s``: the process's CPU seconds): ``ondevice.prefill`` over the prompt (PREFILL_TOKENS a
   pass; every row's statistics, the costly global layers' overview tiles), after a 64-token warm-up;
 - ``peak_rss_mb``: the process's peak resident memory through loading, the prefill and the reads below (the model's
-  weights included: ``model_rss_mb`` after loading); the float32 exactness check comes after it is read;
+  weights included: ``model_rss_mb`` after loading); the float32 exactness check comes after it is read. It is the
+  larger of ``load_peak_rss_mb``, the peak up to the model ready (a random model is built in float32, then cast; a
+  GGUF file is dequantised to float32), and ``store_peak_rss_mb``, the peak from then on (the kernel's VmHWM, reset
+  through ``/proc/self/clear_refs`` once the model is ready; ``prefill_peak_rss_mb`` after the prefill alone): the
+  store's own, with the model resident;
 - ``store_mb``: what the store keeps: ``qk_lse_mb`` (``DeviceAttention.nbytes``: q, k and lse of every layer) and
   ``values_mb`` (the values, which a continued generation keeps too); ``overviews_mb``: the prompt pass's overview
   tiles; ``store_estimate_mb``: ``ondevice.store_bytes`` (the server's estimate, one chunk of scores and the tiles
@@ -99,6 +103,26 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
+def reset_peak() -> bool:
+    """Start the kernel's peak-RSS count (VmHWM) afresh (``/proc/self/clear_refs``, Linux ≥ 4.0): False where it
+    cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def hwm_mb() -> float:
+    """VmHWM: the peak resident set since the last ``reset_peak`` (or the process's start)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -165,6 +189,8 @@ def load_ours(args: argparse.Namespace):
         from models.io.gguf import load_gguf
 
         model = load_gguf(args.gguf)
+        if args.model == "smollm2":  # the packaged file's name (models.io.gguf.PACKAGED), as BUDGETS knows it
+            return model, "SmolLM2-135M-Instruct", None
         return model, (model.gguf.get("name") if isinstance(getattr(model, "gguf", None), dict) else None) or \
             Path(args.gguf).stem, None
     from models.families.gpt import GPT
@@ -252,6 +278,8 @@ def phase_ours(args: argparse.Namespace) -> dict:
     model_mb = rss_mb()
     c = model.config
     od.prefill(model, ids[:64])  # warm-up: the kernels' first calls
+    load_peak = peak_mb()
+    fresh = reset_peak()  # from here VmHWM counts the prefill and the reads alone (the loaded model included)
     done: list[float] = []
     t_start = time.perf_counter()
 
@@ -262,7 +290,7 @@ def phase_ours(args: argparse.Namespace) -> dict:
     cpu0 = time.process_time()
     (att, logits), prefill_s = _timed(lambda: od.prefill(model, ids, progress=progress))
     prefill_cpu = time.process_time() - cpu0
-    prefill_peak = peak_mb()
+    prefill_peak = hwm_mb() if fresh else peak_mb()
     geometry = [att.geom(i) for i in range(c.n_layers)]
     global_layer = next((i for i, g in enumerate(geometry) if not g.window and i >= c.n_layers // 4), c.n_layers // 2)
     local_layer = next((i for i, g in enumerate(geometry) if g.window), None)
@@ -291,7 +319,10 @@ def phase_ours(args: argparse.Namespace) -> dict:
         stats, out["stats_local_s"] = _timed(lambda: layer_stats(od, att, local_layer, local))
         diffs += [float(np.abs(stats[k] - att.stats[k][local_layer]).max()) for k in od.STATS]
     out["stats_diff"] = max(diffs)
-    out["peak_rss_mb"] = peak_mb()  # before the exactness check below, which materialises whole maps
+    # before the exactness check below, which materialises whole maps
+    out["store_peak_rss_mb"] = hwm_mb() if fresh else None  # the peak of the prefill and the reads, model included
+    out["load_peak_rss_mb"] = load_peak  # the peak while the model was built or read (and cast)
+    out["peak_rss_mb"] = max(load_peak, out["store_peak_rss_mb"] or peak_mb())  # the whole process's
     out["loadavg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]  # 1-minute load: start, end
     if n <= FULL_MAX:
         limits.LONG_TOKENS = n + 1  # float32 maps on both sides
@@ -380,7 +411,8 @@ def phase_reference(args: argparse.Namespace) -> dict:
 
 # -------------------------------------------------------------------------------------------------------- main
 def run_phase(args: argparse.Namespace, phase: str, **extra: Any) -> dict:
-    argv = [sys.executable, __file__, "--phase", phase, "--dtype", args.dtype, "--threads", str(args.threads)]
+    argv = [sys.executable, __file__, "--phase", phase, "--model", args.model, "--dtype", args.dtype, "--threads",
+            str(args.threads)]
     for flag, value in (("--gguf", args.gguf), ("--chunk-mb", args.chunk_mb), *((f"--{k.replace('_', '-')}", v)
                                                                                  for k, v in extra.items())):
         if value:
