@@ -236,7 +236,6 @@ def big(dev: torch.device, quick: bool, fp32_layers: int, gen_only: bool = False
         reset_peak(dev)
         r = runs[p]
         res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW))
-        r["fused_output"] = getattr(ondevice, "FUSED_OUTPUT", None)  # (getattr: an older module, for "before")
         if res.prompt_len != p or len(res.ids) != p + NEW:
             raise RuntimeError(f"the {p}-token prompt was cut to {res.prompt_len} ({res.notice})")
         r["ours_s"], r["ours_peak_gb"] = round(secs, 3), peak_gb(dev)
@@ -254,13 +253,6 @@ def big(dev: torch.device, quick: bool, fp32_layers: int, gen_only: bool = False
         if hasattr(res.attention, "tiles"):  # (an older module, for "before", has none)
             r["figures_ms"] = figure_parts(dev, res.attention)
         del res
-        if getattr(ondevice, "FUSED_OUTPUT", None) == "off":  # beside it: the prompt's output by torch's SDPA
-            ondevice.FUSED_OUTPUT = "on"
-            reset_peak(dev)
-            res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW))
-            r["ours_fused_s"], r["ours_fused_ms"] = round(secs, 3), res.timings
-            ondevice.FUSED_OUTPUT = "off"
-            del res
         if r["decoding"] != "pass":  # beside it: the new tokens through the growing-shape pass, no graph
             reset_peak(dev)
             res, secs = timed(dev, lambda p=p: ondevice.generate(ours, ids[p], NEW, steps="pass"))

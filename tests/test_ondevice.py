@@ -98,13 +98,11 @@ def test_fastgen_hands_gpu_models_to_ondevice(prompt: int, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("cells", [8, 5, 64])  # blocks of 6, 10 and 1 rows over 47 tokens: the prompt ends mid-block
 @pytest.mark.parametrize("chunk", [od.ATTENTION_CHUNK_BYTES, 6 * 4 * 37 * 7])  # one chunk; a block or two a chunk
-@pytest.mark.parametrize("fused", ["off", "on"])  # the prompt's output from the chunks' weights, or by torch's SDPA
-def test_tiles_made_during_the_passes(cells: int, chunk: int, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiles_made_during_the_passes(cells: int, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pooled tiles ``generate`` accumulates (the prompt's rows in its pass, the new rows after decoding) equal
-    viz.common.pool_blocks of GPT.generate's full array, as does the lse (the fused output changes nothing else)."""
+    viz.common.pool_blocks of GPT.generate's full array, as does the lse."""
     monkeypatch.setattr(od, "ATTENTION_CHUNK_BYTES", chunk)
     monkeypatch.setattr(od, "POOL_CELLS", cells)
-    monkeypatch.setattr(od, "FUSED_OUTPUT", fused)
     model = _model(recipe="llama", n_kv_heads=2)
     ids = list(range(3, 40))
     ref = model.generate(ids, max_new_tokens=10)

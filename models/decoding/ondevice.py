@@ -687,17 +687,6 @@ def _scores(q: Tensor, kt: Tensor, scale: float) -> Tensor:
     return torch.matmul(q.float(), kt.float()).mul_(scale)
 
 
-# the prompt's attention output by F.scaled_dot_product_attention: "on", "auto" (half-precision weights) or "off"
-# (from the chunks' weights). Off by default: on an H200 (LLaMA-3-8B shape, bfloat16, docs/device-h200-gen8b.json)
-# it saved 2 % after 4,096 prompt tokens (0.951 s against 0.968 s: the chunk pass makes the lse and tiles either
-# way), and after 512 tokens its prompt pass took 1.17 s against 0.06 s (a set-up per new length, by the look of it).
-FUSED_OUTPUT = "off"
-
-
-def _fused_output(q: Tensor) -> bool:
-    return FUSED_OUTPUT == "on" or (FUSED_OUTPUT == "auto" and q.dtype in _HALF)
-
-
 class _Run:
     """One generation's buffers: per layer the keys and values (H_kv, n, d), queries (H, n, d), lse (H, n), and
     the reductions the passes accumulate from the weights they have at hand (``tiles``, ``overview``, ``stats``)."""
@@ -770,7 +759,9 @@ class _Run:
         lse and adds the rows to the tiles and statistics kept (``tiles``, ``overview``, ``stats``).
 
         Scores of half-precision q and k are their exact products summed in float32 (``_scores``). The output is
-        A·V from the chunk's weights, cast to the values' dtype (as transformers' eager attention)."""
+        A·V from the chunk's weights, cast to the values' dtype (as transformers' eager attention); torch's fused
+        SDPA for it saved 2 % after 4,096 tokens on an H200 and cost 1.1 s more after 512
+        (docs/device-h200-gen8b.json), so it is not used."""
         c, g = self.c, self.geometry[i]
         h_q, h_kv, d = c.n_heads, c.kv_heads, c.d_head
         group, t, dev = h_q // h_kv, end - start, q.device
