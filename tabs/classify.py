@@ -136,16 +136,24 @@ def build() -> Permalink:
     # another model or task chosen: the figures of the one before are taken down (a model that then fails to load
     # leaves no other model's verdict under its name)
     for control in (task, model):
-        control.input(model_changed, [task, model], [verdict, probs, highlight, attn, stats, state, download, curve],
-                      api_name=False, show_progress="hidden", **FAST)
+        control.input(model_changed, [task, model, state],
+                      [verdict, probs, highlight, attn, stats, state, download, curve], api_name=False, show_progress="hidden", **FAST)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits,
                      preset={"layer": layer_asked, "head": head})
 
 
-def model_changed(task: str, model: str) -> tuple:
-    """The outputs once another model or task is chosen: a line saying so, every figure and the kept result empty."""
+def model_changed(task: str, model: str, state: dict | None = None) -> tuple:
+    """The outputs once another model or task is chosen: a line saying so, every figure and the kept result empty.
+    Run queued behind a Classify of this very choice (a loaded server: the click came before this event ran), the
+    answer now kept is this choice's and stays (the state is read when the event runs)."""
+    try:
+        answered = bool(state) and state["model"] == checkpoint_name(task, model)
+    except Error:
+        answered = False
+    if answered:
+        return tuple(gr.skip() for _ in range(8))
     said = f"*{model} · {task} chosen: press **Classify** to see its answer.*"
     return said, None, "", None, None, None, None, None
 

@@ -128,7 +128,7 @@ def build() -> Permalink:
         event(preview, [image, model], [uploaded, will_see], api_name=False, show_progress="hidden", **FAST)
     # another model chosen: the figures of the one before are taken down (a model that then fails to load leaves no
     # other model's answer under its name)
-    model.input(model_changed, [model], [probs, overlay, heads, query, distance, seen, notice, state, download,
+    model.input(model_changed, [model, state], [probs, overlay, heads, query, distance, seen, notice, state, download,
                                          explained, curve], api_name=False, show_progress="hidden", **FAST)
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
@@ -224,8 +224,11 @@ def model_input(img, model: str) -> np.ndarray | None:
     return enlarge(prepared.shown, PREVIEW_SIDE)
 
 
-def model_changed(model: str) -> tuple:
-    """The outputs once another model is chosen: every figure and the kept result empty, a line saying so."""
+def model_changed(model: str, state: dict | None = None) -> tuple:
+    """The outputs once another model is chosen: every figure and the kept result empty, a line saying so. Run
+    queued behind a Classify image of this very model, the answer now kept is this model's and stays."""
+    if state and state["model"] == IMAGENET.get(model, model):
+        return tuple(gr.skip() for _ in range(11))
     return (None, None, None, None, None, None, f"*{model} chosen: press **Classify image** to see its answer.*",
             None, None, None, None)
 

@@ -368,3 +368,27 @@ def test_gpt_tiny_copies_the_offered_phrase_and_says_why_not_another() -> None:
     assert not text.startswith("fence")
     assert "repeating “The red fox jumped over the”" in notice and "where “fence” came next" in notice
     assert "“f · ox”" in notice
+
+
+def test_a_late_model_choice_event_keeps_the_answer_of_that_same_choice(tiny_checkpoints: Path, monkeypatch) -> None:
+    """A model's .input event (which takes the figures down) can run after a Classify clicked just after it, on a
+    busy server (the e2e test of configured models saw its figures vanish): the state it reads is then that very
+    choice's answer, which stays; a state from another choice is cleared, as before."""
+    import gradio as gr
+
+    from tabs import classify, common, vision
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    kept = classify.classify("a warm , funny film .")[5]
+    same = classify.model_changed("SST-2 sentiment", "trained from scratch", kept)
+    assert len(same) == 8 and all(u == gr.skip() for u in same)
+    other = classify.model_changed("AG News topic", "trained from scratch", kept)
+    assert other[5] is None and "AG News topic chosen" in other[0]
+    assert classify.model_changed("SST-2 sentiment", "no such model", kept)[5] is None  # refused name: cleared
+    assert classify.model_changed("SST-2 sentiment", "trained from scratch", None)[5] is None
+
+    image = vision.classify_image(common.EXAMPLE_IMAGES[0], "vit-fashion")[7]
+    assert all(u == gr.skip() for u in vision.model_changed("vit-fashion", image))
+    cleared = vision.model_changed("swin-fashion", image)
+    assert cleared[7] is None and "swin-fashion chosen" in cleared[6]
