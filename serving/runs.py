@@ -150,10 +150,11 @@ def generate(name: str, model: Any, request: Any, finish: Callable[[Any], Any], 
 
 
 def needle(model: Any, length: int, depth: float, new_tokens: int, progress: Callable[[int, int], None] | None = None,
-           should_stop: Callable[[], bool] | None = None) -> tuple[Any, Any]:
+           should_stop: Callable[[], bool] | None = None, seed: int = 0, **needle: str) -> tuple[Any, Any]:
     """A needle-in-a-haystack run (models.inspect.retrieval, Wu et al. 2024) through the long-context store:
-    (the haystack, its Retrieval: the answer and every head's retrieval score). Checked against the memory first;
-    served alone (``batcher.heavy``). ValueError (in words) for what cannot run."""
+    (the haystack, its sentences shuffled by ``seed``, ``needle`` its needle, question and answer where given, as
+    ``retrieval.haystack`` takes them; its Retrieval: the answer and every head's retrieval score).
+    Checked against the memory first; served alone (``batcher.heavy``). ValueError (in words) for what cannot run."""
     from models.decoding import ondevice
     from models.inspect import retrieval
 
@@ -161,7 +162,7 @@ def needle(model: Any, length: int, depth: float, new_tokens: int, progress: Cal
     if why:
         raise ValueError(f"The needle search reads the text into the long-context store, which does not compute this "
                          f"model ({why}).")
-    hay = retrieval.haystack(model, int(length), float(depth))
+    hay = retrieval.haystack(model, int(length), float(depth), seed=int(seed), **needle)
     check_memory(model, len(hay.ids) + new_tokens)
     with batcher.heavy():
         try:

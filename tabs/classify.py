@@ -137,7 +137,8 @@ def build() -> Permalink:
     # leaves no other model's verdict under its name)
     for control in (task, model):
         control.input(model_changed, [task, model, state],
-                      [verdict, probs, highlight, attn, stats, state, download, curve], api_name=False, show_progress="hidden", **FAST)
+                      [verdict, probs, highlight, attn, stats, state, download, curve], api_name=False,
+                      show_progress="hidden", **FAST)
     return Permalink({"text": text, "task": task, "model": model, "explanation": explanation,
                       "target": one_of(target, lambda: checkpoint_labels(*CHECKPOINTS, *offered("classify"))),
                       "show": view}, steps, after={"layer": layer, "head": head}, state=state, limits=link_limits,

@@ -522,7 +522,8 @@ def needle_search(model: str = DEFAULT, length: int = 2048, depth: float = 0.5, 
     note = (f"{len(hay.ids):,} tokens, the needle at depth {hay.at:.2f} (tokens {hay.needle_span[0]:,}…"
             f"{hay.needle_span[1] - 1:,}). The model answered: “{esc_md(found.answer.strip())}”: the password "
             f"`{hay.answer}` {verdict}. Top retrieval heads: {retrieval.describe_heads(top) or 'none'}"
-            + ("" if found.found else " (a needle not found copies nothing: every score is 0)") + ".")
+            + ("" if found.found else " (the answer lacks the password: the scores count the needle tokens it did "
+               "copy)") + ".")
     title = (f"Retrieval score per head · {len(hay.ids):,} tokens, depth {hay.at:.2f}<br><sup>the share of the "
              "answer's tokens each head's strongest attention copied from the needle (Wu et al. 2024)</sup>")
     grid = vh.head_grid(found.scores, "retrieval score", "share", title=title)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from serving.catalogue import GPT_TINY, REAL_LM
@@ -150,6 +152,66 @@ def l4_loss(inp: str, name: str = MODEL) -> Question:
                     lambda p: mark(vg.copy_losses(loss[:n], loss[n: 2 * n]), p))
 
 
+NEEDLE_TOKENS = 512  # the haystack of step 4 (less where the model reads less): a few seconds on a 2-core CPU
+NEEDLE_NEW = 24  # answer tokens decoded
+# a short needle and question, so that a model of a few hundred positions still reads a haystack around them
+NEEDLE = {"needle": "The password is tangerine-4817.", "question": "What is the password?", "answer": "tangerine-4817"}
+
+
+@functools.lru_cache(maxsize=8)
+def _needle(name: str, seed: int):
+    """A needle run (serving.runs.needle, Wu et al. 2024) on the chosen model: the haystack seeded by the lesson's
+    input, the needle halfway, through the long-context store; (haystack, Retrieval)."""
+    from serving import runs
+
+    net = get_model(name)
+    length = min(NEEDLE_TOKENS, net.context_limit() - NEEDLE_NEW - 8)
+    return runs.needle(net, length, 0.5, NEEDLE_NEW, seed=seed, **NEEDLE)
+
+
+def l4_retrieval(inp: str, name: str = MODEL) -> Question:
+    from viz import heads as vh
+
+    hay, found = _needle(name, seed_of(inp))
+    _, _, _, _, _, _, ind = _repeated(inp, name)
+    scores = found.scores
+    said_answer = (f"it answered “{esc(found.answer.strip()[:80])}”: the password `{hay.answer}` "
+                   + ("found" if found.found else "not found"))
+
+    def reveal(p):
+        fig = vh.head_grid(scores, "retrieval score", title=f"Retrieval score per head · {len(hay.ids)} tokens, "
+                           "the needle halfway<br><sup>the share of the password's tokens each head's strongest "
+                           "attention copied from the needle (Wu et al. 2024)</sup>")
+        if p is None or not p.startswith("layer "):
+            return mark(fig, p)
+        a, b = (int(v) for v in p.replace("layer ", "").replace(" head ", ",").split(","))
+        return mark(fig, p, b, a)
+
+    heads, best, near, stands_out = head_choices(scores, ind)
+    names = [head_name(*h) for h in heads]
+    none = f"none stands out: these heads score within {MARGIN:.2f} of each other"
+    text = (f"{esc(name)} reads a book of {len(hay.ids)} tokens: the project's own sentences with one *needle* "
+            f"hidden halfway (“{esc(hay.needle)}”), then the question “{esc(hay.question)}”. While it writes its "
+            "answer, a *retrieval head* attends most strongly to the very needle token it is copying (Wu et al. "
+            "2024). **Which head copies the most of the password from the book?**")
+    explanation = ("A few heads do the long-range copying: they find the needle however far back it is and paste "
+                   "it into the answer, and the answer depends on them (switched off, the needle is lost; Wu et al. "
+                   "2024). They are not the induction heads of step 2, though both copy: try the needle search in "
+                   "Generate's Retrieval heads section at 4,096 tokens.")
+    if not stands_out:
+        said = (f"{said_answer}; no head stands out: "
+                + ", ".join(f"{head_name(*h)} {float(scores[h]):.2f}" for h in heads))
+        return Question(text, [*names, none], none, said, explanation, reveal)
+    said = f"{said_answer}; {head_name(*best)} copied {float(scores[best]):.0%} of the password's tokens"
+    runner = max(float(scores[h]) for h in heads if h != best)
+    said += f", the other heads offered at most {runner:.0%}"
+    if near:
+        said += "; left out as too close to call: " + ", ".join(f"{head_name(*h)} {float(scores[h]):.2f}"
+                                                                for h in near[:4])
+    return Question(text, names, head_name(*best), said, explanation, reveal)
+
+
 LESSON = Lesson(
-    "4 · Previous-token and induction heads", "Two heads that together copy a sequence seen once.",
-           "seed (the random tokens)", "0", (l4_previous, l4_induction, l4_loss), models=MODELS)
+    "4 · Previous-token and induction heads", "Two heads that together copy a sequence seen once, and the heads "
+    "that copy a needle out of a long book.",
+           "seed (the random tokens)", "0", (l4_previous, l4_induction, l4_loss, l4_retrieval), models=MODELS)
