@@ -58,7 +58,7 @@ from models.outputs import GenerationResult, LogitLens
 
 STRATEGIES = ("greedy", "sample")
 KINDS = ("linear", "full")  # a layer's mixer: Gated DeltaNet, or gated softmax attention
-KIND_NAMES = {"linear": "Gated DeltaNet (implicit attention |A|)", "full": "gated softmax attention"}
+KIND_NAMES = {"linear": "Gated DeltaNet (implicit attention)", "full": "gated softmax attention"}
 # The implicit attention costs T² · d_k per value head and layer (the sweep), the recurrence T · d_k · d_v: prompt
 # and continuation are capped as Mamba's are (models/families/mamba.py)
 MAX_TOKENS = 128
@@ -345,6 +345,8 @@ class HybridForward:
 
 class Qwen3Next(nn.Module):
     """Embedding -> hybrid blocks -> RMSNorm -> output projection."""
+
+    NOT_APPLICABLE = NOT_APPLICABLE  # the head views' refusal, in words (tabs.sections.text.require_heads)
 
     def __init__(self, config: Qwen3NextConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
