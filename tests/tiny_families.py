@@ -130,8 +130,10 @@ QWEN3_NEXT = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hi
 
 def qwen3_next_folder(folder: Path, seed: int = 0, std: float = 0.1, **overrides: Any) -> Any:
     """A random ``Qwen3NextForCausalLM`` written by transformers into ``folder`` (``QWEN3_NEXT`` and ``overrides``);
-    returns it (eval, eager attention). Every 1-D weight (the zero-centred norms, A_log, dt_bias, the gated norm) is
-    perturbed from its constant start, so a norm read without its + 1 or a swapped decay shows."""
+    returns it (eval, eager attention). Every 1-D weight (the zero-centred norms, dt_bias, the gated norm) is
+    perturbed from its constant start, so a norm read without its + 1 shows; each DeltaNet's A is drawn from
+    U(0.02, 0.3) instead of transformers' U(0.01, 16), whose fast decays forget within a token or two: so the state
+    carries over the tests' dozen tokens and the transitions (I − β k kᵀ) between them count."""
     import torch
     import transformers
 
@@ -144,5 +146,8 @@ def qwen3_next_folder(folder: Path, seed: int = 0, std: float = 0.1, **overrides
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.A_log.copy_(torch.empty_like(layer.linear_attn.A_log).uniform_(0.02, 0.3).log())
     model.save_pretrained(folder, safe_serialization=True)
     return model
