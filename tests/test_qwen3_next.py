@@ -106,7 +106,7 @@ def test_every_layer_side_by_side_with_its_kind(pair) -> None:
         np.testing.assert_allclose(mine, theirs[0].numpy(), atol=1e-4)
         np.testing.assert_allclose(mine.sum(-1), 1.0, atol=1e-5)
     traces = _traces(ours, IDS)
-    for (kind, mine), tr in zip([m for m in maps if m[0] == "linear"], traces, strict=True):
+    for (_kind, mine), tr in zip([m for m in maps if m[0] == "linear"], traces, strict=True):
         assert mine.shape == (4, len(IDS), len(IDS))
         np.testing.assert_allclose(mine, implicit_attention(tr).numpy(), atol=1e-6)  # fused vs explicit softmax
 
