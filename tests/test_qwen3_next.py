@@ -172,6 +172,21 @@ def test_refusals(pair, hf_folders) -> None:
             qwen3_next_from_state({**hf, **change}, state)
 
 
+def test_fused_experts_read_as_the_hub_layout(pair, hf_folders) -> None:
+    """transformers' own state dict holds the experts fused (``experts.gate_up_proj`` (E, 2F, D), ``down_proj``);
+    the folder it wrote holds them one by one: both read into the same model (the logits equal)."""
+    from models.io.hf_qwen3_next import qwen3_next_from_state
+
+    hf_model, ours = pair
+    state = hf_model.state_dict()
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state
+    hf = json.loads((hf_folders.get("qwen3_next").path / "config.json").read_text())
+    fused = qwen3_next_from_state(hf, state).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(torch.tensor([IDS])).logits, ours(torch.tensor([IDS])).logits, atol=1e-6,
+                                   rtol=0)
+
+
 def test_qwen3_next_is_a_decoder() -> None:
     """The Generate tab's interface, method by method, but ``forward`` (whose KV caches, head masks and edits are
     GPT's: the views that call it refuse the family in words)."""
