@@ -151,6 +151,11 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
+# Qwen3-Next: Gated DeltaNet and gated softmax layers interleaved, experts with a shared one; one map per layer, each
+# layer's kind in its title (models/families/qwen3_next.py)
+register(Family("qwen3_next", "models.families.qwen3_next", "Qwen3Next", "Qwen3NextConfig", (),
+                (("qwen3_next", "models.io.hf_qwen3_next:qwen3_next_from_state"),), tabs=("generate",), text=True,
+                heads=False, implicit=True, causal_lm=True, notice="models.families.qwen3_next:notice"))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),

@@ -295,14 +295,16 @@ def require_full(n_tokens: int, what: str) -> None:
 HEAD_VIEW_MAX = 4096  # tokens up to which the head view (a line per weight above its threshold) is drawn
 
 
-def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str, pool: str = "max"):
+def attention_figure(amap, kind_title: str, layer: int, head: str | int, view: str, pool: str = "max",
+                     layer_names: list[str] | None = None):
     """One AttentionMap as a heatmap (one layer, one head or a fusion), head view or model view. ``pool``: how a
-    long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE)."""
+    long input's heatmap tiles summarise their blocks ("max" or "mean", viz.attention.POOL_ABOVE); ``layer_names``:
+    the model view's word per layer (a hybrid model's kinds)."""
     layer, head = index(layer, amap.layers, "layer", fit=True), head_index(head, amap.heads, fit=True)
     kept = getattr(amap, "attention", None)  # a DeviceMap (models/decoding/ondevice.py): each figure's part only
     if view == "model view":
         if kept is None:
-            return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title)
+            return va.model_view(amap.weights, amap.queries, amap.keys, kind=kind_title, layer_names=layer_names)
         cells = va.model_view_cells(amap.layers, amap.heads)
         if kept.pooled and kept.edges is not None and np.array_equal(kept.edges, block_edges(kept.length, cells)):
             tiles = (kept.pooled["max"], kept.edges, kept.edges)  # made while generating

@@ -665,7 +665,9 @@ def map_kind(net) -> dict:
     sliding window: {layer: window}), for the titles drawn without the model."""
     spec = getattr(net, "spec", None)
     local = {i: b.window for i, b in enumerate(spec.blocks) if b.window} if spec is not None else {}
-    return {"implicit": registry.family_of(net).implicit, "local": local}
+    # a hybrid model names each layer's kind (Qwen3-Next: Gated DeltaNet or gated softmax attention), for the title
+    kinds = list(net.layer_kinds()) if callable(getattr(net, "layer_kinds", None)) else []
+    return {"implicit": registry.family_of(net).implicit, "local": local, "kinds": kinds}
 
 
 def family_notice(net) -> str:
@@ -953,15 +955,20 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
     shown = amap.upto(t)
-    title = ("Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
+    kinds = state.get("kinds") or []
+    title = ("Each layer's map by its kind, heads averaged" if kinds else
+             "Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
              "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
     local = state.get("local") or {}
     shown_layer = int(layer) % amap.layers if str(layer).lstrip("-").isdigit() else None
+    if kinds and shown_layer is not None and shown_layer < len(kinds):
+        title += f" · layer {shown_layer} is {kinds[shown_layer]}"
     if shown_layer in local:
         title += f" · layer {shown_layer} is local: sliding window of {local[shown_layer]} tokens"
     else:
         title += " · global" if local and shown_layer is not None else ""
-    return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling))
+    return html, cand, attention_figure(shown, title, layer, parse_head(head), view, read_pooling(pooling),
+                                        layer_names=kinds or None)
 
 
 @on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)

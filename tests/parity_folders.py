@@ -1,12 +1,12 @@
 """The random-weight Hugging Face folder of every model_type the registry reads, for tests/test_parity.py (test-only).
 
 In the manner of transformers' model testers: each ``Case`` names a model_type of ``models.registry.hf_types()``, the
-comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``classifier``, ``translator``, ``vision``,
-``vlm``) and the function that writes the folder with transformers itself (the writers live in tests/tiny.py,
-tests/tiny_families.py, tests/families.py and tests/vlm_folders.py: small, unusual but valid configs). A model_type
-may have several cases (the same family with other switches: tied and untied tables, partial rotary, encoder and
-decoder feed-forwards of different widths, a Swin grid that is not a multiple of the window). A registered model_type
-without a case fails tests/test_parity.py by name.
+comparison its kind needs (tests/test_parity.py: ``decoder``, ``mamba``, ``hybrid``, ``classifier``, ``translator``,
+``vision``, ``vlm``) and the function that writes the folder with transformers itself (the writers live in
+tests/tiny.py, tests/tiny_families.py, tests/families.py and tests/vlm_folders.py: small, unusual but valid configs). A
+model_type may have several cases (the same family with other switches: tied and untied tables, partial rotary, encoder
+and decoder feed-forwards of different widths, a Swin grid that is not a multiple of the window). A registered
+model_type without a case fails tests/test_parity.py by name.
 
 Adding a family: write its folder in one of the writer modules and add its ``Case`` here; the parity test then reads
 it through ``models.load`` and compares it with transformers. ``Folders`` writes each case's folder on first use and
@@ -24,7 +24,7 @@ from typing import Any
 from tests import families as fam
 from tests import tiny, tiny_families, vlm_folders
 
-KINDS = ("decoder", "mamba", "classifier", "translator", "vision", "vlm")
+KINDS = ("decoder", "mamba", "hybrid", "classifier", "translator", "vision", "vlm")
 
 
 @dataclass
@@ -103,6 +103,19 @@ CASES: tuple[Case, ...] = (
     *(Case(name, name.split("-")[0], "decoder", _decoder(name)) for name in tiny_families.FAMILIES),
     Case("mamba", "mamba", "mamba", lambda f: Ref(tiny_families.mamba_folder(f)),
          {"config.tie_embeddings": False, "config.d_inner": 120}),
+    # hybrids (Qwen3-Next): logits, every hidden state, the softmax layers' attention, greedy ids
+    Case("qwen3_next", "qwen3_next", "hybrid", lambda f: Ref(tiny_families.qwen3_next_folder(f)),
+         {"config.kinds": ("linear", "full", "linear", "linear", "full"), "config.rotary_dim": 4,
+          "config.sparse": (False, True, False, True, False), "config.tie_embeddings": False}),
+    # the layer kinds from full_attention_interval, experts on every layer but the dense-only one, the kept experts'
+    # probabilities not renormalised, tied tables, one key head per value head
+    Case("qwen3_next-interval", "qwen3_next", "hybrid",
+         lambda f: Ref(tiny_families.qwen3_next_folder(f, seed=1, layer_types=None, full_attention_interval=2,
+                                                       num_hidden_layers=3, decoder_sparse_step=1,
+                                                       mlp_only_layers=[2], norm_topk_prob=False,
+                                                       linear_num_value_heads=2, tie_word_embeddings=True)),
+         {"config.kinds": ("linear", "full", "linear"), "config.sparse": (True, True, False),
+          "config.norm_topk": False, "config.tie_embeddings": True}),
     # classifiers: tokens, class probabilities, every layer's attention, a batch as each alone
     Case("bert", "bert", "classifier", _bert, {"labels": CLASSES, "config.pooling": "pooler"}),
     *(Case(f, f, "classifier", _classifier(f), {"labels": list(fam.LABELS), "config.family": f})

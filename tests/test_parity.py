@@ -6,6 +6,7 @@ transformers by the comparison of their kind, within 1e-4:
 
 - decoders: the logits and every layer's attention, and greedy generation gives transformers' ids;
 - Mamba (no attention): the logits, every block's hidden state, greedy ids and the next-token probabilities;
+- hybrids (Qwen3-Next): the logits, every hidden state, every softmax layer's attention, greedy ids;
 - classifiers: the tokens the tokenizer gives, the class probabilities and every layer's attention; a padded batch
   answers as each text alone;
 - translators: the source ids, greedy and beam-5 output identical to ``generate`` (length limits that cut some
@@ -142,6 +143,30 @@ def mamba(built: Built, ours) -> None:
                                atol=1e-5)
 
 
+def hybrid(built: Built, ours) -> None:
+    """Qwen3-Next: the logits, every hidden state (transformers': the embeddings, each block's output but the last,
+    then the final norm's) and every softmax layer's attention within 1e-4; greedy ids identical through the caches
+    (the softmax layers' keys and values, the DeltaNet layers' convolution inputs and delta-rule states)."""
+    hf = built.ref.model
+    ids = torch.tensor([MAMBA_IDS])
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True, output_attentions=True)
+        mine = ours(ids, keep_hidden=True, need_weights=True)
+    torch.testing.assert_close(mine.logits, ref.logits, atol=1e-4, rtol=0)
+    assert len(ref.hidden_states) == len(mine.hidden) == ours.config.n_layers + 1
+    for a, b in zip(ref.hidden_states[:-1], mine.hidden[:-1], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.norm(mine.hidden[-1]), ref.hidden_states[-1], atol=1e-4, rtol=0)
+    softmax = [w for w in mine.attention if w is not None]
+    assert len(softmax) == len(ref.attentions) == ours.config.kinds.count("full") > 0
+    for a, b in zip(ref.attentions, softmax, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        want = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+    got = ours.generate(MAMBA_IDS, max_new_tokens=12)
+    assert got.ids == want and len(set(got.ids[len(MAMBA_IDS):])) > 1
+
+
 def classifier(built: Built, ours) -> None:
     """The tokenizer's own tokens (specials included, exactly), class probabilities far from uniform and every layer's
     attention within 1e-4; the texts padded into one batch answer as each alone."""
@@ -270,5 +295,5 @@ def vlm(built: Built, ours) -> None:
     compare(built.ref.model, built.ref.multimodal, ours)
 
 
-COMPARE = {"decoder": decoder, "mamba": mamba, "classifier": classifier, "translator": translator, "vision": vision,
-           "vlm": vlm}
+COMPARE = {"decoder": decoder, "mamba": mamba, "hybrid": hybrid, "classifier": classifier, "translator": translator,
+           "vision": vision, "vlm": vlm}

@@ -111,3 +111,43 @@ def mamba_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
             block.norm.weight.add_(torch.randn_like(block.norm.weight) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     return model
+
+
+# Qwen3-Next (models/families/qwen3_next.py): 5 layers, DeltaNet and softmax layers interleaved unevenly, 6 query heads
+# over 3 key/value heads of 16 (a quarter rotating: 4 dimensions), DeltaNet value heads in pairs over 2 key heads
+# (grouped values) with key and value widths that differ, a convolution of 3, experts on every other layer (5, top 2)
+# beside dense ones, an untied output
+QWEN3_NEXT = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=5, num_attention_heads=6,
+                  num_key_value_heads=3, head_dim=16, max_position_embeddings=96, bos_token_id=0, eos_token_id=0,
+                  pad_token_id=0, linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=12,
+                  linear_num_key_heads=2, linear_num_value_heads=4, decoder_sparse_step=2, moe_intermediate_size=20,
+                  shared_expert_intermediate_size=24, num_experts_per_tok=2, num_experts=5,
+                  layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                               "full_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 700.0, "partial_rotary_factor": 0.25},
+                  tie_word_embeddings=False)
+
+
+def qwen3_next_folder(folder: Path, seed: int = 0, std: float = 0.1, **overrides: Any) -> Any:
+    """A random ``Qwen3NextForCausalLM`` written by transformers into ``folder`` (``QWEN3_NEXT`` and ``overrides``);
+    returns it (eval, eager attention). Every 1-D weight (the zero-centred norms, dt_bias, the gated norm) is
+    perturbed from its constant start, so a norm read without its + 1 shows; each DeltaNet's A is drawn from
+    U(0.02, 0.3) instead of transformers' U(0.01, 16), whose fast decays forget within a token or two: so the state
+    carries over the tests' dozen tokens and the transitions (I − β k kᵀ) between them count."""
+    import torch
+    import transformers
+
+    borrowed_tokenizer(folder)
+    cfg = transformers.Qwen3NextConfig(**{**QWEN3_NEXT, **overrides, "initializer_range": std})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Qwen3NextForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.A_log.copy_(torch.empty_like(layer.linear_attn.A_log).uniform_(0.02, 0.3).log())
+    model.save_pretrained(folder, safe_serialization=True)
+    return model

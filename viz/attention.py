@@ -263,6 +263,7 @@ def model_view(
     title: str | None = None,
     max_total_cells: int = 1_000_000,
     tiles: Pooled | None = None,
+    layer_names: Sequence[str] | None = None,
 ) -> go.Figure:
     """Every layer × head of one attention kind in one figure (rows = layers, columns = heads).
 
@@ -274,7 +275,8 @@ def model_view(
     quickly. Weights travel as hundredths in a uint8 typed array (1 byte per cell; the colour needs no more
     precision, and the single-head heatmap shows exact values); the colour bar reads 0–1 as the heatmaps' do.
     ``tiles``: the (L, H, q, k) max-pooled thumbnails made already, at ``model_view_cells`` cells a side (a map
-    kept on a GPU), ``weights`` then unused.
+    kept on a GPU), ``weights`` then unused. ``layer_names``: a word per layer beside its row label (a hybrid
+    model's kind of layer).
     """
     keys = queries if keys is None else keys
     if tiles is None:
@@ -331,7 +333,8 @@ def model_view(
                 width=int(size * H / max(L, H)) + 200)
     fig.update_xaxes(type="category", tickmode="array", tickvals=xticks, ticktext=[f"H{h}" for h in range(H)],
                      categoryorder="array", categoryarray=xcat, side="top", ticks="", showline=False)
-    fig.update_yaxes(type="category", tickmode="array", tickvals=yticks, ticktext=[f"L{i}" for i in range(L)],
+    rows_named = [f"L{i}" + (f" {layer_names[i]}" if layer_names else "") for i in range(L)]
+    fig.update_yaxes(type="category", tickmode="array", tickvals=yticks, ticktext=rows_named,
                      categoryorder="array", categoryarray=ycat, autorange="reversed", ticks="",
                      showline=False, scaleanchor="x", constrain="domain")
     # Paint the gaps white (uint8 cannot hold NaN): one path shape in category-index coordinates.

@@ -25,7 +25,8 @@ def require_heads(net, view: str) -> None:
     if not registry.family_of(net).heads:
         from models.families.mamba import NOT_APPLICABLE
 
-        raise Error(f"{view} does not apply to this model. {NOT_APPLICABLE}")
+        # a family that says its own reason (Qwen3-Next's one map per layer) has it on the model
+        raise Error(f"{view} does not apply to this model. {getattr(net, 'NOT_APPLICABLE', NOT_APPLICABLE)}")
 
 
 def encode(net, text: str) -> tuple[list[int], list[str], str]:
