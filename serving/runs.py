@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from models import limits, registry
@@ -171,6 +171,32 @@ def needle(model: Any, length: int, depth: float, new_tokens: int, progress: Cal
         except ondevice.Cancelled as err:
             raise Stopped(str(err)) from None
     return hay, found
+
+
+def needle_survey(model: Any, length: int, depths: Sequence[float], new_tokens: int,
+                  progress: Callable[[int, int], None] | None = None, **needle: str) -> Any:
+    """Retrieval scores averaged over needles at several ``depths`` of one haystack length (``retrieval.survey``,
+    Wu et al.: over the runs that found the needle, or all where none did), checked against the memory first and
+    served alone. ``progress(done, total)`` after each run; ``needle``: its needle, question and answer where given
+    (``retrieval.haystack``'s keywords). ValueError (in words) for what cannot run."""
+    from models.decoding import ondevice
+    from models.inspect import retrieval
+
+    why = ondevice.refusal(model)
+    if why:
+        raise ValueError(f"The retrieval-head survey reads each haystack into the long-context store, which does not "
+                         f"compute this model ({why}).")
+    check_memory(model, int(length) + new_tokens)
+    done = []
+
+    def each(_: Any) -> None:
+        done.append(1)
+        if progress is not None:
+            progress(len(done), len(depths))
+
+    with batcher.heavy():
+        return retrieval.survey(model, ondevice.generate, [int(length)], [float(d) for d in depths],
+                                max_new_tokens=new_tokens, progress=each, **needle)
 
 
 def needle_ablation(model: Any, hay: Any, scores: Any, k: int, new_tokens: int, seed: int = 0) -> Any:

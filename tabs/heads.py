@@ -70,6 +70,15 @@ def build() -> Permalink:
         compare = gr.Button("Compare the grids")
     compare_note = gr.Markdown()
     compare_plot = Plot(label="two models' grids")
+    gr.Markdown("### Retrieval heads")
+    gr.Markdown(RETRIEVAL_TEXT)
+    with gr.Row():
+        needle_length = gr.Dropdown(RETRIEVAL_LENGTHS, value=1024, label="haystack length (tokens)")
+        needle_run = gr.Button("Find the retrieval heads")
+    needle_note = gr.Markdown()
+    with gr.Row():
+        needle_grid = Plot(label="retrieval score per head", elem_id="heads-retrieval")
+        needle_ranked = Plot(label="heads ranked by retrieval score")
 
     main_in = [model, metric, corpus]
     main_out = [grid, ranked, layers_plot, notice, metric, layer, head, state]
@@ -88,11 +97,60 @@ def build() -> Permalink:
     gr.Button("Draw the head card", size="sm").click(head_card, card_in, card_out, api_name="head_card")
     gr.api(head_finder, api_name="head_finder")  # the ranking as data (the page draws it as the finder's bars)
     compare.click(heads_compare, [model, other, metric], [compare_plot, compare_note], api_name="heads_compare")
+    needle_run.click(retrieval_heads, [model, needle_length], [needle_note, needle_grid, needle_ranked],
+                     api_name="retrieval_heads")
     # a link's run scores the heads and draws the card of its own layer and head in one step (issue 61, item 5): the
     # first card drawn is the linked one, not layer 0 head 0's before the after-keys are set
     link_steps = [(heads_linked, [*main_in, layer, head, example], main_out + card_out)]
     return Permalink({"model": model, "metric": metric}, steps, after={"layer": layer, "head": head},
                      state=state, limits=_limits, preset={"layer": layer, "head": head}, link_run=link_steps)
+
+
+RETRIEVAL_TEXT = """Which heads copy a fact out of a long text? A needle (a sentence with a password) is hidden at
+depths 10 %, 50 % and 90 % of a haystack of the project's own sentences and the model is asked for it; a head
+*retrieves* when, while the model writes the password, its strongest attention lands on the very needle token being
+copied (Wu et al. 2024, eq. 1). The scores are averaged over the runs that found the needle (all runs where none did),
+as Wu et al. do. Language models the long-context store computes; Generate's *Retrieval heads* section runs one needle
+at any length and switches the heads found off."""
+RETRIEVAL_LENGTHS = [256, 512, 1024, 2048, 4096]
+RETRIEVAL_DEPTHS = (0.1, 0.5, 0.9)
+RETRIEVAL_NEW = 24  # answer tokens decoded per run
+
+
+def retrieval_heads(model: str = DEFAULT_MODEL, length: int = 1024, progress: gr.Progress = gr.Progress()):
+    """Every head's retrieval score averaged over needles at RETRIEVAL_DEPTHS of a haystack of ``length`` tokens
+    (``serving.runs.needle_survey``): a notice with each run's answer, the layer × head grid, the heads ranked."""
+    from models.inspect import retrieval
+    from serving import runs
+    from tabs.common import get_model
+    from viz.common import esc
+
+    if model not in atlas_store.model_names():
+        raise Error(f"Unknown model {str(model)[:60]!r}; choose one of {', '.join(atlas_store.model_names())}.")
+    if str(length).strip() not in {str(n) for n in RETRIEVAL_LENGTHS}:
+        raise Error(f"Choose a haystack length of {', '.join(f'{n:,}' for n in RETRIEVAL_LENGTHS)} tokens.")
+    net = get_model(model, lambda done, text: progress(done, desc=text))
+    if not callable(getattr(net, "context_limit", None)):
+        raise Error(f"No retrieval heads for `{model}`: it is not a language model (the needle is hidden in a text "
+                    "that the model reads and answers a question about).")
+    length = min(int(length), net.context_limit() - RETRIEVAL_NEW - 8)
+    words = retrieval.SHORT if length < 512 else {}  # a short context: a short needle and question leave it a haystack
+    try:
+        found = runs.needle_survey(net, length, RETRIEVAL_DEPTHS, RETRIEVAL_NEW,
+                                   lambda d, n: progress(d / n, desc=f"needle {d} of {n}"), **words)
+    except ValueError as err:
+        raise Error(f"No retrieval heads for `{model}`: {str(err).rstrip('.')}.") from None
+    answers = "; ".join(f"depth {r.depth:.1f}: “{esc(r.answer.strip()[:60])}” {'✓' if r.found else '✗'}"
+                        for r in found.runs)
+    used = (f"averaged over the {found.used} runs that found the password" if found.averaged_over == "found"
+            else "averaged over every run (none found the password: the scores count the tokens copied)")
+    needle = words.get("needle", retrieval.NEEDLE)
+    note = (f"**{esc(model)}**, haystacks of about {found.runs[0].length:,} tokens, the needle “{esc(needle)}”: "
+            f"{answers}. Scores {used}. "
+            f"Top retrieval heads: {retrieval.describe_heads([h for h in found.ranking[:10] if h[2] > 0]) or 'none'}.")
+    label = "retrieval score"
+    return (note, fit(vh.head_grid(found.scores, label, title=f"Retrieval score per head · {esc(model)}")),
+            fit(vh.head_ranking(found.ranking, label, top=TOP_RANKED)))
 
 
 def _limits(state: Any) -> dict:

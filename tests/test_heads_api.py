@@ -100,3 +100,14 @@ def test_own_corpus_and_refusals(client, tmp_path: Path) -> None:
     assert len(found["heads"]) == 8
     with pytest.raises(Exception, match="greater than maximum value 3|outside 0 … 3"):
         client.predict("gpt-tiny", "previous", 0, 9, "1", None, api_name="/head_card")
+
+
+def test_retrieval_heads_through_the_api(client) -> None:
+    """/retrieval_heads: gpt-tiny's three needles (its short context reads the short needle), the grid's shape and a
+    ranking of its heads; a model the store does not compute is refused in words."""
+    note, grid, ranked = client.predict("gpt-tiny", 256, api_name="/retrieval_heads")
+    assert "gpt-tiny" in note and "depth 0.1" in note and "depth 0.9" in note and "The password is" in note
+    assert np.array(_figure_data(grid)[0]["z"], dtype=float).shape == (2, 4)
+    assert len(_figure_data(ranked)[0]["y"]) == 8
+    with pytest.raises(Exception, match="long-context store"):
+        client.predict("mamba-tiny", 256, api_name="/retrieval_heads")

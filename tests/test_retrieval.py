@@ -347,3 +347,42 @@ def test_survey_runs_each_length_and_depth(sentencepiece) -> None:
         hay = R.haystack(model, 120 if r.length <= 120 else 200, r.depth)
         assert r.answer_span == hay.answer_span and r.needle_span == hay.needle_span
         assert r.keys.shape == (2, 4, len(r.generated)) and not r.found
+
+
+def test_the_heads_tab_and_lesson_4_read_the_survey(tiny_checkpoints, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Heads tab's retrieval section: gpt-tiny's grid is the mean of one needle run per depth made here
+    directly (none finds the password, so every run counts), its ranking the same heads; what is no decoder the store
+    computes is refused in words. Lesson 4 step 4's right head is the best of its needle's own scores."""
+    from serving import catalogue, store
+    from tabs import heads
+    from tabs.common import Error, get_model
+    from tabs.course import induction
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    quiet = lambda *a, **k: None  # noqa: E731 (gr.Progress's place)
+    note, grid, ranked = heads.retrieval_heads("gpt-tiny", 256, progress=quiet)
+    net = get_model("gpt-tiny")
+    length = min(256, net.context_limit() - heads.RETRIEVAL_NEW - 8)
+    assert length < 512  # the tiny model's 128 positions: the short needle
+    runs = [R.run(net, R.haystack(net, length, d, **R.SHORT), od.generate, heads.RETRIEVAL_NEW)
+            for d in heads.RETRIEVAL_DEPTHS]
+    want = np.mean([r.scores for r in runs], axis=0)
+    assert not any(r.found for r in runs) and "averaged over every run" in note
+    np.testing.assert_allclose(np.array(grid["data"][0]["z"], dtype=np.float64), want, atol=1e-6)
+    best = R.ranking(want)[0]
+    assert ranked["data"][0]["y"][0] == f"L{best[0]} H{best[1]}"
+    refused = [("gpt-tiny", 300, "Choose a haystack length"), ("no-such", 256, "Unknown model"),
+               ("vit-fashion", 256, "not a language model"), ("mamba-tiny", 256, "long-context store")]
+    for model, length, said in refused:
+        with pytest.raises(Error, match=said):
+            heads.retrieval_heads(model, length, progress=quiet)
+
+    q = induction.l4_retrieval("3", "gpt-tiny")
+    hay, found = induction._needle("gpt-tiny", 3)
+    assert hay.needle == induction.NEEDLE["needle"] and len(hay.ids) + induction.NEEDLE_NEW <= net.context_limit()
+    if q.answer.startswith("layer "):
+        layer, head = (int(v) for v in q.answer.replace("layer ", "").split(" head "))
+        assert found.scores[layer, head] == found.scores.max() > 0
+    else:  # no head stands out by the lesson's margin
+        assert found.scores.max() - np.sort(found.scores, axis=None)[-3] < induction.MARGIN

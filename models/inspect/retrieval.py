@@ -59,6 +59,8 @@ CORPUS = ROOT / "examples" / "corpus" / "text.txt"
 NEEDLE = "The secret password for the blue door is tangerine-4817."
 QUESTION = "What is the secret password for the blue door?"
 ANSWER = "tangerine-4817"  # the fact the question asks for (the default needle's)
+# a shorter needle and question (``haystack``'s keywords), for a model of a few hundred positions: a haystack still fits
+SHORT = {"needle": "The password is tangerine-4817.", "question": "What is the password?", "answer": ANSWER}
 # Wu et al.'s question and answer cue (their needle_in_haystack code), the haystack inside <book> tags
 PROMPT = "<book>\n{context}\n</book>\nBased on the content of the book, Question: {question}\nAnswer:"
 RETRIEVAL = 0.1  # Wu et al.: a head whose score exceeds 0.1 is a retrieval head (the random control avoids them)

@@ -6,6 +6,7 @@ import functools
 
 import numpy as np
 
+from models.inspect import retrieval
 from serving.catalogue import GPT_TINY, REAL_LM
 from tabs.common import get_model
 from tabs.course.engine import (
@@ -154,8 +155,7 @@ def l4_loss(inp: str, name: str = MODEL) -> Question:
 
 NEEDLE_TOKENS = 512  # the haystack of step 4 (less where the model reads less): a few seconds on a 2-core CPU
 NEEDLE_NEW = 24  # answer tokens decoded
-# a short needle and question, so that a model of a few hundred positions still reads a haystack around them
-NEEDLE = {"needle": "The password is tangerine-4817.", "question": "What is the password?", "answer": "tangerine-4817"}
+NEEDLE = retrieval.SHORT  # a short needle and question: a model of a few hundred positions still reads a haystack
 
 
 @functools.lru_cache(maxsize=8)
