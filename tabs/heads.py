@@ -110,8 +110,8 @@ RETRIEVAL_TEXT = """Which heads copy a fact out of a long text? A needle (a sent
 depths 10 %, 50 % and 90 % of a haystack of the project's own sentences and the model is asked for it; a head
 *retrieves* when, while the model writes the password, its strongest attention lands on the very needle token being
 copied (Wu et al. 2024, eq. 1). The scores are averaged over the runs that found the needle (all runs where none did),
-as Wu et al. do. Language models the long-context store computes; Generate's *Retrieval heads* section runs one needle
-at any length and switches the heads found off."""
+as Wu et al. do. For the language models the long-context store computes; Generate's *Retrieval heads* section runs
+one needle at any length and switches the heads found off."""
 RETRIEVAL_LENGTHS = [256, 512, 1024, 2048, 4096]
 RETRIEVAL_DEPTHS = (0.1, 0.5, 0.9)
 RETRIEVAL_NEW = 24  # answer tokens decoded per run
@@ -133,7 +133,8 @@ def retrieval_heads(model: str = DEFAULT_MODEL, length: int = 1024, progress: gr
     if not callable(getattr(net, "context_limit", None)):
         raise Error(f"No retrieval heads for `{model}`: it is not a language model (the needle is hidden in a text "
                     "that the model reads and answers a question about).")
-    length = min(int(length), net.context_limit() - RETRIEVAL_NEW - 8)
+    asked, length = int(length), min(int(length), net.context_limit() - RETRIEVAL_NEW - 8)
+    capped = f" (its context holds {net.context_limit():,} tokens, so not {asked:,})" if length < asked else ""
     words = retrieval.SHORT if length < 512 else {}  # a short context: a short needle and question leave it a haystack
     try:
         found = runs.needle_survey(net, length, RETRIEVAL_DEPTHS, RETRIEVAL_NEW,
@@ -145,9 +146,9 @@ def retrieval_heads(model: str = DEFAULT_MODEL, length: int = 1024, progress: gr
     used = (f"averaged over the {found.used} runs that found the password" if found.averaged_over == "found"
             else "averaged over every run (none found the password: the scores count the tokens copied)")
     needle = words.get("needle", retrieval.NEEDLE)
-    note = (f"**{esc(model)}**, haystacks of about {found.runs[0].length:,} tokens, the needle “{esc(needle)}”: "
-            f"{answers}. Scores {used}. "
-            f"Top retrieval heads: {retrieval.describe_heads([h for h in found.ranking[:10] if h[2] > 0]) or 'none'}.")
+    top = retrieval.describe_heads([h for h in found.ranking[:10] if h[2] > 0]) or "none"
+    note = (f"**{esc(model)}**, haystacks of about {found.runs[0].length:,} tokens{capped}, the needle "
+            f"“{esc(needle)}”: {answers}. Scores {used}. Top retrieval heads: {top}.")
     label = "retrieval score"
     return (note, fit(vh.head_grid(found.scores, label, title=f"Retrieval score per head · {esc(model)}")),
             fit(vh.head_ranking(found.ranking, label, top=TOP_RANKED)))
