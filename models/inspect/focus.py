@@ -10,9 +10,24 @@ overlap, at patch resolution, where attention lives). Plain numpy: the views and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png")  # the photographs the tests and bench/dinov2.py read
+
+
+def photo_paths() -> list[Path]:
+    """The example photographs scikit-image ships (its data folder, found without importing it; a test-only
+    dependency, so [] where it is not installed)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("skimage")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return [folder / n for n in PHOTOS if (folder / n).is_file()]
 
 
 def patch_saliency(saliency: np.ndarray, grid: tuple[int, int], patch: int) -> np.ndarray:
