@@ -92,6 +92,11 @@ def weights_digest(name: str) -> str | None:
     """A digest of the model's weight files (and config), without loading it; None where its files are unknown."""
     from models.inspect.atlas import file_digest
 
+    if name in catalogue.PACKAGED_VISION:  # an ONNX file a package ships (DINOv2): the file itself
+        from models.io.onnx_vit import packaged_file
+
+        found = packaged_file()
+        return file_digest([found], cache_dir() / "file-hashes.json") if found is not None else None
     gguf = _gguf_file(name)
     if gguf is not None:  # a GGUF file (SmolLM2 from its package, a --model PATH.gguf, an Ollama blob): the file itself
         return file_digest([gguf], cache_dir() / "file-hashes.json")
