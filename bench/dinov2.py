@@ -14,7 +14,8 @@ like any other. Agreement: Spearman's rank correlation and the top-``share`` IoU
 layer's mean over heads, and the rollout) and the saliency decoder's map averaged per patch, over the patches of the
 photograph itself. Per layer a line goes to stderr; the last stdout line is one JSON object: ``photos``,
 ``distance_by_layer`` (mean over heads and photos), ``distance_min`` and ``distance_max`` per layer (over heads,
-photo mean), ``agreement`` (map -> {spearman, iou}: means over the photos), ``best_layer`` and ``seconds``.
+photo mean), ``uniform_distance`` (attention spread evenly, for scale), ``agreement`` (map -> {spearman, iou}:
+means over the photos), ``best_layer`` and ``seconds``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main() -> None:
         dists.append(mean_attention_distance(w, grid=result.grid, patch=result.patch, skip=result.prefix_tokens))
         agree.append(focus_agreement(result, share=args.share))
     dist = np.mean(dists, axis=0)  # (L, H), mean over photos
+    n = result.grid[0] * result.grid[1]  # attention spread evenly over the patches, for scale
+    uniform = mean_attention_distance(np.full((1, 1, n + 1, n + 1), 1 / (n + 1)), grid=result.grid,
+                                      patch=result.patch, skip=1)[0, 0]
     maps = list(agree[0])
     summary = {m: {"spearman": float(np.mean([a[m].spearman for a in agree])),
                    "iou": float(np.mean([a[m].iou for a in agree]))} for m in maps}
@@ -68,6 +72,7 @@ def main() -> None:
                       "distance_by_layer": [round(float(v), 2) for v in dist.mean(1)],
                       "distance_min": [round(float(v), 2) for v in dist.min(1)],
                       "distance_max": [round(float(v), 2) for v in dist.max(1)],
+                      "uniform_distance": round(float(uniform), 2),
                       "agreement": {m: {k: round(v, 4) for k, v in s.items()} for m, s in summary.items()},
                       "best_layer": best, "seconds": round(time.perf_counter() - start, 2)}))
 

