@@ -97,10 +97,6 @@ class FocusResult:
     notice: str = ""
     tensor: Any = field(default=None, repr=False, compare=False)  # (1, 3, 224, 224) normalised, as it ran
 
-    def patch_at(self, y: float, x: float) -> tuple[int, int]:
-        r, c = int(y // self.patch), int(x // self.patch)
-        return max(0, min(r, self.grid[0] - 1)), max(0, min(c, self.grid[1] - 1))
-
 
 @dataclass(frozen=True)
 class FocusInput:
@@ -130,8 +126,6 @@ def prepare_focus(image: ImageInput, side: int = 224) -> FocusInput:
     h, w, top, left = focus_geometry(height, width, side)
     if (h, w) != (height, width):
         rgb = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_AREA)
-    if h > side or w > side:  # cannot happen for the longest side at `side`; kept as a check of the geometry
-        raise ValueError(f"resized to {h}×{w}, larger than {side}")
     shown = np.zeros((side, side, 3), np.uint8)
     shown[top:top + h, left:left + w] = rgb
     mean = np.asarray(IMAGENET_MEAN, np.float32) * 255
