@@ -171,6 +171,30 @@ def test_an_unknown_interpolation_setting_is_refused(graph, node, attribute, val
         onnx_vit.read_graph(_planted(graph, node, attribute, value))
 
 
+def test_layer_norms_of_another_epsilon_are_refused(graph) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.ModelProto()
+    g.CopyFrom(graph)
+    add = next(n for n in g.graph.node if n.name == "/backbone/encoder/layer.5/norm2/Add")
+    const = next(n for n in g.graph.node if n.output[0] == add.input[1])
+    const.attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(1e-5, np.float32)))
+    with pytest.raises(CheckpointError, match="epsilon"):
+        onnx_vit.read_graph(g)
+
+
+def test_a_resize_by_scales_is_refused(graph) -> None:
+    import onnx
+
+    g = onnx.ModelProto()
+    g.CopyFrom(graph)
+    resize = next(n for n in g.graph.node if n.name == "/backbone/embeddings/Resize")
+    resize.input[2], resize.input[3] = resize.input[3], ""
+    with pytest.raises(CheckpointError, match="by scales"):
+        onnx_vit.read_graph(g)
+
+
 def test_a_missing_weight_node_is_refused_by_name(graph) -> None:
     import onnx
 

