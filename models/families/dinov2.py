@@ -78,7 +78,11 @@ class SaliencyDecoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         for up, norm in zip(self.ups, self.norms, strict=True):
-            x = F.relu(norm(up(x)))
+            x = up(x)
+            # batch norm with its running statistics (inference: the decoder is never trained here), cast to the
+            # weights' dtype: placement keeps buffers float32 under bfloat16 weights (models/io/placement.py)
+            x = F.relu(F.batch_norm(x, norm.running_mean.to(x.dtype), norm.running_var.to(x.dtype),
+                                    norm.weight, norm.bias, False, 0.0, norm.eps))
         return self.final(x)
 
 
