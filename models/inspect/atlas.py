@@ -107,6 +107,20 @@ def builtin_corpus(kind: str) -> Corpus:
     return Corpus(kind, tuple(items), f"built-in: {len(items)} sentences", _digest(kind, items))
 
 
+def photo_corpus() -> Corpus:
+    """The example photographs (scikit-image's astronaut, cat and coffee: models.inspect.focus.photo_paths) as an
+    image corpus, for a model trained on photographs (DINOv2); ValueError in words where they are not installed."""
+    from models.inspect.focus import photo_paths
+
+    paths = photo_paths()
+    if not paths:
+        raise ValueError("The example photographs come with scikit-image (requirements-dev.txt), which is not "
+                         "installed here: `pip install scikit-image==0.26.0`")
+    data = b"".join(hashlib.sha256(p.read_bytes()).digest() for p in paths)
+    return Corpus("images", tuple(str(p) for p in paths), f"{len(paths)} example photographs and their mirror images",
+                  _digest("photos", [p.name for p in paths], data))
+
+
 def user_corpus(text: str, kind: str = "text") -> Corpus:
     """A corpus from a user's text, one sentence a line: blank lines skipped; more than ``MAX_LINES`` lines, a line
     over ``MAX_LINE_CHARS`` characters, control characters or an empty text refused with a sentence that says so."""
@@ -614,6 +628,10 @@ def example_map(model: Any, item: str, layer: int) -> ExampleMap:
     family = registry.family_of(model).name
     if family in ("vit", "deit", "swin"):
         images = dict(_images(builtin_corpus("images")))
+        if item not in images:  # a photograph of the photo corpus (a model scored on photo_corpus)
+            from models.inspect.focus import photo_paths
+
+            images.update(_images(Corpus("images", tuple(str(p) for p in photo_paths()), "", "")))
         if item not in images:
             raise ValueError(f"{item[:60]!r} is not one of the shipped images")
         result = model.classify(images[item])
