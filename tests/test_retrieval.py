@@ -380,7 +380,7 @@ def test_the_heads_tab_and_lesson_4_read_the_survey(tiny_checkpoints, monkeypatc
 
     q = induction.l4_retrieval("3", "gpt-tiny")
     hay, found = induction._needle("gpt-tiny", 3)
-    assert hay.needle == induction.NEEDLE["needle"] and len(hay.ids) + induction.NEEDLE_NEW <= net.context_limit()
+    assert hay.needle == R.SHORT["needle"] and len(hay.ids) + induction.NEEDLE_NEW <= net.context_limit()
     if q.answer.startswith("layer "):
         layer, head = (int(v) for v in q.answer.replace("layer ", "").split(" head "))
         assert found.scores[layer, head] == found.scores.max() > 0

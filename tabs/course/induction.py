@@ -6,7 +6,6 @@ import functools
 
 import numpy as np
 
-from models.inspect import retrieval
 from serving.catalogue import GPT_TINY, REAL_LM
 from tabs.common import get_model
 from tabs.course.engine import (
@@ -155,18 +154,19 @@ def l4_loss(inp: str, name: str = MODEL) -> Question:
 
 NEEDLE_TOKENS = 512  # the haystack of step 4 (less where the model reads less): a few seconds on a 2-core CPU
 NEEDLE_NEW = 24  # answer tokens decoded
-NEEDLE = retrieval.SHORT  # a short needle and question: a model of a few hundred positions still reads a haystack
 
 
 @functools.lru_cache(maxsize=8)
 def _needle(name: str, seed: int):
     """A needle run (serving.runs.needle, Wu et al. 2024) on the chosen model: the haystack seeded by the lesson's
     input, the needle halfway, through the long-context store; (haystack, Retrieval)."""
+    from models.inspect import retrieval
     from serving import runs
 
     net = get_model(name)
     length = min(NEEDLE_TOKENS, net.context_limit() - NEEDLE_NEW - 8)
-    return runs.needle(net, length, 0.5, NEEDLE_NEW, seed=seed, **NEEDLE)
+    # the short needle and question: a model of a few hundred positions still reads a haystack around them
+    return runs.needle(net, length, 0.5, NEEDLE_NEW, seed=seed, **retrieval.SHORT)
 
 
 def l4_retrieval(inp: str, name: str = MODEL) -> Question:
