@@ -187,7 +187,8 @@ def test_choosing_another_model_takes_the_old_figures_down(tab_name: str, run_la
                 and sum(o in plots for o in fn.outputs) >= 4]
     assert len(clearing) == 1
     fn = clearing[0]
-    values = fn.fn(*(["SST-2 sentiment"] if len(fn.inputs) == 2 else []), "broken-one")
+    kept_before = {"model": "an earlier model", "result": None}  # the state the event reads when it runs
+    values = fn.fn(*(["SST-2 sentiment"] if len(fn.inputs) == 3 else []), "broken-one", kept_before)
     shown = {o: v for o, v in zip(fn.outputs, values, strict=True)}
     assert all(shown[o] is None for o in fn.outputs if o in plots or o in states)
     assert any(isinstance(v, str) and "broken-one" in v and run_label in v for v in values)
