@@ -45,7 +45,7 @@ class Family:
     text: bool = False  # a tokenizer is attached on load (models.inputs.tokenizer)
     # what it can do (the tabs show what applies, from these; never from the family's name)
     heads: bool = True  # attention heads to pick, switch off, patch, split (False: Mamba's implicit attention)
-    implicit: bool = False  # its maps are implicit attention read from a state-space scan (Mamba)
+    implicit: bool = False  # its maps are implicit attention read from a recurrence (Mamba's scan, RWKV's WKV)
     split: str | None = None  # the score split of "why a head attends" (SPLITS): "walk" (parts of the residual
     # stream, through ``walk``), "disentangled" (DeBERTa's content and position terms), "relative_bias" (T5's content
     # plus the bias of the offset's bucket); None: none
@@ -151,6 +151,10 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
+# RWKV-4: its WKV recurrence is a causal softmax per channel with a decay linear in the distance, drawn as such
+register(Family("rwkv", "models.families.rwkv", "Rwkv", "RwkvConfig", (),
+                (("rwkv", "models.io.hf_rwkv:rwkv_from_state"),), tabs=("generate",), text=True,
+                heads=False, implicit=True, causal_lm=True, notice="models.families.rwkv:notice"))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),
