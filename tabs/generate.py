@@ -664,7 +664,8 @@ def map_kind(net) -> dict:
     sliding window: {layer: window}), for the titles drawn without the model."""
     spec = getattr(net, "spec", None)
     local = {i: b.window for i, b in enumerate(spec.blocks) if b.window} if spec is not None else {}
-    return {"implicit": registry.family_of(net).implicit, "local": local}
+    implicit = registry.family_of(net).implicit and getattr(net, "IMPLICIT", True)  # what the map is, in words
+    return {"implicit": implicit, "local": local}
 
 
 def family_notice(net) -> str:
@@ -952,8 +953,10 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
     shown = amap.upto(t)
-    title = ("Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
-             "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
+    implicit = state.get("implicit")  # the family's words for its map (map_kind), or True
+    title = (f"Implicit attention ({implicit if isinstance(implicit, str) else 'Mamba: |α|, channels averaged'})"
+             if implicit else "Decoder self-attention (causal)")
+    title += f" · up to token {t - 1}" if t < len(result.tokens) else ""
     local = state.get("local") or {}
     shown_layer = int(layer) % amap.layers if str(layer).lstrip("-").isdigit() else None
     if shown_layer in local:

@@ -254,6 +254,8 @@ def heatmap(alpha: Tensor) -> Tensor:
 class Rwkv(nn.Module):
     """Embedding -> LayerNorm -> RWKV blocks -> LayerNorm -> output projection."""
 
+    IMPLICIT = "RWKV: WKV's softmax per channel, channels averaged"  # what its maps are, in titles and notes
+
     # the decoder interface that does not depend on the mixer (prompt checks and cut, tokens, logit lens, the
     # repeated-token sequence) is Mamba's, read through this model's forward, norm and head
     encode_prompt = Mamba.encode_prompt
