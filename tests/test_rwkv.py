@@ -242,3 +242,38 @@ def test_rwkv_in_the_heads_tab(configured: str, tmp_path: Path) -> None:
     ids = net.encode_prompt("the cat saw the dog .")[0]
     np.testing.assert_allclose(ex.weights, net.implicit_attention(ids)[2], atol=1e-6)
     np.testing.assert_allclose(ex.weights.sum(-1), 1.0, atol=1e-5)
+
+
+def test_rwkv_in_lesson_9(configured: str) -> None:
+    """Lesson 9 with "my-rwkv: …": the configured RWKV takes mamba-tiny's place on its own tokens, its numbers are its
+    Generate map's (first-token share and thirds computed here from ``implicit_attention`` and gpt-tiny's softmax
+    rows), the verdicts follow them, and step 3 draws mamba-tiny beside both. Without the prefix, mamba-tiny."""
+    import json
+
+    from tabs import lessons
+    from tabs.common import get_model
+    from tabs.course import mamba as l9
+
+    sentence = "A man in a blue shirt is riding a bicycle down the street."
+    inp = f"{configured}: {sentence}"
+    assert l9.recurrent_choice(inp)[0] == configured and l9.recurrent_choice(sentence)[0] == l9.MAMBA
+    assert l9.recurrent_choice(f"gpt-tiny: {sentence}")[0] == l9.MAMBA  # a Transformer is no recurrent model
+    net, gpt = get_model(configured), get_model("gpt-tiny")
+    rows = net.implicit_attention(net.encode_prompt(sentence)[0][: net.context_limit()])[:, 0].astype(np.float64)
+    g_ids = gpt.encode_prompt(sentence)[0]
+    g_rows = gpt.token_losses(g_ids)[1].astype(np.float64).mean(1)
+    m, g = rows[:, 1:, 0].mean(), g_rows[:, 1:, 0].mean()
+    q1 = lessons.question(9, 1, inp)
+    assert f"{g:.1%} (gpt-tiny) against {m:.1%} ({configured})" in q1.fact and "WKV" in q1.fact
+    assert q1.answer == l9._compare(g, m, [c for c in q1.choices if "gpt-tiny's" in c] +
+                                    [c for c in q1.choices if configured in c] +
+                                    [c for c in q1.choices if "about the same" in c])
+    near, far = l9.thirds(rows.mean(0))
+    q2 = lessons.question(9, 2, inp)
+    assert f"nearest third {near:.2f} against farthest third {far:.2f}" in q2.fact
+    q3 = lessons.question(9, 3, inp)
+    verdict, figure, _ = lessons.lesson_answer_api(9, 3, q3.answer, inp)
+    assert verdict.startswith("correct") and configured in q3.fact
+    heatmaps = [t for t in json.loads(figure)["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 3  # the RWKV, mamba-tiny and gpt-tiny
+    assert "mamba-tiny" in lessons.question(9, 1, sentence).fact
