@@ -128,8 +128,9 @@ def tiny_rwkv(folder: Path) -> Path:
 
 
 # families whose tiny model is built here
-BUILT = {"rwkv": tiny_rwkv, "deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm,
-         "llava": tiny_llava, "idefics3": tiny_idefics3, "qwen2_5_vl": tiny_qwen2_5_vl, "paligemma": tiny_paligemma}
+BUILT = {"deit": tiny_deit, "deberta": tiny_deberta, "mamba": tiny_mamba, "t5": tiny_t5, "vlm": tiny_vlm,
+         "llava": tiny_llava, "idefics3": tiny_idefics3, "qwen2_5_vl": tiny_qwen2_5_vl, "paligemma": tiny_paligemma,
+         "rwkv": tiny_rwkv}
 
 
 def entry_point(model, tab: str):

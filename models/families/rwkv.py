@@ -55,9 +55,10 @@ from models.families.mamba import Mamba
 from models.outputs import GenerationResult
 
 # α costs T² per channel and layer (the scan costs T): rwkv-4-169m's 12 × 768 channels at 256 tokens are 0.6 G scores,
-# a few seconds on a 2-core CPU. So prompt + generated tokens at most MAX_TOKENS.
-MAX_TOKENS = 256
-ALPHA_FLOATS = 1 << 25  # at most this many floats (128 MB) of scores at once: the channel chunk adapts to T
+# 36 s on the busy 2-core test machine (load 6.8; `python bench/rwkv_map.py`), at 128 tokens a quarter of them. So
+# prompt + generated tokens at most MAX_TOKENS, as for Mamba.
+MAX_TOKENS = 128
+ALPHA_FLOATS = 1 << 24  # at most this many floats (64 MB) of scores at once: the channel chunk adapts to T
 NOT_APPLICABLE = ("RWKV has no attention heads, so the views built on heads do not apply: head roles, head "
                   "ablation, attention sinks, \"why a head attends\" (a score split of q·k) and head patching. "
                   "Shown instead: the attention its WKV recurrence is, per channel (Peng et al. 2023; Zimerman, Ali & "
@@ -251,6 +252,16 @@ def heatmap(alpha: Tensor) -> Tensor:
     return alpha.mean(0)
 
 
+def mean_attention(trace: WkvTrace, time_decay: Tensor, time_first: Tensor) -> Tensor:
+    """``heatmap`` of every channel's α (T, T), summed a chunk of channels at a time (memory: one chunk's α, not A)."""
+    t, a = trace.k.shape
+    chunk = max(1, ALPHA_FLOATS // (t * t))
+    total = trace.k.new_zeros(t, t, dtype=torch.float32)
+    for start in range(0, a, chunk):
+        total += implicit_attention(trace, time_decay, time_first, channels=range(start, min(a, start + chunk))).sum(0)
+    return total / a
+
+
 class Rwkv(nn.Module):
     """Embedding -> LayerNorm -> RWKV blocks -> LayerNorm -> output projection."""
 
@@ -334,8 +345,10 @@ class Rwkv(nn.Module):
         return implicit_attention(trace, mix.time_decay, mix.time_first, channel)
 
     def _maps(self, traces: list[WkvTrace], channel: int | None = None) -> np.ndarray:
-        """(L, 1, T, T) float32: each layer's α averaged over its channels (``heatmap``), or one channel's."""
-        maps = [heatmap(self.alpha(tr, i, channel))[None] for i, tr in enumerate(traces)]
+        """(L, 1, T, T) float32: each layer's α averaged over all channels (``mean_attention``), or one channel's."""
+        mixes = [block.attention for block in self.blocks]
+        maps = [(mean_attention(tr, m.time_decay, m.time_first) if channel is None else
+                 heatmap(self.alpha(tr, i, channel)))[None] for i, (tr, m) in enumerate(zip(traces, mixes))]
         return np.stack([m.float().cpu().numpy() for m in maps]).astype(np.float32)
 
     @torch.no_grad()
