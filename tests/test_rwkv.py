@@ -277,3 +277,18 @@ def test_rwkv_in_lesson_9(configured: str) -> None:
     heatmaps = [t for t in json.loads(figure)["data"] if t["type"] == "heatmap"]
     assert len(heatmaps) == 3  # the RWKV, mamba-tiny and gpt-tiny
     assert "mamba-tiny" in lessons.question(9, 1, sentence).fact
+
+
+def test_the_channel_mean_in_chunks(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The averaged map summed a few channels at a time (chunks of 5 that do not divide 32) equals the mean of every
+    channel's α at once."""
+    from models.families import rwkv
+
+    _, ours = pair
+    with torch.no_grad():
+        trace = ours(torch.tensor([IDS]), keep_trace=True).traces[1]
+        mix = ours.blocks[1].attention
+        whole = heatmap(implicit_attention(trace, mix.time_decay, mix.time_first))
+        monkeypatch.setattr(rwkv, "ALPHA_FLOATS", 5 * len(IDS) ** 2)
+        torch.testing.assert_close(rwkv.mean_attention(trace, mix.time_decay, mix.time_first), whole, atol=1e-6,
+                                   rtol=0)

@@ -55,7 +55,7 @@ from models.families.mamba import Mamba
 from models.outputs import GenerationResult
 
 # α costs T² per channel and layer (the scan costs T): rwkv-4-169m's 12 × 768 channels at 256 tokens are 0.6 G scores,
-# 36 s on the busy 2-core test machine (load 6.8; `python bench/rwkv_map.py`), at 128 tokens a quarter of them. So
+# 18–36 s on the busy 2-core test machine (load 2.4–6.8; `python bench/rwkv_map.py`), at 128 a quarter of them. So
 # prompt + generated tokens at most MAX_TOKENS, as for Mamba.
 MAX_TOKENS = 128
 ALPHA_FLOATS = 1 << 24  # at most this many floats (64 MB) of scores at once: the channel chunk adapts to T
