@@ -148,13 +148,13 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 tabs=("generate",), walk="gpt", text=True, split="walk", causal_lm=True, ablation=True,
                 batch="lockstep", notice="models.families.gpt:notice",
                 experts=("n_experts", "num_local_experts")))  # GPTConfig's, a Mixtral config.json's
-register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
-                (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
-                heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
 # RWKV-4: its WKV recurrence is a causal softmax per channel with a decay linear in the distance, drawn as such
 register(Family("rwkv", "models.families.rwkv", "Rwkv", "RwkvConfig", (),
                 (("rwkv", "models.io.hf_rwkv:rwkv_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.rwkv:notice"))
+register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
+                (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
+                heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))
 register(Family("vit", "models.families.vit", "ViT", "ViTConfig", ("ViT",),
                 (("vit", "models.io.hf:vit_classifier_from_state"),), tabs=("vision",), methods=ALL_METHODS))
 register(Family("deit", "models.families.deit", "DeiT", "DeiTConfig", ("DeiT",),

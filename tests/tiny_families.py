@@ -90,29 +90,6 @@ def decoder_folder(folder: Path, name: str, seed: int = 0, std: float = 0.1, **o
     return model
 
 
-def mamba_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
-    """A random ``MambaForCausalLM`` written by transformers into ``folder`` (unusual sizes: state 6, kernel 3,
-    expand 3, time-step rank 5, untied output); returns it (eval). D and A_log are perturbed from their constant
-    initial values, so a swapped or ignored one shows."""
-    import torch
-    import transformers
-
-    borrowed_tokenizer(folder)
-    settings = dict(vocab_size=VOCAB, hidden_size=40, state_size=6, num_hidden_layers=3, conv_kernel=3, expand=3,
-                    time_step_rank=5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                    use_mambapy=False)
-    settings.update(overrides)
-    torch.manual_seed(seed)
-    model = transformers.MambaForCausalLM(transformers.MambaConfig(**settings)).eval()
-    with torch.no_grad():
-        for block in model.backbone.layers:
-            block.mixer.D.add_(torch.randn_like(block.mixer.D) * 0.3)
-            block.mixer.A_log.add_(torch.randn_like(block.mixer.A_log) * 0.3)
-            block.norm.weight.add_(torch.randn_like(block.norm.weight) * 0.1)
-    model.save_pretrained(folder, safe_serialization=True)
-    return model
-
-
 def rwkv_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     """A random ``RwkvForCausalLM`` (RWKV-4) written by transformers into ``folder`` (unusual sizes: 5 layers rescaled
     every 2, so that blocks 2–4 run halved and quartered, a feed-forward of 72, a LayerNorm ε of 1e-3, untied output);
@@ -141,3 +118,27 @@ def rwkv_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     return model
+
+
+def mamba_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
+    """A random ``MambaForCausalLM`` written by transformers into ``folder`` (unusual sizes: state 6, kernel 3,
+    expand 3, time-step rank 5, untied output); returns it (eval). D and A_log are perturbed from their constant
+    initial values, so a swapped or ignored one shows."""
+    import torch
+    import transformers
+
+    borrowed_tokenizer(folder)
+    settings = dict(vocab_size=VOCAB, hidden_size=40, state_size=6, num_hidden_layers=3, conv_kernel=3, expand=3,
+                    time_step_rank=5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                    use_mambapy=False)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(**settings)).eval()
+    with torch.no_grad():
+        for block in model.backbone.layers:
+            block.mixer.D.add_(torch.randn_like(block.mixer.D) * 0.3)
+            block.mixer.A_log.add_(torch.randn_like(block.mixer.A_log) * 0.3)
+            block.norm.weight.add_(torch.randn_like(block.norm.weight) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+

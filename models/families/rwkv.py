@@ -266,6 +266,7 @@ class Rwkv(nn.Module):
     """Embedding -> LayerNorm -> RWKV blocks -> LayerNorm -> output projection."""
 
     IMPLICIT = "RWKV: WKV's softmax per channel, channels averaged"  # what its maps are, in titles and notes
+    NOT_APPLICABLE = NOT_APPLICABLE  # what the head views say for it (tabs.sections.text.require_heads)
 
     # the decoder interface that does not depend on the mixer (prompt checks and cut, tokens, logit lens, the
     # repeated-token sequence) is Mamba's, read through this model's forward, norm and head

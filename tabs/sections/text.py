@@ -22,11 +22,11 @@ def text_model(name: str):
 def require_heads(net, view: str) -> None:
     """A view built on attention heads refuses, in words, a model that has none (Mamba: its implicit attention is
     read from a state-space scan, with no query, key or head to split, switch off or patch)."""
-    family = registry.family_of(net)
-    if not family.heads:  # its module says, in words, what does not apply (Mamba's, RWKV's NOT_APPLICABLE)
-        import importlib
+    if not registry.family_of(net).heads:
+        from models.families.mamba import NOT_APPLICABLE
 
-        raise Error(f"{view} does not apply to this model. {importlib.import_module(family.module).NOT_APPLICABLE}")
+        # a family that says its own reason (Qwen3-Next's one map per layer) has it on the model
+        raise Error(f"{view} does not apply to this model. {getattr(net, 'NOT_APPLICABLE', NOT_APPLICABLE)}")
 
 
 def encode(net, text: str) -> tuple[list[int], list[str], str]:
