@@ -141,4 +141,3 @@ def mamba_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
             block.norm.weight.add_(torch.randn_like(block.norm.weight) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     return model
-
