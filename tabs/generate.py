@@ -449,7 +449,8 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
                                interactive=amap.layers > 1, info=None)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0, interactive=amap.heads > 1,
                               info=None)
-    kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net))
+    # ``words``: what a family's implicit map is, in the heatmap's title (RWKV's WKV, not Mamba's |α|)
+    kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net), words=getattr(net, "IMPLICIT", None))
     device_side = on_device(kept)
     # all sessions' long (or device-side) results together stay under ATLAS_LONG_KEEP_MB (ATLAS_DEVICE_KEEP_MB):
     # the oldest are let go
@@ -664,8 +665,7 @@ def map_kind(net) -> dict:
     sliding window: {layer: window}), for the titles drawn without the model."""
     spec = getattr(net, "spec", None)
     local = {i: b.window for i, b in enumerate(spec.blocks) if b.window} if spec is not None else {}
-    implicit = registry.family_of(net).implicit and getattr(net, "IMPLICIT", True)  # what the map is, in words
-    return {"implicit": implicit, "local": local}
+    return {"implicit": registry.family_of(net).implicit, "local": local}
 
 
 def family_notice(net) -> str:
@@ -953,11 +953,11 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
                                   [s.chosen for s in result.steps], step=int(step or 0) or None)
     amap = result.attention["decoder"]
     shown = amap.upto(t)
-    implicit = state.get("implicit")  # the family's words for its map (map_kind), or True
-    title = (f"Implicit attention ({implicit if isinstance(implicit, str) else 'Mamba: |α|, channels averaged'})"
-             if implicit else "Decoder self-attention (causal)")
-    title += f" · up to token {t - 1}" if t < len(result.tokens) else ""
+    title = ("Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
+             "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
     local = state.get("local") or {}
+    if state.get("implicit") and state.get("words"):  # the family's own words for its implicit map (map_kind's flag)
+        title = title.replace("Mamba: |α|, channels averaged", state["words"])
     shown_layer = int(layer) % amap.layers if str(layer).lstrip("-").isdigit() else None
     if shown_layer in local:
         title += f" · layer {shown_layer} is local: sliding window of {local[shown_layer]} tokens"
