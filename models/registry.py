@@ -45,7 +45,7 @@ class Family:
     text: bool = False  # a tokenizer is attached on load (models.inputs.tokenizer)
     # what it can do (the tabs show what applies, from these; never from the family's name)
     heads: bool = True  # attention heads to pick, switch off, patch, split (False: Mamba's implicit attention)
-    implicit: bool = False  # its maps are implicit attention read from a state-space scan (Mamba)
+    implicit: bool = False  # its maps are implicit attention read from a recurrence (Mamba's scan, RWKV's WKV)
     split: str | None = None  # the score split of "why a head attends" (SPLITS): "walk" (parts of the residual
     # stream, through ``walk``), "disentangled" (DeBERTa's content and position terms), "relative_bias" (T5's content
     # plus the bias of the offset's bucket); None: none
@@ -148,6 +148,10 @@ register(Family("gpt", "models.families.gpt", "GPT", "GPTConfig", ("GPT",),
                 tabs=("generate",), walk="gpt", text=True, split="walk", causal_lm=True, ablation=True,
                 batch="lockstep", notice="models.families.gpt:notice",
                 experts=("n_experts", "num_local_experts")))  # GPTConfig's, a Mixtral config.json's
+# RWKV-4: its WKV recurrence is a causal softmax per channel with a decay linear in the distance, drawn as such
+register(Family("rwkv", "models.families.rwkv", "Rwkv", "RwkvConfig", (),
+                (("rwkv", "models.io.hf_rwkv:rwkv_from_state"),), tabs=("generate",), text=True,
+                heads=False, implicit=True, causal_lm=True, notice="models.families.rwkv:notice"))
 register(Family("mamba", "models.families.mamba", "Mamba", "MambaConfig", ("Mamba",),
                 (("mamba", "models.io.hf_decoders:mamba_from_state"),), tabs=("generate",), text=True,
                 heads=False, implicit=True, causal_lm=True, notice="models.families.mamba:notice"))

@@ -449,7 +449,8 @@ def _answer(net, model: str | None, result, *, strategy: str, temperature: float
                                interactive=amap.layers > 1, info=None)
     ablate_head_u = gr.update(minimum=0, maximum=max(amap.heads - 1, 1), value=0, interactive=amap.heads > 1,
                               info=None)
-    kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net))
+    # ``words``: what a family's implicit map is, in the heatmap's title (RWKV's WKV, not Mamba's |α|)
+    kept = results.Kept(result=result, model=model or DEFAULT, **map_kind(net), words=getattr(net, "IMPLICIT", None))
     device_side = on_device(kept)
     # all sessions' long (or device-side) results together stay under ATLAS_LONG_KEEP_MB (ATLAS_DEVICE_KEEP_MB):
     # the oldest are let go
@@ -960,6 +961,8 @@ def draw_generation(state: dict | None, step: int, layer: int, head: str, view: 
              "Implicit attention (Mamba: |α|, channels averaged)" if state.get("implicit") else
              "Decoder self-attention (causal)") + (f" · up to token {t - 1}" if t < len(result.tokens) else "")
     local = state.get("local") or {}
+    if state.get("implicit") and state.get("words"):  # the family's own words for its implicit map (map_kind's flag)
+        title = title.replace("Mamba: |α|, channels averaged", state["words"])
     shown_layer = int(layer) % amap.layers if str(layer).lstrip("-").isdigit() else None
     if kinds and shown_layer is not None and shown_layer < len(kinds):
         title += f" · layer {shown_layer} is {kinds[shown_layer]}"

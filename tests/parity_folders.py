@@ -101,6 +101,10 @@ CASES: tuple[Case, ...] = (
     Case("llama", "llama", "decoder", lambda f: Ref(tiny.tiny_llama_folder(f)),
          {"config.kv_heads": 2, "config.rope_layout": "half", "config.bos_id": 0}),
     *(Case(name, name.split("-")[0], "decoder", _decoder(name)) for name in tiny_families.FAMILIES),
+    # RWKV-4 (no attention either): the same comparison as Mamba's (tests/test_parity.py: logits, every block's hidden
+    # state, greedy ids through the recurrent state)
+    Case("rwkv", "rwkv", "mamba", lambda f: Ref(tiny_families.rwkv_folder(f)),
+         {"config.tie_embeddings": False, "config.rescale_every": 2, "config.d_hidden": 72, "config.norm_eps": 1e-3}),
     Case("mamba", "mamba", "mamba", lambda f: Ref(tiny_families.mamba_folder(f)),
          {"config.tie_embeddings": False, "config.d_inner": 120}),
     # hybrids (Qwen3-Next): logits, every hidden state, the softmax layers' attention, greedy ids

@@ -154,6 +154,17 @@ def answer(result) -> object:
     return result.text if hasattr(result, "text") else np.round(result.probs, 5).tolist()
 
 
+def tiny_rwkv(folder: Path) -> Path:
+    """A random RWKV-4 Hugging Face folder written by transformers (tests/tiny_families.py)."""
+    from tests.tiny_families import rwkv_folder
+
+    rwkv_folder(folder)
+    return folder
+
+
+TINY["rwkv"], BUILT["rwkv"] = None, tiny_rwkv  # RWKV-4: no tiny checkpoint, a folder built here
+
+
 def test_every_family_has_a_tiny_model() -> None:
     assert set(TINY) == set(registry.FAMILIES)
     for family in registry.FAMILIES.values():

@@ -90,6 +90,36 @@ def decoder_folder(folder: Path, name: str, seed: int = 0, std: float = 0.1, **o
     return model
 
 
+def rwkv_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
+    """A random ``RwkvForCausalLM`` (RWKV-4) written by transformers into ``folder`` (unusual sizes: 5 layers rescaled
+    every 2, so that blocks 2–4 run halved and quartered, a feed-forward of 72, a LayerNorm ε of 1e-3, untied output);
+    returns it (eval). Decays, bonuses, token-shift mixes and norms are perturbed from transformers' structured
+    initial values (a swapped w and u, or a mix read as its complement, shows), and the embedding is scaled up from
+    its 1e-4 gain so that the first LayerNorm's ε does not flatten the input. Saved before any forward: transformers
+    divides its output weights in place when an eval model first runs, and a folder holds them undivided."""
+    import torch
+    import transformers
+
+    borrowed_tokenizer(folder)
+    settings = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=5, intermediate_size=72, context_length=96,
+                    layer_norm_epsilon=1e-3, rescale_every=2, tie_word_embeddings=False, bos_token_id=0,
+                    eos_token_id=0, pad_token_id=0)
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = transformers.RwkvForCausalLM(transformers.RwkvConfig(**settings)).eval()
+    with torch.no_grad():
+        model.rwkv.embeddings.weight.normal_(0.0, 1.0)
+        for name, p in model.named_parameters():
+            if "time_decay" in name or "time_first" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+            elif "time_mix" in name:
+                p.copy_((p + torch.randn_like(p) * 0.2).clamp(0.0, 1.0))
+            elif p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
 def mamba_folder(folder: Path, seed: int = 0, **overrides: Any) -> Any:
     """A random ``MambaForCausalLM`` written by transformers into ``folder`` (unusual sizes: state 6, kernel 3,
     expand 3, time-step rank 5, untied output); returns it (eval). D and A_log are perturbed from their constant

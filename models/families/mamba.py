@@ -221,6 +221,8 @@ def heatmap(alpha: Tensor) -> Tensor:
 class Mamba(nn.Module):
     """Embedding -> Mamba blocks -> RMSNorm -> output projection (tied to the embedding by default)."""
 
+    IMPLICIT = "Mamba: |α|, channels averaged"  # what its maps are, in the titles and notes that draw them
+
     def __init__(self, config: MambaConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
         self.config = c = config

@@ -3,7 +3,7 @@ mean pattern by offset and (decoders) the tokens it writes, streamed a batch at 
 json (docs/ARCHITECTURE.md "Heads").
 
 ``run_atlas(model, corpus)`` picks the runner from the model's registered family (``models.registry``), never its
-class name: decoders (GPT and every family read into it), Mamba (its implicit attention, one map per layer),
+class name: decoders (GPT and every family read into it), Mamba and RWKV (implicit attention, one map per layer),
 encoders (the classifiers), translators (cross-attention and the encoder), ViT / DeiT and Swin. A family it does
 not know is refused in words.
 """
@@ -286,8 +286,8 @@ Progress = Callable[[float, str], None]
 def run_atlas(model: Any, corpus: Corpus, name: str = "", batch: int = 16, progress: Progress | None = None) -> Atlas:
     """Every head of ``model`` scored over ``corpus`` (see the module docstring); ``progress(fraction, text)``."""
     family = registry.family_of(model).name
-    runner = {"gpt": _decoder, "mamba": _mamba, "classifier": _encoder, "bert": _encoder, "deberta": _encoder,
-              "translator": _translator, "vit": _vit, "deit": _vit, "swin": _swin}.get(family)
+    runner = {"gpt": _decoder, "mamba": _mamba, "rwkv": _mamba, "classifier": _encoder, "bert": _encoder,
+              "deberta": _encoder, "translator": _translator, "vit": _vit, "deit": _vit, "swin": _swin}.get(family)
     if runner is None:
         raise ValueError(f"the head atlas does not know the {family} family yet")
     want = modality(model)
@@ -484,6 +484,7 @@ def _layer_position_share(attn: Any, inp: Any, weights: Any, t: int) -> np.ndarr
 
 
 def _mamba(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atlas:
+    """A family without heads whose maps are implicit attention (Mamba, RWKV): one map per layer."""
     limit = min(MAX_TOKENS, model.context_limit())
     acc = hm.HeadAccumulator(TOP_K)
     items = list(corpus.items)
@@ -498,9 +499,9 @@ def _mamba(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atlas:
         acc.add("induction", roles["induction"], -1, weight=n)
         acc.add("duplicate", roles["duplicate"], -1, weight=n)
     return _finish(acc, corpus, items, notes=[
-        f"{len(items)} sentences; Mamba's implicit attention (Ali et al. 2024), channels averaged: one map per layer",
+        f"{len(items)} sentences; implicit attention ({model.IMPLICIT}): one map per layer",
         f"induction and duplicate token on {REPEAT_SEEDS} sequences of BOS + {n} random tokens twice",
-        "no position share: Mamba has no attention scores to split"])
+        "no position share: a recurrence has no attention scores to split"])
 
 
 def _encoder(model: Any, corpus: Corpus, batch: int, progress: Progress) -> Atlas:
@@ -651,16 +652,17 @@ def example_map(model: Any, item: str, layer: int) -> ExampleMap:
         _check_layer(layer, amap.weights.shape[0])
         return ExampleMap(np.asarray(amap.weights[layer], np.float32), list(amap.queries), list(amap.keys),
                           "Cross-attention")
-    if family in ("gpt", "mamba"):
+    implicit = registry.family_of(model).implicit  # Mamba's, RWKV's
+    if family == "gpt" or implicit:
         if item == REPEATED:  # the induction test sequence the atlas scored first (seed 0)
             ids = model.repeated_tokens(min(REPEAT_N, (model.context_limit() - 1) // 2), 0)
         else:
             ids = model.encode_prompt(item)[0][: min(MAX_TOKENS, model.context_limit())]
-        w = model.implicit_attention(ids) if family == "mamba" else model.token_losses(ids)[1]
+        w = model.implicit_attention(ids) if implicit else model.token_losses(ids)[1]
         _check_layer(layer, w.shape[0])
         tokens = [model.piece(i) for i in ids]
         return ExampleMap(np.asarray(w[layer], np.float32), tokens, tokens,
-                          "Implicit attention" if family == "mamba" else "Self-attention")
+                          "Implicit attention" if implicit else "Self-attention")
     result = model.classify(item)
     amap = result.attention["encoder"]
     _check_layer(layer, amap.weights.shape[0])
