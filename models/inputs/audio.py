@@ -71,6 +71,7 @@ def _wav(data: bytes) -> tuple[np.ndarray, int]:
     try:
         with wave.open(io.BytesIO(data)) as w:
             channels, width, rate, n = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
+            n = min(n, len(data) // max(1, width * channels))  # a streamed header may claim more than is there
             if rate and n / rate > MAX_AUDIO_S + 0.5:
                 raise AudioError(f"the recording is {n / rate:.1f} s long; at most {MAX_AUDIO_S:.0f} s can be heard "
                                  "(Whisper's window)")
