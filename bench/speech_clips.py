@@ -59,7 +59,8 @@ def make(sentence: str, voice: str = "en-us", speed: int = 130, gap: float = 0.0
         at += int(round(silence * TARGET_RATE)) / TARGET_RATE
     audio = np.concatenate(parts)
     audio = 0.8 * audio / max(1e-6, float(np.abs(audio).max()))
-    version = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True).stdout.split("Data at")[0].strip()
+    version = subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True).stdout
+    version = version.split("Data at")[0].strip()
     return audio, {"sentence": sentence, "words": spans, "voice": voice, "speed": speed, "gap_s": gap,
                    "made_by": f"bench/speech_clips.py with {version}"}
 

@@ -149,7 +149,7 @@ def write(path: Path | str, spec: str, revision: int, variables: dict[str, np.nd
 
     parts = [struct.pack("<I", VERSION), string(spec), struct.pack("<II", revision, len(variables))]
     for name, a in variables.items():
-        a = np.ascontiguousarray(a)
+        a = np.array(a, order="C")  # (ascontiguousarray would make a scalar 1-D)
         dt = a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else a.dtype
         if dt not in codes:
             raise ValueError(f"{name}: dtype {a.dtype} has no CTranslate2 id here")

