@@ -1,0 +1,171 @@
+"""Word timings from cross-attention, the way Whisper's released code finds them (its ``timing.py``; the method
+is described in the Whisper repository's notes on word-level timestamps), re-implemented here from that description:
+
+1. the cross-attention of the chosen heads (the checkpoint's *alignment heads*, or any head, layer or set) for the
+   rows that predict the text: the ``<|notimestamps|>`` row (it predicts the first text token) through the last text
+   token's row (it predicts end-of-text); each row renormalised over the encoder positions that hold audio (the
+   padding after the recording is left out, as a softmax over those positions alone would be);
+2. z-normalised per head and frame over the tokens (mean 0, standard deviation 1 down each column), so a frame that
+   every token attends to does not win every token;
+3. a median filter of width 7 along time (reflection at the ends);
+4. averaged over the heads, and a dynamic-time-warping path through the negated matrix (``dtw``: steps down,
+   right or diagonal, ties broken towards a horizontal step, as the released code does);
+5. a token's start is the frame where the path first reaches its row; a word (tokens split on leading spaces and
+   punctuation, multi-byte characters kept whole) runs from its first token's start to the next word's start, the
+   last word to the start of the end-of-text row. Leading punctuation joins the following word and trailing
+   punctuation the previous one, keeping that word's times.
+
+Times are in seconds: one encoder position is 20 ms. The DTW is tested against a brute-force search over all paths,
+the median filter against ``scipy.ndimage`` (tests/test_word_timing.py).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+FRAME_S = 0.02  # seconds per encoder position
+MEDFILT = 7  # width of the median filter along time
+PREPENDED = "\"'“¿([{-"  # punctuation that belongs to the next word
+APPENDED = "\"'.。,，!！?？:：”)]}、"  # punctuation that belongs to the word before
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str  # as decoded, with its leading space
+    start: float  # seconds
+    end: float  # seconds
+    tokens: tuple[int, ...]  # indices into the text tokens (0 = the first generated token)
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cheapest monotone path from (0, 0) to (N − 1, M − 1) through ``cost`` (N, M) with steps (1, 1), (1, 0)
+    and (0, 1): (row indices, column indices) along it. Ties prefer the horizontal step, then the vertical one
+    (a diagonal step only when strictly cheaper than both)."""
+    cost = np.asarray(cost, dtype=np.float64)
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    trace = np.full((n + 1, m + 1), -1, dtype=np.int8)
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c0, c1, c2 = acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]
+            if c0 < c1 and c0 < c2:
+                c, t = c0, 0
+            elif c1 < c0 and c1 < c2:
+                c, t = c1, 1
+            else:
+                c, t = c2, 2
+            acc[i, j] = cost[i - 1, j - 1] + c
+            trace[i, j] = t
+    trace[0, :], trace[:, 0] = 2, 1
+    i, j, rows, cols = n, m, [], []
+    while i > 0 or j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        t = trace[i, j]
+        if t == 0:
+            i, j = i - 1, j - 1
+        elif t == 1:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(rows[::-1]), np.array(cols[::-1])
+
+
+def median_filter(x: np.ndarray, width: int = MEDFILT) -> np.ndarray:
+    """The median of each ``width`` window along the last axis, the ends padded by reflection (without repeating
+    the edge sample); a series shorter than the padding is left as it is."""
+    x = np.asarray(x)
+    pad = width // 2
+    if width <= 1 or x.shape[-1] <= pad:
+        return x.copy()
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
+    windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1)
+    return np.median(windows, axis=-1).astype(x.dtype)
+
+
+def alignment_matrix(cross: np.ndarray, heads: Sequence[tuple[int, int]], rows: slice, n_frames: int,
+                     medfilt: int = MEDFILT) -> np.ndarray:
+    """(tokens, frames): steps 1-4's matrix before the path, from cross-attention (L, H, T, S)."""
+    if not heads:
+        raise ValueError("no heads to align with")
+    w = np.stack([cross[layer, head, rows, :n_frames] for layer, head in heads]).astype(np.float64)
+    w = w / np.maximum(w.sum(-1, keepdims=True), 1e-12)  # the softmax over the audio's positions alone
+    mean, std = w.mean(axis=-2, keepdims=True), w.std(axis=-2, keepdims=True)
+    w = (w - mean) / np.maximum(std, 1e-12)
+    return median_filter(w, medfilt).mean(axis=0)
+
+
+def split_words(tokens: Sequence[int], decode: Any, eot: int) -> list[tuple[str, list[int]]]:
+    """Text tokens -> words (str, token indices): a token that starts with a space, is punctuation or is special
+    starts a word; tokens that decode to part of a multi-byte character stay with the ones that complete it."""
+    pieces: list[tuple[str, list[int]]] = []
+    current: list[int] = []
+    for k, t in enumerate(tokens):
+        current.append(k)
+        text = decode([tokens[i] for i in current])
+        if "\ufffd" not in text or k == len(tokens) - 1:
+            pieces.append((text, current))
+            current = []
+    words: list[tuple[str, list[int]]] = []
+    for text, idx in pieces:
+        special = tokens[idx[0]] >= eot
+        if special or text.startswith(" ") or text.strip() in string.punctuation or not words:
+            words.append((text, list(idx)))
+        else:
+            words[-1] = (words[-1][0] + text, words[-1][1] + idx)
+    return words
+
+
+def _merge_punctuation(words: list[WordTiming]) -> list[WordTiming]:
+    out = list(words)
+    for i in range(len(out) - 2, -1, -1):  # leading punctuation joins the word after it
+        w = out[i]
+        if w.word.startswith(" ") and w.word.strip() in PREPENDED and i + 1 < len(out) and w.word.strip():
+            nxt = out[i + 1]
+            out[i + 1] = WordTiming(w.word + nxt.word, nxt.start, nxt.end, w.tokens + nxt.tokens)
+            out[i] = WordTiming("", w.start, w.start, ())
+    out = [w for w in out if w.word]
+    merged: list[WordTiming] = []
+    for w in out:  # trailing punctuation joins the word before it
+        if merged and not merged[-1].word.endswith(" ") and w.word in APPENDED:
+            p = merged[-1]
+            merged[-1] = WordTiming(p.word + w.word, p.start, p.end, p.tokens + w.tokens)
+        else:
+            merged.append(w)
+    return merged
+
+
+def word_timings(result: Any, decode: Any, eot: int, heads: Sequence[tuple[int, int]] | None = None,
+                 medfilt: int = MEDFILT) -> list[WordTiming]:
+    """The words of a ``SpeechResult`` with their start and end in seconds, aligned by ``heads`` (default: the
+    checkpoint's alignment heads). ``decode`` turns token ids into text (the model's tokenizer)."""
+    heads = list(result.alignment_heads if heads is None else heads)
+    ids, p = list(result.ids), result.prompt_len
+    text = [t for t in ids[p:] if t != eot]
+    text = text[: next((k for k, t in enumerate(text) if t > eot), len(text))]  # up to any special token
+    if not text:
+        return []
+    n_frames = max(1, min(int(round(result.duration_s / FRAME_S)), result.attention["cross"].weights.shape[-1]))
+    matrix = alignment_matrix(result.attention["cross"].weights, heads, slice(p - 1, p + len(text)), n_frames,
+                              medfilt)
+    rows, cols = dtw(-matrix)
+    jumps = np.r_[True, np.diff(rows) > 0]
+    starts = cols[jumps] * FRAME_S  # (len(text) + 1,): when each row begins
+    out = []
+    for word, idx in split_words(text, decode, eot):
+        begin, end = idx[0], idx[-1] + 1
+        out.append(WordTiming(word, float(starts[begin]), float(starts[end]), tuple(idx)))
+    return _merge_punctuation(out)
+
+
+def token_attention(cross: np.ndarray, heads: Sequence[tuple[int, int]], n_frames: int) -> np.ndarray:
+    """(T, frames): each token's cross-attention over the audio's positions, averaged over ``heads`` (a head, a
+    layer's heads or the alignment heads), each row renormalised over those positions."""
+    w = np.stack([cross[layer, head, :, :n_frames] for layer, head in heads]).mean(axis=0)
+    return (w / np.maximum(w.sum(-1, keepdims=True), 1e-12)).astype(np.float32)
