@@ -6,7 +6,7 @@ spoken (known by construction, bench/speech_clips.py)."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _brute_force(cost: np.ndarray) -> tuple[float, list[tuple[int, int]]]:
     n, m = cost.shape
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(i: int, j: int) -> tuple[float, tuple[tuple[int, int], ...]]:
         if (i, j) == (0, 0):
             return float(cost[0, 0]), ((0, 0),)

@@ -106,7 +106,7 @@ def split_words(tokens: Sequence[int], decode: Any, eot: int) -> list[tuple[str,
     starts a word; tokens that decode to part of a multi-byte character stay with the ones that complete it."""
     pieces: list[tuple[str, list[int]]] = []
     current: list[int] = []
-    for k, t in enumerate(tokens):
+    for k in range(len(tokens)):
         current.append(k)
         text = decode([tokens[i] for i in current])
         if "\ufffd" not in text or k == len(tokens) - 1:
@@ -141,26 +141,42 @@ def _merge_punctuation(words: list[WordTiming]) -> list[WordTiming]:
     return merged
 
 
+def text_ids(result: Any, eot: int) -> list[int]:
+    """The generated text tokens of a ``SpeechResult``: after the prompt, up to end-of-text or any special token."""
+    text = list(result.ids[result.prompt_len:])
+    return text[: next((k for k, t in enumerate(text) if t >= eot), len(text))]
+
+
+def audio_frames(result: Any) -> int:
+    """Encoder positions that hold the recording (the rest of the 30 s window is padding)."""
+    return max(1, min(int(round(result.duration_s / FRAME_S)), result.attention["cross"].weights.shape[-1]))
+
+
+def alignment(result: Any, eot: int, heads: Sequence[tuple[int, int]] | None = None, medfilt: int = MEDFILT
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(matrix (len(text) + 1, frames), the DTW path's rows and columns) of a ``SpeechResult``: its rows are the
+    ``<|notimestamps|>`` row and each text token's row (row k predicts text token k; the last, end-of-text)."""
+    heads = list(result.alignment_heads if heads is None else heads)
+    p, n = result.prompt_len, len(text_ids(result, eot))
+    matrix = alignment_matrix(result.attention["cross"].weights, heads, slice(p - 1, p + n), audio_frames(result),
+                              medfilt)
+    rows, cols = dtw(-matrix)
+    return matrix, rows, cols
+
+
 def word_timings(result: Any, decode: Any, eot: int, heads: Sequence[tuple[int, int]] | None = None,
                  medfilt: int = MEDFILT) -> list[WordTiming]:
     """The words of a ``SpeechResult`` with their start and end in seconds, aligned by ``heads`` (default: the
     checkpoint's alignment heads). ``decode`` turns token ids into text (the model's tokenizer)."""
-    heads = list(result.alignment_heads if heads is None else heads)
-    ids, p = list(result.ids), result.prompt_len
-    text = [t for t in ids[p:] if t != eot]
-    text = text[: next((k for k, t in enumerate(text) if t > eot), len(text))]  # up to any special token
+    text = text_ids(result, eot)
     if not text:
         return []
-    n_frames = max(1, min(int(round(result.duration_s / FRAME_S)), result.attention["cross"].weights.shape[-1]))
-    matrix = alignment_matrix(result.attention["cross"].weights, heads, slice(p - 1, p + len(text)), n_frames,
-                              medfilt)
-    rows, cols = dtw(-matrix)
+    _, rows, cols = alignment(result, eot, heads, medfilt)
     jumps = np.r_[True, np.diff(rows) > 0]
     starts = cols[jumps] * FRAME_S  # (len(text) + 1,): when each row begins
     out = []
     for word, idx in split_words(text, decode, eot):
-        begin, end = idx[0], idx[-1] + 1
-        out.append(WordTiming(word, float(starts[begin]), float(starts[end]), tuple(idx)))
+        out.append(WordTiming(word, float(starts[idx[0]]), float(starts[idx[-1] + 1]), tuple(idx)))
     return _merge_punctuation(out)
 
 
