@@ -133,3 +133,21 @@ def test_real_tiny_en_word_starts_are_near_the_spoken_ones(capsys) -> None:
         print(f"\nword starts after the first: mean error {np.mean(errors) * 1000:.0f} ms, "
               f"max {np.max(errors) * 1000:.0f} ms over {len(errors)} words")
     assert np.mean(errors) < 0.2 and np.max(errors) < 0.35
+
+
+def test_the_head_that_aligns_is_found() -> None:
+    from models.inspect.word_timing import find_heads, score_heads
+
+    spans = [(5, 30), (30, 42), (42, 70), (70, 88)]
+    ids = [100, 102, 1, 3, 4, 2, 101]
+    tokens, frames = [str(i) for i in ids], [f"{i * 0.02:.2f}s" for i in range(1500)]
+    weights = _planted(spans)
+    weights[0, 0] = _planted([(60, 80), (10, 20), (80, 90), (20, 40)])[0, 0]  # head 0 follows the words wrongly
+    result = SpeechResult(text="", ids=ids, tokens=tokens, prompt_len=2,
+                          attention={"cross": AttentionMap(weights, tokens, frames)},
+                          mel=np.zeros((80, 3000), np.float32), duration_s=2.0, no_speech_prob=0.0)
+    truth = [0.0, 0.6]  # the planted starts of " Hello" and " world,"
+    scores = score_heads([(result, truth)], _decode, 101, 1, 2)
+    assert scores[0, 1] < 0.01 < scores[0, 0]
+    found, _ = find_heads([(result, truth)], _decode, 101, 1, 2)
+    assert found == [(0, 1)]

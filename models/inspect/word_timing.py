@@ -185,3 +185,39 @@ def token_attention(cross: np.ndarray, heads: Sequence[tuple[int, int]], n_frame
     layer's heads or the alignment heads), each row renormalised over those positions."""
     w = np.stack([cross[layer, head, :, :n_frames] for layer, head in heads]).mean(axis=0)
     return (w / np.maximum(w.sum(-1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def boundary_errors(words: Sequence[WordTiming], truth: Sequence[float]) -> list[float]:
+    """|predicted − true| start, in seconds, of every word after the first (the path pins the first word to 0 s);
+    ``truth``: each word's true start. Words and truth must pair up one to one."""
+    if len(words) != len(truth):
+        raise ValueError(f"{len(words)} words heard for {len(truth)} spoken")
+    return [abs(w.start - t) for w, t in zip(words[1:], truth[1:])]
+
+
+def score_heads(clips: Sequence[tuple[Any, Sequence[float]]], decode: Any, eot: int, n_layers: int, n_heads: int
+                ) -> np.ndarray:
+    """(n_layers, n_heads) mean word-start error in seconds of each cross-attention head aligning alone, over
+    ``clips``: (SpeechResult, the true start of each of its words). Lower is better."""
+    scores = np.zeros((n_layers, n_heads))
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            errs = [e for result, truth in clips
+                    for e in boundary_errors(word_timings(result, decode, eot, [(layer, head)]), truth)]
+            scores[layer, head] = float(np.mean(errs)) if errs else np.inf
+    return scores
+
+
+def find_heads(clips: Sequence[tuple[Any, Sequence[float]]], decode: Any, eot: int, n_layers: int, n_heads: int,
+               max_heads: int = 8) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The heads that align best together: heads ranked by ``score_heads``, then the best k of them (k ≤
+    ``max_heads``) whose average aligns ``clips`` with the smallest mean error. Returns (heads, the scores)."""
+    scores = score_heads(clips, decode, eot, n_layers, n_heads)
+    ranked = [(int(i // n_heads), int(i % n_heads)) for i in np.argsort(scores, axis=None)]
+    best, best_err = ranked[:1], np.inf
+    for k in range(1, max_heads + 1):
+        errs = [e for result, truth in clips
+                for e in boundary_errors(word_timings(result, decode, eot, ranked[:k]), truth)]
+        if errs and np.mean(errs) < best_err:
+            best, best_err = ranked[:k], float(np.mean(errs))
+    return best, scores
