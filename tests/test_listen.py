@@ -69,3 +69,15 @@ def test_bad_audio_is_refused_in_words(tmp_path: Path) -> None:
     with pytest.raises(Error, match="sample rate"):
         ls.listen(None, (50, np.ones(1000, np.int16)))
     assert ls.redraw(None)[0] is not None  # nothing kept: nothing redrawn, no error
+
+
+def test_the_api_transcribes_an_uploaded_clip(app_url: str) -> None:
+    """/listen through gradio_client against the launched app: the transcript and the word timings."""
+    from gradio_client import Client, handle_file
+
+    client = Client(app_url, verbose=False)
+    clip = ls.EXAMPLE_CLIPS[2]
+    summary, _, table = client.predict(handle_file(clip), None, "alignment heads", 3, 0, api_name="/listen")[:3]
+    assert "I like to read books" in summary
+    rows = table["data"] if isinstance(table, dict) else table
+    assert [r[0].strip(".").lower() for r in rows] == ["i", "like", "to", "read", "books"]
