@@ -24,6 +24,7 @@ from tabs import (
     describe,
     generate,
     lessons,
+    listen,
     permalink,
     playground,
     positional,
@@ -38,7 +39,7 @@ from tabs.startup import WARM_MODULES, preload_for_zero_gpu, warm_plotly, warm_s
 
 TITLE = "Attention Atlas"
 # in the order shown
-TABS = [translate, classify, generate, vision, describe, swin, positional, playground, head_atlas, lessons]
+TABS = [translate, classify, generate, vision, describe, listen, swin, positional, playground, head_atlas, lessons]
 
 
 def build_demo() -> gr.Blocks:

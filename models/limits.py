@@ -38,6 +38,9 @@ MAX_TEXT_CHARS = 200_000  # characters kept from a pasted text before tokenising
 # 32,768-token document is about 130,000 characters of English
 MAX_IMAGE_PIXELS = 40_000_000  # width × height of an uploaded image (e.g. 8000 × 5000)
 MAX_UPLOAD_MB = 20  # size of one uploaded file
+MAX_AUDIO_S = 30.0  # seconds of speech heard at once (Whisper's window; longer recordings are refused)
+MIN_AUDIO_S = 0.1  # shorter than this is no speech at all
+AUDIO_TYPES = (".wav", ".flac", ".mp3")  # uploads the Listen tab takes (FLAC and MP3 through soundfile)
 IMAGE_TYPES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 
 

@@ -307,3 +307,18 @@ def pixel_map(values: np.ndarray, boxes: np.ndarray, shape: tuple[int, int]) -> 
     for v, (x0, y0, x1, y1) in zip(values, np.asarray(boxes)):
         out[y0:y1, x0:x1] = v
     return out
+
+
+@dataclass(frozen=True)
+class SpeechResult:
+    """One window of speech transcribed (models/families/whisper.py)."""
+
+    text: str  # the transcript, detokenised (specials left out)
+    ids: list[int]  # the prompt and the generated ids (end-of-text included when produced)
+    tokens: list[str]  # each id as the model saw it
+    prompt_len: int  # ids[:prompt_len] is the prompt (<|startoftranscript|> … <|notimestamps|>)
+    attention: dict[str, AttentionMap]  # "decoder" (L, H, T, T), "cross" (L, H, T, 1500 frames); "encoder" on ask
+    mel: np.ndarray  # (n_mels, 3000) float32: the log-mel frames the encoder saw
+    duration_s: float  # seconds of audio before the padding
+    no_speech_prob: float  # the probability of <|nospeech|> at the first step (nan where the vocabulary has none)
+    alignment_heads: tuple[tuple[int, int], ...] = ()  # the checkpoint's (layer, head) pairs that align words

@@ -1,0 +1,43 @@
+"""The Listen tab in a real browser: an example clip uploaded, transcribed by the real Whisper tiny.en, its word
+timings read from the table, and the view switched to one head, redrawn from the kept result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .helpers import open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
+
+pytestmark = pytest.mark.e2e
+CLIP = Path(__file__).resolve().parents[2] / "examples" / "speech" / "clip1.wav"
+
+
+def test_listen_uploads_a_clip_and_reads_its_timings(page) -> None:
+    open_tab(page, "Listen")
+    panel = page.locator("div[role=tabpanel]:visible")
+    panel.locator("#listen-upload input[type=file]").set_input_files(str(CLIP))
+    page.wait_for_timeout(1000)
+    panel.get_by_role("button", name="Transcribe", exact=True).click()
+    wait_for_plots(page, 2, timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#listen-transcript').innerText.includes('door')",
+                           timeout=60_000)
+    assert "Please open the door" in page.locator("#listen-transcript").inner_text()
+    page.wait_for_function("() => document.querySelector('#listen-timings').innerText.includes('door')",
+                           timeout=30_000)
+    text = page.locator("#listen-timings").inner_text()
+    cells = [c.strip() for c in text.split("end (s)", 1)[1].splitlines() if c.strip()]  # one cell a line
+    assert len(cells) % 3 == 0, cells
+    table = [cells[i:i + 3] for i in range(0, len(cells), 3)]
+    spoken = json.loads(CLIP.with_suffix(".json").read_text())["words"]
+    assert [r[0].strip(".").lower() for r in table] == [w["word"] for w in spoken]
+    starts = [float(r[1]) for r in table]
+    assert starts == sorted(starts) and all(abs(s - w["start"]) < 0.35 for s, w in zip(starts[1:], spoken[1:]))
+    assert any("its cross-attention, the alignment heads" in t for t in titles(page))
+    before = plot_signature(page)
+    panel.get_by_label("one head").check()
+    wait_for_change(page, before)
+    assert any("layer 3, head 0" in t for t in titles(page))
+    assert page.js_errors == []
+    screenshot(page, "listen")
