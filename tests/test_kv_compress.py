@@ -331,3 +331,64 @@ def test_a_setting_the_store_does_not_know_is_refused() -> None:
     model.spec = planted(model.spec, "qk_norm")
     with pytest.raises(ValueError, match="qk_norm"):
         C.compare(model, list(range(1, 30)), [3, 4], C.Press("knorm", 0.5), max_new_tokens=2)
+
+
+# ------------------------------------------------------------------------------------------- the view
+def test_the_section_answers_through_its_api_action_and_redraws_by_layer(pair) -> None:
+    import gradio as gr
+
+    from tabs.common import Error
+    from tabs.sections import kvcache
+
+    _, ours, _, _ = pair
+    with gr.Blocks() as demo:
+        model = gr.Dropdown(["m"], value="m")
+        new = gr.Slider(1, 8, value=NEW)
+        kvcache.section(model, new, lambda name: ours)
+    action = next(f for f in demo.fns.values() if f.api_name == "compress_cache")
+    context = "The secret word is apple. Two dogs play in the snow. A man is riding a bicycle down the street."
+    out = action.fn(context, " The secret word is", "m", "TOVA", 0.5, False, 8, NEW)
+    note, answers, shaded, heat, kl, _, state, numbers = out
+    want = C.compare(ours, context, " The secret word is", C.Press("tova", 0.5, window=8), max_new_tokens=NEW)
+    assert numbers == C.summary(want) and "TOVA" in note and "ratio 0.50" in note
+    assert 'data-arm="full"' in answers and 'data-arm="compressed"' in answers
+    np.testing.assert_allclose(np.asarray(heat.data[0].z, dtype=np.float32), want.kept.mask.mean(1))
+    np.testing.assert_allclose(np.asarray(kl.data[0].y, dtype=np.float32), want.kl.astype(np.float32))
+    assert shaded.count("<span title=") == want.context_len
+    layer_html, layer_heat = kvcache.redraw(state, "layer 1")
+    assert np.asarray(layer_heat.data[0].z).shape == want.kept.mask[1].shape
+    np.testing.assert_array_equal(np.asarray(layer_heat.data[0].z), want.kept.mask[1].astype(np.float32))
+    assert f"of {want.kept.mask.shape[1]}" in layer_html
+    with pytest.raises(Error, match="Give a context"):
+        action.fn("  ", "", "m", "TOVA", 0.5, False, 8, NEW)
+    with pytest.raises(Error, match="press must be one of"):
+        action.fn(context, "", "m", "H3O", 0.5, False, 8, NEW)
+    with pytest.raises(Error, match="below 1"):
+        action.fn(context, "", "m", "TOVA", 1.0, False, 8, NEW)
+    with pytest.raises(Error, match="not one of the model's 3 layers"):
+        kvcache.redraw(state, "layer 7")
+
+
+def test_the_figures_refuse_mismatched_arrays_and_mark_the_parting_step() -> None:
+    from viz import kvcache as vk
+
+    mask = np.zeros((2, 3, 5), bool)
+    mask[0, :, :2] = mask[1, 0] = True
+    z, rows = vk.kept_rows(mask)
+    np.testing.assert_allclose(z, [[1, 1, 0, 0, 0], [1 / 3] * 5])
+    assert rows == ["L0", "L1"]
+    with pytest.raises(ValueError, match="5 positions"):
+        vk.kept_map(mask, ["a"] * 4)
+    with pytest.raises(ValueError, match="layers, key-value heads, positions"):
+        vk.kept_rows(mask[0])
+    long = np.ones((1, 1, 3000), bool)
+    long[0, 0, :1500] = False
+    fig = vk.kept_map(long, ["t"] * 3000)
+    z = np.asarray(fig.data[0].z)
+    assert z.shape[1] <= vk.MAX_COLUMNS and z[0, 0] == 0 and z[0, -1] == 1
+    fig = vk.divergence(np.array([0.0, 0.2, 0.5]), np.array([True, True, False]), 2, ["a", "b", "c"])
+    assert fig.layout.shapes[0].x0 == 1.5 and "step 2" in fig.layout.annotations[0].text
+    html = vk.answers(["a", "<b>"], ["a", "c"], 1)
+    assert "&lt;b&gt;" in html and "part at step 1" in html
+    with pytest.raises(ValueError, match="one value per step"):
+        vk.divergence(np.zeros(3), np.zeros(2, bool), None)
