@@ -341,6 +341,7 @@ def test_the_section_answers_through_its_api_action_and_redraws_by_layer(pair) -
     from tabs.sections import kvcache
 
     _, ours, _, _ = pair
+    assert kvcache.CHOICES == {label: name for name, label in C.LABELS.items()}  # the page's labels, without torch
     with gr.Blocks() as demo:
         model = gr.Dropdown(["m"], value="m")
         new = gr.Slider(1, 8, value=NEW)

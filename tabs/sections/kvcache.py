@@ -13,7 +13,6 @@ from typing import Any
 import gradio as gr
 import numpy as np
 
-from models.decoding import compress as C
 from serving import batcher, runs
 from tabs.common import FAST, MAX_TEXT_CHARS, Error, Plot, read_text
 from viz import kvcache as vk
@@ -33,7 +32,10 @@ full cache's (KL divergence) and whether their top tokens agree."""
 EXAMPLE_CONTEXT = ("The secret word is apple. A man in a blue shirt is riding a bicycle down the street. Two dogs "
                    "play in the snow. A woman is reading a book in the park. Children are running on the beach.")
 EXAMPLE_QUESTION = " The secret word is"
-CHOICES = {label: name for name, label in C.LABELS.items()}
+# the presses by their labels (models.decoding.compress.LABELS, which imports torch: the page is built without it)
+CHOICES = {"StreamingLLM (sinks + recent)": "streaming_llm", "ObservedAttention (H2O)": "observed_attention",
+           "SnapKV": "snapkv", "TOVA": "tova", "Knorm (key norm)": "knorm", "PyramidKV": "pyramidkv",
+           "ExpectedAttention": "expected_attention"}
 EVERY = "every layer"
 
 
@@ -46,7 +48,7 @@ def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., An
                              elem_id="generate-kv-context")
         question = gr.Textbox(label="question (read whole after the cut; may be empty)", value=EXAMPLE_QUESTION)
         with gr.Row():
-            press = gr.Dropdown(list(CHOICES), value=C.LABELS["snapkv"], label="press")
+            press = gr.Dropdown(list(CHOICES), value="SnapKV", label="press")
             ratio = gr.Slider(0.0, 0.95, value=0.5, step=0.05, label="compression ratio (share removed)")
             per_head = gr.Checkbox(False, label="per-head budgets (AdaKV)")
             window = gr.Number(8, precision=0, label="observation window (SnapKV, PyramidKV; kvpress: 64)")
@@ -103,6 +105,8 @@ def compress_cache(context: str, question: str = EXAMPLE_QUESTION, model: str = 
                    resolve: Callable[..., Any] | None = None):
     """Read the context, cut its cache with the press, answer from both caches: (note, answers, shaded context,
     kept map, divergence, layer choices, state, numbers)."""
+    from models.decoding import compress as C
+
     if not str(context or "").strip():
         raise Error("Give a context to compress.")
     context = read_text(context)
