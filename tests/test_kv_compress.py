@@ -300,6 +300,18 @@ def test_kl_and_agreement_equal_transformers_along_the_full_answer(pair, referen
         assert cmp.full.new_ids[cmp.parted] != cmp.compressed.new_ids[cmp.parted]
 
 
+def test_several_presses_from_one_prompt_pass_are_each_alone(pair) -> None:
+    _, ours, ctx, question = pair
+    presses = [_press("snapkv", 0.7), _press("knorm", 0.5), _press("expected_attention", 0.6, per_head=True)]
+    many = C.compare_many(ours, ctx, question, presses, max_new_tokens=NEW)
+    for press, got in zip(presses, many):
+        alone = C.compare(ours, ctx, question, press, max_new_tokens=NEW)
+        np.testing.assert_array_equal(got.kept.mask, alone.kept.mask)
+        assert got.compressed.ids == alone.compressed.ids and got.parted == alone.parted
+        np.testing.assert_allclose(got.kl, alone.kl, atol=1e-9)
+        np.testing.assert_allclose(got.compressed.attention.full(), alone.compressed.attention.full(), atol=1e-6)
+
+
 def test_no_question_answers_from_the_context_and_the_first_step_is_shared(pair) -> None:
     _, ours, ctx, _ = pair
     cmp = C.compare(ours, ctx, "", _press("tova", 0.7), max_new_tokens=NEW)

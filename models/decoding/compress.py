@@ -382,12 +382,20 @@ def encode(model, text: str | Sequence[int]) -> list[int]:
     return [int(i) for i in ids]
 
 
-@torch.inference_mode()
 def compare(model, context: str | Sequence[int], question: str | Sequence[int] = (), press: Press = Press(),
             max_new_tokens: int = 20) -> Comparison:
     """The context read once with the full cache, cut by ``press``, then the question and a greedy answer from the
     full cache and from the cut one (module docstring). ``question``: text (or ids) after the context, read whole
     by both arms (kvpress's question); empty: the answer follows the context directly."""
+    return compare_many(model, context, question, [press], max_new_tokens)[0]
+
+
+@torch.inference_mode()
+def compare_many(model, context: str | Sequence[int], question: str | Sequence[int] = (),
+                 presses: Sequence[Press] = (Press(),), max_new_tokens: int = 20) -> list[Comparison]:
+    """``compare`` for several presses from one prompt pass and one full-cache answer (the context's rows are never
+    written again: each arm writes only the positions after it). Each comparison's compressed attention is its own
+    copy where there are several."""
     why = refusal(model)
     if why:
         raise ValueError(why)
@@ -397,13 +405,24 @@ def compare(model, context: str | Sequence[int], question: str | Sequence[int] =
     q = [] if isinstance(question, str) and not question.strip() else encode(model, question)
     if isinstance(question, str) and q and q[0] == getattr(model.config, "bos_id", None) and model._adds_bos():
         q = q[1:]  # the question continues the context: no second BOS
-    press.check(len(ctx))
+    presses = list(presses)
+    if not presses:
+        raise ValueError("no press to compare")
+    for press in presses:
+        press.check(len(ctx))
     limit = model.context_limit()
     new = max(1, min(int(max_new_tokens), limits.MAX_NEW_TOKENS))
     if len(ctx) + len(q) + new > limit:
         raise ValueError(f"{len(ctx) + len(q):,} prompt tokens and {new} new ones exceed the model's {limit:,}")
     was_training = model.training
     model.eval()
+    try:
+        return _compare(model, ctx, q, presses, new)
+    finally:
+        model.train(was_training)
+
+
+def _compare(model, ctx: list[int], q: list[int], presses: list[Press], new: int) -> list[Comparison]:
     c = len(ctx)
     prompt = ctx + q
     run = _Run(model, c + len(q) + new)
@@ -412,38 +431,41 @@ def compare(model, context: str | Sequence[int], question: str | Sequence[int] =
     context_logits = run.logits(x[-1:])[0].float()
     store = Store(DeviceAttention([t[:, :c] for t in run.q], [t[:, :c] for t in run.k], [t[:, :c] for t in run.lse],
                                   c, geometry=list(run.geometry)), [t[:, :c] for t in run.v], model)
-    kept = choose(store, press)
     plain = list(run.geometry)
     full_dec, full_logits = _decode(run, model, prompt, c, new, context_logits, dev)
     full = _arm(full_dec, _snapshot(run, len(full_dec.ids)))
-    group = model.config.n_heads // model.config.kv_heads
-    run.geometry = [Evicting(**{f: getattr(g, f) for f in ("scale", "window", "softcap", "prefix")},
-                             evicted=torch.from_numpy(~kept.mask[i]).repeat_interleave(group, 0).to(run.devices[i]),
-                             context=c) for i, g in enumerate(plain)]
-    # teacher-forced along the full answer: the compressed arm's distribution at each of its steps
-    steps = len(full_dec.steps)
-    forced = q + full.new_ids[:-1]
-    rows: list[Tensor] = []
-    if forced:
-        y = run.logits(run.layers(torch.tensor(forced, device=dev), c)).float()
-        rows = list(y[len(q) - 1:] if q else y)
-    tf = ([] if q else [context_logits]) + rows
-    tf = tf[:steps]
-    comp_dec, _ = _decode(run, model, prompt, c, new, context_logits, dev)
-    compressed = _arm(comp_dec, DeviceAttention([t[:, :len(comp_dec.ids)] for t in run.q],
-                                                [t[:, :len(comp_dec.ids)] for t in run.k],
-                                                [t[:, :len(comp_dec.ids)] for t in run.lse], len(comp_dec.ids),
-                                                geometry=run.geometry))
-    model.train(was_training)
     pf = torch.stack(full_logits).double().log_softmax(-1)
-    pc = torch.stack(tf).double().to(pf.device).log_softmax(-1)
-    kl = (pf.exp() * (pf - pc)).sum(-1).clamp_min(0).cpu().numpy()
-    agree = (pf.argmax(-1) == pc.argmax(-1)).cpu().numpy()
-    a, b = full.new_ids, compressed.new_ids
-    parted = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
-    if parted is None and len(a) != len(b):
-        parted = min(len(a), len(b))
-    return Comparison(kept, c, full, compressed, kl, agree, parted)
+    group = model.config.n_heads // model.config.kv_heads
+    steps = len(full_dec.steps)
+    out = []
+    for press in presses:
+        kept = choose(store, press)
+        run.geometry = [Evicting(**{f: getattr(g, f) for f in ("scale", "window", "softcap", "prefix")},
+                                 evicted=torch.from_numpy(~kept.mask[i]).repeat_interleave(group, 0)
+                                 .to(run.devices[i]), context=c) for i, g in enumerate(plain)]
+        # teacher-forced along the full answer: the compressed arm's distribution at each of its steps
+        forced = q + full.new_ids[:-1]
+        rows: list[Tensor] = []
+        if forced:
+            y = run.logits(run.layers(torch.tensor(forced, device=dev), c)).float()
+            rows = list(y[len(q) - 1:] if q else y)
+        tf = (([] if q else [context_logits]) + rows)[:steps]
+        comp_dec, _ = _decode(run, model, prompt, c, new, context_logits, dev)
+        t = len(comp_dec.ids)
+        attention = _snapshot(run, t) if len(presses) > 1 else DeviceAttention(
+            [v[:, :t] for v in run.q], [v[:, :t] for v in run.k], [v[:, :t] for v in run.lse], t,
+            geometry=run.geometry)
+        compressed = _arm(comp_dec, attention)
+        pc = torch.stack(tf).double().to(pf.device).log_softmax(-1)
+        kl = (pf.exp() * (pf - pc)).sum(-1).clamp_min(0).cpu().numpy()
+        agree = (pf.argmax(-1) == pc.argmax(-1)).cpu().numpy()
+        a, b = full.new_ids, compressed.new_ids
+        parted = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+        if parted is None and len(a) != len(b):
+            parted = min(len(a), len(b))
+        out.append(Comparison(kept, c, full, compressed, kl, agree, parted))
+    run.geometry = plain
+    return out
 
 
 def kvpress_name(press: Press) -> str:
@@ -458,7 +480,8 @@ def kvpress_name(press: Press) -> str:
 def summary(cmp: Comparison) -> dict:
     """The numbers of one comparison as plain JSON values (the API's answer, the bench's row)."""
     k = cmp.kept
-    return {"press": k.press.name, "ratio": k.press.ratio, "per_head": k.press.per_head,
+    return {"press": k.press.name, "kvpress": kvpress_name(k.press), "ratio": k.press.ratio,
+            "per_head": k.press.per_head,
             "context_tokens": cmp.context_len, "kept_share": round(k.share(), 6),
             "full_answer": cmp.full.text, "compressed_answer": cmp.compressed.text,
             "kl": [round(float(x), 6) for x in cmp.kl], "agree": [bool(x) for x in cmp.agree],
