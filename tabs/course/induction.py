@@ -175,7 +175,7 @@ def l4_retrieval(inp: str, name: str = MODEL) -> Question:
     hay, found = _needle(name, seed_of(inp))
     _, _, _, _, _, _, ind = _repeated(inp, name)
     scores = found.scores
-    said_answer = (f"it answered “{esc(found.answer.strip()[:80])}”: the password `{hay.answer}` "
+    said_answer = (f"it answered “{esc(' '.join(found.answer.split())[:80])}”: the password {hay.answer} "
                    + ("found" if found.found else "not found"))
 
     def reveal(p):

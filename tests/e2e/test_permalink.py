@@ -300,16 +300,16 @@ def test_lesson_link_restores_the_lesson_its_input_and_step(page, opened, tiny_c
     _pick(page, "lesson", title)
     panel.get_by_label(lessons.LESSONS[3].input_label).fill("3")
     panel.get_by_role("button", name="Start the lesson").click()
-    expect(panel).to_contain_text("step 1 of 3", timeout=30_000)
+    expect(panel).to_contain_text("step 1 of 4", timeout=30_000)
     panel.get_by_role("button", name="next step →").click()
-    expect(panel).to_contain_text("step 2 of 3", timeout=30_000)
+    expect(panel).to_contain_text("step 2 of 4", timeout=30_000)
     url = _link(page, "tab=lessons", "input=3", "step=2")
     shown, expected = panel.inner_text(), figures(page)  # step 2's figure of the heads offered
     assert expected, titles(page)
 
     again = opened(url)
     _expect_tab(again, "Lessons")
-    expect(_panel(again)).to_contain_text("step 2 of 3", timeout=60_000)
+    expect(_panel(again)).to_contain_text("step 2 of 4", timeout=60_000)
     assert_linked_view_first(again, expected)  # not step 1's figure first
     assert lessons.question(4, 2, "3").text.split("**")[0][:40] in shown
     for choice in lessons.question(4, 2, "3").choices:
