@@ -40,3 +40,20 @@ class CheckpointError(Exception):
     def __init__(self, file: str | Path, message: str) -> None:
         self.file = str(file)
         super().__init__(f"{Path(file).name}: {message}")
+
+
+def distribution_file(dist: str, inner: str) -> Path | None:
+    """The file ``inner`` (a path inside the site-packages folder, "/"-separated) of the installed distribution
+    ``dist``, found through its file list (importlib.metadata: the package is never imported), or None when the
+    distribution or the file is not there. The packages that ship real weights (GGUF, ONNX, CTranslate2 files)."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution(dist).files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if str(f).replace("\\", "/") == inner:
+            path = Path(f.locate()).resolve()
+            return path if path.is_file() else None
+    return None

