@@ -53,8 +53,9 @@ from models.blocks.attention import KVCache, attend, causal_mask
 from models.blocks.loop import Decoding, full_surprisal
 from models.blocks.positional import apply_rope, rope_angles
 from models.families.gpt import RMSNorm
+from models.families.mamba import Mamba
 from models.families.moe import Expert
-from models.outputs import GenerationResult, LogitLens
+from models.outputs import GenerationResult
 
 STRATEGIES = ("greedy", "sample")
 KINDS = ("linear", "full")  # a layer's mixer: Gated DeltaNet, or gated softmax attention
@@ -347,6 +348,8 @@ class Qwen3Next(nn.Module):
     """Embedding -> hybrid blocks -> RMSNorm -> output projection."""
 
     NOT_APPLICABLE = NOT_APPLICABLE  # the head views' refusal, in words (tabs.sections.text.require_heads)
+    piece = Mamba.piece
+    logit_lens = Mamba.logit_lens  # self(x, keep_hidden=True), the final norm and lm_head: the same names here
 
     def __init__(self, config: Qwen3NextConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
@@ -410,9 +413,6 @@ class Qwen3Next(nn.Module):
     # ------------------------------------------------------------------ the Generate tab's Decoder interface
     def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
         return self.tokenizer.encode_prompt(text)
-
-    def piece(self, i: int) -> str:
-        return self.tokenizer.id_to_piece(int(i)) if self.tokenizer is not None else str(int(i))
 
     def eos_id(self) -> int:
         return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
@@ -478,29 +478,6 @@ class Qwen3Next(nn.Module):
         device = self.embed.weight.device
         out = self(torch.tensor([list(ids)], device=device), last_only=True)
         return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
-
-    @torch.no_grad()
-    def logit_lens(self, ids: Sequence[int], last: int | None = None) -> LogitLens:
-        """Each block's residual stream through the final norm and the output projection (as ``GPT.logit_lens``)."""
-        device = self.embed.weight.device
-        x = torch.tensor([list(ids)], device=device)
-        out = self(x, keep_hidden=True)
-        final = out.logits[0].float()
-        target = torch.cat([x[0, 1:], final[-1:].argmax(-1)])
-        start = 0 if last is None else max(0, x.size(1) - int(last))
-        target = target[start:]
-        top_ids, top_p, target_p = [], [], []
-        for h in out.hidden[1:]:
-            p = torch.softmax(self.lm_head(self.norm(h[0, start:])).float(), -1)
-            best = p.max(-1)
-            top_ids.append(best.indices)
-            top_p.append(best.values)
-            target_p.append(p.gather(1, target[:, None])[:, 0])
-        tops = torch.stack(top_ids).cpu().numpy()
-        return LogitLens(top_tokens=[[self.piece(i) for i in row] for row in tops],
-                         top_probs=torch.stack(top_p).cpu().numpy().astype(np.float32),
-                         target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
-                         targets=[self.piece(i) for i in target.cpu().numpy()])
 
     def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
         """BOS + n random non-special tokens + the same n again (as ``GPT.repeated_tokens``)."""

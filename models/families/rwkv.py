@@ -46,10 +46,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import limits
 from models.blocks.loop import Decoding, full_surprisal
 from models.families.mamba import Mamba
 from models.outputs import GenerationResult
@@ -276,6 +274,8 @@ class Rwkv(nn.Module):
     prepare_prompt = Mamba.prepare_prompt
     logit_lens = Mamba.logit_lens
     repeated_tokens = Mamba.repeated_tokens
+    context_limit = Mamba.context_limit
+    token_losses = Mamba.token_losses  # through this model's own forward and _maps
 
     def __init__(self, config: RwkvConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
@@ -313,10 +313,6 @@ class Rwkv(nn.Module):
         return RwkvForward(self.lm_head(self.norm(x)), hidden, traces or [])
 
     # ------------------------------------------------------------------ the Generate tab's Decoder interface
-    def context_limit(self) -> int:
-        """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's fewer."""
-        return min(limits.MAX_FULL_TOKENS, self.config.max_len, MAX_TOKENS)
-
     def _new_state(self) -> RwkvState:
         n = self.config.n_layers
         return RwkvState([None] * n, [None] * n, [None] * n)
@@ -374,12 +370,3 @@ class Rwkv(nn.Module):
                          pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Refused: head roles are scores of attention heads, which RWKV has none of (``NOT_APPLICABLE``)."""
         raise ValueError(NOT_APPLICABLE)
-
-    @torch.no_grad()
-    def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(cross-entropy of each token given the ones before it (T−1,), implicit attention (L, 1, T, T))."""
-        device = self.embed.weight.device
-        x = torch.tensor([list(ids)], device=device)
-        out = self(x, keep_trace=True)
-        loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
-        return loss.cpu().numpy(), self._maps(out.traces)
