@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 SHOTS = Path(__file__).resolve().parents[2] / "shots"
@@ -100,6 +101,14 @@ def titles(page) -> list[str]:
         f"""() => {_DRAWN}.map(e => (e._fullLayout.title && e._fullLayout.title.text)
               || ((e._fullLayout.annotations || [])[0] || {{}}).text || '')"""
     )
+
+
+def wait_for_title(page, wanted, timeout: float = 30) -> None:
+    """Wait until some drawn figure's title satisfies ``wanted`` (figures of one event land one by one)."""
+    deadline = time.monotonic() + timeout
+    while not any(wanted(t) for t in titles(page)) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert any(wanted(t) for t in titles(page)), titles(page)
 
 
 def click_cell(page, elem_id: str, row: int, col: int) -> None:

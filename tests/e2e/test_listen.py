@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
+from .helpers import open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots, wait_for_title
 
 pytestmark = pytest.mark.e2e
 CLIP = Path(__file__).resolve().parents[2] / "examples" / "speech" / "clip1.wav"
@@ -38,6 +38,6 @@ def test_listen_uploads_a_clip_and_reads_its_timings(page) -> None:
     before = plot_signature(page)
     panel.get_by_label("one head").check()
     wait_for_change(page, before)
-    assert any("layer 3, head 0" in t for t in titles(page))
+    wait_for_title(page, lambda t: "layer 3, head 0" in t)
     assert page.js_errors == []
     screenshot(page, "listen")

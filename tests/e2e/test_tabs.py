@@ -25,6 +25,7 @@ from .helpers import (
     visible_plots,
     wait_for_change,
     wait_for_plots,
+    wait_for_title,
 )
 
 pytestmark = pytest.mark.e2e
@@ -45,14 +46,6 @@ def _pick(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-def _wait_for_title(page, wanted, timeout: float = 30) -> None:
-    """Wait until some drawn figure's title satisfies ``wanted`` (figures of one event land one by one)."""
-    deadline = time.monotonic() + timeout
-    while not any(wanted(t) for t in titles(page)) and time.monotonic() < deadline:
-        page.wait_for_timeout(250)
-    assert any(wanted(t) for t in titles(page)), titles(page)
-
-
 def test_translate_tab(page) -> None:
     open_tab(page, "Translate")
     box = _panel(page).get_by_label("English sentence")
@@ -68,7 +61,7 @@ def test_translate_tab(page) -> None:
     before = plot_signature(page)
     _panel(page).get_by_label("model view").check()
     wait_for_change(page, before)
-    assert any(t.startswith("Encoder self-attention") for t in titles(page)), titles(page)
+    wait_for_title(page, lambda t: t.startswith("Encoder self-attention"))
     screenshot(page, "translate")
     page.set_viewport_size({"width": 700, "height": 1000})  # a narrow window: wide figures scroll, never clip
     page.wait_for_timeout(500)
@@ -92,7 +85,7 @@ def test_classify_tab_renders_html_as_text(page) -> None:
     _pick(page, "head (or fusion of heads)", "1")
     wait_for_change(page, before)
     # The deletion curve follows the answer: every explanation a line, and a random order.
-    _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
+    wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
     curve = next(f for f in figures(page) if any((t["name"] or "").startswith("random order") for t in f))
     assert len(curve) == 6 and all(max(t["x"]) == 1 for t in curve)
     # Another explanation recolours the text (signed: integrated gradients can speak against the class).
@@ -132,19 +125,16 @@ def test_vision_tab_with_a_photo(page, tmp_path) -> None:
     box = seen.bounding_box()
     seen.click(position={"x": box["width"] * 0.2, "y": box["height"] * 0.8})
     # 28×28 input, 4-pixel patches: the click lands on patch row 5, column 1.
-    deadline = time.monotonic() + 30
-    while not any(t.startswith("Patch r5c1") for t in titles(page)) and time.monotonic() < deadline:
-        page.wait_for_timeout(250)
-    assert any(t.startswith("Patch r5c1") for t in titles(page)), titles(page)
+    wait_for_title(page, lambda t: t.startswith("Patch r5c1"))
     before = plot_signature(page)
     _panel(page).get_by_label("rollout").check()
     wait_for_change(page, before)
-    _wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
-    _wait_for_title(page, lambda t: t.startswith("Attention rollout · same for all classes"))
+    wait_for_title(page, lambda t: t.startswith("Deletion curve"), timeout=60)
+    wait_for_title(page, lambda t: t.startswith("Attention rollout · same for all classes"))
     before = plot_signature(page)
     _pick(page, "explanation", "Gradient × input")
     wait_for_change(page, before)
-    _wait_for_title(page, lambda t: t.startswith("Gradient × input toward"))
+    wait_for_title(page, lambda t: t.startswith("Gradient × input toward"))
     screenshot(page, "vision-vit")
     _panel(page).get_by_label("swin-fashion").check()
     before = plot_signature(page)
@@ -198,14 +188,14 @@ def test_generate_tab(page) -> None:
     before = plot_signature(page)
     _set_number(page, "replay: show the tokens up to generated token (0 = all)", 3)
     wait_for_change(page, before)
-    _wait_for_title(page, lambda t: "up to token" in t)
+    wait_for_title(page, lambda t: "up to token" in t)
     _panel(page).get_by_role("button", name="Switch the head off").click()
     expect(_panel(page)).to_contain_text("switched off", timeout=30_000)
     before = plot_signature(page)
     _panel(page).get_by_role("button", name="Repeated random tokens").click()
     wait_for_change(page, before)
     expect(_panel(page)).to_contain_text("strongest induction", timeout=30_000)
-    _wait_for_title(page, lambda t: t.startswith("Head roles"))
+    wait_for_title(page, lambda t: t.startswith("Head roles"))
     screenshot(page, "generate")
     page.set_viewport_size({"width": 700, "height": 1000})
     page.wait_for_timeout(500)
@@ -224,7 +214,7 @@ def test_why_a_head_attends_patching_and_compare(page) -> None:
     attention = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Decoder self-attention"))
     n = len(attention[0]["z"])
     click_cell(page, "generate-attention", n - 1, 2)
-    _wait_for_title(page, lambda t: t.startswith("Why layer"))
+    wait_for_title(page, lambda t: t.startswith("Why layer"))
     expect(panel).to_contain_text(f"query {n - 1}", timeout=30_000)
     expect(panel).to_contain_text("→ key 2", timeout=30_000)
     split = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Why layer"))
@@ -239,16 +229,16 @@ def test_why_a_head_attends_patching_and_compare(page) -> None:
     expect(panel).to_contain_text("forbidden its first token", timeout=30_000)
 
     panel.get_by_role("button", name="Induction example: first copy replaced").click()
-    _wait_for_title(page, lambda t: t.startswith("Activation patching"))
+    wait_for_title(page, lambda t: t.startswith("Activation patching"))
     sweep = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Activation patching"))
     layers = len(sweep[0]["z"])
     click_cell(page, "generate-patch", layers - 1, 1)
-    _wait_for_title(page, lambda t: t.startswith(f"Clean input · layer {layers - 1} · head 1"))
+    wait_for_title(page, lambda t: t.startswith(f"Clean input · layer {layers - 1} · head 1"))
 
     panel.get_by_label("compare with a second input (B)").check()
     panel.get_by_label("input B", exact=True).fill("Two cats are running on the")
     panel.get_by_role("button", name="Compare", exact=True).click()
-    _wait_for_title(page, lambda t: t.startswith("B − A"))
+    wait_for_title(page, lambda t: t.startswith("B − A"))
     expect(panel).to_contain_text("tokens of B are shared with A", timeout=30_000)
     screenshot(page, "generate-why")
     assert page.js_errors == []
@@ -282,7 +272,7 @@ def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
             panel.get_by_role("button", name="Check my prediction").click()
             expect(panel).to_contain_text("not quite" if guess == wrong else "correct", timeout=30_000)
             expect(panel).to_contain_text(q.fact, timeout=30_000)
-            _wait_for_title(page, lambda t, g=guess: "your prediction" in t and g.split(" · ")[-1][:6] in t)
+            wait_for_title(page, lambda t, g=guess: "your prediction" in t and g.split(" · ")[-1][:6] in t)
             if step < len(lesson.steps):
                 panel.get_by_role("button", name="next step →").click()
         expect(panel).to_contain_text(f"your score {len(lesson.steps) - 1} of {len(lesson.steps)}", timeout=30_000)
@@ -323,7 +313,7 @@ def test_cross_attention_rows_name_the_token_each_step_produced(page) -> None:
     open_tab(page, "Translate")
     panel = _panel(page)
     panel.get_by_role("button", name="Translate", exact=True).click()
-    _wait_for_title(page, lambda t: t.startswith("Cross-attention (target → source)"))
+    wait_for_title(page, lambda t: t.startswith("Cross-attention (target → source)"))
     cross = next(f for f, t in zip(figures(page), titles(page)) if t.startswith("Cross-attention (target → source)"))
     rows = [str(y) for y in cross[0]["y"]]
     assert all("→" in y for y in rows) and "&lt;s&gt;" not in rows[0] and rows[-1].endswith("→ &lt;/s&gt;"), rows
@@ -357,7 +347,7 @@ def test_beam_tree_shows_the_slots_it_kept_and_says_what_colours_mean(page) -> N
     empty slots 5–7); colours and squares are explained."""
     open_tab(page, "Translate")
     _panel(page).get_by_role("button", name="Translate", exact=True).click()
-    _wait_for_title(page, lambda t: t.startswith("Beam search (beam size 5)"))
+    wait_for_title(page, lambda t: t.startswith("Beam search (beam size 5)"))
     y_range, title, slots = page.evaluate("""() => { const el = [...document.querySelectorAll('.js-plotly-plot')]
         .find(e => e.offsetParent && (e._fullLayout.title.text || '').startsWith('Beam search'));
         const nodes = el._fullData.find(t => t.name === 'candidate'), y = el._fullLayout.yaxis;
@@ -437,9 +427,9 @@ def test_positional_says_what_it_ignored_and_no_title_is_cut(page) -> None:
     box = _panel(page).get_by_label("dimensions to plot as curves")
     box.fill("0, abc, 500")
     box.press("Enter")
-    _wait_for_title(page, lambda t: "ignored abc, 500" in t)
+    wait_for_title(page, lambda t: "ignored abc, 500" in t)
     _panel(page).get_by_role("button", name="Show the ViT's position embeddings").click()
-    _wait_for_title(page, lambda t: "learned position embeddings" in t)
+    wait_for_title(page, lambda t: "learned position embeddings" in t)
     open_tab(page, "Attention playground")
     wait_for_plots(page, 2)
     assert cut_titles(page) == []
@@ -467,8 +457,8 @@ def test_head_roles_and_the_stripe_fit_or_scroll_visibly(page, width: int) -> No
     open_tab(page, "Generate")
     panel = _panel(page)
     panel.get_by_role("button", name="Repeated random tokens").click()
-    _wait_for_title(page, lambda t: t.startswith("Induction stripe"), timeout=90)
-    _wait_for_title(page, lambda t: t.startswith("Head roles"), timeout=30)
+    wait_for_title(page, lambda t: t.startswith("Induction stripe"), timeout=90)
+    wait_for_title(page, lambda t: t.startswith("Head roles"), timeout=30)
     page.wait_for_timeout(1000)
     assert clipped_figures(page) == []
     fits = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].filter(e => e.offsetParent
@@ -487,9 +477,9 @@ def test_a_paragraph_keeps_every_sentence_and_the_picker_draws_each(page) -> Non
     panel.get_by_label("English sentence").fill("A dog runs on the beach. Two girls play in the park. A man sleeps.")
     panel.get_by_role("button", name="Translate", exact=True).click()
     expect(panel).to_contain_text("Each of its 3 sentences was translated on its own", timeout=60_000)
-    _wait_for_title(page, lambda t: t.startswith("Sentence 1 of 3 · "), timeout=60)
+    wait_for_title(page, lambda t: t.startswith("Sentence 1 of 3 · "), timeout=60)
     _pick(page, "sentence the figures show", "2 · Two girls play in the park.")
-    _wait_for_title(page, lambda t: t.startswith("Sentence 2 of 3 · "), timeout=60)
+    wait_for_title(page, lambda t: t.startswith("Sentence 2 of 3 · "), timeout=60)
     expect(panel).to_contain_text("The figures show sentence 2 of 3", timeout=30_000)
     assert not any(t.startswith("Sentence 1 of 3") for t in titles(page))
     assert page.js_errors == []
