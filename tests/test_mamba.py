@@ -72,7 +72,7 @@ def test_mamba_logit_lens_and_refusals(pair) -> None:
 def test_mamba_context_is_capped(pair) -> None:
     """A prompt longer than MAX_TOKENS keeps its last tokens, with the notice saying so (the implicit attention
     grows as T²·d_state per channel); the chunked α equals the unchunked one."""
-    from models.families.mamba import MAX_TOKENS
+    from models.families.recurrent import MAX_TOKENS
 
     _, ours = pair
     ids, new, notice = ours.prepare_prompt(list(range(1, 300)), 5)

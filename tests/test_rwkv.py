@@ -149,7 +149,7 @@ def test_generation_and_its_maps(pair) -> None:
 def test_an_rwkv_is_a_decoder_without_heads(pair) -> None:
     """The Decoder interface but ``forward`` (as Mamba); head masks and head roles are refused in words; the context
     is capped at MAX_TOKENS with a notice."""
-    from models.families.rwkv import MAX_TOKENS
+    from models.families.recurrent import MAX_TOKENS
     from models.interfaces import Decoder
     from tests.test_interfaces import mismatches
 

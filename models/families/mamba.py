@@ -41,18 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import limits
-from models.blocks.loop import Decoding, full_surprisal
 from models.families.gpt import RMSNorm
-from models.outputs import GenerationResult, LogitLens
+from models.families.recurrent import RecurrentLM
 
-STRATEGIES = ("greedy", "sample")
 # The implicit attention costs T² · d_state exponentials and multiply-adds per channel and layer, where the scan
 # costs T: mamba-130m's 24 × 1,536 channels at 256 tokens (39 G) did not finish in 10 min on the 2-core test machine
-# (busy). So: prompt + generated tokens at most MAX_TOKENS, and the averaged map over MAP_CHANNELS channels evenly
-# spaced over the E (all of them where E is smaller; one channel on request, any of the E): mamba-130m at 128 tokens,
-# 24 × 128 × 128² × 16 ≈ 0.8 G.
-MAX_TOKENS = 128
+# (busy). So: prompt + generated tokens at most MAX_TOKENS (models/families/recurrent.py), and the averaged map over
+# MAP_CHANNELS channels evenly spaced over the E (all of them where E is smaller; one channel on request, any of the
+# E): mamba-130m at MAX_TOKENS = 128 tokens, 24 × 128 × 128² × 16 ≈ 0.8 G.
 MAP_CHANNELS = 128
 ALPHA_FLOATS = 1 << 26  # at most this many floats (256 MB) of exp(A·ΔS) at once: the channel chunk adapts to T
 NOT_APPLICABLE = ("Mamba has no attention heads, so the views built on heads do not apply: head roles, head "
@@ -218,10 +214,12 @@ def heatmap(alpha: Tensor) -> Tensor:
     return m / m.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
-class Mamba(nn.Module):
+class Mamba(RecurrentLM):
     """Embedding -> Mamba blocks -> RMSNorm -> output projection (tied to the embedding by default)."""
 
     IMPLICIT = "Mamba: |α|, channels averaged"  # what its maps are, in the titles and notes that draw them
+    NOT_APPLICABLE = NOT_APPLICABLE  # what the head views say for it (tabs.sections.text.require_heads)
+    NO_HEAD_MASK = "Mamba has no attention heads to switch off"
 
     def __init__(self, config: MambaConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
@@ -252,61 +250,14 @@ class Mamba(nn.Module):
             x = x[:, -1:]
         return MambaForward(self.lm_head(self.norm(x)), hidden, traces or [])
 
-    # ------------------------------------------------------------------ the Generate tab's Decoder interface
-    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
-        return self.tokenizer.encode_prompt(text)
-
-    def piece(self, i: int) -> str:
-        return self.tokenizer.id_to_piece(int(i)) if self.tokenizer is not None else str(int(i))
-
-    def eos_id(self) -> int:
-        return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
-
-    def context_limit(self) -> int:
-        """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's fewer."""
-        return min(limits.MAX_FULL_TOKENS, self.config.max_len, MAX_TOKENS)
-
+    # ------------------------------------------------------------------ the hooks of RecurrentLM
     def _new_state(self) -> MambaState:
         n = self.config.n_layers
         return MambaState([None] * n, [None] * n)
 
-    def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",
-                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[list[int], int, str]:
-        """As ``GPT.prepare_prompt``: (prompt ids, new tokens, notice); a long prompt keeps its last tokens."""
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
-        ids = list(text) if not isinstance(text, str) else self.encode_prompt(text)[0]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        limit = self.context_limit()
-        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
-        notice = ""
-        if len(ids) + new > limit:
-            keep = limit - new
-            notice = f"Prompt shortened to its last {keep} tokens (it had {len(ids)})."
-            ids = ids[len(ids) - keep:]
-        return ids, new, notice
-
-    @torch.no_grad()
-    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
-        """Continue ``text`` token by token through the recurrent state (each step costs the same, whatever the
-        length), then read every token once more for the implicit attention (channels averaged: (L, 1, T, T))."""
-        run = Decoding.start(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
-        was = self.training
-        self.eval()
-        device = self.embed.weight.device
-        state = self._new_state()
-
-        def advance(token: int, pos: int, last: bool) -> Tensor | None:  # the state takes one more token
-            return None if last else self(torch.tensor([[token]], device=device), state).logits[0, -1]
-
-        run.run(self(torch.tensor([run.ids], device=device), state, last_only=True).logits[0, -1], advance)
-        full = self(torch.tensor([run.ids], device=device), keep_trace=True)
-        self.train(was)
-        return run.result(self._maps(full.traces), full_surprisal(full.logits[0], run.ids))
+    def _mapped(self, x: Tensor) -> tuple[MambaForward, np.ndarray]:
+        out = self(x, keep_trace=True)
+        return out, self._maps(out.traces)
 
     def _a(self, layer: int) -> Tensor:
         return -torch.exp(self.blocks[layer].mixer.A_log.float())
@@ -328,66 +279,4 @@ class Mamba(nn.Module):
         """(L, 1, T, T): every layer's implicit attention over ``ids``, channels averaged or one ``channel``."""
         if channel is not None and not 0 <= channel < self.config.d_inner:
             raise ValueError(f"channel {channel} is outside 0..{self.config.d_inner - 1}")
-        device = self.embed.weight.device
-        traces = self(torch.tensor([list(ids)], device=device), keep_trace=True).traces
-        return self._maps(traces, channel)
-
-    @torch.no_grad()
-    def next_token_probs(self, ids: Sequence[int], head_mask: Tensor | None = None) -> np.ndarray:
-        """The next-token distribution after ``ids`` (V,). ``head_mask``: refused (Mamba has no heads)."""
-        if head_mask is not None:
-            raise ValueError("Mamba has no attention heads to switch off")
-        device = self.embed.weight.device
-        out = self(torch.tensor([list(ids)], device=device), last_only=True)
-        return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
-
-    @torch.no_grad()
-    def logit_lens(self, ids: Sequence[int], last: int | None = None) -> LogitLens:
-        """Each block's residual stream through the final norm and the output projection (as ``GPT.logit_lens``)."""
-        device = self.embed.weight.device
-        x = torch.tensor([list(ids)], device=device)
-        out = self(x, keep_hidden=True)
-        final = out.logits[0].float()
-        target = torch.cat([x[0, 1:], final[-1:].argmax(-1)])
-        start = 0 if last is None else max(0, x.size(1) - int(last))
-        target = target[start:]
-        top_ids, top_p, target_p = [], [], []
-        for h in out.hidden[1:]:
-            p = torch.softmax(self.lm_head(self.norm(h[0, start:])).float(), -1)
-            best = p.max(-1)
-            top_ids.append(best.indices)
-            top_p.append(best.values)
-            target_p.append(p.gather(1, target[:, None])[:, 0])
-        tops = torch.stack(top_ids).cpu().numpy()
-        return LogitLens(top_tokens=[[self.piece(i) for i in row] for row in tops],
-                         top_probs=torch.stack(top_p).cpu().numpy().astype(np.float32),
-                         target_probs=torch.stack(target_p).cpu().numpy().astype(np.float32),
-                         targets=[self.piece(i) for i in target.cpu().numpy()])
-
-    def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
-        """BOS + n random non-special tokens + the same n again (as ``GPT.repeated_tokens``): the sequence on which
-        the implicit attention can be compared with a Transformer's induction stripe."""
-        c, tok = self.config, self.tokenizer
-        if n < 2 or 2 * n + 1 > self.context_limit():
-            raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
-        special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-        pool = np.array([int(i) for i in (range(c.vocab_size) if pieces is None else pieces) if i not in special])
-        if not len(pool):
-            raise ValueError("no ordinary token to draw from")
-        x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
-        bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
-        return [int(bos), *x, *x]
-
-    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
-                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Refused: head roles are scores of attention heads, which Mamba has none of (``NOT_APPLICABLE``)."""
-        raise ValueError(NOT_APPLICABLE)
-
-    @torch.no_grad()
-    def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(cross-entropy of each token given the ones before it (T−1,), implicit attention (L, 1, T, T))."""
-        device = self.embed.weight.device
-        x = torch.tensor([list(ids)], device=device)
-        out = self(x, keep_trace=True)
-        loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
-        return loss.cpu().numpy(), self._maps(out.traces)
+        return self._maps(self(self._ids(ids), keep_trace=True).traces, channel)

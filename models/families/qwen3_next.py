@@ -48,21 +48,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import limits
 from models.blocks.attention import KVCache, attend, causal_mask
-from models.blocks.loop import Decoding, full_surprisal
 from models.blocks.positional import apply_rope, rope_angles
 from models.families.gpt import RMSNorm
-from models.families.mamba import Mamba
 from models.families.moe import Expert
-from models.outputs import GenerationResult
+from models.families.recurrent import RecurrentLM
 
-STRATEGIES = ("greedy", "sample")
 KINDS = ("linear", "full")  # a layer's mixer: Gated DeltaNet, or gated softmax attention
 KIND_NAMES = {"linear": "Gated DeltaNet (implicit attention)", "full": "gated softmax attention"}
 # The implicit attention costs T² · d_k per value head and layer (the sweep), the recurrence T · d_k · d_v: prompt
-# and continuation are capped as Mamba's are (models/families/mamba.py)
-MAX_TOKENS = 128
+# and continuation are capped as Mamba's are (MAX_TOKENS, models/families/recurrent.py)
 NOT_APPLICABLE = ("Qwen3-Next's maps here are one per layer (heads averaged), and half its kinds of layer have no "
                   "softmax heads, so the views built on switching, scoring or patching heads do not apply: head "
                   "roles, head ablation, attention sinks, \"why a head attends\" and head patching. Shown instead: "
@@ -344,12 +339,11 @@ class HybridForward:
     traces: list[DeltaTrace | None] = field(default_factory=list)  # per layer: a DeltaNet's trace or None
 
 
-class Qwen3Next(nn.Module):
+class Qwen3Next(RecurrentLM):
     """Embedding -> hybrid blocks -> RMSNorm -> output projection."""
 
     NOT_APPLICABLE = NOT_APPLICABLE  # the head views' refusal, in words (tabs.sections.text.require_heads)
-    piece = Mamba.piece
-    logit_lens = Mamba.logit_lens  # self(x, keep_hidden=True), the final norm and lm_head: the same names here
+    NO_HEAD_MASK = "Qwen3-Next's heads cannot be switched off here: " + NOT_APPLICABLE
 
     def __init__(self, config: Qwen3NextConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
@@ -396,8 +390,7 @@ class Qwen3Next(nn.Module):
     def layer_maps(self, ids: Sequence[int]) -> list[tuple[str, np.ndarray]]:
         """Every layer's maps over ``ids``, head by head: (kind, (H, T, T) float32): a softmax layer's attention
         (rows sum to 1) or a DeltaNet layer's implicit attention A (signed, o_t = Σ_s A[t, s] v_s)."""
-        device = self.embed.weight.device
-        out = self(torch.tensor([list(ids)], device=device), need_weights=True, keep_trace=True)
+        out = self(self._ids(ids), need_weights=True, keep_trace=True)
         maps = []
         for kind, w, tr in zip(self.config.kinds, out.attention, out.traces, strict=True):
             a = w[0] if kind == "full" else implicit_attention(tr)
@@ -410,98 +403,17 @@ class Qwen3Next(nn.Module):
                 for w, tr in zip(out.attention, out.traces, strict=True)]
         return np.stack([m[None].float().cpu().numpy() for m in maps]).astype(np.float32)
 
-    # ------------------------------------------------------------------ the Generate tab's Decoder interface
-    def encode_prompt(self, text: str) -> tuple[list[int], list[str]]:
-        return self.tokenizer.encode_prompt(text)
-
-    def eos_id(self) -> int:
-        return int(getattr(self.tokenizer, "eos_id", self.config.eos_id) if self.tokenizer else self.config.eos_id)
-
-    def context_limit(self) -> int:
-        """Prompt + generated tokens: MAX_TOKENS (what the implicit attention costs), or the app's or RoPE's fewer."""
-        return min(limits.MAX_FULL_TOKENS, self.config.max_len, MAX_TOKENS)
-
+    # ------------------------------------------------------------------ the hooks of RecurrentLM
     def _new_state(self) -> HybridState:
         n = self.config.n_layers
         kinds = self.config.kinds
         return HybridState([KVCache() if k == "full" else None for k in kinds], [None] * n, [None] * n)
 
-    def prepare_prompt(self, text: str | Sequence[int], max_new_tokens: int, strategy: str = "greedy",
-                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> tuple[list[int], int, str]:
-        """As ``GPT.prepare_prompt``: (prompt ids, new tokens, notice); a long prompt keeps its last tokens."""
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        if not temperature > 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError("need temperature > 0, 0 < top_p <= 1 and top_k >= 0")
-        ids = list(text) if not isinstance(text, str) else self.encode_prompt(text)[0]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        limit = self.context_limit()
-        new = max(0, min(int(max_new_tokens), limits.MAX_NEW_TOKENS, limit - 1))
-        notice = ""
-        if len(ids) + new > limit:
-            keep = limit - new
-            notice = f"Prompt shortened to its last {keep} tokens (it had {len(ids)})."
-            ids = ids[len(ids) - keep:]
-        return ids, new, notice
-
-    @torch.no_grad()
-    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
-        """Continue ``text`` token by token (the softmax layers' KV caches, the DeltaNet layers' convolution inputs
-        and delta-rule states), then read every token once more for each layer's map ((L, 1, T, T))."""
-        run = Decoding.start(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
-        was = self.training
-        self.eval()
-        device = self.embed.weight.device
-        state = self._new_state()
-
-        def advance(token: int, pos: int, last: bool) -> Tensor | None:
-            return None if last else self(torch.tensor([[token]], device=device), state).logits[0, -1]
-
-        run.run(self(torch.tensor([run.ids], device=device), state, last_only=True).logits[0, -1], advance)
-        full = self(torch.tensor([run.ids], device=device), need_weights=True, keep_trace=True)
-        self.train(was)
-        return run.result(self._maps(full), full_surprisal(full.logits[0], run.ids))
+    def _mapped(self, x: Tensor) -> tuple[HybridForward, np.ndarray]:
+        out = self(x, need_weights=True, keep_trace=True)
+        return out, self._maps(out)
 
     @torch.no_grad()
     def implicit_attention(self, ids: Sequence[int]) -> np.ndarray:
         """(L, 1, T, T): every layer's map over ``ids`` (as Generate draws them)."""
-        device = self.embed.weight.device
-        return self._maps(self(torch.tensor([list(ids)], device=device), need_weights=True, keep_trace=True))
-
-    @torch.no_grad()
-    def next_token_probs(self, ids: Sequence[int], head_mask: Tensor | None = None) -> np.ndarray:
-        """The next-token distribution after ``ids`` (V,). ``head_mask``: refused (``NOT_APPLICABLE``)."""
-        if head_mask is not None:
-            raise ValueError("Qwen3-Next's heads cannot be switched off here: " + NOT_APPLICABLE)
-        device = self.embed.weight.device
-        out = self(torch.tensor([list(ids)], device=device), last_only=True)
-        return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
-
-    def repeated_tokens(self, n: int, seed: int = 0, pieces: Sequence[int] | np.ndarray | None = None) -> list[int]:
-        """BOS + n random non-special tokens + the same n again (as ``GPT.repeated_tokens``)."""
-        c, tok = self.config, self.tokenizer
-        if n < 2 or 2 * n + 1 > self.context_limit():
-            raise ValueError(f"n must be between 2 and {(self.context_limit() - 1) // 2}, got {n}")
-        special = {c.bos_id, c.eos_id, c.pad_id} | ({tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id} if tok else set())
-        pool = np.array([int(i) for i in (range(c.vocab_size) if pieces is None else pieces) if i not in special])
-        if not len(pool):
-            raise ValueError("no ordinary token to draw from")
-        x = np.random.default_rng(seed).choice(pool, n, replace=len(pool) < n).tolist()
-        bos = tok.bos_id if tok is not None and tok.bos_id >= 0 else c.bos_id
-        return [int(bos), *x, *x]
-
-    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
-                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Refused: the maps here are one per layer (``NOT_APPLICABLE``)."""
-        raise ValueError(NOT_APPLICABLE)
-
-    @torch.no_grad()
-    def token_losses(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(cross-entropy of each token given the ones before it (T−1,), the maps (L, 1, T, T))."""
-        device = self.embed.weight.device
-        x = torch.tensor([list(ids)], device=device)
-        out = self(x, need_weights=True, keep_trace=True)
-        loss = F.cross_entropy(out.logits[0, :-1].float(), x[0, 1:], reduction="none")
-        return loss.cpu().numpy(), self._maps(out)
+        return self._mapped(self._ids(ids))[1]

@@ -48,14 +48,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.blocks.loop import Decoding, full_surprisal
-from models.families.mamba import Mamba
-from models.outputs import GenerationResult
+from models.families.recurrent import RecurrentLM
 
 # α costs T² per channel and layer (the scan costs T): rwkv-4-169m's 12 × 768 channels at 256 tokens are 0.6 G scores,
 # 18–36 s on the busy 2-core test machine (load 2.4–6.8; `python bench/rwkv_map.py`), at 128 a quarter of them. So
-# prompt + generated tokens at most MAX_TOKENS, as for Mamba.
-MAX_TOKENS = 128
 ALPHA_FLOATS = 1 << 24  # at most this many floats (64 MB) of scores at once: the channel chunk adapts to T
 NOT_APPLICABLE = ("RWKV has no attention heads, so the views built on heads do not apply: head roles, head "
                   "ablation, attention sinks, \"why a head attends\" (a score split of q·k) and head patching. "
@@ -260,22 +256,12 @@ def mean_attention(trace: WkvTrace, time_decay: Tensor, time_first: Tensor) -> T
     return total / a
 
 
-class Rwkv(nn.Module):
+class Rwkv(RecurrentLM):
     """Embedding -> LayerNorm -> RWKV blocks -> LayerNorm -> output projection."""
 
     IMPLICIT = "RWKV: WKV's softmax per channel, channels averaged"  # what its maps are, in titles and notes
     NOT_APPLICABLE = NOT_APPLICABLE  # what the head views say for it (tabs.sections.text.require_heads)
-
-    # the decoder interface that does not depend on the mixer (prompt checks and cut, tokens, logit lens, the
-    # repeated-token sequence) is Mamba's, read through this model's forward, norm and head
-    encode_prompt = Mamba.encode_prompt
-    piece = Mamba.piece
-    eos_id = Mamba.eos_id
-    prepare_prompt = Mamba.prepare_prompt
-    logit_lens = Mamba.logit_lens
-    repeated_tokens = Mamba.repeated_tokens
-    context_limit = Mamba.context_limit
-    token_losses = Mamba.token_losses  # through this model's own forward and _maps
+    NO_HEAD_MASK = "RWKV has no attention heads to switch off"
 
     def __init__(self, config: RwkvConfig, tokenizer: Any | None = None) -> None:
         super().__init__()
@@ -312,29 +298,14 @@ class Rwkv(nn.Module):
             x = x[:, -1:]
         return RwkvForward(self.lm_head(self.norm(x)), hidden, traces or [])
 
-    # ------------------------------------------------------------------ the Generate tab's Decoder interface
+    # ------------------------------------------------------------------ the hooks of RecurrentLM
     def _new_state(self) -> RwkvState:
         n = self.config.n_layers
         return RwkvState([None] * n, [None] * n, [None] * n)
 
-    @torch.no_grad()
-    def generate(self, text: str | Sequence[int], max_new_tokens: int = 20, strategy: str = "greedy",
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
-        """Continue ``text`` token by token through the recurrent state, then read every token once more for the
-        implicit attention (channels averaged: (L, 1, T, T))."""
-        run = Decoding.start(self, text, max_new_tokens, strategy, temperature, top_k, top_p, seed)
-        was = self.training
-        self.eval()
-        device = self.embed.weight.device
-        state = self._new_state()
-
-        def advance(token: int, pos: int, last: bool) -> Tensor | None:  # the state takes one more token
-            return None if last else self(torch.tensor([[token]], device=device), state).logits[0, -1]
-
-        run.run(self(torch.tensor([run.ids], device=device), state, last_only=True).logits[0, -1], advance)
-        full = self(torch.tensor([run.ids], device=device), keep_trace=True)
-        self.train(was)
-        return run.result(self._maps(full.traces), full_surprisal(full.logits[0], run.ids))
+    def _mapped(self, x: Tensor) -> tuple[RwkvForward, np.ndarray]:
+        out = self(x, keep_trace=True)
+        return out, self._maps(out.traces)
 
     def alpha(self, trace: WkvTrace, layer: int, channel: int | None = None) -> Tensor:
         """Layer ``layer``'s α (A', T, T) from its trace (``implicit_attention`` with the layer's own w and u)."""
@@ -353,20 +324,4 @@ class Rwkv(nn.Module):
         """(L, 1, T, T): every layer's implicit attention over ``ids``, channels averaged or one ``channel``."""
         if channel is not None and not 0 <= channel < self.config.d_att:
             raise ValueError(f"channel {channel} is outside 0..{self.config.d_att - 1}")
-        device = self.embed.weight.device
-        traces = self(torch.tensor([list(ids)], device=device), keep_trace=True).traces
-        return self._maps(traces, channel)
-
-    @torch.no_grad()
-    def next_token_probs(self, ids: Sequence[int], head_mask: Tensor | None = None) -> np.ndarray:
-        """The next-token distribution after ``ids`` (V,). ``head_mask``: refused (RWKV has no heads)."""
-        if head_mask is not None:
-            raise ValueError("RWKV has no attention heads to switch off")
-        device = self.embed.weight.device
-        out = self(torch.tensor([list(ids)], device=device), last_only=True)
-        return torch.softmax(out.logits[0, -1].float(), -1).cpu().numpy()
-
-    def head_role_scores(self, n: int = 50, seeds: Sequence[int] = (0,),
-                         pieces: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """Refused: head roles are scores of attention heads, which RWKV has none of (``NOT_APPLICABLE``)."""
-        raise ValueError(NOT_APPLICABLE)
+        return self._maps(self(self._ids(ids), keep_trace=True).traces, channel)
