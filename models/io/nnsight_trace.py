@@ -175,9 +175,9 @@ def views(lm, layout: dict, ids: torch.Tensor, plan: dict) -> dict:
            "losses": torch.nn.functional.cross_entropy(logits[:-1], x[1:].to(logits.device), reduction="none").cpu()}
     if lens_last:
         choice = int(logits[-1].argmax())
+        chosen = torch.stack([p[choice].cpu() for p in last_p])[:, None]  # (L, 1): the final layer's choice
         out["lens"] = {"top": torch.stack(tops), "top_p": torch.stack(top_p),
-                       "next_p": torch.cat([torch.stack(next_p), torch.stack([p[choice].cpu() for p in last_p])[:, None]], 1),
-                       "choice": choice}
+                       "next_p": torch.cat([torch.stack(next_p), chosen], 1), "choice": choice}
     return out
 
 
