@@ -72,9 +72,10 @@ def test_every_view_equals_the_apps_own_path(opened, name: str) -> None:
     np.testing.assert_allclose(v.lens["next_p"], lens.target_probs, atol=1e-6)
     # the bytes that came back are those of the reductions, counted in the dtypes they travelled in
     n_layers, heads, t = full.shape[:3]
-    sent = (2 * v.tiles["max"].size * 4 + n_layers * 4 * heads * 8 + len(rows) * t * 4 + full[1].size * 4
-            + v.lens["top"].size * 8 + 2 * v.lens["top_p"].size * 4 + 8 + (t - 1) * 4 + v.last_logits.size * 4)
-    assert v.bytes_back == sent
+    sent = (2 * sum(x.size for x in v.tiles["max"].values()) * 4 + n_layers * 4 * heads * 8 + len(rows) * t * 4
+            + full[1].size * 4 + v.lens["top"].size * 8 + 2 * v.lens["top_p"].size * 4 + 8 + (t - 1) * 4
+            + v.last_logits.size * 4)
+    assert v.bytes_back == sent == nb.reply_bytes(nb.layout(lm.config), t, 14, rows=len(rows), maps=1)["total"]
     assert v.full_bytes == full.size * 2  # what did not travel: every weight in float16
 
 
@@ -86,6 +87,7 @@ def test_head_roles_and_losses_equal_the_apps(opened, name: str) -> None:
     loss, weights = ours.token_losses(ids)
     want = analysis.head_roles(weights, n)
     v = nb.trace_views(lm, ids, roles_n=n, lens_last=0)
+    assert v.bytes_back == nb.reply_bytes(nb.layout(lm.config), len(ids), roles_n=n, lens_last=0)["total"]
     for role in analysis.HEAD_ROLES:
         np.testing.assert_allclose(v.roles[role], want[role], atol=1e-6, err_msg=role)
     np.testing.assert_allclose(v.losses, loss, atol=1e-5)
@@ -111,7 +113,8 @@ def test_the_request_serialised_as_for_ndif_gives_the_same_numbers(opened) -> No
     shipped = nb.trace_views(lm, ids, cells=6, rows=[(1, 4, 22)], remote="local")
     assert shipped.where.startswith("here (remote='local'")
     for how in ("max", "mean"):
-        np.testing.assert_array_equal(shipped.tiles[how], here.tiles[how])
+        for layer in range(2):
+            np.testing.assert_array_equal(shipped.tiles[how][layer], here.tiles[how][layer])
     np.testing.assert_array_equal(shipped.rows[(1, 4, 22)], here.rows[(1, 4, 22)])
     for stat in nb.STATS:
         np.testing.assert_array_equal(shipped.stats[stat], here.stats[stat])
@@ -141,6 +144,19 @@ def test_what_the_trace_does_not_compute_is_refused(hf_folders, tmp_path) -> Non
         nb.open_model(hf_folders.get("gpt2").path, remote=True)
 
 
+def test_tiles_of_the_layers_asked_alone(opened) -> None:
+    ours, lm = opened("qwen2")
+    ids = _ids(33, 6)
+    v = nb.trace_views(lm, ids, tile_layers=[1], lens_last=0)
+    att, _ = od.prefill(ours, ids)
+    assert sorted(v.tiles["max"]) == [1]
+    np.testing.assert_allclose(v.tiles["mean"][1], att.tiles(1, None, nb.POOL_CELLS, "mean")[0], atol=1e-6)
+    np.testing.assert_allclose(v.stats["entropy"], att.stats["entropy"], atol=2e-5)  # statistics of every layer still
+    lay = nb.layout(lm.config)
+    assert v.bytes_back == nb.reply_bytes(lay, 33, tile_layers=1, lens_last=0)["total"]
+    assert v.bytes_back < nb.reply_bytes(lay, 33, lens_last=0)["total"]
+
+
 def test_bad_requests_are_refused(opened) -> None:
     _, lm = opened("gpt2")
     with pytest.raises(nb.Refused, match="token ids"):
@@ -149,6 +165,8 @@ def test_bad_requests_are_refused(opened) -> None:
         nb.trace_views(lm, [1, 2, 3], rows=[(0, 9, 1)])
     with pytest.raises(nb.Refused, match="head roles"):
         nb.trace_views(lm, [1, 2, 3], roles_n=5)
+    with pytest.raises(nb.Refused, match="layer 7"):
+        nb.trace_views(lm, [1, 2, 3], tile_layers=[7])
     with pytest.raises(nb.Refused, match="no tokens"):
         nb.trace_views(lm, [])
 
@@ -160,3 +178,22 @@ def test_the_window_is_read_per_layer() -> None:
     assert nb.layout(cfg).windows == (0, 6, 6)
     with pytest.raises(nb.Refused, match="layer_types"):
         nb.layout({k: v for k, v in cfg.items() if k != "layer_types"})
+
+
+def test_the_bench_runs_quick() -> None:
+    """bench/remote.py --quick: the computed shapes and one measured run (keys and exactness; never times)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "bench/remote.py", "--quick", "--shape-lengths", "1024"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    big = out["computed"]["llama-3-405b@1024"]
+    assert big["full_attention_fp16_bytes"] == 126 * 128 * 1024 * 1024 * 2
+    assert big["reply_one_layer_tiles_bytes"] < big["reply_bytes"] < big["full_attention_fp16_bytes"]
+    (run,) = out["measured"].values()
+    assert run["predicted_matches"] is True and run["max_diff"] < 1e-6
+    assert {"app_s", "trace_s", "shipped_s", "trace_ratio", "bytes_back"} <= set(run)

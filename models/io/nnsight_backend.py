@@ -1,8 +1,9 @@
 """The app's views computed by nnsight (issue 73): the same trace code (models/io/nnsight_trace.py) runs here with
 ``remote=False`` or on NDIF (the National Deep Inference Fabric) with ``remote=True``, and only reductions come back:
 pooled tiles and per-head statistics of every layer's attention, the asked rows and full maps, the head roles, the
-logit lens, the token losses. A 1,024-token forward of a 405 B model has ~34 GB of attention weights; what comes back
-is a few MB (bench/remote.py).
+logit lens, the token losses. A 1,024-token forward of a 405 B model has ~34 GB of attention weights (float16); one
+layer's tiles of every head, its statistics, a row and the lens come back in ~5 MB, every layer's tiles in ~530 MB
+(bench/remote.py computes both).
 
 ``open_model(source)`` wraps a Hugging Face folder (``remote=False``: loaded here by transformers through nnsight,
 safetensors only) or a Hub id (loaded here, or named for NDIF, which has it loaded) in nnsight's ``LanguageModel``;
@@ -14,9 +15,9 @@ is refused in words rather than computed wrongly.
 nnsight and transformers are imported here only when a model is opened: they are optional (requirements-dev.txt),
 and ``python app.py`` never imports them unless ATLAS_NNSIGHT names a model.
 
-Remote results: nnsight's own ``RemoteBackend`` loads the server's answer with ``torch.load(weights_only=False)``;
-``SafeRemoteBackend`` loads it with ``weights_only=True`` (tensors, dicts, lists, numbers: what ``views`` saves) and
-counts the bytes that crossed the network.
+Remote results: nnsight's own ``RemoteBackend`` loads the server's answer with torch's full unpickler (weights_only
+off); ``SafeRemoteBackend`` loads it with ``weights_only=True`` (tensors, dicts, lists, numbers: what ``views``
+saves) and counts the bytes that crossed the network.
 """
 
 from __future__ import annotations
@@ -168,7 +169,9 @@ class TracedViews:
     where: str  # "here (remote=False)", "NDIF (https://…)"
     seconds: float
     bytes_back: int  # bytes of the saved values (tensor bytes; remote: the bytes received)
-    tiles: dict[str, np.ndarray]  # "max"/"mean" -> (L, H, R, C) float32
+    n_layers: int
+    n_heads: int
+    tiles: dict[str, dict[int, np.ndarray]]  # "max"/"mean" -> {layer: (H, R, C) float32} of the layers asked
     edges: np.ndarray  # block edges of the tiles (rows and columns alike)
     stats: dict[str, np.ndarray]  # STATS -> (L, H) float32: means over every query row
     rows: dict[tuple[int, int, int], np.ndarray] = field(default_factory=dict)  # (layer, head, query) -> (T,)
@@ -181,8 +184,7 @@ class TracedViews:
     @property
     def full_bytes(self) -> int:
         """Bytes the full (L, H, T, T) attention would take in float16: what did not travel."""
-        n_layers, heads = self.tiles["max"].shape[:2]
-        return nt.full_bytes(n_layers, heads, len(self.ids))
+        return nt.full_bytes(self.n_layers, self.n_heads, len(self.ids))
 
 
 def _bytes(obj: Any) -> int:
@@ -197,9 +199,9 @@ def _bytes(obj: Any) -> int:
 
 def plan(lay: Layout, t: int, cells: int = POOL_CELLS, rows: list[tuple[int, int, int]] | tuple = (),
          maps: list[int] | tuple = (), roles_n: int = 0, lens_last: int | None = None,
-         chunk_bytes: int = nt.CHUNK_BYTES) -> dict[str, Any]:
+         chunk_bytes: int = nt.CHUNK_BYTES, tile_layers: list[int] | tuple | None = None) -> dict[str, Any]:
     """The trace's plan (plain lists and numbers: it travels with the request), checked; ``lens_last`` None: the
-    lens over every position, 0: none."""
+    lens over every position, 0: none; ``tile_layers`` None: tiles of every layer."""
     if t < 1:
         raise Refused("nothing to read: no tokens")
     if cells < 1:
@@ -208,7 +210,7 @@ def plan(lay: Layout, t: int, cells: int = POOL_CELLS, rows: list[tuple[int, int
         if not (0 <= layer < lay.n_layers and 0 <= head < lay.n_heads and 0 <= query < t):
             raise Refused(f"row (layer {layer}, head {head}, query {query}) is not in a {lay.n_layers}-layer, "
                           f"{lay.n_heads}-head model over {t} tokens")
-    for layer in maps:
+    for layer in (*maps, *(tile_layers or ())):
         if not 0 <= layer < lay.n_layers:
             raise Refused(f"layer {layer} is not one of the model's {lay.n_layers} layers")
     if maps and t > FULL_TOKENS:
@@ -217,26 +219,45 @@ def plan(lay: Layout, t: int, cells: int = POOL_CELLS, rows: list[tuple[int, int
         raise Refused(f"head roles need BOS + 2·n tokens with n ≥ 2 (n={roles_n}, {t} tokens)")
     per_layer = []
     for i in range(lay.n_layers):
-        per_layer.append({"cells": int(cells), "local": int(lay.windows[i] or LOCAL),
+        per_layer.append({"cells": int(cells), "tiles": tile_layers is None or i in tile_layers,
+                          "local": int(lay.windows[i] or LOCAL),
                           "rows": [[int(h), int(q)] for (layer, h, q) in rows if layer == i],
                           "full": i in maps, "roles_n": int(roles_n), "chunk_bytes": int(chunk_bytes)})
     return {"layers": per_layer, "lens_last": t if lens_last is None else int(min(lens_last, t))}
 
 
+def reply_bytes(lay: Layout, t: int, cells: int = POOL_CELLS, rows: int = 0, maps: int = 0, roles_n: int = 0,
+                lens_last: int | None = None, tile_layers: int | None = None) -> dict[str, int]:
+    """Bytes of what ``trace_views`` saves over ``t`` tokens, per view (tensor bytes, as ``bytes_back`` counts them
+    locally; ``rows``, ``maps`` and ``tile_layers``: how many, None: every layer's tiles): a model of any size,
+    without running it (bench/remote.py)."""
+    n = len(nt.block_edges(t, cells)) - 1
+    lens = t if lens_last is None else min(lens_last, t)
+    tiled = lay.n_layers if tile_layers is None else tile_layers
+    out = {"tiles": 2 * tiled * lay.n_heads * n * n * 4, "stats": lay.n_layers * len(STATS) * lay.n_heads * 8,
+           "rows": rows * t * 4, "maps": maps * lay.n_heads * t * t * 4,
+           "roles": lay.n_layers * len(ROLES) * lay.n_heads * 8 if roles_n else 0,
+           "lens": lay.n_layers * lens * (8 + 4 + 4) + 8 if lens else 0,
+           "losses_logits": (t - 1) * 4 + lay.vocab * 4}
+    out["total"] = sum(out.values())
+    return out
+
+
 def trace_views(lm: Any, ids: list[int], cells: int = POOL_CELLS, rows: list[tuple[int, int, int]] | tuple = (),
                 maps: list[int] | tuple = (), roles_n: int = 0, lens_last: int | None = None,
-                remote: bool | str = False, host: str | None = None, chunk_bytes: int = nt.CHUNK_BYTES
-                ) -> TracedViews:
+                remote: bool | str = False, host: str | None = None, chunk_bytes: int = nt.CHUNK_BYTES,
+                tile_layers: list[int] | tuple | None = None) -> TracedViews:
     """One forward of ``lm`` over ``ids`` in an nnsight trace, only reductions saved (module docstring).
-    ``remote``: False (here), True (NDIF at ``host`` or NDIF_HOST, key NDIF_API_KEY) or "local" (nnsight's dry run of
-    the remote path: the request serialised and rebuilt here with the project's modules hidden)."""
+    ``tile_layers``: the layers whose tiles travel (None: every layer). ``remote``: False (here), True (NDIF at
+    ``host`` or NDIF_HOST, key NDIF_API_KEY) or "local" (nnsight's dry run of the remote path: the request serialised
+    and rebuilt here with the project's modules hidden)."""
     import nnsight
 
     lay = layout(lm.config)
     ids = [int(i) for i in ids]
     if any(not 0 <= i < lay.vocab for i in ids):
         raise Refused(f"token ids must lie in 0…{lay.vocab - 1}")
-    the_plan = plan(lay, len(ids), cells, rows, maps, roles_n, lens_last, chunk_bytes)
+    the_plan = plan(lay, len(ids), cells, rows, maps, roles_n, lens_last, chunk_bytes, tile_layers)
     the_layout = lay.as_dict()
     x = torch.tensor([ids])
     backend = None
@@ -267,7 +288,8 @@ def _read(out: dict, ids: list[int], where: str, seconds: float, got: int, lay: 
     stats = np.stack([_np(r["stats"]) for r in layers], 1)  # (4, L, H)
     views = TracedViews(
         ids=ids, where=where, seconds=seconds, bytes_back=got, edges=edges,
-        tiles={how: np.stack([_np(r[how]) for r in layers]) for how in ("max", "mean")},
+        n_layers=lay.n_layers, n_heads=lay.n_heads,
+        tiles={how: {i: _np(r[how]) for i, r in enumerate(layers) if how in r} for how in ("max", "mean")},
         stats={name: stats[k] for k, name in enumerate(STATS)},
         rows={(i, *map(int, key.split(":"))): _np(v) for i, r in enumerate(layers) for key, v in r["rows"].items()},
         maps={i: _np(r["full"]) for i, r in enumerate(layers) if "full" in r},

@@ -14,7 +14,8 @@ was asked for.
 What a layer gives back (``reduce_layer``), the definitions of models/decoding/ondevice.py (the long-context store)
 and models/analysis.py, which tests/test_nnsight.py holds them to on the same weights:
 
-- ``max``/``mean`` (H, R, C): tiles pooled over the blocks of ``block_edges(T, cells)`` (masked cells are zeros);
+- ``max``/``mean`` (H, R, C), of the layers asked: tiles pooled over the blocks of ``block_edges(T, cells)`` (masked
+  cells are zeros);
 - ``stats`` (4, H) float64 sums over the rows of: entropy (nats), weight on key 0 (rows ≥ 1), distance Σ_j a_ij (i − j)
   and weight within the last ``local`` keys; read as means by the backend;
 - ``rows``: the asked (head, query) rows (T,); ``full``: every weight (H, T, T) of an asked layer;
@@ -73,15 +74,15 @@ def weights(q: torch.Tensor, k: torch.Tensor, scale: float, window: int, r0: int
 
 def reduce_layer(q: torch.Tensor, k: torch.Tensor, scale: float, window: int, plan: dict) -> dict:
     """One layer's reductions (module docstring) from q (H, T, d) and k (H_kv, T, d) after RoPE. ``plan``: cells,
-    local, rows [(head, query)], full (bool), roles_n (0: none), chunk_bytes."""
+    tiles (bool), local, rows [(head, query)], full (bool), roles_n (0: none), chunk_bytes."""
     h, t = q.size(0), q.size(1)
     dev = q.device
     edges = block_edges(t, int(plan["cells"]))
     f, n = edges[1] - edges[0], len(edges) - 1
-    maxes = torch.zeros(h, n, n, device=dev)
-    sums = torch.zeros(h, n, n, device=dev)
     stats = torch.zeros(N_STATS, h, dtype=torch.float64, device=dev)
-    local, roles_n = int(plan["local"]), int(plan.get("roles_n", 0))
+    local, roles_n, tiles = int(plan["local"]), int(plan.get("roles_n", 0)), bool(plan.get("tiles", True))
+    maxes = torch.zeros(h, n, n, device=dev) if tiles else None
+    sums = torch.zeros(h, n, n, device=dev) if tiles else None
     roles = torch.zeros(N_ROLES, h, dtype=torch.float64, device=dev)
     rows_out, full = {}, []
     per = max(f, int(plan.get("chunk_bytes", CHUNK_BYTES)) // max(1, 4 * h * t) // f * f)
@@ -89,14 +90,15 @@ def reduce_layer(q: torch.Tensor, k: torch.Tensor, scale: float, window: int, pl
         r1 = min(t, r0 + per)
         w = weights(q, k, scale, window, r0, r1)  # (h, r, T)
         r = r1 - r0
-        cols = torch.nn.functional.pad(w, (0, n * f - t)).unflatten(-1, (n, f))  # (h, r, n, f)
-        col_max, col_sum = cols.amax(-1), cols.sum(-1)
-        back = -r % f
-        b0 = r0 // f
-        m = torch.nn.functional.pad(col_max, (0, 0, 0, back)).unflatten(1, (-1, f)).amax(2)
-        s = torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, f)).sum(2)
-        maxes[:, b0:b0 + m.size(1)] = m
-        sums[:, b0:b0 + s.size(1)] = s
+        if tiles:  # chunks start on a row block's edge (``per`` is a multiple of f): each block is written once
+            cols = torch.nn.functional.pad(w, (0, n * f - t)).unflatten(-1, (n, f))  # (h, r, n, f)
+            col_max, col_sum = cols.amax(-1), cols.sum(-1)
+            back = -r % f
+            b0 = r0 // f
+            m = torch.nn.functional.pad(col_max, (0, 0, 0, back)).unflatten(1, (-1, f)).amax(2)
+            s = torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, f)).sum(2)
+            maxes[:, b0:b0 + m.size(1)] = m
+            sums[:, b0:b0 + s.size(1)] = s
         i = torch.arange(r0, r1, device=dev)
         j = torch.arange(t, device=dev)
         ent = -torch.where(w > 0, w * torch.log(w.clamp_min(1e-45)), torch.zeros_like(w)).sum(-1)  # (h, r)
@@ -121,9 +123,10 @@ def reduce_layer(q: torch.Tensor, k: torch.Tensor, scale: float, window: int, pl
         if plan.get("full"):
             full.append(w)
     sizes = torch.tensor([b - a for a, b in zip(edges[:-1], edges[1:])], dtype=torch.float32, device=dev)
-    out = {"max": maxes.cpu(), "mean": (sums / (sizes[:, None] * sizes[None, :])).cpu(),
-           "stats": (stats / torch.tensor([t, max(1, t - 1), t, t], dtype=torch.float64, device=dev)[:, None]).cpu(),
+    out = {"stats": (stats / torch.tensor([t, max(1, t - 1), t, t], dtype=torch.float64, device=dev)[:, None]).cpu(),
            "rows": rows_out}
+    if tiles:
+        out["max"], out["mean"] = maxes.cpu(), (sums / (sizes[:, None] * sizes[None, :])).cpu()
     if roles_n:
         out["roles"] = (roles / torch.tensor([max(1, t - 1), roles_n, roles_n, max(1, t - 1)],
                                              dtype=torch.float64, device=dev)[:, None]).cpu()
