@@ -197,3 +197,37 @@ def test_the_bench_runs_quick() -> None:
     (run,) = out["measured"].values()
     assert run["predicted_matches"] is True and run["max_diff"] < 1e-6
     assert {"app_s", "trace_s", "shipped_s", "trace_ratio", "bytes_back"} <= set(run)
+
+
+def test_generates_section_answers_through_its_api_action(hf_folders, monkeypatch) -> None:
+    """ATLAS_NNSIGHT names a folder: Generate's section traces it (remote=False) and draws what came back; every number
+    drawn is the app's own path's on the same folder. Unset: a message that says how to configure it."""
+    import gradio as gr
+
+    from serving import traced
+    from tabs.common import Error
+    from tabs.sections import traced as section
+
+    built = hf_folders.get("llama")
+    with gr.Blocks() as demo:
+        section.section(gr.Textbox())
+    action = next(f for f in demo.fns.values() if f.api_name == "nnsight_views")
+    monkeypatch.delenv("ATLAS_NNSIGHT", raising=False)
+    with pytest.raises(Error, match="ATLAS_NNSIGHT"):
+        action.fn("the cat sat", 0, 0, "sink share")
+    monkeypatch.setenv("ATLAS_NNSIGHT", str(built.path))
+    text = "the cat sat on the mat, and a dog ran in the park"
+    note, tiles, grid, lens = action.fn(text, 1, 4, "entropy (bits)")
+    views, tokens, _ = traced.trace(text, 1, 4)
+    assert "here (remote=False)" in note and f"over {len(tokens)} tokens" in note and "came back" in note
+    att, _ = od.prefill(built.model, views.ids)
+    shown = np.asarray(tiles.data[0].z, dtype=np.float32)  # the short input's tiles are its weights
+    np.testing.assert_allclose(shown, att.fused(1, 4), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grid.data[0].z, dtype=np.float32), att.stats["entropy"] / np.log(2),
+                               atol=2e-5)
+    want = built.model.logit_lens(views.ids)
+    np.testing.assert_allclose(np.asarray(lens.data[0].z, dtype=np.float32), want.target_probs, atol=1e-6)
+    with pytest.raises(Error, match="not in this 2-layer"):
+        action.fn(text, 5, 0, "sink share")
+    with pytest.raises(Error, match="Unknown statistic"):
+        action.fn(text, 0, 0, "beauty")
