@@ -231,3 +231,57 @@ def test_generates_section_answers_through_its_api_action(hf_folders, monkeypatc
         action.fn(text, 5, 0, "sink share")
     with pytest.raises(Error, match="Unknown statistic"):
         action.fn(text, 0, 0, "beauty")
+
+
+def test_an_answer_from_ndif_is_read_by_the_restricted_loader(opened) -> None:
+    """What NDIF sends back: the result blob (torch.save of the saved values) and a pickled COMPLETED frame (nnsight's
+    own ResponseModel.pickle, protocol 4). Both load through ``restricted_load``; a planted answer that names a
+    function (os.system through __reduce__) is refused before anything runs."""
+    import io
+    import os
+
+    from nnsight.schema.response import ResponseModel, Status
+
+    from models.io import nnsight_trace as nt
+
+    _, lm = opened("gpt2")
+    x = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    lay = nb.layout(lm.config)
+    with torch.no_grad(), lm.trace(x):
+        saved = nnsight_save(nt.views(lm, lay.as_dict(), x, nb.plan(lay, 6, 4, rows=[(1, 2, 5)])))
+    blob = io.BytesIO()
+    torch.save({"out": saved}, blob)
+    back = nb.restricted_load(blob.getvalue())["out"]
+    np.testing.assert_array_equal(back["layers"][1]["max"].numpy(), saved["layers"][1]["max"].numpy())
+    assert back["layers"][1]["rows"].keys() == {"2:5"}
+    frame = ResponseModel(id="job", status=Status.COMPLETED, description="done", data=blob.getvalue()).pickle()
+    backend = nb.safe_remote_backend(lm, host="http://localhost:1", model_key="gpt2-test")
+    response = backend.parse(frame)
+    assert response.status == Status.COMPLETED and response.data == blob.getvalue()
+
+    class Hostile:
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+
+    bad = io.BytesIO()
+    torch.save({"out": Hostile()}, bad, pickle_protocol=4)
+    with pytest.raises(nb.UnsafeAnswer, match="system"):
+        nb.restricted_load(bad.getvalue())
+    with pytest.raises(nb.UnsafeAnswer):
+        backend.parse(bad.getvalue())
+    import zstandard
+
+    def sent(raw: bytes) -> bytes:  # as the server stages a result: zstd-compressed when the client asked for it
+        return zstandard.ZstdCompressor().compress(raw) if backend.compress else raw
+
+    np.testing.assert_array_equal(backend.finalize(sent(blob.getvalue()))["out"]["layers"][0]["mean"].numpy(),
+                                  saved["layers"][0]["mean"].numpy())
+    assert backend.received == len(sent(blob.getvalue()))
+    with pytest.raises(nb.UnsafeAnswer):
+        backend.finalize(sent(bad.getvalue()))
+
+
+def nnsight_save(value):
+    import nnsight
+
+    return nnsight.save(value)

@@ -16,8 +16,8 @@ nnsight and transformers are imported here only when a model is opened: they are
 and ``python app.py`` never imports them unless ATLAS_NNSIGHT names a model.
 
 Remote results: nnsight's own ``RemoteBackend`` loads the server's answer with torch's full unpickler (weights_only
-off); ``SafeRemoteBackend`` loads it with ``weights_only=True`` (tensors, dicts, lists, numbers: what ``views``
-saves) and counts the bytes that crossed the network.
+off); ``SafeRemoteBackend`` loads it, and any binary status frame, with an unpickler that rebuilds tensors, dicts,
+lists, numbers and strings only (what ``views`` saves; ``restricted_load``) and counts the bytes that came back.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,13 +144,55 @@ def open_model(source: str | Path, remote: bool = False, dtype: torch.dtype | No
     return lm
 
 
-def safe_remote_backend(lm: Any, host: str | None = None) -> Any:
-    """nnsight's RemoteBackend for ``lm``, with the result loaded by ``torch.load(weights_only=True)`` and its size
-    kept (``received``)."""
+# What an NDIF answer may name when unpickled (``restricted_load``): tensors rebuilt from their storages, dtypes,
+# shapes, ordered dicts and nnsight's job status; anything else (a function, a class with a __reduce__) is refused.
+_ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"), ("torch", "Size"),
+            ("collections", "OrderedDict"), ("nnsight.schema.response", "Status"),
+            ("torch._tensor", "_rebuild_from_type_v2")}
+
+
+class UnsafeAnswer(ValueError):
+    """An answer that names something ``restricted_load`` does not rebuild."""
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch":
+            value = getattr(torch, name, None)
+            if isinstance(value, torch.dtype) or (isinstance(value, type) and issubclass(
+                    value, (torch.storage.TypedStorage, torch.UntypedStorage))):
+                return value
+        raise UnsafeAnswer(f"the answer names {module}.{name}, which is not rebuilt (only tensors, dicts, lists, "
+                           "numbers and strings)")
+
+
+_restricted = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=pickle.load, __name__="restricted_pickle")
+
+
+def restricted_load(content: bytes) -> Any:
+    """``torch.load`` of an answer (torch.save's zip container, any pickle protocol) whose unpickler rebuilds only
+    ``_ALLOWED`` names: nnsight's own loader is a full unpickle, and torch's ``weights_only`` loader does not read
+    the protocol-4 frames nnsight's inline responses use."""
+    return torch.load(io.BytesIO(content), map_location="cpu", weights_only=False, pickle_module=_restricted)
+
+
+def safe_remote_backend(lm: Any, host: str | None = None, model_key: str | None = None) -> Any:
+    """nnsight's RemoteBackend for ``lm`` (``model_key``: its NDIF key, default ``lm.to_model_key()``, which asks the
+    Hub for the model's id), with every binary answer (the result blob, a pickled status frame) loaded by
+    ``restricted_load`` and the result's size kept (``received``)."""
     from nnsight.intervention.backends.remote import RemoteBackend
+    from nnsight.schema.response import ResponseModel
 
     class SafeRemoteBackend(RemoteBackend):
         received = 0
+
+        @staticmethod
+        def parse(message: str | bytes) -> Any:
+            if isinstance(message, (bytes, bytearray)):
+                return ResponseModel(**restricted_load(bytes(message)))
+            return ResponseModel.model_validate_json(message)
 
         def finalize(self, content: bytes) -> Any:
             self.received = len(content)
@@ -156,9 +200,9 @@ def safe_remote_backend(lm: Any, host: str | None = None) -> Any:
                 import zstandard as zstd
 
                 content = zstd.ZstdDecompressor().decompress(content)
-            return torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
+            return restricted_load(content)
 
-    return SafeRemoteBackend(lm.to_model_key(), host=host, env=lm._remoteable_get_env())
+    return SafeRemoteBackend(model_key or lm.to_model_key(), host=host, env=lm._remoteable_get_env())
 
 
 @dataclass
