@@ -19,8 +19,9 @@ say() { printf '== %s\n' "$*"; }
 
 say "1. a Python >= 3.12 for ndif (this project runs on $(python3 --version 2>&1))"
 PY312=""
-for cand in python3.12 python3.13; do
-  if command -v "$cand" >/dev/null && "$cand" -c 'import sys; assert (3, 12) <= sys.version_info < (3, 14)' 2>/dev/null; then
+# on PATH, or a pyenv build (pyenv's shims answer only for the selected version)
+for cand in python3.12 python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[23]*/bin/python3; do
+  if "$cand" -c 'import sys; assert (3, 12) <= sys.version_info < (3, 14)' 2>/dev/null; then
     PY312=$(command -v "$cand"); break
   fi
 done
@@ -35,11 +36,12 @@ fi
 "$WORK/venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(ndif|nnsight|torch|ray|transformers) ' | sed 's/^/   /'
 
 say "3. ndif doctor"
-"$WORK/venv/bin/ndif" doctor 2>&1 | tail -25 | sed 's/^/   /'
+"$WORK/venv/bin/ndif" doctor 2>&1 | sed 's/\x1b\[[0-9;]*m//g' | tail -25 | sed 's/^/   /'
 
 say "4. ndif start (redis, rustfs, ray, api)"
 if ! "$WORK/venv/bin/ndif" start >"$WORK/start.log" 2>&1; then
-  tail -8 "$WORK/start.log" | sed 's/^/   /'; say "ndif start failed (log: $WORK/start.log)"
+  sed 's/\x1b\[[0-9;]*m//g' "$WORK/start.log" | grep -v '^[[:space:]█╗╔║╚═╝]*$' | tail -6 | sed 's/^/   /'
+  say "ndif start failed (log: $WORK/start.log)"
 fi
 UP=0
 for _ in $(seq 1 30); do
