@@ -25,6 +25,14 @@ def configured() -> tuple[str, bool] | None:
     return read()
 
 
+def shown_name(source: str) -> str:
+    """What the page calls the model: a Hub id as it is, a folder by its name (the server's paths stay private)."""
+    from pathlib import Path
+
+    path = Path(source)
+    return path.name if path.is_dir() else source
+
+
 def model() -> tuple[str, bool, Any]:
     """(source, remote, nnsight LanguageModel) of the configured model, opened once."""
     entry = configured()

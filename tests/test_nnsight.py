@@ -219,6 +219,7 @@ def test_generates_section_answers_through_its_api_action(hf_folders, monkeypatc
     text = "the cat sat on the mat, and a dog ran in the park"
     note, tiles, grid, lens = action.fn(text, 1, 4, "entropy (bits)")
     views, tokens, _ = traced.trace(text, 1, 4)
+    assert note.startswith(f"**{built.path.name}** ran here") and str(built.path.parent) not in note
     assert "here (remote=False)" in note and f"over {len(tokens)} tokens" in note and "came back" in note
     att, _ = od.prefill(built.model, views.ids)
     shown = np.asarray(tiles.data[0].z, dtype=np.float32)  # the short input's tiles are its weights

@@ -59,6 +59,7 @@ def nnsight_views(text: str, layer: float = 0, head: float = 0, statistic: str =
     try:
         layer, head = int(layer or 0), int(head or 0)
         source, _, _ = traced.model()
+        source = traced.shown_name(source)
         views, tokens, lay = traced.trace(text, layer, head)
     except (traced.NotConfigured, ValueError) as err:
         raise Error(str(err)) from None
