@@ -37,7 +37,7 @@ from tabs.common import (
 )
 from tabs.permalink import Permalink, chain
 from tabs.sections import compare as compare_section
-from tabs.sections import kvcache, qk, why
+from tabs.sections import kvcache, qk, traced, why
 from tabs.sections import patching as patch_section
 from tabs.zerogpu import host, on_gpu
 from viz import attention as va
@@ -166,6 +166,7 @@ def build() -> Permalink:
     why_section = why.decomposition("generate", state, sequence, layer, head, [view])
     qk_section = qk.section("generate", state, sequence)
     kvcache.section(model, new_tokens, _model)  # Compress the cache (issue 72)
+    traced.section(prompt)  # the configured model through nnsight, here or on NDIF (issue 73)
     lens = Plot(label="logit lens")
     lens_run = gr.Button(f"Logit lens of the last {LENS_LAST} positions (over {limits.LONG_TOKENS} tokens: on request, "
                          "one more pass over the input)", size="sm")

@@ -19,17 +19,27 @@ def test_sources_found() -> None:
     assert len(SOURCES) > 20 and all(p.is_file() for p in SOURCES)
 
 
+# The one exception: an NDIF answer is a torch.save container in pickle protocol 4, which torch's weights_only loader
+# does not read, so models/io/nnsight_backend.py imports pickle to subclass its Unpickler with an allow-list
+# (find_class) and passes that to torch.load; tests/test_nnsight.py plants a hostile answer against it.
+RESTRICTED = {"nnsight_backend.py": "pickle_module=_restricted"}
+
+
 def test_no_pickle_loading() -> None:
     offenders = []
     for path in SOURCES:
         code = _code(path)
+        allowed = RESTRICTED.get(path.name) if path.parent.name == "io" else None
         if re.search(r"^\s*(import pickle|from pickle|import cPickle|import dill|import joblib)", code, re.M):
-            offenders.append(f"{path.name}: imports a pickle module")
+            if not (allowed and "def find_class" in code and re.findall(r"^\s*import pickle$", code, re.M)):
+                offenders.append(f"{path.name}: imports a pickle module")
         if "allow_pickle=True" in code:
             offenders.append(f"{path.name}: np.load(allow_pickle=True)")
         for call in re.finditer(r"torch\.load\((?:[^()]|\([^()]*\))*\)", code, re.S):
-            if "weights_only=True" not in call.group(0):
+            if "weights_only=True" not in call.group(0) and not (allowed and allowed in call.group(0)):
                 offenders.append(f"{path.name}: {call.group(0)[:80]}")
+        if allowed and re.search(r"pickle\.(loads?|Unpickler\()", code.replace("load=pickle.load", "")):
+            offenders.append(f"{path.name}: a pickle load outside the restricted torch.load")
     assert offenders == []
 
 
