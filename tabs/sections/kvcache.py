@@ -6,8 +6,10 @@ choice redraws from the kept result without running the model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -37,6 +39,46 @@ CHOICES = {"StreamingLLM (sinks + recent)": "streaming_llm", "ObservedAttention 
            "SnapKV": "snapkv", "TOVA": "tova", "Knorm (key norm)": "knorm", "PyramidKV": "pyramidkv",
            "ExpectedAttention": "expected_attention"}
 EVERY = "every layer"
+# what bench/kv_compression.py measured, committed (a fixed file of the repository, never a user's path)
+MEASURED = Path(__file__).resolve().parents[2] / "docs" / "kv-compression.json"
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma-3-270M"}
+TASK_NAMES = {"needle": "needle in a haystack", "qa": "short QA"}
+
+
+def measured(path: Path = MEASURED) -> dict[str, tuple[dict, dict, str]]:
+    """The bench's results by choice label ("SmolLM2-135M-Instruct · needle in a haystack"): (model entry, task
+    entry, command); empty when the file is missing or unreadable (the section then says so)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for model, entry in (data.get("models") or {}).items():
+        for task, res in (entry.get("tasks") or {}).items():
+            if res.get("rows"):
+                label = f"{MODEL_NAMES.get(model, model)} · {TASK_NAMES.get(task, task)}"
+                out[label] = (entry, res, str(entry.get("command") or data.get("command") or ""))
+    return out
+
+
+def measured_view(choice: str | None, results: dict | None = None):
+    """The accuracy-against-ratio figure and its caption for one (model, task) of the bench's results."""
+    results = measured() if results is None else results
+    if not results:
+        return None, ("No measured results: `python bench/kv_compression.py --out docs/kv-compression.json` "
+                      "writes them.")
+    if choice not in results:
+        choice = next(iter(results))
+    entry, res, command = results[choice]
+    fig = vk.accuracy_curves(res["rows"], res["full_accuracy"],
+                             title=f"{choice}: accuracy against the compression ratio<br><sup>{res['items']} items, "
+                                   f"{res['context_tokens']:.0f} context tokens on average; ratio 0 is the full "
+                                   "cache</sup>")
+    note = (f"**{choice}** (measured {entry.get('date', '')}): {res['items']} items, full-cache "
+            f"accuracy {res['full_accuracy']:.2f}. Made by `{command}` (bench/kv_compression.py; greedy answers of "
+            "at most 12 tokens, the question read whole after the cut as in kvpress). Hover a point for the mean "
+            "KL and the tokens each (layer, key-value head) kept.")
+    return fig, note
 
 
 def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., Any]) -> None:
@@ -62,11 +104,20 @@ def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., An
         with gr.Accordion("the numbers (JSON)", open=False):
             numbers = gr.JSON(elem_id="generate-kv-json")
         state = gr.State()
+        results = measured()
+        with gr.Accordion("Measured: accuracy against the compression ratio (bench/kv_compression.py)", open=False,
+                          elem_id="generate-kv-measured"):
+            which = gr.Radio(list(results), value=next(iter(results), None), label="model and task",
+                             elem_id="generate-kv-measured-choice")
+            fig, caption = measured_view(which.value, results)
+            measured_note = gr.Markdown(caption, elem_id="generate-kv-measured-note")
+            measured_plot = Plot(fig, label="accuracy against the ratio", elem_id="generate-kv-measured-plot")
     run.click(partial(compress_cache, resolve=resolve),
               [context, question, model, press, ratio, per_head, window, new_tokens],
               [note, answers, shaded, mask, steps, pick, state, numbers], api_name="compress_cache",
               concurrency_limit=1)
     pick.input(redraw, [state, pick], [shaded, mask], api_name=False, **FAST)
+    which.input(lambda c: measured_view(c)[::-1], [which], [measured_note, measured_plot], api_name=False, **FAST)
 
 
 def _layer(pick: str | None, layers: int) -> int | None:
