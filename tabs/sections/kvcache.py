@@ -53,7 +53,10 @@ def measured(path: Path = MEASURED) -> dict[str, tuple[dict, dict, str]]:
     except (OSError, ValueError):
         return {}
     out = {}
-    for model, entry in (data.get("models") or {}).items():
+    models = data.get("models") or {}
+    order = list(MODEL_NAMES)
+    for model in sorted(models, key=lambda m: (order.index(m) if m in order else len(order), m)):
+        entry = models[model]
         for task, res in (entry.get("tasks") or {}).items():
             if res.get("rows"):
                 label = f"{MODEL_NAMES.get(model, model)} · {TASK_NAMES.get(task, task)}"
@@ -90,7 +93,7 @@ def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., An
                              elem_id="generate-kv-context")
         question = gr.Textbox(label="question (read whole after the cut; may be empty)", value=EXAMPLE_QUESTION)
         with gr.Row():
-            press = gr.Dropdown(list(CHOICES), value="SnapKV", label="press")
+            press = gr.Dropdown(list(CHOICES), value="SnapKV", label="press", min_width=260)
             ratio = gr.Slider(0.0, 0.95, value=0.5, step=0.05, label="compression ratio (share removed)")
             per_head = gr.Checkbox(False, label="per-head budgets (AdaKV)")
             window = gr.Number(8, precision=0, label="observation window (SnapKV, PyramidKV; kvpress: 64)")
@@ -187,8 +190,9 @@ def compress_cache(context: str, question: str = EXAMPLE_QUESTION, model: str = 
     kept = cmp.kept.mask.sum(-1)
     steps = len(cmp.full.steps)
     agree = int(cmp.agree.sum())
+    span = f"{kept.min()}" if kept.min() == kept.max() else f"{kept.min()}–{kept.max()}"
     note = (f"**{C.LABELS[name]}{' with per-head budgets (AdaKV)' if per_head else ''}** at ratio {ratio:.2f}: of "
-            f"{n} context tokens each layer keeps {kept.min()}–{kept.max()} per key-value head ({cmp.kept.share():.0%} "
+            f"{n} context tokens each layer keeps {span} per key-value head ({cmp.kept.share():.0%} "
             f"of the cache). Top tokens agree at {agree} of {steps} steps; mean KL {float(np.mean(cmp.kl)):.4f} nats; "
             + ("the two answers are the same." if cmp.parted is None else f"the answers part at step {cmp.parted}."))
     full_new = cmp.full.tokens[len(cmp.full.ids) - len(cmp.full.steps):]
