@@ -405,3 +405,33 @@ def test_the_figures_refuse_mismatched_arrays_and_mark_the_parting_step() -> Non
     assert "&lt;b&gt;" in html and "part at step 1" in html
     with pytest.raises(ValueError, match="one value per step"):
         vk.divergence(np.zeros(3), np.zeros(2, bool), None)
+
+
+def test_the_measured_figure_draws_the_committed_bench_results(tmp_path) -> None:
+    """Generate's measured view (tabs/sections/kvcache.py): one line per press from docs/kv-compression.json (what
+    bench/kv_compression.py wrote), each starting at ratio 0 from the full cache's accuracy, the command stated; a
+    missing or unreadable file says how to make it."""
+    import json
+
+    from tabs.sections import kvcache
+    from viz import kvcache as vk
+
+    data = json.loads(kvcache.MEASURED.read_text(encoding="utf-8"))
+    results = kvcache.measured()
+    assert set(data["models"]) >= {"smollm2"} and next(iter(results)).startswith("SmolLM2-135M-Instruct")
+    for label, (_entry, res, command) in results.items():
+        fig, note = kvcache.measured_view(label, results)
+        assert command.startswith("python bench/kv_compression.py") and command in note
+        traces = fig.to_plotly_json()["data"]
+        assert len(traces) == len(C.PRESSES)
+        for tr in traces:
+            rows = sorted((r for r in res["rows"] if r["kvpress"] == tr["name"]), key=lambda r: r["ratio"])
+            assert list(tr["x"]) == [0.0] + [r["ratio"] for r in rows]
+            assert list(tr["y"]) == [res["full_accuracy"]] + [r["accuracy"] for r in rows]
+            assert all(0 <= r["kept_share"] <= 1 - r["ratio"] + 0.02 for r in rows)  # the press kept what it says
+    (tmp_path / "bad.json").write_text("{not json")
+    assert kvcache.measured(tmp_path / "bad.json") == {} and kvcache.measured(tmp_path / "none.json") == {}
+    fig, note = kvcache.measured_view(None, {})
+    assert fig is None and "python bench/kv_compression.py --out docs/kv-compression.json" in note
+    with pytest.raises(ValueError, match="full cache's accuracy"):
+        vk.accuracy_curves(res["rows"], 1.5)

@@ -521,3 +521,72 @@ def test_the_garment_question_stands_clear_of_its_line() -> None:
         assert (shown == asked) == ("near-tie" not in q.text), asked
         roll = lessons.question(7, 2, str(asked))
         assert roll.fact == lessons.question(7, 2, str(shown)).fact  # the same image in both steps
+
+
+def _step_four_directly(net, inp: str):
+    """Lesson 5·4 written out: the same haystack cut by SnapKV through compress.compare, each group's kept share."""
+    from models.decoding import compress as C
+    from models.inspect import retrieval
+    from tabs.course import sinks
+
+    q = lessons.question(5, 4, inp)
+    length = min(sinks.FORGET_TOKENS, net.context_limit() - sinks.FORGET_NEW - 8)
+    hay = retrieval.haystack(net, length, 0.5, seed=0, **retrieval.SHORT)
+    cmp = C.compare(net, hay.ids, (), C.Press("snapkv", sinks.FORGET_RATIO, window=sinks.FORGET_WINDOW),
+                    max_new_tokens=sinks.FORGET_NEW)
+    mask = cmp.kept.mask
+    book = [j for j in range(max(1, hay.context_span[0]), hay.context_span[1])
+            if not hay.needle_span[0] <= j < hay.needle_span[1]]
+    shares = {sinks.GROUPS[0]: mask[:, :, 0].mean(),
+              sinks.GROUPS[1]: mask[:, :, hay.answer_span[0]:hay.answer_span[1]].mean()}
+    if book:
+        shares[sinks.GROUPS[2]] = mask[:, :, book].mean()
+    ranked = sorted(shares, key=lambda g: -shares[g])
+    want = sinks.TIE if shares[ranked[0]] - shares[ranked[1]] < sinks.MARGIN else ranked[0]
+    assert q.answer == want and sorted(q.choices) == sorted([*shares, sinks.TIE])
+    assert f"the first token in {shares[sinks.GROUPS[0]]:.0%}" in q.fact
+    assert f"the password's tokens in {shares[sinks.GROUPS[1]]:.0%}" in q.fact
+    assert (f"the book's other tokens in {shares[sinks.GROUPS[2]]:.0%}" if book else "no other tokens") in q.fact
+    assert "  " not in q.fact and "\n" not in q.fact and "`" not in q.fact  # the page shows the line as written
+    assert retrieval.found_in(cmp.full.text, hay.answer) == ("(the password), the cut" in q.fact)
+    return q, hay, cmp, shares
+
+
+def test_lesson_five_step_four_reads_its_verdict_from_the_cut_cache(tiny, monkeypatch) -> None:
+    """5·4 ("which tokens do the most heads keep?"): the answer is the group of tokens (the first token, the
+    password's tokens, the book's others) that the most (layer, key-value head) pairs keep under SnapKV, computed here
+    from a compression made directly (compress.compare on the same haystack); a planted kept mask moves it. The tiny
+    model reads the needle and the question alone (no book): that group is then not offered."""
+    import dataclasses
+
+    from models.decoding import compress as C
+    from tabs.course import sinks
+
+    q, hay, cmp, shares = _step_four_directly(store.get_model(catalogue.GPT_TINY), "")
+    t = cmp.kept.mask.shape[-1]
+    assert t > 12
+    mid = t // 2  # a planted book: positions 1..t−1, the needle at mid..mid+4, the password its middle two
+    hay = dataclasses.replace(hay, context_span=(1, t), needle_span=(mid, mid + 4), answer_span=(mid + 1, mid + 3))
+    book = [j for j in range(1, t) if not mid <= j < mid + 4]
+
+    def planted(keep_sink: bool, keep_password: bool, keep_book: float):
+        m = np.zeros_like(cmp.kept.mask)
+        m[:, :, 0] = keep_sink
+        m[:, :, mid + 1:mid + 3] = keep_password
+        m[:, :, book[: int(len(book) * keep_book)]] = True
+        kept = C.Kept(cmp.kept.press, m, cmp.kept.scores)
+        return lambda name: (hay, dataclasses.replace(cmp, kept=kept))
+
+    for args, answer in (((False, True, 0.5), sinks.GROUPS[1]), ((True, False, 0.5), sinks.GROUPS[0]),
+                         ((False, False, 0.5), sinks.GROUPS[2]), ((True, True, 0.0), sinks.TIE),
+                         ((False, False, 0.05), sinks.TIE)):
+        monkeypatch.setattr(sinks, "_forget", planted(*args))
+        got = lessons.question(5, 4, "")
+        assert got.answer == answer and len(got.choices) == 4, args
+        assert got.reveal(got.answer).to_plotly_json()["data"][0]["type"] == "heatmap"
+
+
+def test_lesson_five_step_four_on_the_real_model(real_lm) -> None:
+    """5·4 on SmolLM2 (a 256-token book): its verdict from the cut cache, computed directly."""
+    q, hay, cmp, shares = _step_four_directly(real_lm, "smollm2:")
+    assert len(hay.ids) > 200 and len(q.choices) == 4 and "SmolLM2" in q.text

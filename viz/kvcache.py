@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from viz.common import Fig, base_layout, block_edges, colorbar, esc, f32, shorten
+from viz.common import HEAD_COLORS, Fig, base_layout, block_edges, colorbar, esc, f32, shorten
 
 MAX_COLUMNS = 1024  # positions drawn one a column; a longer context is drawn as the mean over blocks of positions
 KEPT_SCALE = [[0.0, "#f4f4f4"], [1e-6, "#fde0c5"], [0.5, "#f59e0b"], [1.0, "#7c2d12"]]  # evicted grey → kept dark
@@ -99,3 +99,37 @@ def answers(full: Sequence[str], compressed: Sequence[str], parted: int | None, 
             f'{_answer(compressed, parted, "#fee2e2")}</div></div></div>')
 
 
+
+
+def accuracy_curves(rows: Sequence[dict], full_accuracy: float, *, title: str = "") -> go.Figure:
+    """Accuracy against the compression ratio, one line per press (bench/kv_compression.py's rows: ``kvpress``,
+    ``ratio``, ``accuracy``, ``mean_kl``, ``kept_tokens``), each starting at ratio 0 from the full cache's accuracy
+    (a ratio of 0 removes nothing); the full cache's accuracy as a dashed line. Hover: KL and tokens kept."""
+    if not rows:
+        raise ValueError("no rows to draw")
+    if not 0.0 <= float(full_accuracy) <= 1.0:
+        raise ValueError(f"the full cache's accuracy must be in [0, 1], got {full_accuracy}")
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(str(r["kvpress"]), []).append(r)
+    traces = []
+    for i, (name, rs) in enumerate(by.items()):
+        rs = sorted(rs, key=lambda r: float(r["ratio"]))
+        x = [0.0] + [float(r["ratio"]) for r in rs]
+        y = [float(full_accuracy)] + [float(r["accuracy"]) for r in rs]
+        extra = [[0.0, "all"]] + [[float(r["mean_kl"]), f"{float(r['kept_tokens']):.0f}"] for r in rs]
+        traces.append(dict(type="scatter", mode="lines+markers", x=x, y=y, name=esc(name), customdata=extra,
+                           line=dict(color=HEAD_COLORS[i % len(HEAD_COLORS)], width=2),
+                           hovertemplate=f"{esc(name)} · ratio %{{x:.1f}}<br>accuracy %{{y:.2f}}<br>mean KL "
+                                         "%{customdata[0]:.3f} nats · tokens kept per head %{customdata[1]}"
+                                         "<extra></extra>"))
+    fig = Fig(traces)
+    fig.add_shape(type="line", x0=0, x1=1, xref="x domain", y0=float(full_accuracy), y1=float(full_accuracy),
+                  yref="y", line=dict(color="#111", dash="dash", width=1))
+    fig.add_annotation(x=1, xref="x domain", y=float(full_accuracy), yref="y", showarrow=False, xanchor="right",
+                       yanchor="bottom", text=f"full cache {float(full_accuracy):.2f}")
+    base_layout(fig, title or "Accuracy against the compression ratio", height=420)
+    fig.update_xaxes(title_text="compression ratio (share of the context's cache removed)", range=[-0.02, 0.95],
+                     dtick=0.1)
+    fig.update_yaxes(title_text="accuracy", range=[-0.03, 1.03])
+    return fig.build()

@@ -327,7 +327,7 @@ class Arm:
     tokens: list[str]
     text: str
     steps: list[GenerationStep]
-    attention: DeviceAttention
+    attention: DeviceAttention | None  # None: not kept (``compare_many(keep_attention=False)``)
 
     @property
     def new_ids(self) -> list[int]:
@@ -392,10 +392,12 @@ def compare(model, context: str | Sequence[int], question: str | Sequence[int] =
 
 @torch.inference_mode()
 def compare_many(model, context: str | Sequence[int], question: str | Sequence[int] = (),
-                 presses: Sequence[Press] = (Press(),), max_new_tokens: int = 20) -> list[Comparison]:
+                 presses: Sequence[Press] = (Press(),), max_new_tokens: int = 20,
+                 keep_attention: bool = True) -> list[Comparison]:
     """``compare`` for several presses from one prompt pass and one full-cache answer (the context's rows are never
     written again: each arm writes only the positions after it). Each comparison's compressed attention is its own
-    copy where there are several."""
+    copy where there are several; ``keep_attention=False``: no compressed arm keeps its attention (``None``), which
+    a bench of many presses over a long context needs (each copy is the whole store's size)."""
     why = refusal(model)
     if why:
         raise ValueError(why)
@@ -417,12 +419,13 @@ def compare_many(model, context: str | Sequence[int], question: str | Sequence[i
     was_training = model.training
     model.eval()
     try:
-        return _compare(model, ctx, q, presses, new)
+        return _compare(model, ctx, q, presses, new, keep_attention)
     finally:
         model.train(was_training)
 
 
-def _compare(model, ctx: list[int], q: list[int], presses: list[Press], new: int) -> list[Comparison]:
+def _compare(model, ctx: list[int], q: list[int], presses: list[Press], new: int,
+             keep_attention: bool = True) -> list[Comparison]:
     c = len(ctx)
     prompt = ctx + q
     run = _Run(model, c + len(q) + new)
@@ -452,7 +455,7 @@ def _compare(model, ctx: list[int], q: list[int], presses: list[Press], new: int
         tf = (([] if q else [context_logits]) + rows)[:steps]
         comp_dec, _ = _decode(run, model, prompt, c, new, context_logits, dev)
         t = len(comp_dec.ids)
-        attention = _snapshot(run, t) if len(presses) > 1 else DeviceAttention(
+        attention = None if not keep_attention else _snapshot(run, t) if len(presses) > 1 else DeviceAttention(
             [v[:, :t] for v in run.q], [v[:, :t] for v in run.k], [v[:, :t] for v in run.lse], t,
             geometry=run.geometry)
         compressed = _arm(comp_dec, attention)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from examples import sentences
@@ -98,6 +100,95 @@ def l5_ablate(inp: str, name: str = MODELS[0][1]) -> Question:
                                    p))
 
 
+FORGET_TOKENS = 256  # the book of step 4 (less where the model reads less)
+FORGET_NEW = 12  # answer tokens decoded
+FORGET_RATIO = 0.75  # the share of the book's cache the press removes
+FORGET_WINDOW = 16  # SnapKV's observation window: the prompt's last tokens, the question among them
+MARGIN = 0.10  # two shares closer than this are a tie (the reveal shows both)
+GROUPS = ("the first token (the attention sink)", "the password's tokens in the needle",
+          "the book's other tokens (on average)")
+TIE = f"two of them alike (within {MARGIN:.2f} of each other at the top)"
+
+
+def _forget(name: str):
+    """A needle book read by the chosen model, its cache cut by SnapKV (models/decoding/compress.py) with the question
+    inside the observation window; (haystack, comparison)."""
+    return _forget_run(get_model(name))
+
+
+@functools.lru_cache(maxsize=4)
+def _forget_run(net):  # kept per model object: a name may stand for another model later (tests, a reload)
+    from models.decoding import compress as C
+    from models.inspect import retrieval
+
+    length = min(FORGET_TOKENS, net.context_limit() - FORGET_NEW - 8)
+    hay = retrieval.haystack(net, length, 0.5, seed=0, **retrieval.SHORT)
+    press = C.Press("snapkv", FORGET_RATIO, window=FORGET_WINDOW)
+    return hay, C.compare(net, hay.ids, (), press, max_new_tokens=FORGET_NEW)
+
+
+def forget_shares(mask: np.ndarray, hay) -> np.ndarray:
+    """The share of (layer, key-value head) pairs that keep each group of ``GROUPS``: the first token, the password's
+    tokens, the book's other tokens (the needle and the first token left out), from a kept mask (L, H_kv, T); NaN for
+    a group without tokens (a model of few positions reads the needle and the question alone)."""
+    a0, a1 = hay.answer_span
+    n0, n1 = hay.needle_span
+    c0, c1 = hay.context_span
+    other = [j for j in range(max(1, c0), c1) if not n0 <= j < n1]
+    groups = ([0], list(range(a0, a1)), other)
+    return np.array([mask[:, :, g].mean() if g else np.nan for g in groups], dtype=np.float64)
+
+
+def forget_answer(shares: np.ndarray) -> str:
+    """The group kept by the most heads, or the tie when the top two are within ``MARGIN`` (groups without tokens,
+    NaN, are not offered)."""
+    present = [i for i in range(len(shares)) if not np.isnan(shares[i])]
+    order = sorted(present, key=lambda i: -shares[i])
+    if len(order) > 1 and shares[order[0]] - shares[order[1]] < MARGIN:
+        return TIE
+    return GROUPS[order[0]]
+
+
+def l5_forget(inp: str, name: str = MODELS[0][1]) -> Question:
+    from models.inspect import retrieval
+    from viz import kvcache as vk
+
+    hay, cmp = _forget(name)
+    shares = forget_shares(cmp.kept.mask, hay)
+    answer = forget_answer(shares)
+
+    def said(text: str) -> str:
+        text = " ".join(text.replace("⁇", "?").split())[:60]
+        found = "the password" if retrieval.found_in(text, hay.answer) else "no password"
+        return f"“{esc(text)}” ({found})"
+
+    book = ("the book has no other tokens at this model's length" if np.isnan(shares[2])
+            else f"the book's other tokens in {shares[2]:.0%}")
+    fact = (f"SnapKV kept the first token in {shares[0]:.0%} of the (layer, key-value head) pairs, the password's "
+            f"tokens in {shares[1]:.0%}, {book}; the full cache answered {said(cmp.full.text)}, the cut cache "
+            f"{said(cmp.compressed.text)}")
+    offered = [g for g, x in zip(GROUPS, shares) if not np.isnan(x)]
+    tokens = cmp.full.tokens[:cmp.context_len]
+
+    def reveal(p):
+        fig = vk.kept_map(cmp.kept.mask, tokens, title=f"What SnapKV keeps of {len(tokens)} tokens at ratio "
+                          f"{FORGET_RATIO:.2f}<br><sup>each layer's share of key-value heads keeping each position; "
+                          f"the needle at {hay.needle_span[0]}–{hay.needle_span[1] - 1}</sup>")
+        return mark(fig, p)
+
+    return Question(f"{esc(name)} reads a book of {len(hay.ids)} tokens with a needle halfway (“{esc(hay.needle)}”) "
+                    f"and the question “{esc(hay.question)}” at its end. Its KV cache is then cut to a quarter by "
+                    f"*SnapKV*: each key-value head keeps the keys its last {FORGET_WINDOW} queries (the question "
+                    "among them) attend to most, and the answer is written from what is left. **Which tokens do the "
+                    "most heads keep?**", [*offered, TIE], answer, fact,
+                    "A press keeps what attention points at: a sink that a head parks its weight on (steps 1–3) is "
+                    "kept by that head, and the needle only where the window's queries, the question's among them, "
+                    "attend to it. What no head keeps is what the model forgets, and the two answers show whether "
+                    "it mattered; Generate's Compress the cache tries every press (StreamingLLM keeps the first and "
+                    "the last tokens only).", reveal)
+
+
 LESSON = Lesson(
-    "5 · Attention sinks", "Why so much attention lands on the first token, and whether it matters.",
-           "sentence", sentences.TRANSLATE[0], (l5_target, l5_renormalised, l5_ablate), models=MODELS)
+    "5 · Attention sinks", "Why so much attention lands on the first token, whether it matters, and which tokens a "
+    "compressed cache can forget.",
+           "sentence", sentences.TRANSLATE[0], (l5_target, l5_renormalised, l5_ablate, l5_forget), models=MODELS)

@@ -6,8 +6,10 @@ choice redraws from the kept result without running the model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -37,6 +39,49 @@ CHOICES = {"StreamingLLM (sinks + recent)": "streaming_llm", "ObservedAttention 
            "SnapKV": "snapkv", "TOVA": "tova", "Knorm (key norm)": "knorm", "PyramidKV": "pyramidkv",
            "ExpectedAttention": "expected_attention"}
 EVERY = "every layer"
+# what bench/kv_compression.py measured, committed (a fixed file of the repository, never a user's path)
+MEASURED = Path(__file__).resolve().parents[2] / "docs" / "kv-compression.json"
+MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3": "Gemma-3-270M"}
+TASK_NAMES = {"needle": "needle in a haystack", "qa": "short QA"}
+
+
+def measured(path: Path = MEASURED) -> dict[str, tuple[dict, dict, str]]:
+    """The bench's results by choice label ("SmolLM2-135M-Instruct · needle in a haystack"): (model entry, task
+    entry, command); empty when the file is missing or unreadable (the section then says so)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    models = data.get("models") or {}
+    order = list(MODEL_NAMES)
+    for model in sorted(models, key=lambda m: (order.index(m) if m in order else len(order), m)):
+        entry = models[model]
+        for task, res in (entry.get("tasks") or {}).items():
+            if res.get("rows"):
+                label = f"{MODEL_NAMES.get(model, model)} · {TASK_NAMES.get(task, task)}"
+                out[label] = (entry, res, str(entry.get("command") or data.get("command") or ""))
+    return out
+
+
+def measured_view(choice: str | None, results: dict | None = None):
+    """The accuracy-against-ratio figure and its caption for one (model, task) of the bench's results."""
+    results = measured() if results is None else results
+    if not results:
+        return None, ("No measured results: `python bench/kv_compression.py --out docs/kv-compression.json` "
+                      "writes them.")
+    if choice not in results:
+        choice = next(iter(results))
+    entry, res, command = results[choice]
+    fig = vk.accuracy_curves(res["rows"], res["full_accuracy"],
+                             title=f"{choice}: accuracy against the compression ratio<br><sup>{res['items']} items, "
+                                   f"{res['context_tokens']:.0f} context tokens on average; ratio 0 is the full "
+                                   "cache</sup>")
+    note = (f"**{choice}** (measured {entry.get('date', '')}): {res['items']} items, full-cache "
+            f"accuracy {res['full_accuracy']:.2f}. Made by `{command}` (bench/kv_compression.py; greedy answers of "
+            "at most 12 tokens, the question read whole after the cut as in kvpress). Hover a point for the mean "
+            "KL and the tokens each (layer, key-value head) kept.")
+    return fig, note
 
 
 def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., Any]) -> None:
@@ -48,7 +93,7 @@ def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., An
                              elem_id="generate-kv-context")
         question = gr.Textbox(label="question (read whole after the cut; may be empty)", value=EXAMPLE_QUESTION)
         with gr.Row():
-            press = gr.Dropdown(list(CHOICES), value="SnapKV", label="press")
+            press = gr.Dropdown(list(CHOICES), value="SnapKV", label="press", min_width=260)
             ratio = gr.Slider(0.0, 0.95, value=0.5, step=0.05, label="compression ratio (share removed)")
             per_head = gr.Checkbox(False, label="per-head budgets (AdaKV)")
             window = gr.Number(8, precision=0, label="observation window (SnapKV, PyramidKV; kvpress: 64)")
@@ -62,11 +107,20 @@ def section(model: gr.Dropdown, new_tokens: gr.Slider, resolve: Callable[..., An
         with gr.Accordion("the numbers (JSON)", open=False):
             numbers = gr.JSON(elem_id="generate-kv-json")
         state = gr.State()
+        results = measured()
+        with gr.Accordion("Measured: accuracy against the compression ratio (bench/kv_compression.py)", open=False,
+                          elem_id="generate-kv-measured"):
+            which = gr.Radio(list(results), value=next(iter(results), None), label="model and task",
+                             elem_id="generate-kv-measured-choice")
+            fig, caption = measured_view(which.value, results)
+            measured_note = gr.Markdown(caption, elem_id="generate-kv-measured-note")
+            measured_plot = Plot(fig, label="accuracy against the ratio", elem_id="generate-kv-measured-plot")
     run.click(partial(compress_cache, resolve=resolve),
               [context, question, model, press, ratio, per_head, window, new_tokens],
               [note, answers, shaded, mask, steps, pick, state, numbers], api_name="compress_cache",
               concurrency_limit=1)
     pick.input(redraw, [state, pick], [shaded, mask], api_name=False, **FAST)
+    which.input(lambda c: measured_view(c)[::-1], [which], [measured_note, measured_plot], api_name=False, **FAST)
 
 
 def _layer(pick: str | None, layers: int) -> int | None:
@@ -136,8 +190,9 @@ def compress_cache(context: str, question: str = EXAMPLE_QUESTION, model: str = 
     kept = cmp.kept.mask.sum(-1)
     steps = len(cmp.full.steps)
     agree = int(cmp.agree.sum())
+    span = f"{kept.min()}" if kept.min() == kept.max() else f"{kept.min()}–{kept.max()}"
     note = (f"**{C.LABELS[name]}{' with per-head budgets (AdaKV)' if per_head else ''}** at ratio {ratio:.2f}: of "
-            f"{n} context tokens each layer keeps {kept.min()}–{kept.max()} per key-value head ({cmp.kept.share():.0%} "
+            f"{n} context tokens each layer keeps {span} per key-value head ({cmp.kept.share():.0%} "
             f"of the cache). Top tokens agree at {agree} of {steps} steps; mean KL {float(np.mean(cmp.kl)):.4f} nats; "
             + ("the two answers are the same." if cmp.parted is None else f"the answers part at step {cmp.parted}."))
     full_new = cmp.full.tokens[len(cmp.full.ids) - len(cmp.full.steps):]
