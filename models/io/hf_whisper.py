@@ -134,7 +134,8 @@ def whisper_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path
         no_speech_id=_special(tokenizer, "<|nospeech|>", _special(tokenizer, "<|nocaptions|>", -1)),
         suppress=_ids(gen.get("suppress_tokens"), where, "suppress_tokens"),
         suppress_begin=_ids(gen.get("begin_suppress_tokens"), where, "begin_suppress_tokens"),
-        alignment_heads=_heads(gen.get("alignment_heads"), where, n_dec, n_dec_heads))
+        alignment_heads=_heads(gen.get("alignment_heads"), where, n_dec, n_dec_heads),
+        no_timestamps_id=None if no_ts is None else int(no_ts))
     if config.no_speech_id is not None and config.no_speech_id < 0:
         config.no_speech_id = None
     s = {k.removeprefix("model."): v for k, v in state.items()}
@@ -236,7 +237,8 @@ def whisper_from_ct2(folder: str | Path) -> Any:
         no_speech_id=_special(tok, "<|nospeech|>", _special(tok, "<|nocaptions|>", sot + 104)),
         suppress=_ids(meta.get("suppress_ids"), folder / "config.json", "suppress_ids"),
         suppress_begin=_ids(meta.get("suppress_ids_begin"), folder / "config.json", "suppress_ids_begin"),
-        alignment_heads=_heads(meta.get("alignment_heads"), folder / "config.json", n_dec, dec_heads))
+        alignment_heads=_heads(meta.get("alignment_heads"), folder / "config.json", n_dec, dec_heads),
+        no_timestamps_id=_special(tok, "<|notimestamps|>", sot + 105))
 
     def t(name: str) -> Tensor:
         if name not in v:
