@@ -230,3 +230,36 @@ def test_transcribe_with_timestamps_keeps_segments_and_the_text_attention(real_p
     if stamped.text == plain.text:
         assert stamped.ids == plain.ids
         np.testing.assert_allclose(stamped.attention["cross"].weights, plain.attention["cross"].weights, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- faster-whisper
+def test_faster_whisper_hears_the_same_text_in_the_same_files(real_pair) -> None:
+    """faster-whisper (CTranslate2's engine, test-only) on the very model.bin the app reads: its own feature
+    extractor gives our log-mel within 1e-4 when the audio is padded to 30 s as openai-whisper pads it, and its
+    engine's greedy and beam-5 decoding give our ids and text on every committed clip. (faster-whisper's
+    ``WhisperModel.transcribe`` pads the log-mel with zeros instead of the audio, a window Whisper was not trained
+    on; there tiny.en hears clip1's "the door" as "that door", so the comparison is made at the engine.)"""
+    import ctranslate2
+    from faster_whisper import WhisperModel
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    from models.families.whisper import N_FRAMES, N_SAMPLES
+    from models.inputs.audio import load
+    from models.io.hf_whisper import packaged_folder
+
+    ours, _ = real_pair
+    engine = WhisperModel(str(packaged_folder()), device="cpu", compute_type="float32", cpu_threads=2).model
+    features = FeatureExtractor()
+    prompt = list(ours.config.prompt)
+    for wav in CLIPS:
+        audio = load(wav.read_bytes())
+        theirs_mel = features(audio, padding=N_SAMPLES)[:, :N_FRAMES].astype(np.float32)
+        mel = log_mel(audio)
+        np.testing.assert_allclose(mel, theirs_mel, atol=1e-4, rtol=0)
+        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None]))
+        for beam in (1, 5):
+            ref = engine.generate(view, [prompt], beam_size=beam, suppress_blank=True,
+                                  suppress_tokens=list(ours.config.suppress))[0]
+            got = ours.transcribe(audio, beam_size=None if beam == 1 else beam)
+            assert got.ids[len(prompt):-1] == ref.sequences_ids[0], (wav.name, beam)
+            assert got.text == ours.tokenizer.decode(ref.sequences_ids[0]).strip()
