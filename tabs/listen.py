@@ -70,9 +70,8 @@ def build() -> Permalink:
     state = gr.State()
     views = [state, heads, layer, head, word, show]
     drawn = [figure, timings, aligned, word, selfs, spoken]
-    steps = [(listen, [upload, record, heads, layer, head, beam, stamps, show], [state, transcript, *drawn],
-              {"api_name": "listen"})]
-    chain(run.click, steps)
+    steps = [(listen, [upload, record, heads, layer, head, beam, stamps, show], [state, transcript, *drawn])]
+    chain(run.click, steps, api_name="listen")
     for control in (heads, layer, head, show):
         control.change(redraw, views, drawn, api_name=False, show_progress="hidden")
     word.input(redraw, views, drawn, api_name=False, show_progress="hidden")
