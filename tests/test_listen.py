@@ -156,3 +156,56 @@ def test_the_api_transcribes_an_uploaded_clip(app_url: str) -> None:
     assert "I like to read books" in summary
     rows = table["data"] if isinstance(table, dict) else table
     assert [r[0].strip(".").lower() for r in rows] == ["i", "like", "to", "read", "books"]
+
+
+# ------------------------------------------------------------------------- lesson 6, step 4: which head knows when
+def test_lesson_step_which_head_knows_when_a_word_was_said() -> None:
+    """The verdict is the head whose own DTW timings, computed here head by head from the committed clips and their
+    known word starts, have the smallest mean error; every other choice is at least the margin worse; the fact line
+    states those numbers."""
+    from models.inputs.audio import load
+    from models.inspect.word_timing import word_timings
+    from models.io.hf_whisper import load_packaged
+    from tabs import lessons
+    from tabs.course import translation as tr
+
+    model = load_packaged()
+    c = model.config
+    clips = []
+    for path in ls.EXAMPLE_CLIPS:
+        truth = [w["start"] for w in json.loads(Path(path).with_suffix(".json").read_text())["words"]]
+        clips.append((model.transcribe(load(Path(path).read_bytes())), truth))
+    errors = np.zeros((c.n_dec_layers, c.n_dec_heads))
+    for layer in range(c.n_dec_layers):
+        for head in range(c.n_dec_heads):
+            diffs = []
+            for result, truth in clips:
+                words = word_timings(result, model.tokenizer.decode, c.eot_id, [(layer, head)])
+                assert len(words) == len(truth)
+                diffs += [abs(w.start - t) for w, t in zip(words[1:], truth[1:])]
+            errors[layer, head] = np.mean(diffs)
+    q = lessons.question(6, 4, "")
+    best = np.unravel_index(np.argmin(errors), errors.shape)
+    assert q.answer == f"layer {best[0]} · head {best[1]}" and q.answer in q.choices and len(q.choices) >= 3
+    for choice in q.choices:
+        layer, head = tr.head_of(choice)
+        if choice != q.answer:
+            assert errors[layer, head] >= errors[best] + tr.SPEECH_MARGIN_S
+        assert f"{choice}{': ' if choice == q.answer else ' '}{1000 * errors[layer, head]:.0f} ms" in q.fact
+    fig = q.reveal(q.choices[-1])
+    np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=np.float64), 1000 * errors, atol=0.01)
+    assert "your prediction: " + q.choices[-1] in fig.layout.title.text
+    assert len(fig.layout.shapes) == len(c.alignment_heads)
+
+
+def test_the_speech_step_refuses_a_question_without_a_clear_answer() -> None:
+    from tabs.course import translation as tr
+
+    close = np.full((2, 3), 0.10)
+    close[0, 0] = 0.08  # every other head within 50 ms of the best
+    with pytest.raises(ValueError, match="no clear question"):
+        tr.speech_choices(close)
+    spread = np.array([[0.30, 0.08, 0.50], [0.20, 0.12, 0.90]])
+    choices, answer = tr.speech_choices(spread)
+    assert answer == "layer 0 · head 1" and "layer 1 · head 1" not in choices  # 40 ms worse: too close to offer
+    assert set(choices) == {"layer 0 · head 1", "layer 1 · head 0", "layer 0 · head 2", "layer 1 · head 2"}

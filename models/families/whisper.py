@@ -299,13 +299,14 @@ class Whisper(nn.Module):
         return tuple(i for i in p if i != self.config.no_timestamps_id)
 
     @torch.no_grad()
-    def decode_mel(self, mel: Tensor, options: Any = None) -> Any:
+    def decode_mel(self, mel: Tensor, options: Any = None, states: Tensor | None = None) -> Any:
         """Decode one window's mel (1, n_mels, F) with Whisper's rules (greedy, or beam search; with or without
-        timestamps): a ``models.decoding.whisper_search.Decoded``."""
+        timestamps): a ``models.decoding.whisper_search.Decoded``. ``states``: the encoder's output for that mel,
+        when already computed."""
         from models.decoding.whisper_search import SearchOptions, search
 
         options = options or SearchOptions()
-        kv = self.cross_kv(self.encode(mel).states)
+        kv = self.cross_kv(self.encode(mel).states if states is None else states)
 
         def logits_fn(ids: Tensor) -> Tensor:
             b = ids.shape[0]
@@ -362,7 +363,8 @@ class Whisper(nn.Module):
         mel = torch.from_numpy(mel_np)[None].to(p.device, p.dtype)
         options = SearchOptions(beam_size=beam_size, patience=patience, length_penalty=length_penalty,
                                 timestamps=timestamps, sample_len=max_new_tokens)
-        out = self.decode_mel(mel, options)
+        plain = None if encoder_attention else self.encode(mel)  # one encoder pass when no weights are asked
+        out = self.decode_mel(mel, options, None if plain is None else plain.states)
         decoded, no_speech = out.ids, out.no_speech_prob
         spans: list[tuple[float, float, str]] = []
         ids = decoded
@@ -375,7 +377,7 @@ class Whisper(nn.Module):
                 spans.append((start, end, self.tokenizer.decode(toks).strip() if self.tokenizer is not None
                               else " ".join(map(str, toks))))
             ids = list(c.prompt) + [t for t in new if t < c.eot_id] + [c.eot_id]
-        enc = self.encode(mel, weights=encoder_attention)
+        enc = plain if plain is not None else self.encode(mel, weights=True)
         _, selfs, crosses = self.decode(torch.tensor([ids], device=p.device), self.cross_kv(enc.states),
                                         weights=True)
         labels = self.token_labels(ids)
