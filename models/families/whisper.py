@@ -116,6 +116,8 @@ class WhisperConfig:
     suppress_begin: tuple[int, ...] = (220, 50256)  # ids not produced first (a bare space, end-of-text)
     alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) pairs whose cross-attention aligns
     no_timestamps_id: int | None = 50362  # <|notimestamps|>; the timestamp tokens <|0.00|>… follow it
+    languages: tuple[tuple[str, int], ...] = ()  # multilingual: (code, <|code|> id) of each language; () English-only
+    translate_id: int | None = None  # multilingual: <|translate|> (the config's prompt holds <|transcribe|>)
     ln_eps: float = 1e-5  # every LayerNorm's epsilon
 
     @property
@@ -289,9 +291,26 @@ class Whisper(nn.Module):
         return Rules(eot=c.eot_id, suppress=tuple(c.suppress), suppress_begin=tuple(c.suppress_begin),
                      no_timestamps=c.no_timestamps_id, n_text_ctx=c.n_text_ctx, n_audio_ctx=c.n_audio_ctx)
 
-    def prompt_for(self, timestamps: bool) -> tuple[int, ...]:
-        """The decoder's prompt: with timestamps, the config's prompt less its <|notimestamps|>."""
-        p = tuple(self.config.prompt)
+    def prompt_for(self, timestamps: bool, language: str | None = None, task: str = "transcribe"
+                   ) -> tuple[int, ...]:
+        """The decoder's prompt: the config's (<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>), for a
+        multilingual model with ``language``'s token and ``task``'s ("transcribe" or "translate": into English);
+        with timestamps, less its <|notimestamps|>."""
+        c = self.config
+        p = tuple(c.prompt)
+        if task not in ("transcribe", "translate"):
+            raise ValueError(f"task {task!r}: transcribe or translate")
+        if c.languages and len(p) >= 3:
+            codes = dict(c.languages)
+            if language is not None and language not in codes:
+                raise ValueError(f"language {language!r} is not one of this model's {len(codes)}")
+            lang = codes[language] if language is not None else p[1]
+            task_id = c.translate_id if task == "translate" else p[2]
+            if task_id is None:
+                raise ValueError("this checkpoint has no <|translate|> token")
+            p = (p[0], lang, task_id, *p[3:])
+        elif language not in (None, "en") or task != "transcribe":
+            raise ValueError("an English-only Whisper transcribes English only (no language or translate task)")
         if not timestamps:
             return p
         if self.config.no_timestamps_id is None:
@@ -299,7 +318,20 @@ class Whisper(nn.Module):
         return tuple(i for i in p if i != self.config.no_timestamps_id)
 
     @torch.no_grad()
-    def decode_mel(self, mel: Tensor, options: Any = None, states: Tensor | None = None) -> Any:
+    def detect_language(self, states: Tensor) -> tuple[str, dict[str, float]]:
+        """The likeliest language of one window's encoder states (1, S, D), as openai-whisper's ``detect_language``:
+        the logits after <|startoftranscript|> over the language tokens alone; (its code, every code's probability)."""
+        c = self.config
+        if not c.languages:
+            raise ValueError("an English-only Whisper has no language tokens")
+        logits = self.decode(torch.tensor([[c.prompt[0]]], device=states.device), self.cross_kv(states))[0][0, 0]
+        ids = torch.tensor([i for _, i in c.languages], device=states.device)
+        probs = logits.float()[ids].softmax(-1)
+        return c.languages[int(probs.argmax())][0], {code: float(p) for (code, _), p in zip(c.languages, probs)}
+
+    @torch.no_grad()
+    def decode_mel(self, mel: Tensor, options: Any = None, states: Tensor | None = None,
+                   language: str | None = None, task: str = "transcribe") -> Any:
         """Decode one window's mel (1, n_mels, F) with Whisper's rules (greedy, or beam search; with or without
         timestamps): a ``models.decoding.whisper_search.Decoded``. ``states``: the encoder's output for that mel,
         when already computed."""
@@ -313,7 +345,7 @@ class Whisper(nn.Module):
             expanded = [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv]
             return self.decode(ids, expanded)[0]
 
-        prompt = self.prompt_for(options.timestamps)
+        prompt = self.prompt_for(options.timestamps, language, task)
         return search(logits_fn, prompt, self.rules(), options, self.config.no_speech_id, 0, mel.device)
 
     @torch.no_grad()
@@ -345,14 +377,16 @@ class Whisper(nn.Module):
     @torch.no_grad()
     def transcribe(self, audio: np.ndarray, max_new_tokens: int | None = None, encoder_attention: bool = False,
                    beam_size: int | None = None, patience: float | None = None,
-                   length_penalty: float | None = None, timestamps: bool = False) -> SpeechResult:
+                   length_penalty: float | None = None, timestamps: bool = False, language: str | None = None,
+                   task: str = "transcribe") -> SpeechResult:
         """Transcribe up to 30 s of 16 kHz mono float audio (``models.inputs.audio`` reads files into that): the
         text, the ids, and the attention of the chosen sequence (decoder self-, cross-; the encoder's on ask, over
         the frames that hold audio, the padding's share in one last key column).
 
         Greedy unless ``beam_size`` (then ``patience`` and ``length_penalty`` as openai-whisper reads them); with
         ``timestamps`` the decoder also writes <|t|> tokens, read into ``segments``. The attention is then that of
-        the text tokens decoded again after <|notimestamps|>, as openai-whisper's word timing reads it."""
+        the text tokens decoded again after <|notimestamps|>, as openai-whisper's word timing reads it. A multilingual
+        model hears ``language`` (None: the one it detects) and transcribes, or translates into English."""
         from models.decoding.whisper_search import SearchOptions, segments
 
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -364,19 +398,22 @@ class Whisper(nn.Module):
         options = SearchOptions(beam_size=beam_size, patience=patience, length_penalty=length_penalty,
                                 timestamps=timestamps, sample_len=max_new_tokens)
         plain = None if encoder_attention else self.encode(mel)  # one encoder pass when no weights are asked
-        out = self.decode_mel(mel, options, None if plain is None else plain.states)
+        self.prompt_for(False, language, task)  # refuses what the model cannot do, before any decoding
+        if self.config.languages and language is None:
+            language, _ = self.detect_language(plain.states if plain is not None else self.encode(mel).states)
+        out = self.decode_mel(mel, options, None if plain is None else plain.states, language, task)
         decoded, no_speech = out.ids, out.no_speech_prob
         spans: list[tuple[float, float, str]] = []
         ids = decoded
         if timestamps:
             c = self.config
             tb = c.no_timestamps_id + 1
-            new = decoded[len(self.prompt_for(True)):]
+            new = decoded[len(self.prompt_for(True, language, task)):]
             for start, end, toks in segments(new, tb, c.eot_id, audio.size / SAMPLE_RATE,
                                              CHUNK_S / c.n_audio_ctx):
                 spans.append((start, end, self.tokenizer.decode(toks).strip() if self.tokenizer is not None
                               else " ".join(map(str, toks))))
-            ids = list(c.prompt) + [t for t in new if t < c.eot_id] + [c.eot_id]
+            ids = list(self.prompt_for(False, language, task)) + [t for t in new if t < c.eot_id] + [c.eot_id]
         enc = plain if plain is not None else self.encode(mel, weights=True)
         _, selfs, crosses = self.decode(torch.tensor([ids], device=p.device), self.cross_kv(enc.states),
                                         weights=True)
@@ -398,4 +435,4 @@ class Whisper(nn.Module):
                             attention=attention, mel=mel_np, duration_s=audio.size / SAMPLE_RATE,
                             no_speech_prob=no_speech, alignment_heads=tuple(self.config.alignment_heads),
                             decoded=decoded, segments=spans, search=search + (", timestamps" if timestamps else ""),
-                            avg_logprob=out.avg_logprob)
+                            avg_logprob=out.avg_logprob, language=language or "en", task=task)
