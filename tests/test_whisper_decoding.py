@@ -1,4 +1,4 @@
-"""Whisper's decoding rules (models/decoding/whisper_search.py) against openai-whisper's own ``decode`` (its
+"""Whisper's decoding rules (models/families/whisper_search.py) against openai-whisper's own ``decode`` (its
 ``decoding.py``: BeamSearchDecoder, MaximumLikelihoodRanker, SuppressBlank, SuppressTokens, ApplyTimestampRules),
 run on the very same weights loaded into openai-whisper's model class: greedy, beam search with and without patience
 and length penalty, each with and without timestamp tokens; the chosen ids must be equal, token for token, and the
@@ -19,8 +19,8 @@ from whisper.model import ModelDimensions
 from whisper.model import Whisper as OpenAIWhisper
 from whisper.tokenizer import get_tokenizer
 
-from models.decoding.whisper_search import SearchOptions, segments
 from models.families.whisper import Whisper, WhisperConfig, log_mel
+from models.families.whisper_search import SearchOptions, segments
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIPS = sorted((ROOT / "examples" / "speech").glob("clip*.wav"))

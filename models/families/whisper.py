@@ -284,8 +284,8 @@ class Whisper(nn.Module):
         return logits
 
     def rules(self) -> Any:
-        """The ids Whisper's decoding rules need (models/decoding/whisper_search.py)."""
-        from models.decoding.whisper_search import Rules
+        """The ids Whisper's decoding rules need (models/families/whisper_search.py)."""
+        from models.families.whisper_search import Rules
 
         c = self.config
         return Rules(eot=c.eot_id, suppress=tuple(c.suppress), suppress_begin=tuple(c.suppress_begin),
@@ -333,9 +333,9 @@ class Whisper(nn.Module):
     def decode_mel(self, mel: Tensor, options: Any = None, states: Tensor | None = None,
                    language: str | None = None, task: str = "transcribe") -> Any:
         """Decode one window's mel (1, n_mels, F) with Whisper's rules (greedy, or beam search; with or without
-        timestamps): a ``models.decoding.whisper_search.Decoded``. ``states``: the encoder's output for that mel,
+        timestamps): a ``models.families.whisper_search.Decoded``. ``states``: the encoder's output for that mel,
         when already computed."""
-        from models.decoding.whisper_search import SearchOptions, search
+        from models.families.whisper_search import SearchOptions, search
 
         options = options or SearchOptions()
         kv = self.cross_kv(self.encode(mel).states if states is None else states)
@@ -352,7 +352,7 @@ class Whisper(nn.Module):
     def greedy(self, mel: Tensor, max_new_tokens: int | None = None) -> tuple[list[int], float]:
         """Greedy decoding of one window's mel (1, n_mels, F): (the prompt and the new ids, end-of-text included
         when produced; the no-speech probability, or nan when the config has no such token)."""
-        from models.decoding.whisper_search import SearchOptions
+        from models.families.whisper_search import SearchOptions
 
         out = self.decode_mel(mel, SearchOptions(sample_len=max_new_tokens))
         return out.ids, out.no_speech_prob
@@ -387,7 +387,7 @@ class Whisper(nn.Module):
         ``timestamps`` the decoder also writes <|t|> tokens, read into ``segments``. The attention is then that of
         the text tokens decoded again after <|notimestamps|>, as openai-whisper's word timing reads it. A multilingual
         model hears ``language`` (None: the one it detects) and transcribes, or translates into English."""
-        from models.decoding.whisper_search import SearchOptions, segments
+        from models.families.whisper_search import SearchOptions, segments
 
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         if audio.size > N_SAMPLES:

@@ -256,7 +256,8 @@ def whisper_from_ct2(folder: str | Path, ct2: Any = None) -> Any:
         suppress_begin=_ids(meta.get("suppress_ids_begin"), folder / "config.json", "suppress_ids_begin"),
         alignment_heads=_heads(meta.get("alignment_heads"), folder / "config.json", n_dec, dec_heads),
         no_timestamps_id=_special(tok, "<|notimestamps|>", sot + 105),
-        languages=_languages(tok, meta.get("lang_ids"), folder / "config.json"),
+        languages=_languages(tok, meta.get("lang_ids") if vocab >= MULTILINGUAL_VOCAB else None,
+                             folder / "config.json"),
         translate_id=tok.token_to_id("<|translate|>") if tok is not None and vocab >= MULTILINGUAL_VOCAB else None)
 
     def t(name: str) -> Tensor:
