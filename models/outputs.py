@@ -322,3 +322,9 @@ class SpeechResult:
     duration_s: float  # seconds of audio before the padding
     no_speech_prob: float  # the probability of <|nospeech|> at the first step (nan where the vocabulary has none)
     alignment_heads: tuple[tuple[int, int], ...] = ()  # the checkpoint's (layer, head) pairs that align words
+    decoded: list[int] = field(default_factory=list)  # the ids as decoded (with timestamp tokens in that mode)
+    segments: list[tuple[float, float, str]] = field(default_factory=list)  # timestamp mode: (start s, end s, text)
+    search: str = "greedy"  # how it was decoded ("beam 5, patience 2", "greedy, timestamps", …)
+    avg_logprob: float = float("nan")  # the chosen sequence's log-probability ÷ (tokens + 1)
+    language: str = "en"  # the language heard (given, or detected by a multilingual model)
+    task: str = "transcribe"  # or "translate" (into English; multilingual models)

@@ -72,3 +72,21 @@ def alignment_figure(matrix: np.ndarray, tokens: Sequence[str], path: tuple[np.n
     fig.update_layout(showlegend=False)
     return base_layout(fig, title or "alignment: tokens × time, and the DTW path",
                        height=max(260, 60 + 22 * len(tokens))).build()
+
+
+def head_errors_figure(errors_ms: np.ndarray, alignment_heads: Sequence[tuple[int, int]] = (),
+                       title: str = "") -> go.Figure:
+    """(layers, heads) mean word-start error in ms of each cross-attention head aligning alone, the checkpoint's
+    alignment heads outlined."""
+    e = np.asarray(errors_ms, dtype=np.float32)
+    xs = [f"head {h}" for h in range(e.shape[1])]
+    ys = [f"layer {layer}" for layer in range(e.shape[0])]
+    fig = Fig(dict(type="heatmap", z=f32(e), x=xs, y=ys, colorscale="Viridis", reversescale=True,
+                   colorbar=colorbar("word-start error (ms)"), text=[[f"{v:.0f}" for v in row] for row in e],
+                   texttemplate="%{text}", hovertemplate="%{y} · %{x}: %{z:.0f} ms<extra></extra>"))
+    for layer, head in alignment_heads:
+        fig.add_shape(type="rect", x0=head - 0.5, x1=head + 0.5, y0=layer - 0.5, y1=layer + 0.5,
+                      line=dict(color="#ffffff", width=2, dash="dot"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category")
+    return base_layout(fig, title or "each head's word-start error", height=360).build()

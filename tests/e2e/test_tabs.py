@@ -264,7 +264,8 @@ def test_lessons_walk_start_to_end(page, tiny_checkpoints, monkeypatch) -> None:
         panel.get_by_role("button", name="Start the lesson").click()
         for step in range(1, len(lesson.steps) + 1):
             q = lessons.question(number, step, lesson.default)
-            expect(panel).to_contain_text(f"step {step} of {len(lesson.steps)}", timeout=30_000)
+            # (lesson 6 step 4 transcribes three clips with the real Whisper on its first call: more room)
+            expect(panel).to_contain_text(f"step {step} of {len(lesson.steps)}", timeout=120_000)
             assert not [t for t in titles(page) if "your prediction" in t]  # nothing revealed before predicting
             wrong = next(c for c in q.choices if c != q.answer)
             guess = wrong if step == 2 else q.answer
