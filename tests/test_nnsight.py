@@ -268,6 +268,11 @@ def test_an_answer_from_ndif_is_read_by_the_restricted_loader(opened) -> None:
     torch.save({"out": Hostile()}, bad, pickle_protocol=4)
     with pytest.raises(nb.UnsafeAnswer, match="system"):
         nb.restricted_load(bad.getvalue())
+    import pickle
+
+    legacy = pickle.dumps(Hostile(), protocol=2)  # a bare pickle (torch.load's legacy path reads its header first)
+    with pytest.raises(nb.UnsafeAnswer, match="system"):
+        nb.restricted_load(legacy)
     with pytest.raises(nb.UnsafeAnswer):
         backend.parse(bad.getvalue())
     import zstandard

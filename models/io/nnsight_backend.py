@@ -168,7 +168,13 @@ class _RestrictedUnpickler(pickle.Unpickler):
                            "numbers and strings)")
 
 
-_restricted = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=pickle.load, __name__="restricted_pickle")
+def _restricted_pickle_load(file: Any, **kwargs: Any) -> Any:
+    """torch.load's ``pickle_module.load`` (the legacy, non-zip format reads its header through it): restricted too."""
+    return _RestrictedUnpickler(file, **kwargs).load()
+
+
+_restricted = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=_restricted_pickle_load,
+                                    __name__="restricted_pickle")
 
 
 def restricted_load(content: bytes) -> Any:
