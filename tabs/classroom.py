@@ -141,7 +141,7 @@ def _teacher_text(state: ClassState) -> str:
     said = "revealed" if state.revealed else "not revealed yet"
     return (f"### Join code: `{state.code}`\n{state.students} student{'s' * (state.students != 1)} joined · lesson "
             f"{state.lesson}, step {state.step} · {state.answered} answered · {said}.\n\nStudents open this app, "
-            "Lessons → *A class at once*, and type the code (or open this page with "
+            "Lessons → *Join a class (students)*, and type the code (or open this page with "
             f"`?tab=lessons&class={state.code}`). **The address bar now holds your teacher link**: it carries the "
             "secret that reveals, advances, exports and closes the class, so keep it to yourself; open it again to "
             "take the class back (after a restart too).")
