@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -141,7 +142,7 @@ def _teacher_text(state: ClassState) -> str:
     said = "revealed" if state.revealed else "not revealed yet"
     return (f"### Join code: `{state.code}`\n{state.students} student{'s' * (state.students != 1)} joined · lesson "
             f"{state.lesson}, step {state.step} · {state.answered} answered · {said}.\n\nStudents open this app, "
-            "Lessons → *A class at once*, and type the code (or open this page with "
+            "Lessons → *Join a class (students)*, and type the code (or open this page with "
             f"`?tab=lessons&class={state.code}`). **The address bar now holds your teacher link**: it carries the "
             "secret that reveals, advances, exports and closes the class, so keep it to yourself; open it again to "
             "take the class back (after a restart too).")
@@ -369,7 +370,32 @@ def _missing(state: ClassState, code: str, token: str) -> str:
     return f"**Not answered yet ({len(names)} of {state.students}):** {shown}"
 
 
-def open_class(title: str, step: Any, text: str, address: str = ""):
+LOOPBACK = re.compile(r"(localhost|127(\.\d{1,3}){3}|0\.0\.0\.0|\[::1?\])(:\d+)?", re.I)
+HOST = re.compile(r"[A-Za-z0-9.-]{1,253}(:\d{1,5})?")
+
+
+def public_address(address: str, request: gr.Request | None = None) -> str:
+    """The address students can open: the page's own as the teacher's browser gave it, unless that is empty or a
+    loopback or unspecified host (a server reached through a proxy's tunnel, a page opened on the server itself);
+    then the one the request came in at, from a reverse proxy's X-Forwarded-Host and X-Forwarded-Proto (a hosting
+    front end such as a Space's: https://OWNER-NAME.hf.space) or, without a proxy, its Host header. The path of the
+    browser's address is kept (an app mounted under a path)."""
+    from urllib.parse import urlsplit
+
+    given = urlsplit(address or "")
+    if given.scheme in ("http", "https") and given.netloc and not LOOPBACK.fullmatch(given.netloc):
+        return address
+    headers = {k.lower(): str(v) for k, v in ((request.headers or {}).items() if request is not None else ())}
+    forwarded = headers.get("x-forwarded-host", "").split(",")[0].strip()
+    host = forwarded or headers.get("host", "").strip()
+    if not HOST.fullmatch(host):
+        return address
+    proto = headers.get("x-forwarded-proto", "").split(",")[0].strip().lower() if forwarded else given.scheme
+    proto = proto if proto in ("http", "https") else "https" if forwarded else "http"
+    return f"{proto}://{host}{given.path or '/'}"
+
+
+def open_class(title: str, step: Any, text: str, address: str = "", request: gr.Request = None):
     """Open a class on the step this page shows; this page becomes its teacher. ``address``: the page's own (from
     the browser), which the QR code's join link opens. Outputs: teacher, token, code, teacher info, teacher box,
     counts, timer, the kept link, the join box, the join screen, who has not answered, the summary (cleared)."""
@@ -383,13 +409,13 @@ def open_class(title: str, step: Any, text: str, address: str = ""):
     mine = {"code": opened.code, "token": opened.token, "counts": dict(state.counts), "students": state.students}
     return (mine, opened.token, opened.code, _teacher_text(state), gr.Column(visible=True),
             gr.Plot(_chart(state), visible=True), gr.Timer(active=True), {"code": opened.code, "token": opened.token},
-            gr.Accordion(visible=False), join_screen(opened.code, address), "", "")
+            gr.Accordion(visible=False), join_screen(opened.code, public_address(address, request)), "", "")
 
 
 NOT_TEACHER = "This teacher link is not valid"
 
 
-def resume_class(code: str, token: str, address: str = ""):
+def resume_class(code: str, token: str, address: str = "", request: gr.Request = None):
     """The teacher link opened again: this page becomes the class's teacher and shows the class's step. A link whose
     token is not the class's says so (in the join box, which a page with a class code opens) and the page stays a
     student's. Outputs: teacher, teacher info, teacher box, counts, timer, teacher section, student info, join box,
@@ -405,7 +431,7 @@ def resume_class(code: str, token: str, address: str = ""):
     mine = {"code": state.code, "token": token, "counts": dict(state.counts), "students": state.students}
     return (mine, _teacher_text(state), gr.Column(visible=True), gr.Plot(_chart(state), visible=True),
             gr.Timer(active=True), gr.Accordion(open=True, visible=True), gr.skip(), gr.Accordion(visible=False),
-            *_show(state, None), join_screen(state.code, address), missing)
+            *_show(state, None), join_screen(state.code, public_address(address, request)), missing)
 
 
 def _teacher(mine: dict | None) -> tuple[str, str]:

@@ -58,6 +58,7 @@ MAX_NEW = 40
 NO_RESULT = ("Describe an image first. (A long answer's attention is let go when newer long results need the "
              "server's memory: run it again.)")
 SHOWN_SIDE = 320  # pixels of the clickable "what the model saw" image
+STEP_INFO = "0: the word whose choice looked most sharply at one place"
 
 
 def build() -> Permalink:
@@ -66,6 +67,8 @@ def build() -> Permalink:
         with gr.Column(scale=2):
             image = gr.File(label="image (PNG, JPEG, GIF, BMP, WebP, TIFF)", file_types=list(limits.IMAGE_TYPES),
                             type="filepath")
+            preview = gr.Image(label="the image given", interactive=False, height=SHOWN_SIDE // 2,
+                               elem_id="describe-preview", visible=False)
             gr.Examples([[p] for p in EXAMPLE_SCENES], [image],
                         label="scenes of the ten Fashion-MNIST example images")
         with gr.Column(scale=2):
@@ -76,8 +79,11 @@ def build() -> Permalink:
     notice = gr.Markdown()
     answer = gr.Markdown(elem_classes=["highlight"])
     with gr.Row():
-        step = gr.Slider(0, 2, value=0, step=1, label="generated word (replay: move to see each in turn)",
-                         info="0: the word whose choice looked most sharply at one place")
+        # its range stays 0 … MAX_NEW whatever the answer's length (issue 75, item 6: shrunk to a shorter answer's,
+        # a value the page still held from the longer one was refused by the server: "Value 21 is greater than
+        # maximum value 3"); a word past the answer's end is its last word, and the slider is set back to it
+        step = gr.Slider(0, MAX_NEW, value=0, step=1, label="generated word (replay: move to see each in turn)",
+                         info=STEP_INFO)
         query = gr.Radio(list(QUERIES), value="while choosing it", label="its attention",
                          info="the row of the position that chose the word, or of the word itself")
     with gr.Row():
@@ -120,8 +126,9 @@ def build() -> Permalink:
                download, state, step, lo, hi, head, lens_layer, tower_layer, tile]),
              (lambda: "", None, [patch], {"show_progress": "hidden"})]  # a new image: the centre patch again
     chain(run.click, steps, api_name="describe")
+    image.change(preview_image, [image], [preview, notice], api_name=False, show_progress="hidden")
     for control in (step, query, lo, hi, head):
-        control.change(redraw_token, views, token_out, api_name=False, show_progress="hidden")
+        control.change(redraw_token, views, [*token_out, step], api_name=False, show_progress="hidden")
     for control in (lo, hi):
         control.change(redraw_sinks, [state, lo, hi], [sink], api_name=False, show_progress="hidden")
     lens_layer.change(redraw_lens, [state, lens_layer], [lens, state], api_name=False, show_progress="hidden")
@@ -234,7 +241,7 @@ def describe(image: str | None, model: str = MODEL, prompt: str = PROMPTS[0], ma
     lo_u = gr.update(maximum=layers - 1, value=lo)
     hi_u = gr.update(maximum=layers - 1, value=hi)
     head_u = gr.update(choices=head_choices(heads), value=head_index(head, heads, fit=True))
-    step_u = gr.update(maximum=max(1, _new(r)), value=k)
+    step_u = gr.update(value=k, info=f"{_new(r)} new tokens in this answer; {STEP_INFO}")
     found = sinks_of(state)
     answer, verdict, looked, relevance, read, state = token
     return (answer, r.notice, verdict, looked, relevance, read, lens_fig, draw_sinks(r, found, lo, hi),
@@ -365,9 +372,27 @@ def kept(state: dict | None) -> bool:
 
 
 def redraw_token(state: dict | None, step: int, query: str, lo: int, hi: int, head: str):
+    """The token's figures, and the replay slider set back to the answer's last word when it stands past it."""
     if not kept(state):
-        return (gr.update(),) * 5 + (state,)
-    return draw_token(state, _step(state["result"], step), query, lo, hi, head)
+        return (gr.update(),) * 5 + (state, gr.update())
+    k = _step(state["result"], step)
+    return (*draw_token(state, k, query, lo, hi, head), gr.update(value=k) if step and k != int(step) else gr.update())
+
+
+def preview_image(image: str | None):
+    """The upload as it was given (a file chip alone showed nothing until answered), fitted into the preview; an
+    unreadable file is said in the notice at once."""
+    from models.inputs.images import open_image
+
+    if not image:
+        return gr.update(value=None, visible=False), ""
+    try:
+        img, said = open_image(image, at_least=SHOWN_SIDE)
+    except ValueError as err:
+        return gr.update(value=None, visible=False), _esc(str(err))
+    img = img.convert("RGB")
+    img.thumbnail((SHOWN_SIDE, SHOWN_SIDE))
+    return gr.update(value=np.asarray(img), visible=True), _esc(said)
 
 
 def sinks_of(state: dict):

@@ -244,8 +244,12 @@ def build() -> Permalink:
     model.change(model_controls, [model], [*applies, ablate_layer, ablate_head], api_name=False,
                  show_progress="hidden", **FAST)
     # another model: the last model's continuation and figures go (an error of the new one stood under them)
-    model.input(lambda: ("", "", None, None, None, None), None, [out, text_html, candidates, attn, lens, state],
-                api_name=False, show_progress="hidden", **FAST)
+    model.input(cleared_view, None, [out, text_html, candidates, attn, lens, state], api_name=False,
+                show_progress="hidden", **FAST)
+    # a new prompt or chat setting too: a run it refuses (no chat template) left the old continuation under it
+    for control in (prompt, chat):
+        control.input(cleared_view, None, [out, text_html, candidates, attn, lens, state], api_name=False,
+                      show_progress="hidden", **FAST)
     # "Switch the head off" follows the layer and the head the heatmap shows (it ablated head 0 beside head 1)
     layer.change(why.follow_layer, [layer], [ablate_layer], api_name=False, show_progress="hidden", **FAST)
     head.change(why.follow_head, [head], [ablate_head], api_name=False, show_progress="hidden", **FAST)
@@ -368,6 +372,12 @@ def _model(name: str | None, progress=None):
                     "with `python app.py --model DIR`.", duration=None)
     report = None if progress is None else (lambda done, text: progress(done, desc=text))
     return get_model(name, report)  # a Hub model is downloaded on first use, with its progress shown
+
+
+def cleared_view() -> tuple:
+    """The continuation, its text, candidates, attention, lens and kept result emptied: what a new model, prompt or
+    chat setting leaves until Generate runs on it."""
+    return "", "", None, None, None, None
 
 
 @on_gpu  # a ZeroGPU Space attaches its GPU for this call (tabs/zerogpu.py)
@@ -681,8 +691,9 @@ def family_notice(net) -> str:
     if info:  # read from a GGUF file (models/io/gguf.py)
         from models.io.gguf import types_text
 
-        parts.append(f"· Read from the GGUF file `{info['file']}`: weights stored as {types_text(info['types'])}, "
-                     "dequantised to float32.")
+        source = (f"Ollama's `{info['ollama']}` (its GGUF blob `{info['file'][:19]}…`)" if info.get("ollama")
+                  else f"the GGUF file `{info['file']}`")
+        parts.append(f"· Read from {source}: weights stored as {types_text(info['types'])}, dequantised to float32.")
     if getattr(net, "device_summary", None):  # split by accelerate (serving/store.py, models/io/bigmodel.py)
         parts.append(f"· The model is split across devices by accelerate: {net.device_summary}.")
     notice = registry.family_of(net).notice_of(net)

@@ -51,8 +51,9 @@ def build() -> Permalink:
     notice = gr.Markdown()
     state = gr.State()
     with gr.Row():
-        grid = Plot(label="layer × head grid", elem_id="heads-grid")
-        ranked = Plot(label="head finder: every head ranked by the metric")
+        grid = Plot(label="layer × head grid (click a head to open its card)", elem_id="heads-grid")
+        ranked = Plot(label="head finder: every head ranked by the metric (click a head to open its card)",
+                      elem_id="heads-finder")
     layers_plot = Plot(label="the metric by layer")
     gr.Markdown("### Head card")
     with gr.Row():
@@ -64,6 +65,8 @@ def build() -> Permalink:
         card = gr.Markdown(elem_id="heads-card")
         offsets = Plot(label="mean attention by offset")
     example_plot = Plot(label="the example, this head", elem_id="heads-example")
+    # a click on the grid or the finder writes "layer,head,click number" here (tabs/page.py's script)
+    clicked = gr.Textbox(elem_id="heads-open", elem_classes=["atlas-hidden"], show_label=False, container=False)
     gr.Markdown("### Compare two models")
     with gr.Row():
         other = model_choice(gr.Dropdown(names, value=next((n for n in names if n != model.value), names[0]),
@@ -95,6 +98,7 @@ def build() -> Permalink:
     for control in (layer, head, example):
         control.change(head_card, card_in, card_out, api_name=False, show_progress="hidden",
                        trigger_mode="always_last")
+    clicked.change(open_head, [clicked, state], [layer, head], api_name=False, show_progress="hidden")
     gr.Button("Draw the head card", size="sm").click(head_card, card_in, card_out, api_name="head_card")
     gr.api(head_finder, api_name="head_finder")  # the ranking as data (the page draws it as the finder's bars)
     compare.click(heads_compare, [model, other, metric], [compare_plot, compare_note], api_name="heads_compare")
@@ -218,10 +222,12 @@ def heads_grid(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any
            f"{how}. {notes}. Its metrics: {', '.join(_label(k)[0] for k in atlas.metrics)}."
     if asked != metric:
         text += f" It has no {_label(asked)[0]}, so {_label(metric)[0]} is shown."
-    # the choices stay every metric's (a later call may name another model's); the value says what is drawn
+    # the choices stay every metric's (a later call may name another model's); the value says what is drawn; the card
+    # starts on the top-ranked head (issue 75, item 5: it stayed on layer 0, head 0)
+    best_layer, best_head, _ = rank_heads(atlas.metrics[metric])[0]
     return (*_figures(atlas, metric), text, gr.update(value=metric),
-            gr.update(maximum=max(atlas.layers - 1, 1), interactive=atlas.layers > 1),
-            gr.update(maximum=max(atlas.heads - 1, 1), interactive=atlas.heads > 1),
+            gr.update(maximum=max(atlas.layers - 1, 1), interactive=atlas.layers > 1, value=best_layer),
+            gr.update(maximum=max(atlas.heads - 1, 1), interactive=atlas.heads > 1, value=best_head),
             {"layers": atlas.layers, "heads": atlas.heads, "model": atlas.model})
 
 
@@ -236,6 +242,18 @@ def heads_linked(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: A
     card = head_card(model, metric, layer, head, example, corpus)
     layer_u, head_u = ({**u, "value": int(v)} for u, v in ((grid[5], layer), (grid[6], head)))
     return (*grid[:5], layer_u, head_u, grid[7], *card)
+
+
+def open_head(clicked: str, state: Any = None):
+    """The card's layer and head sliders set to a clicked head ("layer,head,click number" from the grid or the
+    finder); nothing changes before a grid is drawn or for a head the drawn model does not have."""
+    parts = str(clicked or "").split(",")
+    if not isinstance(state, dict) or len(parts) < 2 or not all(p.strip().isdigit() for p in parts[:2]):
+        return gr.skip(), gr.skip()
+    layer, head = int(parts[0]), int(parts[1])
+    if layer >= state["layers"] or head >= state["heads"]:
+        return gr.skip(), gr.skip()
+    return gr.update(value=layer), gr.update(value=head)
 
 
 def redraw(model: str = DEFAULT_MODEL, metric: str = "previous", corpus: Any = None, state: Any = None):

@@ -79,7 +79,7 @@ def build() -> Permalink:
                 [chosen, model, text], [text, *view, handout], api_name=False, show_progress="hidden")
     # a person's new lesson or input empties every output of the old one: no intro above another lesson's question,
     # no export of the previous lesson, no choices that the new input's question would refuse
-    chosen.input(lambda: ("", *cleared(), None), None, [text, *view, handout], api_name=False, show_progress="hidden")
+    chosen.input(lesson_chosen, [chosen, model], [text, *view, handout], api_name=False, show_progress="hidden")
     text.input(lambda: (*cleared("The input changed: press **Start the lesson** to ask on it."), None), None,
                [*view, handout], api_name=False, show_progress="hidden")
     steps = [(lambda c, t, pr: show_step(c, 1, t, pr), [chosen, text, progress], [*view, step, current])]
@@ -112,6 +112,15 @@ def describe(title: str):
     lesson = LESSONS[_number(title) - 1]
     return (gr.update(label=lesson.input_label, placeholder=lesson.default), lesson.intro,
             gr.update(visible=bool(lesson.models)))
+
+
+def lesson_chosen(title: str, model: str | None = None) -> tuple:
+    """A person's new lesson: the input emptied, but the model chosen kept where the new lesson offers it (issue 75,
+    item 7: lesson 4 on smollm2, then lesson 5, was back on gpt-tiny), written in front of the input as a link and
+    the API carry it ("smollm2: "); the step view and the export emptied."""
+    lesson = LESSONS[_number(title) - 1]
+    keep = lesson.models and model in dict(lesson.models) and model != lesson.models[0][0]
+    return (with_model(lesson, model, "") if keep else "", *cleared(), None)
 
 
 def cleared(where: str = "") -> tuple:

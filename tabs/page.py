@@ -30,9 +30,27 @@ footer {display: none !important;}
 # writes "row,col,click number" into the hidden box "<tab>-why-cell" / "<tab>-patch-cell" (a point of a Q/K scatter,
 # "<tab>-qk": "position,click number" into "<tab>-qk-cell"), whose change event runs the
 # handler (a script's input event is not a user's, so Gradio's .input does not fire; the click number makes a second
-# click on the same cell a change too).
+# click on the same cell a change too). A click on a cell of the Heads tab's grid ("heads-grid") or a bar of its
+# finder ("heads-finder") writes "layer,head,click number" into "heads-open" (tabs/heads.py: that head's card).
 JS = """() => {
   const bind = () => {
+    // the Heads tab's grid (a cell: layer, head) and finder (a bar: its customdata) open that head's card
+    document.querySelectorAll('#heads-grid, #heads-finder').forEach((box) => {
+      const plot = box.querySelector('.js-plotly-plot');
+      if (!plot || plot._atlasBound || !plot.on) return;
+      plot._atlasBound = true;
+      plot.on('plotly_click', (ev) => {
+        const p = ev.points && ev.points[0];
+        if (!p) return;
+        const at = p.data.type === 'heatmap' && Array.isArray(p.pointNumber) ? p.pointNumber
+                   : Array.isArray(p.customdata) ? p.customdata : null;
+        const input = document.querySelector('#heads-open textarea, #heads-open input');
+        if (!at || !input) return;
+        window._atlasClicks = (window._atlasClicks || 0) + 1;
+        input.value = at[0] + ',' + at[1] + ',' + window._atlasClicks;
+        input.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
     document.querySelectorAll('[id$="-attention"], [id$="-patch"], [id$="-qk"]').forEach((box) => {
       const plot = box.querySelector('.js-plotly-plot');
       if (!plot || plot._atlasBound || !plot.on) return;

@@ -300,6 +300,14 @@ def test_ollama_store(files: dict[str, tuple[Path, Any]], tmp_path: Path, monkey
     with torch.no_grad():
         assert torch.equal(a(torch.tensor([ids])).logits, b(torch.tensor([ids])).logits)
     assert g.ollama_blob("ollama:tiny:latest") == g.ollama_blob("ollama:tiny")
+    # issue 75, item 7: Generate's notice names the Ollama model, not only its blob's digest; a file keeps its name
+    from tabs.generate import family_notice
+
+    assert a.gguf["ollama"] == "tiny:latest" and b.gguf["ollama"] is None
+    assert "Ollama's `tiny:latest`" in family_notice(a) and "`sha256-" in family_notice(a)
+    assert f"the GGUF file `{files['llama'][0].name}`" in family_notice(b) and "Ollama" not in family_notice(b)
+    again = models.load("ollama:tiny")  # from the cache written above: named too
+    assert again.gguf["ollama"] == "tiny:latest"
 
 
 def test_ollama_messages_say_what_and_where(files: dict[str, tuple[Path, Any]], tmp_path: Path, monkeypatch) -> None:

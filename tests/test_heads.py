@@ -392,3 +392,31 @@ def test_metric_titles_name_the_unit_once() -> None:
         for text in axis_titles:
             assert text.count(unit) == 1, text
             assert text == (label if unit in label else f"{label} ({unit})")
+
+
+def test_the_card_starts_on_the_top_head_and_a_click_opens_one(tiny_checkpoints: Path, tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Issue 75, item 5: after scoring, the card's sliders stand on the head the finder ranks first (they stayed on
+    layer 0, head 0); a click on a grid cell or a finder bar ("layer,head,click number" from the page's script) sets
+    them to that head, whose change draws its card; the finder's bars carry their (layer, head)."""
+    import gradio as gr
+
+    from serving import catalogue, store
+    from serving import heads as sh
+    from tabs import heads as tab
+
+    monkeypatch.setattr(catalogue, "CHECKPOINTS", tiny_checkpoints)
+    monkeypatch.setattr(store, "MODELS", store.ModelStore())
+    monkeypatch.setenv("ATLAS_CACHE", str(tmp_path))
+    sh._kept.clear()
+    for metric in ("previous", "induction", "entropy"):
+        grid, ranked, _, _, _, layer, head, state = tab.heads_grid("gpt-tiny", metric, None)
+        z = np.array(grid.data[0].z, dtype=float)
+        best = np.unravel_index(np.nanargmax(z), z.shape)
+        assert (layer["value"], head["value"]) == (int(best[0]), int(best[1])), metric
+        bars = ranked.data[0]
+        for (lh, name) in zip(bars.customdata, bars.y):
+            assert name == f"L{lh[0]} H{lh[1]}"
+    assert tab.open_head("1,3,7", state) == (gr.update(value=1), gr.update(value=3))
+    for bad, kept in (("1,3,7", None), ("2,0,1", state), ("0,4,1", state), ("x,1,1", state), ("", state)):
+        assert tab.open_head(bad, kept) == (gr.skip(), gr.skip()), bad

@@ -36,6 +36,15 @@ def shown_token(token: str) -> str:
     return t.replace("▁", " ")
 
 
+def cell_token(token: str) -> str:
+    """A candidate as a heatmap cell shows it: as running text (``shown_token``), but a token that is only white
+    space keeps its marks (▁ a space, ↵ a newline, ⇥ a tab; issue 75, item 7: such candidates were blank cells)."""
+    t = shown_token(token)
+    if t.strip():
+        return t
+    return str(token).replace(" ", "▁").replace("\n", "↵").replace("\t", "⇥") or "∅"
+
+
 def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_len: int, *,
                          upto: int | None = None, title: str = "") -> str:
     """The prompt and the continuation as HTML, each token's background coloured by its surprisal
@@ -79,7 +88,7 @@ def step_candidates(candidates: Sequence[Sequence[str]], probs: np.ndarray, chos
     the chosen one outlined; ``step`` is highlighted. probs: (steps, 5)."""
     p = np.asarray(probs, dtype=np.float32).reshape(len(candidates), -1)
     n, k = p.shape
-    text = [[esc(shorten(shown_token(candidates[s][r]), 8)) for s in range(n)] for r in range(k)]
+    text = [[esc(shorten(cell_token(candidates[s][r]), 8)) for s in range(n)] for r in range(k)]
     full = [[esc(candidates[s][r]) + raw_note(candidates[s][r]) for s in range(n)] for r in range(k)]
     fig = Fig(dict(
         type="heatmap", z=f32(p.T), x=list(range(1, n + 1)), y=list(range(1, k + 1)), zmin=0, zmax=1,

@@ -66,6 +66,7 @@ def head_ranking(rows: Sequence[tuple[int, int, float]], label: str, unit: str =
     rows = [r for r in rows if np.isfinite(r[2])][:top]
     names = [f"L{layer} H{head}" for layer, head, _ in rows]
     fig = Fig(dict(type="bar", orientation="h", x=f32(np.array([v for _, _, v in rows], np.float32)), y=names,
+                   customdata=[[layer, head] for layer, head, _ in rows],  # a click opens the head (tabs/page.py)
                    marker=dict(color="#4c72b0"), text=[f"{v:.3f}" for _, _, v in rows], textposition="outside",
                    hovertemplate="%{y}: %{x:.3f} " + unit + "<extra></extra>"))
     base_layout(fig, title or f"Heads ranked by {label}", height=int(np.clip(22 * len(rows) + 160, 260, 700)))

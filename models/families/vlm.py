@@ -38,7 +38,7 @@ from models.blocks.loop import candidates
 from models.blocks.positional import sinusoidal_table
 from models.families.gpt import GPT, GPTConfig
 from models.families.vit import EncoderBlock, ViTConfig
-from models.inputs.images import fashion_array
+from models.inputs.images import fashion_array, scene_notice
 from models.outputs import DescribeResult, GenerationStep
 
 
@@ -201,6 +201,8 @@ class VLM(nn.Module):
         room = c.max_len - n - len(prompt)
         notice = " ".join(filter(None, [converted, f"At most {room} new tokens fit the model's {c.max_len} positions."
                                         if max_new_tokens > room else ""]))
+        unusual = scene_notice(pixels)  # a photo or one big item: not a scene of the kind it was trained on
+        notice = "\n\n".join(filter(None, [unusual, notice]))
         max_new_tokens = min(max_new_tokens, room)
         device = next(self.parameters()).device
         img = torch.from_numpy(pixels)[None].to(device)

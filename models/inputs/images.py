@@ -548,3 +548,57 @@ def prepare(image: ImageInput, kind: str, resize: int = 256, crop: int = 224,
     if kind == "processor" and processor is not None:
         return prepare_processor(image, processor)
     raise ValueError(f"unknown image input kind {kind!r} (expected 'fashion', 'imagenet' or 'processor')")
+
+
+# How the built-in VLM's scenes are made (train/scenes.py, which tests/test_describe_tab.py checks these against):
+# 2–4 Fashion-MNIST items, each a square of at most SCENE_ITEM pixels a side, on a black canvas, no two overlapping.
+SCENE_ITEM, SCENE_ITEMS, SCENE_BLACK = 28, 4, 4  # item side at most; items at most; background: at most this bright
+# share of held-out scenes (train.scenes, test split) the check flags: `python -m bench.scene_check` (README)
+SCENE_FALSE_ALARMS = 0.001  # 2 of 2,000: `python bench/scene_check.py --n 2000`
+
+
+def _ink_boxes(ink: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """The bounding boxes (x0, y0, x1, y1, ends exclusive) of the 8-connected regions of a boolean (H, W) mask."""
+    seen = np.zeros_like(ink)
+    h, w = ink.shape
+    boxes = []
+    for y, x in zip(*np.nonzero(ink)):
+        if seen[y, x]:
+            continue
+        stack, seen[y, x] = [(y, x)], True
+        y0, y1, x0, x1 = y, y, x, x
+        while stack:
+            cy, cx = stack.pop()
+            y0, y1, x0, x1 = min(y0, cy), max(y1, cy), min(x0, cx), max(x1, cx)
+            for ny in range(max(cy - 1, 0), min(cy + 2, h)):
+                for nx in range(max(cx - 1, 0), min(cx + 2, w)):
+                    if ink[ny, nx] and not seen[ny, nx]:
+                        seen[ny, nx] = True
+                        stack.append((ny, nx))
+        boxes.append((int(x0), int(y0), int(x1) + 1, int(y1) + 1))
+    return boxes
+
+
+def scene_notice(pixels: np.ndarray, side: int = 64) -> str:
+    """A notice when the image the built-in VLM saw (uint8 (S, S), after ``fashion_array``) cannot be one of its
+    training scenes, empty when it can: some connected stretch of ink wider or taller than two items side by side
+    (a photo, one item filling the canvas), or more ink than four items can carry. What was measured, against which
+    bound of the scenes' construction, and how often held-out scenes raise it. ``side``: the canvas the bounds are
+    for (the image is measured at that scale)."""
+    p = np.asarray(pixels)
+    scale = p.shape[0] / side
+    ink = p > SCENE_BLACK
+    reasons = []
+    widest = max((max(x1 - x0, y1 - y0) for x0, y0, x1, y1 in _ink_boxes(ink)), default=0) / scale
+    if widest > 2 * SCENE_ITEM:  # two items' boxes may touch; no three fit side by side within one stretch of ink
+        reasons.append(f"one connected stretch of it is {widest:.0f} pixels across (a scene's items are at most "
+                       f"{SCENE_ITEM} pixels each on black: {2 * SCENE_ITEM} for two that touch)")
+    share, most = float(ink.mean()), SCENE_ITEMS * SCENE_ITEM ** 2 / side ** 2
+    if share > most:
+        reasons.append(f"{share:.0%} of it is not black ({SCENE_ITEMS} items of {SCENE_ITEM}×{SCENE_ITEM} cover at "
+                       f"most {most:.0%} of the {side}×{side} canvas)")
+    if not reasons:
+        return ""
+    return ("⚠️ **This image looks unlike the scenes the model was trained on**: " + "; ".join(reasons) + ". It knows "
+            "2–4 Fashion-MNIST items on a black canvas, so its words and where they look say little about this "
+            f"picture. (This check flags {SCENE_FALSE_ALARMS:.1%} of held-out training-style scenes.)")

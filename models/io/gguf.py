@@ -623,7 +623,7 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     if cache:
         model = _from_cache(folder, path)
         if model is not None:
-            return model
+            return _named(model, spec)
     reader = open_reader(path)
     info = describe(reader)
     check_size(info["n_params"], path.name)  # from the tensor infos alone, before anything is dequantised
@@ -636,6 +636,22 @@ def load_gguf(spec: str | Path, cache: bool = True) -> Any:
     model = _build(hf, state, spec_tok, tk, info, path)
     if cache:
         _to_cache(folder, hf, state, spec_tok, tk, info)
+    return _named(model, spec)
+
+
+def ollama_name(spec: str | Path) -> str | None:
+    """The name an Ollama entry is known by ("ollama:gemma3:270m" -> "gemma3:270m", the default tag written out;
+    a namespace other than Ollama's library kept), None for a file."""
+    if not str(spec).startswith("ollama:"):
+        return None
+    namespace, name, tag = parse_ollama(str(spec))
+    return f"{name}:{tag}" if namespace == "library" else f"{namespace}/{name}:{tag}"
+
+
+def _named(model: Any, spec: str | Path) -> Any:
+    """The model with ``gguf["ollama"]``: the Ollama name it was asked by (its notice names the model, not only the
+    blob's digest), or None for a file."""
+    model.gguf = dict(model.gguf, ollama=ollama_name(spec))
     return model
 
 

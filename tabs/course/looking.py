@@ -109,8 +109,21 @@ def _grid_marks(side: int, chosen: int | None = None) -> list:
 
 
 def _caption(r, position: int) -> str:
+    """The caption as the model read it, the word followed in bold and every place phrase hidden ("‹place›"): the
+    phrases name where each item is, the answer of step 1 (issue 75, item 3: the question quoted its answer)."""
     start = len(r.image_positions) + 1 + len(PROMPT.split())
-    return " ".join(f"**{esc(t)}**" if p == position else esc(t) for p, t in enumerate(r.tokens) if p >= start)
+    words = [esc(t) for t in r.tokens[start:]]
+    out, p = [], 0
+    phrases = sorted((phrase.split() for phrase in PHRASES), key=len, reverse=True)
+    while p < len(words):
+        hit = next((len(ph) for ph in phrases if words[p:p + len(ph)] == ph), 0)
+        if hit:
+            out.append("‹place›")
+            p += hit
+            continue
+        out.append(f"**{words[p]}**" if start + p == position else words[p])
+        p += 1
+    return " ".join(out)
 
 
 def l10_attention(inp: str) -> Question:
@@ -133,7 +146,8 @@ def l10_attention(inp: str) -> Question:
         return mark(fig, p)
 
     return Question(f"The model reads scene {index} and, after *describe the image .*, its caption, word by word: "
-                    f"{_caption(r, position)}. Each of its 64 image tokens is an 8 × 8 patch of the scene. **At the "
+                    f"{_caption(r, position)} (the place words hidden here; the model read them). Each of its 64 image "
+                    "tokens is an 8 × 8 patch of the scene. **At the "
                     f"position that predicts “{esc(word)}”, which of the nine places gets the most attention** (last "
                     "layer, mean of heads)?", choices, PLACES[best],
                     f"the place {PLACES[best]} takes {shares[best]:.0%} of the image's share"
@@ -143,29 +157,43 @@ def l10_attention(inp: str) -> Question:
                     "from, not yet proof of what it depends on (the next step).", reveal, before)
 
 
+def relevance_place(r, top: int, boxes, others) -> int:
+    """Where patch ``top`` counts, by the pointing game's rule (its centre inside an item's box, `_inside`, as step 3
+    and bench/grounding.py read it): 0 the word's own item, 1 another item, 2 neither (background or an item's edge).
+    Step 2's verdict and step 3's "in"/"out" come from this one reading (issue 75, item 3: step 2 called a patch
+    that only touched the sandal "a patch of the sandal" and step 3 called the same patch "out")."""
+    return 0 if _inside(r, top, boxes) else 1 if _inside(r, top, others) else 2
+
+
 def l10_relevance(inp: str) -> Question:
     r, index, found, position, boxes, others, _ = _setup(inp)
     word = r.tokens[position]
     rel = get_model(MODEL).image_relevance(r, [position - 1])[0]
-    top = int(np.argmax(rel))
-    choices = [f"the {word} itself", "another item of the scene", "the empty background"]
-    answer = choices[0] if _touches(r, top, boxes) else choices[1] if _touches(r, top, others) else choices[2]
-    where = {choices[0]: f"a patch of the {word}", choices[1]: "a patch of another item"}.get(answer, "background")
+    top, low = int(np.argmax(rel)), int(np.argmin(rel))
+    choices = [f"inside the {word}", "inside another item", "outside every item"]
+    answer = choices[relevance_place(r, top, boxes, others)]
+    where = {0: f"its centre inside the {word}", 1: "its centre inside another item"}.get(
+        choices.index(answer), "its centre outside every item")
+    name = _tag(r.tokens[int(r.image_positions[top])])
+    against = (f"; the strongest patch against it is {_tag(r.tokens[int(r.image_positions[low])])} "
+               f"({rel[low]:+.3g})") if rel[low] < 0 and -rel[low] > rel[top] else ""
     scale = _scale(r)
     item_marks = [(tuple(v * scale for v in b), "#1a9850", f"the {word}") for b in boxes]
+    top_mark = (tuple(float(v) for v in r.image_boxes[top]), "#111111", f"largest relevance: {name}")
 
     def reveal(p):
         fig = vd.image_overlay(r.image, rel, r.image_boxes, signed=True, label="relevance (gradient × input)",
                                title=f"Relevance of “{esc(word)}”<br><sup>red for it, blue against; green: the "
-                               f"{esc(word)}</sup>",
-                               marks=item_marks, names=[r.tokens[int(i)] for i in r.image_positions])
+                               f"{esc(word)}; black: the largest, {esc(name)} ({rel[top]:+.3g})</sup>",
+                               marks=[*item_marks, top_mark], names=[r.tokens[int(i)] for i in r.image_positions])
         return mark(fig, p)
 
     return Question(f"*Relevance* asks the model instead of watching it: how much does the probability of "
-                    f"“{esc(word)}” change with each pixel (gradient × input, summed per patch; a black patch gets 0)? "
-                    f"**Where is the largest relevance for “{esc(word)}”?**", choices, answer,
-                    f"the most relevant patch is {_tag(r.tokens[int(r.image_positions[top])])} "
-                    f"({rel[top]:+.3g}), {where}",
+                    f"“{esc(word)}” change with each pixel (gradient × input, summed per patch; a black patch gets 0; "
+                    "positive for the word, negative against it)? A patch counts as inside an item when its centre "
+                    "lies in the item's box (the pointing game's rule, next step); one on an item's edge may count "
+                    f"as outside. **Where is the patch with the largest relevance for “{esc(word)}”?**", choices,
+                    answer, f"the most relevant patch is {name} ({rel[top]:+.3g}), {where}{against}",
                     "Gradient × input measures what the word's probability depends on, pixel by pixel, through the "
                     "tower and every layer. On this small model it usually lands on the object's own pixels; where it "
                     "does not, attention and relevance disagree, and relevance is the faithful one.", reveal)

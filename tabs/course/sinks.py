@@ -41,7 +41,9 @@ def l5_target(inp: str, name: str = MODELS[0][1]) -> Question:
                      label(tokens, best))
     return Question(f"{esc(name)} reads this sentence. **In its last layer (mean of the heads), which token does the "
                     "last token attend to most?**", choices, label(tokens, best),
-                    f"{label(tokens, best)} gets {last[best]:.2f}; the first token gets {last[0]:.2f}",
+                    f"{label(tokens, best)} gets {last[best]:.2f}"
+                    + (": the first token itself takes the most" if best == 0 else
+                       f"; the first token gets {last[0]:.2f}"),
                     "Softmax must spend a row's whole weight somewhere, and many heads spend what they do not need on "
                     "the first token, which every query can see. Such an *attention sink* (Xiao et al. 2023) can "
                     "outweigh every meaningful word.",

@@ -53,6 +53,7 @@ def test_image_and_text_answers_replays_and_its_link_reopens(page, opened) -> No
     box.press("Enter")
     wait_for_change(page, before)
     # a click on the image the model saw: the tower's attention from that patch (64 pixels, 8×8 patches)
+    page.locator("#describe-seen").scroll_into_view_if_needed()  # its <img> loads lazily, once near the view
     seen = page.locator("#describe-seen img")
     seen.wait_for(timeout=30_000)
     size = seen.bounding_box()

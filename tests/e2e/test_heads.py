@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figures, open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
+from .helpers import click_cell, figures, open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
 
 pytestmark = pytest.mark.e2e
 
@@ -28,6 +28,9 @@ def test_heads_tab_grid_metric_card_and_compare(page) -> None:
     panel.get_by_role("button", name="Score every head").click()
     wait_for_plots(page, 5, timeout=120_000)  # grid, finder, by layer, the card's example and offsets
     expect(panel).to_contain_text("2 layers × 4 heads", timeout=60_000)
+    # the card starts on the head the finder ranks first
+    top = page.evaluate("() => document.querySelector('#heads-finder .js-plotly-plot').data[0].customdata[0]")
+    expect(page.locator("#heads-card")).to_contain_text(f"layer {top[0]} · head {top[1]}", timeout=60_000)
     assert len(_grid(page)) == 2 and len(_grid(page)[0]) == 4
     before = plot_signature(page)
     panel.get_by_label("metric").click()
@@ -38,10 +41,21 @@ def test_heads_tab_grid_metric_card_and_compare(page) -> None:
     assert any(t.startswith("Induction per head") for t in titles(page)), titles(page)
     card = page.locator("#heads-card")
     expect(card.locator("strong").filter(has_text="induction").first).to_be_visible(timeout=60_000)
+    layer = panel.get_by_label("number input for layer", exact=True)
     head = panel.get_by_label("number input for head", exact=True)
     head.fill("3")
     head.press("Enter")
-    expect(card).to_contain_text("layer 0 · head 3", timeout=60_000)
+    expect(card).to_contain_text(f"layer {layer.input_value()} · head 3", timeout=60_000)
+    # issue 75, item 5: a click on a grid cell, then on a finder bar, opens that head's card
+    click_cell(page, "heads-grid", 1, 2)
+    expect(card).to_contain_text("layer 1 · head 2", timeout=60_000)
+    assert (layer.input_value(), head.input_value()) == ("1", "2")
+    bars = page.locator("#heads-finder .js-plotly-plot .bars .point path")
+    third = page.evaluate("() => document.querySelector('#heads-finder .js-plotly-plot').data[0].customdata[2]")
+    bars.nth(2).scroll_into_view_if_needed()
+    box = bars.nth(2).bounding_box()  # Plotly's drag layer lies over the bars: a click at the bar's place
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expect(card).to_contain_text(f"layer {third[0]} · head {third[1]}", timeout=60_000)
     panel.get_by_label("other model").click()
     page.get_by_role("option", name="mamba-tiny", exact=True).click()
     panel.get_by_role("button", name="Compare the grids").click()
