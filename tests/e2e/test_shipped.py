@@ -16,7 +16,8 @@ from playwright.sync_api import expect
 from tests.conftest import app_env, free_port, serving
 
 from .helpers import cut_titles, figures, open_tab, screenshot, wait_for_plots
-from .test_tabs import _panel, _set_number, _wait_for_title
+from .helpers import wait_for_title as _wait_for_title
+from .test_tabs import _panel, _set_number
 
 pytestmark = pytest.mark.e2e
 
