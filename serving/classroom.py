@@ -17,6 +17,10 @@ then share one class). The schema is versioned with Alembic (``serving/migration
 Who may do what (every rule raises `ClassError` with a sentence for the user, and changes nothing):
 - only the teacher token reveals, advances, exports or closes; it is compared in constant time
   (``hmac.compare_digest``) with the SHA-256 kept in the store, never stored in clear;
+- a presenter token (`presenter_token`, given to the teacher only) reads what the room may see and nothing more (the
+  projector's page: where the class is, the counts, the answer once revealed; no nickname, no control); it is an
+  HMAC of the class's code keyed by the stored teacher hash, so nothing new is stored and it is as hard to guess as
+  the teacher token (128 bits kept);
 - a join code is 6 characters from a 31-letter alphabet without look-alikes: 31⁶ ≈ 8.9 × 10⁸ codes. With 100
   classes open at once, one guess hits one of them with odds 100 / 8.9e8 ≈ 1.1e-7; failed joins (well-formed codes
   that no class has) are limited per client address to a burst of `JOIN_FAILS_BURST` (120: a room of 100 behind
@@ -178,6 +182,11 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
 
 
+def _presenter_of(row) -> str:
+    """A class's presenter token: HMAC-SHA256 of "presenter:CODE" keyed by its teacher hash, 32 hex digits."""
+    return hmac.new(row.teacher_hash.encode(), f"presenter:{row.code}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
 def clean_nickname(text: object) -> str:
     """A nickname as stored: plain text without control, format (bidi overrides, zero-width) or unassigned
     characters, spaces at the ends stripped; empty or longer than 32 characters is refused."""
@@ -320,6 +329,12 @@ class ClassStore:
             raise ClassError("Only the teacher link of this class can do that.")
         return row
 
+    def _presenter(self, conn, code: object, token: object) -> sa.Row:
+        row = self._class(conn, code)
+        if not hmac.compare_digest(_presenter_of(row), str(token or "")[:200]):
+            raise ClassError("This presenter link is not the class's: ask the teacher's screen for it again.")
+        return row
+
     def _student(self, conn, token: object) -> tuple[sa.Row, sa.Row]:
         me = conn.execute(sa.select(students).where(students.c.token_hash == _hash(str(token or "")[:200]))).first()
         if me is None:
@@ -361,6 +376,16 @@ class ClassStore:
             row = self._teacher(conn, code, token)
             state = self._state(conn, row)
             return ClassState(**{**state.__dict__, "answer": row.answer})
+
+    def presenter_token(self, code: object, token: object) -> str:
+        """The class's read-only presenter token, for its teacher only (a projector's link: `presenter_state`)."""
+        with self.engine.connect() as conn:
+            return _presenter_of(self._teacher(conn, code, token))
+
+    def presenter_state(self, code: object, token: object) -> ClassState:
+        """The class as the room sees it (`state`), for a page holding the presenter token; a wrong token is refused."""
+        with self.engine.connect() as conn:
+            return self._state(conn, self._presenter(conn, code, token))
 
     def open_choices(self, lesson: int, step: int) -> list[frozenset[str]]:
         """The choices of every class answering this lesson step now (open and not revealed): while one is, the

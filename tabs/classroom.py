@@ -55,6 +55,7 @@ body.atlas-present .prose, body.atlas-present .prose * {font-size: 1.45rem !impo
 body.atlas-present label span, body.atlas-present button {font-size: 1.2rem !important;}
 body.atlas-present:has(#lessons-revealed .js-plotly-plot) #lessons-before {display: none !important;}
 body.atlas-present #class-missing {display: none !important;}  /* nicknames: the teacher's screen, not the room's */
+body.atlas-present #class-presenter-link {display: none !important;}
 .atlas-join {display: flex; flex-wrap: wrap; align-items: center; gap: 1.5rem;}
 .atlas-join-qr {background: #fff; padding: 6px; width: 180px; max-width: 70vw; line-height: 0;}
 .atlas-join-qr svg {width: 100%; height: auto;}
@@ -176,6 +177,9 @@ class Section:
     summary: gr.Markdown  # the per-question summary, after class
     summary_csv: gr.File
     address: gr.Textbox  # the page's address, from the browser (ADDRESS_JS): the QR code's join link
+    presenter: gr.Textbox  # the class's read-only presenter token (a projector's link; `presenter_open`)
+    screen: gr.Markdown  # the presenter link, on the teacher's own screen
+    controls: gr.Row  # the teacher's buttons (a presenter page has none)
     send: gr.Button | None = None  # these two are placed under the lesson's choices (`below_choices`)
     counts: gr.Plot | None = None
 
@@ -216,7 +220,7 @@ def layout(joining: JoinBox) -> Section:
         address = gr.Textbox(elem_classes=["atlas-hidden"], max_length=400, show_label=False, container=False)
         with gr.Column(visible=False) as teacher_box:
             room = gr.HTML(elem_id="class-room")
-            with gr.Row():
+            with gr.Row() as controls:
                 reveal = gr.Button("Reveal to the class", variant="primary")
                 reask = gr.Button("Ask this step again")
                 next_ = gr.Button("Next step for the class →")
@@ -224,15 +228,18 @@ def layout(joining: JoinBox) -> Section:
                 export = gr.Button("Download the answers and the summary (CSV)")
                 close = gr.Button("Close the class", variant="stop")
             missing = gr.Markdown(elem_id="class-missing")
+            screen = gr.Markdown(elem_id="class-presenter-link")
             with gr.Row():
                 csv_file = gr.File(label="the class's answers", visible=False)
                 summary_file = gr.File(label="the per-question summary", visible=False)
         summary = gr.Markdown(elem_id="class-summary")
+        presenter = gr.Textbox(elem_id="class-presenter-token", elem_classes=["atlas-hidden"], max_length=64,
+                               show_label=False, container=False)
     present = gr.Checkbox(False, label="presenter view (large type for a projector)")
     j = joining
     return Section(j.accordion, j.code, j.nickname, j.join, j.info, teach, open_, token, teacher_info, teacher_box,
                    reveal, next_, move, export, close, csv_file, present, room, missing, reask, summary,
-                   summary_file, address)
+                   summary_file, address, presenter, screen, controls)
 
 
 def below_choices(section: Section) -> None:
@@ -247,7 +254,8 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
          where: gr.Markdown, prompt: gr.Markdown, before: gr.Plot, choices: gr.Radio, check: gr.Button,
          said: gr.Markdown, shown: gr.Plot, explanation: gr.Markdown, navigation: list[Any]) -> dict[str, Any]:
     """Wire the section to the lesson's controls; returns the permalink fields it adds to the Lessons tab's link
-    (``class``: the join code, ``teacher``: the teacher token, ``present``: the presenter view). ``navigation``: the
+    (``class``: the join code, ``teacher``: the teacher token, ``presenter``: the read-only presenter token,
+    ``present``: the presenter view). ``navigation``: the
     lesson's own choosers and buttons (lesson, input, steps, export), which a student's page hides once it has joined:
     the page then follows the teacher."""
     s = section
@@ -261,6 +269,8 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
     # this browser, so a presenter view (whose address leaves the token out) takes the class back after a reload
     timer = gr.Timer(TICK_S, active=False)  # the teacher's counts
     follow_timer = gr.Timer(FOLLOW_S, active=False)  # a student's page following the class
+    presenting = gr.State()  # {"code", "token", "lesson", "step", "revealed", "counts", "students"}: a presenter page
+    present_timer = gr.Timer(TICK_S, active=False)  # a presenter page following the class and its counts
     view = [where, prompt, before, choices, said, shown, explanation]
     follow = [chosen, text, step, *view]
     reveal_view = [said, shown, explanation]
@@ -268,12 +278,27 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
 
     s.open.click(open_class, [chosen, step, text, s.address],
                  [teacher, s.token, s.code, s.teacher_info, s.teacher_box, s.counts, timer, kept, s.join_box, s.room,
-                  s.missing, s.summary], api_name="class_open", js=ADDRESS_JS, **CLASS_EVENTS)
+                  s.missing, s.summary], api_name="class_open", js=ADDRESS_JS, **CLASS_EVENTS
+                 ).then(presenter_link, [teacher, s.address], [s.presenter, s.screen], js=ADDRESS_JS, api_name=False,
+                        **CLASS_EVENTS)
     s.token.change(resume_class, [s.code, s.token, s.address],
                    [teacher, s.teacher_info, s.teacher_box, s.counts, timer, s.teach, s.student_info, s.join_box,
-                    *follow, s.room, s.missing], api_name="class_resume", js=ADDRESS_JS, **CLASS_EVENTS)
-    s.code.change(code_given, [s.code, s.token, kept], [s.join_box, s.teach, s.token], api_name=False,
+                    *follow, s.room, s.missing], api_name="class_resume", js=ADDRESS_JS, **CLASS_EVENTS
+                   ).then(presenter_link, [teacher, s.address], [s.presenter, s.screen], js=ADDRESS_JS,
+                          api_name=False, **CLASS_EVENTS)
+    s.code.change(code_given, [s.code, s.token, kept, s.presenter], [s.join_box, s.teach, s.token], api_name=False,
                   show_progress="hidden", **CLASS_EVENTS)
+    def present_class(code: str, token: str, teacher_token: str, kept: dict | None, address: str,
+                      request: gr.Request = None):
+        return presenter_open(code, token, teacher_token, kept, address, request, navigation=len(navigation) - 1)
+
+    s.presenter.change(present_class, [s.code, s.presenter, s.token, kept, s.address],
+                       [presenting, s.teacher_info, s.teacher_box, s.counts, present_timer, s.teach, s.open,
+                        s.controls, s.student_info, s.join_box, check, *follow, s.room, *navigation[:-1]],
+                       api_name="class_present", js=ADDRESS_JS, **CLASS_EVENTS)
+    present_timer.tick(presenter_tick, [presenting, s.present],
+                       [presenting, s.counts, s.teacher_info, present_timer, *follow],
+                       api_name="class_screen", show_progress="hidden", **CLASS_EVENTS)
     def join(code: str, nickname: str, progress: dict | None, request: gr.Request = None):
         return join_class(code, nickname, progress, request, navigation=len(navigation))
 
@@ -303,13 +328,15 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
                                            s.summary], api_name="class_close", **CLASS_EVENTS)
     s.present.change(None, [s.present], None, js=PRESENT_JS, api_name=False)
     return {"class": Field(s.code, _code_in_link, lambda value: value or None), "teacher": s.token,
-            "present": s.present}
+            "presenter": s.presenter, "present": s.present}
 
 
 def leave_out(parts: dict[str, str]) -> list[str]:
-    """The link keys the address bar must not show: the teacher token while the presenter view is on (the projected
-    page's address is read by the whole room; the teacher's own browser keeps the link, `wire`'s ``kept``)."""
-    return ["teacher"] if parts.get("present") == "1" else []
+    """The link keys the address bar must not show: while the presenter view is on, the teacher token (the projected
+    page's address is read by the whole room; the teacher's own browser keeps the link, `wire`'s ``kept``), so the
+    address is the read-only presenter link, which a reload or a second screen opens; otherwise the presenter token
+    (the teacher link says all)."""
+    return ["teacher"] if parts.get("present") == "1" else ["presenter"]
 
 
 def _code_in_link(text: str) -> str:
@@ -322,20 +349,27 @@ def _code_in_link(text: str) -> str:
         raise ValueError("The link's join code is not one (6 letters and digits); type the teacher's.") from None
 
 
-def code_given(code: str, token: str, kept: dict | None):
+def _kept_token(code: str, kept: dict | None) -> str | None:
+    """The teacher token this browser kept for the class ``code`` (its teacher opened or resumed it here), or None."""
+    kept = kept or {}
+    return kept["token"] if kept.get("token") and kept.get("code") == code else None
+
+
+def code_given(code: str, token: str, kept: dict | None, presenter: str = ""):
     """A join code arrived (a student's link, or the teacher's own class): without a teacher token the page is a
     student's: the join box opens and the teacher's section goes. The teacher's own browser, opening the class's link
     without the token (the presenter view leaves it out of the address), takes the class back with the token it kept.
-    Outputs: join box, teacher section, token."""
+    A presenter link (``presenter``) is `presenter_open`'s. Outputs: join box, teacher section, token."""
     try:
         code = normalise_code(code) if code and not token else ""
     except ClassError:  # still being typed
         code = ""
     if not code:
         return gr.skip(), gr.skip(), gr.skip()
-    kept = kept or {}
-    if kept.get("code") == code and kept.get("token"):
-        return gr.skip(), gr.skip(), kept["token"]
+    if mine := _kept_token(code, kept):
+        return gr.skip(), gr.skip(), mine
+    if presenter:
+        return gr.skip(), gr.skip(), gr.skip()
     return gr.Accordion(open=True), gr.Accordion(visible=False), gr.skip()
 
 
@@ -534,6 +568,107 @@ def close_class(mine: dict | None):
             "the next class is opened. Its summary per question is below (download the CSV before closing to keep "
             "it).")
     return None, "", said, gr.Column(visible=False), gr.Timer(active=False), gr.Plot(visible=False), {}, table
+
+
+# ------------------------------------------------------------------------------------------ the presenter screen
+def presenter_address(address: str, code: str, token: str) -> str:
+    """The presenter link of a class: the app's address (`public_address`) with the class, its presenter token and
+    the presenter view."""
+    return f"{address or ''}?tab=lessons&class={code}&presenter={token}&present=1"
+
+
+def presenter_link(mine: dict | None, address: str = "", request: gr.Request = None):
+    """On the teacher's page once the class is open or resumed: the presenter token (the page's link carries it while
+    the presenter view is on, `leave_out`) and the presenter link written out for a projector or a second screen.
+    Outputs: presenter token, the link's text."""
+    if not mine:
+        return gr.skip(), gr.skip()
+    try:
+        token = _store().presenter_token(mine["code"], mine["token"])
+    except (ClassError, Error) as err:
+        return gr.skip(), _said(err)
+    link = presenter_address(public_address(address, request), mine["code"], token)
+    return token, (f"**Presenter link** (read-only, for a projector or a second screen: it follows the class with "
+                   f"the room's counts and the reveal, has no controls and shows no nickname; turning the presenter "
+                   f"view on puts it in this page's address): `{esc(link)}`")
+
+
+def _presenter_text(state: ClassState) -> str:
+    said = "revealed" if state.revealed else "not revealed yet"
+    return (f"### Join code: `{state.code}`\n{state.students} student{'s' * (state.students != 1)} joined · lesson "
+            f"{state.lesson}, step {state.step} · {state.answered} answered · {said}.\n\nThe class's presenter "
+            "screen: it follows the teacher's lesson and step and shows the room's predictions and the reveal; the "
+            "teacher's controls are on the teacher's own page.")
+
+
+def _revealed(state: ClassState) -> tuple[str, Any, str]:
+    """A revealed step as the room sees it: the verdict's words, the revealed figure, the explanation."""
+    q = _question(state.lesson, state.step, state.input)
+    return f"The numbers say **{esc(q.answer)}** — {esc(q.fact)}.", q.reveal(None), q.explanation
+
+
+PRESENTER_OUTPUTS = 11 + 10 + 1  # presenting … check; the lesson view; the join screen (then the navigation)
+
+
+def presenter_open(code: str, token: str, teacher_token: str = "", kept: dict | None = None, address: str = "",
+                   request: gr.Request = None, navigation: int = 0):
+    """A presenter link opened (``?class=CODE&presenter=TOKEN``): this page becomes the class's presenter screen,
+    read-only: the join code and QR code, the room's live counts, the class's lesson step and its reveal, no
+    controls (the teacher's buttons, the lesson's choosers and "Check" go) and no join box. The teacher's own page,
+    or a browser that kept the teacher link, stays the teacher's (`code_given` takes it back). A token that is not
+    the class's is said in the join box, and the page stays a student's. Outputs: presenting, teacher info, teacher
+    box, counts, timer, teacher section, "open a class", the controls, student info, join box, check, the lesson
+    view (`_show`), the join screen, then the lesson's navigation."""
+    hide = [gr.update(visible=False)] * navigation
+    try:
+        code = normalise_code(code) if code else ""
+    except ClassError:
+        code = ""
+    if not token or not code or teacher_token or _kept_token(code, kept):
+        return _skips(PRESENTER_OUTPUTS + navigation)
+    try:
+        state = _store().presenter_state(code, token)
+    except (ClassError, Error) as err:
+        said = f"**{esc(_message(err))}** To join this class as a student, type a nickname."
+        return _skips(PRESENTER_OUTPUTS + navigation, i5=gr.Accordion(visible=False), i8=said,
+                      i9=gr.Accordion(open=True))
+    mine = {"code": state.code, "token": token, "lesson": state.lesson, "step": state.step,
+            "revealed": state.revealed, "counts": dict(state.counts), "students": state.students}
+    view = list(_show(state, None))
+    if state.revealed:
+        view[7:10] = _revealed(state)
+    return (mine, _presenter_text(state), gr.Column(visible=True), gr.Plot(_chart(state, True), visible=True),
+            gr.Timer(active=True), gr.Accordion(label=f"Class {state.code}: the presenter screen", open=True,
+                                                visible=True),
+            gr.Button(visible=False), gr.Row(visible=False), gr.skip(), gr.Accordion(visible=False),
+            gr.Button(visible=False), *view, join_screen(state.code, public_address(address, request)), *hide)
+
+
+def presenter_tick(mine: dict | None, large: bool = True):
+    """Every `TICK_S` on a presenter page: follow the class to its step, redraw the counts when they change, show the
+    reveal once the teacher reveals and the question afresh when the step is asked again; a class closed or expired
+    is said and the timer stops. Outputs: presenting, counts, teacher info, the timer, the lesson view (`_show`)."""
+    out: list[Any] = [gr.skip()] * 14
+    if not mine:
+        out[3] = gr.Timer(active=False)
+        return tuple(out)
+    try:
+        state = _store().presenter_state(mine["code"], mine["token"])
+    except (ClassError, Error) as err:
+        out[0], out[2], out[3] = None, _said(err), gr.Timer(active=False)
+        return tuple(out)
+    moved = (state.lesson, state.step) != (mine["lesson"], mine["step"])
+    if moved or (mine["revealed"] and not state.revealed):  # the teacher moved on, or asks the step again
+        out[4:14] = _show(state, None)
+    elif state.revealed and not mine["revealed"]:
+        out[11:14] = _revealed(state)
+    changed = moved or state.revealed != mine["revealed"] or state.counts != mine["counts"] or \
+        state.students != mine["students"]
+    if changed:
+        out[0] = {**mine, "lesson": state.lesson, "step": state.step, "revealed": state.revealed,
+                  "counts": dict(state.counts), "students": state.students}
+        out[1], out[2] = _chart(state, large), _presenter_text(state)
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------ students

@@ -449,3 +449,39 @@ def test_the_same_step_with_another_input_starts_afresh(store: cr.ClassStore) ->
     assert store.answer(ann.token, 4, 2, "u1") == "u1"
     (only,) = store.summary(o.code, o.token)
     assert only.choices == ("u0", "u1") and (only.answered, only.correct) == (1, 1)
+
+
+def test_the_presenter_token_reads_what_the_room_sees_and_nothing_more(store: cr.ClassStore) -> None:
+    """Issue 75, item 2: the presenter token is the teacher's to hand out; it reads the class as the room sees it
+    (no answer before the reveal, no nickname) and does nothing else; a forged one, another class's, the teacher
+    token itself or a student's is refused; nothing new is stored."""
+    o, other = opened(store), opened(store)
+    token = store.presenter_token(o.code, o.token)
+    assert len(token) == 32 and token not in (o.token, store.presenter_token(other.code, other.token))
+    assert store.presenter_token(o.code.lower(), o.token) == token  # derived, the same every time
+    with pytest.raises(cr.ClassError, match="Only the teacher link"):
+        store.presenter_token(o.code, token)  # a presenter cannot mint tokens
+    j = store.join(o.code, "ann", "ip")
+    store.answer(j.token, 4, 2, "t1")
+    seen = store.presenter_state(o.code, token)
+    assert (seen.lesson, seen.step, seen.revealed, seen.answer, seen.students) == (4, 2, False, None, 1)
+    assert seen.counts == {"t0": 0, "t1": 1, "t2": 0, "t3": 0}
+    assert "ann" not in repr(seen)
+    forged = [token[:-1] + ("0" if token[-1] != "0" else "1"), "", None, o.token, j.token,
+              store.presenter_token(other.code, other.token), "x" * 10_000]
+    for bad in forged:
+        with pytest.raises(cr.ClassError, match="presenter link is not the class's"):
+            store.presenter_state(o.code, bad)
+    for bad in (token, *forged[:3]):  # the presenter token is no teacher link
+        for act, args in ((store.reveal, ()), (store.close, ()), (store.export_csv, ()), (store.missing, ()),
+                          (store.advance, (1, 1, ["a", "b"], "a"))):
+            with pytest.raises(cr.ClassError, match="Only the teacher link"):
+                act(o.code, bad, *args)
+    store.reveal(o.code, o.token)
+    assert store.presenter_state(o.code, token).answer == "t2"  # the answer once revealed, as every page
+    store.close(o.code, o.token)
+    with pytest.raises(cr.ClassError, match="closed"):
+        store.presenter_state(o.code, token)
+    with store.engine.connect() as conn:  # nothing of the token is stored
+        rows = [tuple(r) for r in conn.execute(sa.select(cr.classes)).all()]
+    assert token not in repr(rows)

@@ -339,3 +339,78 @@ def test_the_summary_per_question_in_the_teacher_view_and_the_csv() -> None:
     assert "| 1 · 1 | 3 | 2 (67%) |" in table and "| 1 · 2 | 1 | 1 (100%) |" in table
     closed = tc.close_class(teacher)
     assert closed[7] == table  # the summary stays on the page once the class is closed
+
+
+def test_a_presenter_link_follows_the_class_read_only() -> None:
+    """Issue 75, item 2: the teacher's page gets the class's presenter link; opened on another screen (no teacher
+    token kept there) it is a read-only presenter page: no join box, no teacher buttons, no "Check", the lesson's
+    choosers hidden, the live counts and the join screen shown; its tick follows the class's step, the counts and
+    the reveal, never naming a student; a forged token is said in the join box; the teacher's own browser, which
+    kept the teacher link, stays the teacher's."""
+    opened = tc.open_class(TITLE, 1, "")
+    teacher, code, token, kept = opened[0], opened[2], opened[1], opened[7]
+    presenter, said = tc.presenter_link(teacher, "https://atlas.example/")
+    assert len(presenter) == 32 and token not in said
+    assert f"https://atlas.example/?tab=lessons&amp;class={code}&amp;presenter={presenter}&amp;present=1" in said \
+        or f"https://atlas.example/?tab=lessons&class={code}&presenter={presenter}&present=1" in said
+    assert tc.code_given(code, "", {}, presenter) == (gr.skip(),) * 3  # not a student's join box
+    assert tc.code_given(code, "", kept, presenter) == (gr.skip(), gr.skip(), token)  # the teacher's browser
+    assert all(o == gr.skip() for o in tc.presenter_open(code, presenter, "", kept, navigation=2))
+    assert all(o == gr.skip() for o in tc.presenter_open(code, presenter, token, {}, navigation=2))
+
+    page = tc.presenter_open(code.lower(), presenter, "", {}, "https://atlas.example/", navigation=2)
+    assert len(page) == tc.PRESENTER_OUTPUTS + 2
+    mine = page[0]
+    assert mine["code"] == code and page[2].visible is True and page[4].active is True
+    assert page[5].visible is True and "presenter screen" in page[5].label
+    assert page[6].visible is False and page[7].visible is False  # "open a class" and the teacher's buttons
+    assert page[9].visible is False and page[10].visible is False  # the join box, "Check"
+    q = lessons.question(1, 1, "")
+    assert page[17]["choices"] == q.choices and page[15] == q.text  # the class's step (the lesson view: 11..20)
+    assert f'<div class="atlas-join-code">{code}</div>' in page[21] and "svg" in page[21]
+    assert [u["visible"] for u in page[22:]] == [False, False]
+    assert _counts(page[3]) == {c: 0 for c in q.choices}
+
+    ann = tc.join_class(code, "ann", None)[0]
+    tc.send_answer(ann, q.choices[1])
+    tick = tc.presenter_tick(mine)
+    assert _counts(tick[1]) == {c: int(c == q.choices[1]) for c in q.choices}
+    assert "1 student joined" in tick[2] and "1 answered" in tick[2] and "ann" not in _texts(tick)
+    mine = tick[0]
+    assert all(o == gr.skip() for o in tc.presenter_tick(mine))  # nothing new: nothing redrawn
+    tc.reveal_class(teacher)
+    tick = tc.presenter_tick(mine)
+    assert q.answer in tick[11] and tick[12] is not None and tick[13] == q.explanation
+    mine = tick[0]
+    assert mine["revealed"] is True
+    tc.next_step(teacher, TITLE, 1, "")
+    tick = tc.presenter_tick(mine)
+    q2 = lessons.question(1, 2, "")
+    assert tick[0]["step"] == 2 and tick[6]["value"] == 2 and tick[8] == q2.text and tick[12] is None
+    tc.close_class(teacher)
+    tick = tc.presenter_tick(tick[0])
+    assert "closed" in tick[2] and tick[0] is None and tick[3].active is False
+
+    again = tc.open_class(TITLE, 1, "")
+    forged = tc.presenter_open(again[2], presenter, "", {}, navigation=2)  # another class's token
+    assert "presenter link is not the class's" in forged[8] and forged[0] == gr.skip()
+    assert forged[5].visible is False and forged[9].open is True  # a student's page: the join box
+
+
+def test_the_presenter_views_address_is_the_presenter_link() -> None:
+    """With the presenter view on, the Lessons tab's address holds the class and the presenter token, not the
+    teacher token: a reload, or the address opened on a projector, is the presenter page (issue 75, item 2);
+    without it the address is the teacher link and holds no presenter token."""
+    from tabs import permalink as pl
+
+    link = lessons_link()
+    controls = {**link.fields, **link.after}
+    values = {name: pl.component_of(c).value for name, c in controls.items()}
+    values.update({"class": "K7QX3M", "teacher": "a" * 43, "presenter": "b" * 32})
+    query = pl.write_query("lessons", link, list(values.values()))
+    assert "teacher=" + "a" * 43 in query and "presenter" not in query
+    values["present"] = True
+    query = pl.write_query("lessons", link, list(values.values()))
+    assert "teacher" not in query and "presenter=" + "b" * 32 in query and "present=1" in query
+    asked = pl.read_query(dict(pl_parse(query)), {"lessons": link})
+    assert asked.values == {"class": "K7QX3M", "presenter": "b" * 32, "present": True}

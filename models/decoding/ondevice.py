@@ -492,9 +492,8 @@ class DeviceAttention:
         self._heads(layer, head)
         if how not in ("max", "mean"):
             raise ValueError(f"pooling must be max or mean, got {how!r}")
-        if layer not in self.overviews:
-            every = {k: self.tiles(layer, None, OVERVIEW_CELLS, k)[0] for k in ("max", "mean")}
-            self.overviews[layer] = every
+        if layer not in self.overviews:  # both poolings from one pass over the weights
+            self.overviews[layer] = self._pooled(layer, None, OVERVIEW_CELLS)[0]
         edges = block_edges(self.length, OVERVIEW_CELLS)
         return self.overviews[layer][how][int(head)], edges, edges
 
@@ -505,11 +504,19 @@ class DeviceAttention:
         fused head's (r, c) tiles, every head's (H, r, c) for ``head`` None. Only the tiles leave the device."""
         if how not in ("max", "mean"):
             raise ValueError(f"pooling must be max or mean, got {how!r}")
+        pooled, re, ce = self._pooled(layer, head, cells, rows, cols)
+        return pooled[how], re, ce
+
+    def _pooled(self, layer: int, head: Head, cells: int, rows: tuple[int, int] | None = None,
+                cols: tuple[int, int] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """`tiles` with both poolings from one pass over the weights: ({"max": …, "mean": …}, row edges, column
+        edges)."""
         r0, r1, c0, c1 = self._span(rows, cols)
         re, ce = block_edges(r1 - r0, cells), block_edges(c1 - c0, cells)
         fr, fc = int(re[1] - re[0]), int(ce[1] - ce[0])
         if fr == fc == 1:  # nothing to pool: the weights themselves
-            return self.fused(layer, head, (r0, r1), (c0, c1)), re, ce
+            w = self.fused(layer, head, (r0, r1), (c0, c1))
+            return {"max": w, "mean": w}, re, ce
         heads, fuse = self._heads(layer, head)
         dev = self.q[layer].device
         n_heads = 1 if fuse else self.q[layer][heads].size(0)
@@ -523,13 +530,9 @@ class DeviceAttention:
             span = (slice(None), slice(i, i + m.size(1)), slice(j, j + m.size(2)))
             torch.maximum(maxes[span], m, out=maxes[span])
             sums[span] += torch.nn.functional.pad(col_sum, (0, 0, 0, back)).unflatten(1, (-1, fr)).sum(2)
-        if how == "max":
-            out = maxes
-        else:
-            area = torch.from_numpy(np.outer(np.diff(re), np.diff(ce)).astype(np.float32)).to(dev)
-            out = sums / area
-        out = out.cpu().numpy()
-        return (out if head is None else out[0]), re, ce
+        area = torch.from_numpy(np.outer(np.diff(re), np.diff(ce)).astype(np.float32)).to(dev)
+        out = {"max": maxes.cpu().numpy(), "mean": (sums / area).cpu().numpy()}
+        return {k: v if head is None else v[0] for k, v in out.items()}, re, ce
 
     def lines(self, layer: int, heads: Sequence[int], threshold: float, max_segments: int
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, int]:

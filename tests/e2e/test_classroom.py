@@ -262,3 +262,63 @@ def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) 
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+def test_the_presenter_link_survives_a_reload_and_opens_on_a_projector(browser, app_url: str) -> None:
+    """Issue 75, item 2: with the presenter view on, the teacher's address is the class's presenter link (no
+    teacher token); a reload of the teacher's page keeps the teacher's controls, and the same address opened in
+    another browser (a projector) is the read-only presenter page: the join code, the room's counts as a student
+    answers, the reveal when the teacher reveals, and no join box, teacher button or nickname."""
+    q = lessons.question(1, 1, "")
+    contexts = []
+    try:
+        ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
+        contexts.append(ctx)
+        teacher.get_by_text("A class at once: teach a class").click()
+        teacher.get_by_role("button", name="Open a class on the step shown below").click()
+        info = teacher.locator("#class-teacher-info")
+        expect(info).to_contain_text("Join code", timeout=30_000)
+        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        expect(teacher.locator("#class-presenter-link")).to_contain_text("presenter=", timeout=30_000)
+        teacher.get_by_label("presenter view (large type for a projector)").check()
+        teacher.wait_for_function(
+            "() => location.search.includes('presenter=') && !location.search.includes('teacher=')",
+            timeout=30_000)
+        link = teacher.url
+        assert f"class={code}" in link and "present=1" in link
+
+        teacher.reload(wait_until="domcontentloaded")
+        reveal = teacher.get_by_role("button", name="Reveal to the class")
+        expect(reveal).to_be_visible(timeout=60_000)  # the teacher's own browser: still the teacher
+        teacher.wait_for_function("() => document.body.classList.contains('atlas-present')", timeout=30_000)
+
+        ctx, screen = _new_page(browser, link)  # the projector: another browser, no teacher link kept
+        contexts.append(ctx)
+        expect(screen.locator("#class-room .atlas-join-code")).to_have_text(code, timeout=60_000)
+        expect(screen.locator("#class-teacher-info")).to_contain_text("presenter screen")
+        for hidden in ("Reveal to the class", "Next step for the class →", "Close the class",
+                       "Open a class on the step shown below", "Join the class", "Check my prediction"):
+            expect(screen.get_by_role("button", name=hidden)).to_be_hidden()
+        screen.wait_for_function("() => document.body.classList.contains('atlas-present')", timeout=30_000)
+
+        ctx, student = _new_page(browser, f"{app_url}?tab=lessons&class={code}", width=390)
+        contexts.append(ctx)
+        student.get_by_label("your nickname (only the teacher sees it)").fill("ann")
+        student.get_by_role("button", name="Join the class").click()
+        expect(student.locator("#class-student-info")).to_contain_text("as ann", timeout=30_000)
+        student.get_by_label(q.choices[0], exact=True).check()
+        student.get_by_role("button", name="Send my prediction to the class").click()
+        screen.wait_for_function(
+            """() => { const e = document.querySelector('#class-counts .js-plotly-plot');
+              return !!e && !!e._fullData && Array.from(e._fullData[0].x).reduce((a, b) => a + b, 0) === 1; }""",
+            timeout=30_000)
+        expect(screen.locator("#class-teacher-info")).to_contain_text("1 answered")
+
+        reveal.click()
+        expect(screen.get_by_text("The numbers say").first).to_be_visible(timeout=30_000)
+        assert "ann" not in screen.locator("body").inner_text()
+        for p in (teacher, screen, student):
+            assert p.js_errors == []
+    finally:
+        for ctx in contexts:
+            ctx.close()
