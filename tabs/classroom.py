@@ -47,6 +47,7 @@ teacher's lesson and step. Each student's first prediction per step is recorded;
 voted *before* revealing, then reveals it on every screen at once. The class ends when the teacher closes it, or a
 day after it was opened."""
 
+TEACH_LABEL = "A class at once: teach a class"
 # The presenter view: a class on <body> set by the toggle (and ?present=1 through the permalink).
 PRESENT_JS = "(on) => { document.body.classList.toggle('atlas-present', !!on); }"
 PRESENT_CSS = """<style>
@@ -211,7 +212,7 @@ def layout(joining: JoinBox) -> Section:
     `wire`). The store opens and migrates in the background meanwhile."""
     open_in_background()
     gr.HTML(PRESENT_CSS)
-    with gr.Accordion("A class at once: teach a class", open=False, elem_id="class-teach") as teach:
+    with gr.Accordion(TEACH_LABEL, open=False, elem_id="class-teach") as teach:
         gr.Markdown(INTRO, elem_classes=["intro"])
         open_ = gr.Button("Open a class on the step shown below")
         token = gr.Textbox(elem_id="class-teacher-token", elem_classes=["atlas-hidden"], max_length=64,
@@ -285,7 +286,14 @@ def wire(section: Section, *, chosen: gr.Dropdown, text: gr.Textbox, step: gr.Sl
                    [teacher, s.teacher_info, s.teacher_box, s.counts, timer, s.teach, s.student_info, s.join_box,
                     *follow, s.room, s.missing], api_name="class_resume", js=ADDRESS_JS, **CLASS_EVENTS
                    ).then(presenter_link, [teacher, s.address], [s.presenter, s.screen], js=ADDRESS_JS,
-                          api_name=False, **CLASS_EVENTS)
+                          api_name=False, **CLASS_EVENTS
+                          ).then(lambda mine: as_teacher(mine, len(navigation) - 1), [teacher],
+                                 [s.teach, s.open, s.controls, present_timer, presenting, *navigation[:-1]],
+                                 api_name=False, **CLASS_EVENTS)
+    # the kept teacher link arrives when the Lessons tab is first drawn, which can be after a link's class code
+    # (the tab chosen by ``?tab=lessons``): then it is taken up here
+    kept.change(kept_restored, [kept, s.code, s.token], [s.token], api_name=False, show_progress="hidden",
+                **CLASS_EVENTS)
     s.code.change(code_given, [s.code, s.token, kept, s.presenter], [s.join_box, s.teach, s.token], api_name=False,
                   show_progress="hidden", **CLASS_EVENTS)
     def present_class(code: str, token: str, teacher_token: str, kept: dict | None, address: str,
@@ -353,6 +361,29 @@ def _kept_token(code: str, kept: dict | None) -> str | None:
     """The teacher token this browser kept for the class ``code`` (its teacher opened or resumed it here), or None."""
     kept = kept or {}
     return kept["token"] if kept.get("token") and kept.get("code") == code else None
+
+
+def kept_restored(kept: dict | None, code: str, token: str):
+    """The teacher link this browser kept, read once the tab is drawn: a page on that class's link without the
+    teacher token (the presenter view's address) takes the class back. Output: the token."""
+    try:
+        code = normalise_code(code) if code and not token else ""
+    except ClassError:
+        code = ""
+    mine = _kept_token(code, kept) if code else None
+    return mine or gr.skip()
+
+
+def as_teacher(mine: dict | None, navigation: int = 0):
+    """After the class is resumed on this page: the teacher's controls and the lesson's choosers shown, a presenter
+    screen's following stopped (a page that was a presenter screen until the kept teacher link arrived). Outputs:
+    the teacher's section, "open a class", the controls, the presenter timer, presenting, then the lesson's
+    navigation."""
+    if not mine:
+        return _skips(5 + navigation)
+    return (gr.Accordion(label=TEACH_LABEL), gr.Button(visible=True), gr.Row(visible=True), gr.Timer(active=False),
+            None,
+            *[gr.update(visible=True)] * navigation)
 
 
 def code_given(code: str, token: str, kept: dict | None, presenter: str = ""):

@@ -215,7 +215,7 @@ def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) 
         code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
         room = teacher.locator("#class-room")
         expect(room.locator(".atlas-join-code")).to_have_text(code, timeout=30_000)
-        assert _decode_qr(room.locator("svg").evaluate("(e) => e.outerHTML")) == f"{app_url}?tab=lessons&class={code}"
+        assert _decode_qr(room.locator(".atlas-join-qr svg").evaluate("(e) => e.outerHTML")) == f"{app_url}?tab=lessons&class={code}"
 
         pages = []
         for name in ("ann", "bob"):
@@ -238,7 +238,7 @@ def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) 
         size = teacher.evaluate(
             "() => parseFloat(getComputedStyle(document.querySelector('.atlas-join-code')).fontSize)")
         assert size >= 64, size  # very large: read from the back of the room
-        qr = room.locator("svg").bounding_box()
+        qr = room.locator(".atlas-join-qr svg").bounding_box()
         assert qr["width"] >= 200 and qr["height"] >= 200, qr
 
         teacher.get_by_role("button", name="Reveal to the class").click()
