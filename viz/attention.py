@@ -133,7 +133,7 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
         queries = [f"{i} {t}" for i, t in enumerate(queries, start[0])]
         keys = [f"{i} {t}" for i, t in enumerate(keys, start[1])]
         max_label += 5
-    most = max(8, int(cell * n / LABEL_PX)) if cell < LABEL_PX else READABLE  # tick labels an axis holds
+    most = READABLE if n <= 64 else max(8, int(cell * n / LABEL_PX))  # the tick labels an axis holds
     fig.update_xaxes(**category_ticks(kcat, keys, max_label, most), tickangle=-60, tickfont=dict(size=fs),
                      title=dict(text="key"), side="bottom")
     fig.update_yaxes(**category_ticks(qcat, queries, max_label, most), autorange="reversed",
