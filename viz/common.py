@@ -710,7 +710,7 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
         if len(shape) >= 2 and shape[1]:  # at least PHONE_MIN_PLOT px: a colour bar under a flatter plot pushes
             cell_h = max(cell_w * shape[0] / shape[1], PHONE_MIN_PLOT)  # the margins past the figure (Plotly fails)
     titled = bool(layout.get("annotations")) and new_rows > 1
-    gap = 84 if titled else 40  # subplot titles (annotations over each subplot), tick labels and axis titles
+    gap = (114 if stacked else 84) if titled else 40  # subplot titles, tick labels and axis titles (more: stacked)
     bars = [i for i, t in enumerate(data) if t.get("type") in ("heatmap", "contour", "histogram2d") and
             t.get("showscale", True) is not False and "coloraxis" not in t]
     bars += [i for i, t in enumerate(data) if t.get("type") not in ("heatmap", "contour", "histogram2d") and
