@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import viz
-from viz.common import max_pool, tile, unique_labels
+from viz.common import max_pool, shorten, tile, unique_labels
 
 
 def softmax_attention(shape, seed=0, temp=3.0):
@@ -384,6 +384,25 @@ def test_step_candidates_outline_the_chosen_token() -> None:
     assert z.shape == (5, 2) and np.allclose(z[:, 0], probs[0])  # one column per step, top row most likely
     chosen = [s for s in fig.layout.shapes if s.line.color == "#d62728"]
     assert [(s.x0, s.y0) for s in chosen] == [(0.5, 0.5), (1.5, 2.5)]  # step 1 rank 1, step 2 rank 3
+
+
+def test_step_candidates_of_many_steps_take_their_column() -> None:
+    """Issue 75, item 4: the candidates of 20 generated tokens were 1,260 px wide (52 px a step + 220) in a 1,216 px
+    column, and scrolled sideways. Up to 19 steps the figure keeps its 52 px a step; more take the column's width,
+    their words shortened to what a step's share of the column holds (~6 px a character), none under 24 px."""
+    from viz.generate import COLUMN_PX, step_candidates
+
+    def fig_of(n):
+        cands = [[f"candidate{s}{r}" for r in range(5)] for s in range(n)]
+        return step_candidates(cands, np.full((n, 5), 0.2), [c[0] for c in cands])
+
+    few, many, most = fig_of(19), fig_of(20), fig_of(60)
+    assert few.layout.width == 52 * 19 + 220 <= COLUMN_PX and few.data[0].text[0][0] == shorten("candidate00", 8)
+    assert many.layout.width is None and most.layout.width is None
+    per_step = (COLUMN_PX - 220) / 20
+    assert all(len(t) * 6 <= per_step for row in many.data[0].text for t in row)
+    assert many.data[0].textfont.size == 9
+    assert all(t == "" for row in most.data[0].text for t in row)  # 16 px a step: the hover names them
 
 
 def test_legends_keep_off_the_tilted_labels():
