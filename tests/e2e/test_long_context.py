@@ -104,9 +104,9 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
     assert sideways_figures(page) == []
     gaps = page.evaluate("""() => { const e = document.querySelector('#generate-zoom .js-plotly-plot');
         return ['y', 'x'].map(a => { const ys = [...e.querySelectorAll('.' + a + 'tick text')]
-          .map(t => t.getBoundingClientRect()).map(r => a == 'y' ? r.top : r.left).sort((p, q) => p - q);
+          .map(t => t.getBoundingClientRect()).map(r => a == 'y' ? r.top : r.right).sort((p, q) => p - q);
           return Math.min(...ys.slice(1).map((v, i) => v - ys[i])); }); }""")
-    assert min(gaps) >= 11, gaps  # label spacing in px on the drawn map (10 px type)
+    assert min(gaps) >= 11, gaps  # px between labels on the drawn map (10 px type; a tilted label ends at its tick)
     screenshot(page, "generate-long-zoom-401")
     # the model view of the 2 layers × 4 heads over 2,048 tokens: its subtitle was cut at the figure's 620 px edge
     panel.get_by_label("model view").check()
