@@ -18,6 +18,7 @@ from serving import catalogue, results
 from tabs.common import (
     Error,
     Plot,
+    fit,
     get_model,
     head_choices,
     head_index,
@@ -436,7 +437,8 @@ def draw_lens(state: dict, layer: int):
         _, i, j = r.image_cells[k]
         words[i, j], p[i, j] = piece(int(ids[layer, k])), probs[layer, k]
     where = "the embeddings" if layer == 0 else f"layer {layer - 1}"
-    return vd.lens_grid(words, p, title=f"Logit lens on the image tokens · after {where}")
+    # the half-width column's width (its own 638 px scrolled sideways in a 600 px box at 1400 px)
+    return fit(vd.lens_grid(words, p, title=f"Logit lens on the image tokens · after {where}"))
 
 
 def redraw_lens(state: dict | None, layer: int):
@@ -499,9 +501,9 @@ def draw_tower(state: dict, layer: int, patch: tuple[int, int]):
     row = k + patch[0] * grid[1] + patch[1]
     image = _seen(r, state["tile"])
     where = "" if len(tile_names(r)) == 1 else f" · {state['tile_name']}"
-    one = vi.query_patch_attention(image, w.mean(axis=0)[row, k:], grid, patch,
-                                   title=f"Tower layer {layer}{where}: patch r{patch[0]}c{patch[1]} → patches · "
-                                   "mean of heads")
+    one = fit(vi.query_patch_attention(image, w.mean(axis=0)[row, k:], grid, patch,  # its column's width, as Vision
+                                       title=f"Tower layer {layer}{where}: patch r{patch[0]}c{patch[1]} → patches · "
+                                       "mean of heads"))
     every = vi.image_attention_grid(image, w[:, row, k:], grid, titles=[f"head {h}" for h in range(w.shape[0])],
                                     title=f"Tower layer {layer}{where}: patch r{patch[0]}c{patch[1]}, every head")
     return one, every

@@ -79,11 +79,16 @@ def test_a_long_heatmap_is_drawn_from_the_pooled_map_and_says_so(how) -> None:
     assert fig.data[0].y[0].startswith("0–4 t0")
 
 
-def test_short_inputs_keep_full_resolution_and_every_label() -> None:
+def test_short_inputs_keep_full_resolution_and_readable_labels() -> None:
+    """Up to POOL_ABOVE tokens every cell is drawn; past 64 tokens the labels are every k-th, as many as fit its
+    plot LABEL_PX apart (issue 75, item 4: 128 labels on 10 px cells made a 1,580 px figure that scrolled sideways)."""
+    from viz.attention import LABEL_PX, MAP_PX
+
     w = causal(1, 128)[0]
     fig = viz.attention_heatmap(w, [f"w{i}" for i in range(128)])
     assert np.asarray(fig.data[0].z).shape == (128, 128) and "pooled" not in fig.layout.title.text
-    assert len(fig.layout.xaxis.tickvals) == 128
+    ticks = fig.layout.xaxis.tickvals
+    assert ticks == tuple(fig.data[0].x[::2]) and MAP_PX / len(ticks) >= LABEL_PX  # every other token
     at_limit = viz.attention_heatmap(causal(1, POOL_ABOVE)[0], [f"w{i}" for i in range(POOL_ABOVE)])
     assert np.asarray(at_limit.data[0].z).shape == (POOL_ABOVE, POOL_ABOVE)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import viz
-from viz.common import max_pool, tile, unique_labels
+from viz.common import max_pool, shorten, tile, unique_labels
 
 
 def softmax_attention(shape, seed=0, temp=3.0):
@@ -386,6 +386,25 @@ def test_step_candidates_outline_the_chosen_token() -> None:
     assert [(s.x0, s.y0) for s in chosen] == [(0.5, 0.5), (1.5, 2.5)]  # step 1 rank 1, step 2 rank 3
 
 
+def test_step_candidates_of_many_steps_take_their_column() -> None:
+    """Issue 75, item 4: the candidates of 20 generated tokens were 1,260 px wide (52 px a step + 220) in a 1,216 px
+    column, and scrolled sideways. Up to 19 steps the figure keeps its 52 px a step; more take the column's width,
+    their words shortened to what a step's share of the column holds (~6 px a character), none under 24 px."""
+    from viz.generate import COLUMN_PX, step_candidates
+
+    def fig_of(n):
+        cands = [[f"candidate{s}{r}" for r in range(5)] for s in range(n)]
+        return step_candidates(cands, np.full((n, 5), 0.2), [c[0] for c in cands])
+
+    few, many, most = fig_of(19), fig_of(20), fig_of(60)
+    assert few.layout.width == 52 * 19 + 220 <= COLUMN_PX and few.data[0].text[0][0] == shorten("candidate00", 8)
+    assert many.layout.width is None and most.layout.width is None
+    per_step = (COLUMN_PX - 220) / 20
+    assert all(len(t) * 6 <= per_step for row in many.data[0].text for t in row)
+    assert many.data[0].textfont.size == 9
+    assert all(t == "" for row in most.data[0].text for t in row)  # 16 px a step: the hover names them
+
+
 def test_legends_keep_off_the_tilted_labels():
     """Issue 48, item 10: the score split's and the "what changes" chart's legends lay over their tilted x labels
     (placed below the plot at y −0.08 and −0.35, where the labels are). Each legend now sits outside the band the
@@ -501,3 +520,91 @@ def test_phone_layout_of_every_lesson_figure() -> None:
             _phone_checks(q.reveal(q.choices[0]))
             if q.before is not None:
                 _phone_checks(q.before)
+
+
+# ------------------------------------------------------------------------ phones and wide screens (issue 75, item 4)
+def _tick_gap(fig, axis: str) -> float:
+    """Pixels between two tick labels of a square-celled map's axis, on the plot its height was laid out for."""
+    lay = fig.layout
+    rows = len(fig.data[0].y if axis == "yaxis" else fig.data[0].x)
+    plot = lay.height - 220  # the map's height less its title and labels (heatmap_fig: cell × rows + 220)
+    return plot / rows * rows / len(lay[axis].tickvals)
+
+
+def test_a_zoomed_long_block_takes_its_column_and_thins_its_labels() -> None:
+    """The zoomed 401 × 401 block of a long input was 2,305 px wide (5 px a cell + 300) in a 1,192 px column, which
+    scrolled sideways, with a label every 4th row. Now the figure has no width of its own (the column's), its plot is
+    at most MAP_PX a side, and its labels stand at least LABEL_PX apart."""
+    from viz.attention import LABEL_PX, MAP_PX
+
+    n = 600
+    w = softmax_attention((1, 1, n, n), seed=3)
+    tokens = [f"t{i}" for i in range(n)]
+    fig = viz.attention_zoom(w, tokens, rows=(0, 401), cols=(0, 401), layer=0, head=0)
+    assert np.asarray(fig.data[0].z).shape == (401, 401)
+    assert fig.layout.width is None
+    assert fig.layout.height <= MAP_PX + 220 + 1
+    for axis in ("xaxis", "yaxis"):
+        assert _tick_gap(fig, axis) >= LABEL_PX, axis
+        assert len(fig.layout[axis].tickvals) >= 401 * LABEL_PX / MAP_PX / 2  # thinned, not bare
+    # a 128-token map (every label on 10 px cells, 1,580 px wide) fits a column too, its labels apart
+    short = viz.attention_heatmap(w[0, 0, :128, :128] / w[0, 0, :128, :128].sum(-1, keepdims=True), tokens[:128])
+    assert short.layout.width is None and _tick_gap(short, "yaxis") >= LABEL_PX
+    # up to 64 tokens every token keeps its label
+    small = viz.attention_heatmap(softmax_attention((64, 64)), tokens[:64])
+    assert len(small.layout.yaxis.tickvals) == 64 and small.layout.width is None
+
+
+def test_a_pooled_long_map_takes_its_column() -> None:
+    """A 2,048-token map's 512 × 512 pooled tiles were 1,324 px wide (2 px a tile + 300) in a 1,216 px column at a
+    1,400 px screen: it scrolled sideways. Now it takes the column's width, on a plot of at most MAP_PX."""
+    from viz.attention import LABEL_PX, MAP_PX, TILE_CELLS
+
+    n = 2048
+    w = softmax_attention((n, n), seed=4)
+    fig = viz.attention_heatmap(w, [f"w{i}" for i in range(n)])
+    assert "pooled" in fig.layout.title.text and np.asarray(fig.data[0].z).shape == (TILE_CELLS, TILE_CELLS)
+    assert fig.layout.width is None and fig.layout.height <= MAP_PX + 240 + 1
+    side = fig.layout.height - 240
+    assert side / len(fig.layout.yaxis.tickvals) >= 2 * LABEL_PX
+
+
+@pytest.mark.parametrize("layers,heads,n", [(2, 4, 2048), (4, 8, 19), (12, 12, 600), (1, 1, 700)])
+def test_the_model_views_subtitle_fits_its_width(layers, heads, n) -> None:
+    """The model view of a long input on a 2 × 4-head model was 620 px wide with a 140-character subtitle on one line:
+    cut at the figure's edge. Each subtitle line now fits the figure's width (<sup> type: ~6.5 px a character, the
+    title's 2 % indent), and the top margin grows by a line for each further line."""
+    from viz.common import fit_subtitle
+
+    tokens = [f"w{i}" for i in range(n)]
+    w = np.full((layers, heads, n, n), 1.0 / n, dtype=np.float16)  # rows summing to 1; only the shape matters here
+    fig = viz.model_view(w, tokens)
+    text = fig.layout.title.text
+    sub = text[text.index("<sup>") + 5:text.index("</sup>")]
+    lines = sub.split("<br>")
+    assert all(len(line) * 6.5 + 0.02 * fig.layout.width <= fig.layout.width - 12 for line in lines), lines
+    assert f"{n}×{n} tokens" in sub and sub.count("tokens") == 1  # nothing dropped
+    assert fig.layout.margin.t == 120 + 16 * (len(lines) - 1)
+    assert fit_subtitle("a · b", 600) == ["a · b"]  # a short one stays one line
+
+
+def test_four_maps_of_many_rows_stack_on_a_phone() -> None:
+    """Lesson 4's "before you predict" figure, four 49-token maps side by side: two to a row on a phone they were
+    121 × 71 px strips (2.4 px a row, labels over the next map). Maps whose rows would be under PHONE_MIN_ROW px two
+    to a row go one to a row, square, as wide as the phone allows; small maps stay two to a row."""
+    from viz import attention as va
+    from viz.common import PHONE_MIN_ROW, PHONE_WIDTH, apply_phone, phone
+
+    toks = [f"tok{i}" for i in range(49)]
+    maps = [softmax_attention((49, 49), seed=s) for s in range(4)]
+    fig = va.heatmaps_side_by_side(maps, [toks] * 4, ["a", "b", "c", "d"], title="The heads offered")
+    narrow = apply_phone(phone(fig))
+    lay = narrow.layout
+    for s in ("", "2", "3", "4"):
+        x, y = lay[f"xaxis{s}"].domain, lay[f"yaxis{s}"].domain
+        assert tuple(x) == (0, 1)  # one to a row
+        height = (y[1] - y[0]) * (lay.height - lay.margin.t - lay.margin.b)
+        assert height / 49 >= PHONE_MIN_ROW and height >= 0.6 * PHONE_WIDTH
+    _phone_checks(fig)
+    small = va.heatmaps_side_by_side([softmax_attention((6, 6))] * 4, [toks[:6]] * 4, list("abcd"), title="t")
+    assert len({tuple(apply_phone(phone(small)).layout[f"xaxis{s}"].domain) for s in ("", "2", "3", "4")}) == 2

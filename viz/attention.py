@@ -21,6 +21,7 @@ from viz.common import (
     colorbar,
     esc,
     f32,
+    fit_subtitle,
     pool_blocks,
     rect_path,
     shorten,
@@ -95,6 +96,8 @@ def attention_heatmap(
 READABLE = 128  # tokens up to which a heatmap labels every one (the scratch models' whole input)
 POOL_ABOVE = 512  # tokens above which a heatmap is drawn from pooled tiles (models.limits.LONG_TOKENS)
 TILE_CELLS = 512  # cells a side of a pooled heatmap (models.limits.MAX_TILE_CELLS): ≤ 1.1 MB of float32
+MAP_PX = 880  # px: the most a long map's plot takes a side (with its labels and colour bar it fits a 1,192 px column)
+LABEL_PX = 12  # px: the least distance between two tick labels of a map's axis (10 px type)
 
 
 def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str] | None = None, *,
@@ -119,21 +122,21 @@ def heatmap_fig(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str]
         colorbar=colorbar(WEIGHT_LABEL), xgap=0, ygap=0, hovertemplate="%{y} → %{x}: %{z:.3f}<extra></extra>",
     ))
     n = max(len(queries), len(keys))
-    # Every token keeps a readable label up to READABLE tokens: cells of at least 10 px hold a 10 px label, and a
-    # figure that outgrows its column gets its own width (the page lets it scroll sideways). Longer inputs label
-    # every k-th token on smaller cells.
-    cell = int(np.clip(640 / n, 10, 40)) if n <= READABLE else 5
+    # Up to 64 tokens every token keeps a label on cells of 10–40 px (a plot of at most 640 px). A longer input's map
+    # takes the column's width (no width of its own: one wider than its column scrolled sideways) on a plot of at
+    # most MAP_PX a side, and labels every k-th token, `LABEL_PX` px apart at least.
+    cell = float(np.clip(640 / n, 10, 40)) if n <= 64 else min(10.0, MAP_PX / n)
     height = int(max(cell * len(queries) + 220, 380))
-    width = cell * len(keys) + 300 if cell * len(keys) > 640 else None
-    base_layout(fig, title or describe(kind, layer, head), width=width, height=height)
+    base_layout(fig, title or describe(kind, layer, head), height=height)
     fs = axis_font_size(n)
     if start != (0, 0):  # a zoomed block: each tick says its position in the whole input
         queries = [f"{i} {t}" for i, t in enumerate(queries, start[0])]
         keys = [f"{i} {t}" for i, t in enumerate(keys, start[1])]
         max_label += 5
-    fig.update_xaxes(**category_ticks(kcat, keys, max_label, READABLE), tickangle=-60, tickfont=dict(size=fs),
+    most = READABLE if n <= 64 else max(8, int(cell * n / LABEL_PX))  # the tick labels an axis holds
+    fig.update_xaxes(**category_ticks(kcat, keys, max_label, most), tickangle=-60, tickfont=dict(size=fs),
                      title=dict(text="key"), side="bottom")
-    fig.update_yaxes(**category_ticks(qcat, queries, max_label, READABLE), autorange="reversed",
+    fig.update_yaxes(**category_ticks(qcat, queries, max_label, most), autorange="reversed",
                      tickfont=dict(size=fs), title=dict(text="query"), scaleanchor="x", constrain="domain")
     return fig
 
@@ -197,12 +200,14 @@ def _pooled_heatmap(tiles: Pooled, queries: Sequence[str], keys: Sequence[str], 
     fq, fk = int(qe[1] - qe[0]), int(ke[1] - ke[0])
     sub = (f"{Q}×{K} tokens, {pool}-pooled to {q}×{k} cells of {fq}×{fk} tokens · zoom into any block for full "
            "resolution")
-    cell = 2  # px a pooled cell: ~1 000 px for 512 cells
-    base_layout(fig, f"{head_title} · {pool}-pooled<br><sup>{sub}</sup>", width=cell * k + 300,
-                height=int(max(cell * q + 240, 380)))
-    fig.update_xaxes(**_block_ticks(kcat, keys, ke, start[1]), tickangle=-60, tickfont=dict(size=10),
+    # the column's width (a width of its own, 2 px a cell, was wider than a 1,216 px column and scrolled sideways),
+    # on a plot of at most MAP_PX a side: ~1.7 px a cell for 512 cells
+    cell = min(2.0, MAP_PX / max(q, k))
+    base_layout(fig, f"{head_title} · {pool}-pooled<br><sup>{sub}</sup>", height=int(max(cell * q + 240, 380)))
+    most_x, most_y = (max(8, min(32, int(cell * m / (2 * LABEL_PX)))) for m in (k, q))  # ≥ 24 px apart
+    fig.update_xaxes(**_block_ticks(kcat, keys, ke, start[1], most_x), tickangle=-60, tickfont=dict(size=10),
                      title=dict(text="key"), side="bottom")
-    fig.update_yaxes(**_block_ticks(qcat, queries, qe, start[0]), autorange="reversed", tickfont=dict(size=10),
+    fig.update_yaxes(**_block_ticks(qcat, queries, qe, start[0], most_y), autorange="reversed", tickfont=dict(size=10),
                      title=dict(text="query"), scaleanchor="x", constrain="domain")
     fig.update_layout(margin=dict(t=100))
     return fig
@@ -329,8 +334,11 @@ def model_view(
         sub += f" · each thumbnail max-pooled {fq}×{fk} to {q}×{k} cells (the single-head view is full size)"
     head_title = title or f"{kind} · all layers and heads"
     size = int(np.clip(78 * max(L, H), 420, 1100))
-    base_layout(fig, f"{head_title}<br><sup>{sub}</sup>", height=int(size * L / max(L, H)) + 160,
-                width=int(size * H / max(L, H)) + 200)
+    width = int(size * H / max(L, H)) + 200
+    lines = fit_subtitle(sub, width)  # wrapped to the figure's width (one line of it was cut at the figure's edge)
+    extra = 16 * (len(lines) - 1)  # px of each further subtitle line, above the plot
+    base_layout(fig, f"{head_title}<br><sup>{'<br>'.join(lines)}</sup>", height=int(size * L / max(L, H)) + 160 + extra,
+                width=width)
     fig.update_xaxes(type="category", tickmode="array", tickvals=xticks, ticktext=[f"H{h}" for h in range(H)],
                      categoryorder="array", categoryarray=xcat, side="top", ticks="", showline=False)
     rows_named = [f"L{i}" + (f" {layer_names[i]}" if layer_names else "") for i in range(L)]
@@ -345,7 +353,7 @@ def model_view(
     for bands in (cols, rows):
         if bands:
             fig.add_shape(type="path", path="".join(bands), fillcolor="white", line=dict(width=0), layer="above")
-    fig.update_layout(margin=dict(t=120))
+    fig.update_layout(margin=dict(t=120 + extra))
     return fig.build()
 
 

@@ -230,6 +230,28 @@ def base_layout(fig: Fig, title: str, width: int | None = None, height: int | No
     return fig
 
 
+def fit_subtitle(sub: str, width: int, px: float = 6.5) -> list[str]:
+    """A subtitle's parts (split at " · ") gathered into lines that fit a figure ``width`` px wide, in the title's
+    <sup> type (~``px`` px a character, the title's 2 % indent and some room taken off): a subtitle longer than its
+    figure was cut at the figure's edge. A single part longer than a line is broken at spaces."""
+    chars = max(16, int((width * 0.98 - 24) / px))
+    words: list[str] = []
+    for part in sub.split(" · "):
+        while len(part) > chars:  # one part wider than the figure: break at its last space that fits
+            cut = part.rfind(" ", 0, chars)
+            cut = cut if cut > 0 else chars
+            words.append(part[:cut])
+            part = part[cut:].lstrip()
+        words.append(part)
+    lines: list[str] = []
+    for part in words:
+        if lines and len(lines[-1]) + 3 + len(part) <= chars:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def colorbar(title: str = WEIGHT_LABEL, **kw) -> dict:
     """A labelled colour bar, title on the side so it never collides with the plot title."""
     return dict(title=dict(text=title, side="right"), thickness=16, len=0.9, outlinewidth=0, **kw)
@@ -504,6 +526,7 @@ PHONE_NARROW = 600  # px: a figure box narrower than this gets the phone layout 
 PHONE_GAP = 64  # px of each horizontal colour bar under the plot (its bar, ticks and title)
 PHONE_TICK_PX = 12  # px between two tick labels of a dense axis on a phone (9 px type)
 PHONE_MIN_PLOT = 140  # px: the least height of a plot on a phone
+PHONE_MIN_ROW = 4  # px: the least height of a map's row when maps stand two to a row on a phone (else one to a row)
 
 
 def _axis_names(layout: dict, letter: str) -> list[str]:
@@ -668,20 +691,26 @@ def phone(fig: go.Figure | None, width: int = PHONE_WIDTH) -> go.Figure | None:
     xs, ys = _axis_names(layout, "x"), _axis_names(layout, "y")
     cols = sorted({tuple(layout[x].get("domain", (0, 1))) for x in xs}) or [(0, 1)]
     rows = sorted({tuple(layout[y].get("domain", (0, 1))) for y in ys}, reverse=True) or [(0, 1)]
-    per_row = 2 if len(cols) > 1 else 1
+    per_row, stacked = (2 if len(cols) > 1 else 1), False
+    if per_row == 2 and len(xs) > 1:  # maps of many rows two to a row were strips of 2 px a row: one to a row
+        half = (width - left - right - 2 * _label_px(layout, data, ys, width)) / 2
+        heights = [np.shape(t["z"])[0] for t in data if t.get("type") in ("heatmap", "contour")
+                   and t.get("z") is not None and len(np.shape(t["z"])) >= 2]
+        if heights and half / max(heights) < PHONE_MIN_ROW:
+            per_row, stacked = 1, True
     cells = len(cols) * len(rows) if len(xs) > 1 else 1
     new_rows = -(-cells // per_row)
     plot_w = width - left - right - _label_px(layout, data, ys, width) * per_row  # the y tick labels of each column
     cell_w = plot_w / per_row
     square = any(layout.get(y, {}).get("scaleanchor") for y in ys)
-    cell_h = cell_w if (square or per_row > 1) else 260
+    cell_h = cell_w if (square or per_row > 1 or stacked) else 260
     if square and data:  # a map with square cells: as tall as its grid's shape over the width
         z = next((t.get("z") for t in data if t.get("z") is not None), None)
         shape = np.shape(z) if z is not None else ()
         if len(shape) >= 2 and shape[1]:  # at least PHONE_MIN_PLOT px: a colour bar under a flatter plot pushes
             cell_h = max(cell_w * shape[0] / shape[1], PHONE_MIN_PLOT)  # the margins past the figure (Plotly fails)
     titled = bool(layout.get("annotations")) and new_rows > 1
-    gap = 84 if titled else 40  # subplot titles (annotations over each subplot), tick labels and axis titles
+    gap = (114 if stacked else 84) if titled else 40  # subplot titles, tick labels and axis titles (more: stacked)
     bars = [i for i, t in enumerate(data) if t.get("type") in ("heatmap", "contour", "histogram2d") and
             t.get("showscale", True) is not False and "coloraxis" not in t]
     bars += [i for i, t in enumerate(data) if t.get("type") not in ("heatmap", "contour", "histogram2d") and

@@ -82,18 +82,27 @@ def generation_highlight(tokens: Sequence[str], surprisal: np.ndarray, prompt_le
             f'{head}<div>{"".join(spans)}</div>{legend}</div>')
 
 
+COLUMN_PX = 1216  # px: a full-width column of the app on a 1,400 px screen
+
+
 def step_candidates(candidates: Sequence[Sequence[str]], probs: np.ndarray, chosen: Sequence[str], *,
                     step: int | None = None, title: str = "Next-token candidates of each step") -> go.Figure:
     """One column per generated token: its top-5 candidates (top row most likely) coloured by probability,
     the chosen one outlined; ``step`` is highlighted. probs: (steps, 5)."""
     p = np.asarray(probs, dtype=np.float32).reshape(len(candidates), -1)
     n, k = p.shape
-    text = [[esc(shorten(cell_token(candidates[s][r]), 8)) for s in range(n)] for r in range(k)]
+    # 52 px a step up to a 1,216 px column (a 1,400 px screen); more steps take the column's width (a width of their
+    # own scrolled sideways: 20 steps were 1,260 px), their words shorter and smaller, none under 24 px a step
+    fits = 52 * n + 220 <= COLUMN_PX
+    cell = 52.0 if fits else (COLUMN_PX - 220) / n
+    chars, size = (8, 11) if cell >= 52 else (max(3, int(cell / 6)), 9)
+    text = [[esc(shorten(cell_token(candidates[s][r]), chars)) if cell >= 24 else "" for s in range(n)]
+            for r in range(k)]
     full = [[esc(candidates[s][r]) + raw_note(candidates[s][r]) for s in range(n)] for r in range(k)]
     fig = Fig(dict(
         type="heatmap", z=f32(p.T), x=list(range(1, n + 1)), y=list(range(1, k + 1)), zmin=0, zmax=1,
         colorscale=ATTENTION_SCALE, colorbar=colorbar("probability"), text=text, texttemplate="%{text}",
-        textfont=dict(size=11), xgap=1, ygap=1, customdata=full,
+        textfont=dict(size=size), xgap=1, ygap=1, customdata=full,
         hovertemplate="step %{x} · rank %{y}<br>%{customdata}: %{z:.3f}<extra></extra>",
     ))
     for s in range(n):
@@ -105,7 +114,7 @@ def step_candidates(candidates: Sequence[Sequence[str]], probs: np.ndarray, chos
         fig.add_shape(type="rect", x0=step - 0.5, x1=step + 0.5, y0=0.5, y1=k + 0.5,
                       line=dict(color="#111", width=2, dash="dot"))
     base_layout(fig, f"{title}<br><sup>red outline: the token taken · dotted: the step shown</sup>", height=340,
-                width=int(np.clip(52 * n + 220, 600, 3600)))
+                width=max(600, 52 * n + 220) if fits else None)
     fig.update_xaxes(title=dict(text="generated token"), dtick=1 if n <= 32 else 4)
     fig.update_yaxes(title=dict(text="rank"), autorange="reversed", ticks="", dtick=1)
     fig.update_layout(margin=dict(t=90))

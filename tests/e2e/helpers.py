@@ -61,11 +61,23 @@ def clipped_figures(page) -> list[str]:
     )
 
 
+def sideways_figures(page) -> list[str]:
+    """Drawn figures whose box scrolls sideways (wider than its column: issue 75, item 4 at 1400 px), each as
+    'title: drawn width in box width'."""
+    return page.evaluate(
+        f"""() => {_DRAWN}.filter(e => e.parentElement.scrollWidth > e.parentElement.clientWidth + 1
+                                       || e._fullLayout.width > e.parentElement.clientWidth + 1)
+            .map(e => ((e._fullLayout.title && e._fullLayout.title.text) || '?').split('<br>')[0] + ': '
+                      + Math.round(e._fullLayout.width) + ' px in ' + e.parentElement.clientWidth)"""
+    )
+
+
 def cut_titles(page) -> list[str]:
     """Titles and axis titles of drawn figures that run past their figure's edges (as drawn, in pixels)."""
     return page.evaluate(
         f"""() => {_DRAWN}.flatMap(e => {{
-            const box = e.getBoundingClientRect();
+            const box = (e.querySelector('.main-svg') || e).getBoundingClientRect();  // the figure as drawn: the
+            // element spans its column, a figure of its own width can be narrower (a subtitle cut at its edge)
             return [...e.querySelectorAll('.gtitle, .g-xtitle text, .g-ytitle text, .annotation-text')]
               .filter(t => {{ const r = t.getBoundingClientRect();
                 return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1); }})

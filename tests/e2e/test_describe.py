@@ -8,7 +8,16 @@ import time
 
 import pytest
 
-from .helpers import figures, open_tab, plot_signature, screenshot, titles, wait_for_change, wait_for_plots
+from .helpers import (
+    figures,
+    open_tab,
+    plot_signature,
+    screenshot,
+    sideways_figures,
+    titles,
+    wait_for_change,
+    wait_for_plots,
+)
 from .test_permalink import _expect_tab, _link, assert_linked_view_first, opened  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +69,10 @@ def test_image_and_text_answers_replays_and_its_link_reopens(page, opened) -> No
     seen.click(position={"x": size["width"] * 0.1, "y": size["height"] * 0.9})
     _wait_for_title(page, lambda t: "patch r7c0 → patches" in t)
     screenshot(page, "image-and-text")
+    # issue 75, item 4: at 1400 px the logit lens grid (638 px) and the tower's patch map (620 px) scrolled sideways
+    # in their 600 px half columns
+    page.wait_for_timeout(500)
+    assert sideways_figures(page) == []
     assert _stale_urls(page) == []
     url = _link(page, "tab=describe", "image=scene_008", "step=2", "patch=7%2C0")
     expected = figures(page)

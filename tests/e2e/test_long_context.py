@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import app_env, free_port, serving
 
-from .helpers import click_cell, open_tab, screenshot, titles
+from .helpers import click_cell, cut_titles, open_tab, screenshot, sideways_figures, titles
 from .test_tabs import _panel
 
 pytestmark = pytest.mark.e2e
@@ -67,6 +67,7 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
     heat = _plot(page, "generate-attention")
     assert "max-pooled" in heat["title"] and "2048×2048 tokens" in heat["title"]
     assert heat["rows"] <= 512 and heat["cols"] <= 512 and heat["y0"].startswith("0–3 ")
+    assert sideways_figures(page) == []  # issue 75, item 4: the pooled map was 1,324 px in a 1,216 px column
 
     page.get_by_text("Long inputs: pooled tiles and zoom").click()
     panel.get_by_label("queries from").fill("1900")
@@ -90,6 +91,30 @@ def test_a_2000_token_heatmap_and_a_zoom_in_the_browser(page) -> None:
                            " return el && (el._fullLayout.title.text || '').includes('queries 1184–1215'); }",
                            timeout=60_000)
     assert "keys 384–415" in _plot(page, "generate-zoom")["title"]
+    # issue 75, item 4: a 401 × 401 block was 2,305 px wide in a 1,192 px column, a label every 4th row (5 px)
+    panel.get_by_label("queries from").fill("0")
+    panel.get_by_label("queries to").fill("400")
+    panel.get_by_label("keys from").fill("0")
+    panel.get_by_label("keys to").fill("400")
+    panel.get_by_role("button", name="Zoom into the block", exact=True).click()
+    page.wait_for_function("() => { const el = document.querySelector('#generate-zoom .js-plotly-plot');"
+                           " return el && (el._fullLayout.title.text || '').includes('queries 0–400'); }",
+                           timeout=60_000)
+    page.wait_for_timeout(500)
+    assert sideways_figures(page) == []
+    gaps = page.evaluate("""() => { const e = document.querySelector('#generate-zoom .js-plotly-plot');
+        return ['y', 'x'].map(a => { const ys = [...e.querySelectorAll('.' + a + 'tick text')]
+          .map(t => t.getBoundingClientRect()).map(r => a == 'y' ? r.top : r.right).sort((p, q) => p - q);
+          return Math.min(...ys.slice(1).map((v, i) => v - ys[i])); }); }""")
+    assert min(gaps) >= 11, gaps  # px between labels on the drawn map (10 px type; a tilted label ends at its tick)
+    screenshot(page, "generate-long-zoom-401")
+    # the model view of the 2 layers × 4 heads over 2,048 tokens: its subtitle was cut at the figure's 620 px edge
+    panel.get_by_label("model view").check()
+    page.wait_for_function("() => { const e = document.querySelector('#generate-attention .js-plotly-plot');"
+                           " return e && e._fullData && e._fullData[0].meta && e._fullData[0].meta.thumbnails; }",
+                           timeout=60_000)
+    page.wait_for_timeout(500)
+    assert cut_titles(page) == [] and sideways_figures(page) == []
     assert page.js_errors == []
 
 

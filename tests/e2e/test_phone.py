@@ -241,3 +241,35 @@ def test_heads_and_a_lesson_at_390px(phone) -> None:
     assert titles(phone)
     assert not found, "\n".join(found)
     assert phone.js_errors == []
+
+
+# each subplot's plot area of the figure inside #id: its width and height, and the rows of the map drawn in it
+_MAPS = """(id) => { const e = document.querySelector('#' + id + ' .js-plotly-plot');
+  const rows = Math.max(...e._fullData.map(t => (t.z || []).length));
+  return [...e.querySelectorAll('.nsewdrag')].map(r => r.getBoundingClientRect()).filter(r => r.width > 0)
+    .map(r => ({width: r.width, height: r.height, rows})); }"""
+
+
+def test_lesson_4s_maps_before_predicting_at_390px(phone) -> None:
+    """Issue 75, item 4: lesson 4's four 49-token maps before predicting stood two to a row as 121 × 71 px strips
+    (under 1.5 px a row) with each map's labels over its neighbour. Now one to a row: each map as wide as the figure
+    allows and at least 4 px a row, and nothing in the figure drawn over anything else."""
+    from tabs.course.course import LESSONS
+
+    phone.open("lessons")
+    _panel(phone).get_by_label("lesson", exact=True).click()
+    phone.get_by_role("option", name=LESSONS[3].title, exact=True).click()
+    phone.wait_for_timeout(800)
+    _panel(phone).get_by_role("button", name="Start the lesson").click()
+    expect(_panel(phone)).to_contain_text("step 1 of", timeout=120_000)
+    phone.wait_for_function("() => { const e = document.querySelector('#lessons-before .js-plotly-plot');"
+                            " return e && e._fullLayout && e._atlasPhoneWidth; }", timeout=60_000)
+    found = problems(phone)
+    maps = phone.evaluate(_MAPS, "lessons-before")
+    box = phone.evaluate("() => document.querySelector('#lessons-before .js-plotly-plot').parentElement.clientWidth")
+    screenshot(phone, "phone-lesson-4")
+    assert len(maps) == 4
+    for m in maps:
+        assert m["height"] / m["rows"] >= 4 and m["width"] >= 0.6 * box, m
+    assert not found, "\n".join(found)
+    assert phone.js_errors == []
