@@ -215,7 +215,8 @@ def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) 
         code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
         room = teacher.locator("#class-room")
         expect(room.locator(".atlas-join-code")).to_have_text(code, timeout=30_000)
-        assert _decode_qr(room.locator(".atlas-join-qr svg").evaluate("(e) => e.outerHTML")) == f"{app_url}?tab=lessons&class={code}"
+        qr_svg = room.locator(".atlas-join-qr svg").evaluate("(e) => e.outerHTML")
+        assert _decode_qr(qr_svg) == f"{app_url}?tab=lessons&class={code}"
 
         pages = []
         for name in ("ann", "bob"):
