@@ -39,6 +39,15 @@ def _new_page(browser, url: str, width: int = 1300):
     return context, page
 
 
+def _open_class(teacher):
+    """Open a class from the teacher's page: (the teacher's info, the join code)."""
+    teacher.get_by_text("A class at once: teach a class").click()
+    teacher.get_by_role("button", name="Open a class on the step shown below").click()
+    info = teacher.locator("#class-teacher-info")
+    expect(info).to_contain_text("Join code", timeout=30_000)
+    return info, re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+
+
 def _counts(page) -> dict[str, int]:
     """The bars the teacher's chart drew (Plotly's own record of them)."""
     return page.evaluate("""() => { const e = document.querySelector('#class-counts .js-plotly-plot');
@@ -55,11 +64,7 @@ def test_a_teacher_and_three_students(browser, app_url: str) -> None:
         ctx, teacher = _new_page(browser, app_url)
         contexts.append(ctx)
         open_tab(teacher, "Lessons")
-        teacher.get_by_text("A class at once: teach a class").click()
-        teacher.get_by_role("button", name="Open a class on the step shown below").click()
-        info = teacher.locator("#class-teacher-info")
-        expect(info).to_contain_text("Join code", timeout=30_000)
-        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        info, code = _open_class(teacher)
         teacher.wait_for_function("() => location.search.includes('teacher=')", timeout=30_000)  # the teacher link
         assert f"class={code}" in teacher.url
 
@@ -155,11 +160,7 @@ def test_a_phone_joins_with_mistakes_said_on_the_page(browser, app_url: str) -> 
     try:
         ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
         contexts.append(ctx)
-        teacher.get_by_text("A class at once: teach a class").click()
-        teacher.get_by_role("button", name="Open a class on the step shown below").click()
-        info = teacher.locator("#class-teacher-info")
-        expect(info).to_contain_text("Join code", timeout=30_000)
-        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        info, code = _open_class(teacher)
         teacher.wait_for_function("() => location.search.includes('teacher=')", timeout=30_000)
         teacher.get_by_label("presenter view (large type for a projector)").check()
         teacher.wait_for_function(
@@ -208,11 +209,7 @@ def test_the_projected_screen_and_the_teachers_new_tools(browser, app_url: str) 
     try:
         ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
         contexts.append(ctx)
-        teacher.get_by_text("A class at once: teach a class").click()
-        teacher.get_by_role("button", name="Open a class on the step shown below").click()
-        info = teacher.locator("#class-teacher-info")
-        expect(info).to_contain_text("Join code", timeout=30_000)
-        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        info, code = _open_class(teacher)
         room = teacher.locator("#class-room")
         expect(room.locator(".atlas-join-code")).to_have_text(code, timeout=30_000)
         qr_svg = room.locator(".atlas-join-qr svg").evaluate("(e) => e.outerHTML")
@@ -275,11 +272,7 @@ def test_the_presenter_link_survives_a_reload_and_opens_on_a_projector(browser, 
     try:
         ctx, teacher = _new_page(browser, f"{app_url}?tab=lessons")
         contexts.append(ctx)
-        teacher.get_by_text("A class at once: teach a class").click()
-        teacher.get_by_role("button", name="Open a class on the step shown below").click()
-        info = teacher.locator("#class-teacher-info")
-        expect(info).to_contain_text("Join code", timeout=30_000)
-        code = re.search(r"Join code: ([A-Z0-9]{6})", info.inner_text()).group(1)
+        info, code = _open_class(teacher)
         expect(teacher.locator("#class-presenter-link")).to_contain_text("presenter=", timeout=30_000)
         teacher.get_by_label("presenter view (large type for a projector)").check()
         teacher.wait_for_function(
